@@ -1,0 +1,55 @@
+# The README's two commands: `make demo` and `make test`. Each bootstraps .venv by itself.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Debian packages the tests use (readelf/gdb/tplist/bpftrace as independent readers and
+# tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests).
+DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang
+
+.PHONY: demo test lint typecheck unit system-packages fixtures bench clean
+
+$(BIN)/.runtime: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+	touch $@
+
+$(BIN)/.test: pyproject.toml $(BIN)/.runtime
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: $(BIN)/.runtime
+	$(BIN)/usdtpatch demo fixtures/bin/demo
+
+# Installs the Debian packages above when they are missing and we are root with apt-get
+# (CI and the project's machines); elsewhere the tests that need them skip with the reason.
+system-packages:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian packages:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install$$missing; tests that need them will skip"; \
+	  else echo "note: missing Debian packages:$$missing (tests that need them will skip)"; fi; \
+	fi
+
+lint: $(BIN)/.test
+	$(BIN)/ruff check usdtpatch tests bench
+
+typecheck: $(BIN)/.test
+	$(BIN)/mypy
+
+unit: $(BIN)/.test
+	$(BIN)/pytest -q
+
+test: system-packages lint typecheck unit
+
+fixtures:
+	$(MAKE) -C fixtures
+
+bench: $(BIN)/.test
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

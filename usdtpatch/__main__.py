@@ -1,0 +1,7 @@
+"""`python -m usdtpatch`."""
+
+import sys
+
+from usdtpatch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""The command line: `main(argv) -> int` and one module per subcommand (cli/cmd_*.py).
+
+The cli package is the one place that prints and that turns exceptions into exit codes:
+0 success, 1 a check failed (findings at or above --fail-on, a verification failed),
+2 unusable input or a usage error. Each subcommand module has `register(subparsers)`, which
+adds its parser and sets `func(args, out, err) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import IO
+
+from usdtpatch import __version__
+from usdtpatch.cli import cmd_demo, cmd_list
+from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.errors import UsdtpatchError
+
+# Subcommands in the order `usdtpatch --help` shows them.
+COMMANDS = (cmd_list, cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="usdtpatch",
+        description="Read, check and rewrite USDT probe sites for Linux optimized uprobes.")
+    parser.add_argument("--version", action="version", version=f"usdtpatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None, out: IO[str] | None = None,
+         err: IO[str] | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its message
+        return EXIT_UNUSABLE if exc.code not in (0, None) else EXIT_OK
+    if args.command is None:
+        parser.print_help(out)
+        return EXIT_UNUSABLE
+    try:
+        rc: int = args.func(args, out, err)
+        return rc
+    except UsdtpatchError as exc:
+        print(f"usdtpatch: {exc}", file=err)
+        return EXIT_UNUSABLE
+    except BrokenPipeError:
+        return EXIT_OK

@@ -1,0 +1,1 @@
+"""Findings and reports: the data (findings, JSON documents) and their rendering."""

@@ -1,0 +1,87 @@
+"""The `list` report as data: a versioned JSON document (schema in docs/json-schema.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from usdtpatch import __version__
+from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
+from usdtpatch.sites.probes import Probe, ProbeSet
+from usdtpatch.x86.decode import describe
+from usdtpatch.x86.nops import SiteForm
+
+LIST_SCHEMA = "usdtpatch/list"
+LIST_SCHEMA_VERSION = 1
+
+
+def function_label(probe: Probe, names: dict[str, str]) -> str | None:
+    if probe.function is None:
+        return None
+    name = names.get(probe.function, probe.function)
+    return f"{name}+{probe.function_offset:#x}" if probe.function_offset else name
+
+
+def arg_json(arg: SdtArg) -> dict[str, Any]:
+    out: dict[str, Any] = {"raw": arg.raw, "size": arg.size, "signed": arg.signed,
+                           "float": arg.is_float, "kind": arg.kind}
+    op = arg.operand
+    if isinstance(op, RegOperand):
+        out["register"] = op.reg
+    elif isinstance(op, ImmOperand):
+        out["value"] = op.value
+        out["symbol"] = op.symbol
+    elif isinstance(op, MemOperand):
+        out.update(disp=op.disp, symbol=op.symbol, base=op.base, index=op.index, scale=op.scale)
+    elif isinstance(op, UnknownOperand):
+        out["reason"] = op.reason
+    return out
+
+
+def site_disassembly(probe: Probe, mode64: bool) -> str:
+    form = probe.site.form
+    if form in (SiteForm.UNMAPPED, SiteForm.UNSUPPORTED_ARCH):
+        return ""
+    count = {SiteForm.COMBO5: 2, SiteForm.COMBO10: 2}.get(form, 1)
+    return describe(probe.code, probe.address, count, mode64)
+
+
+def probe_json(probe: Probe, names: dict[str, str], mode64: bool) -> dict[str, Any]:
+    sem = probe.semaphore
+    return {
+        "provider": probe.provider,
+        "name": probe.name,
+        "address": probe.address,
+        "file_offset": probe.offset,
+        "note": {"offset": probe.note.offset, "pc": probe.note.pc, "base": probe.note.base,
+                 "semaphore": probe.note.semaphore, "args": probe.note.args},
+        "semaphore": None if sem is None else {"address": sem.address, "file_offset": sem.offset,
+                                               "section": sem.section},
+        "arguments": [arg_json(a) for a in probe.args],
+        "site": {"form": probe.site.form.value, "length": probe.site.length,
+                 "room": probe.site.room, "bytes": probe.code.hex(),
+                 "disassembly": site_disassembly(probe, mode64)},
+        "function": function_label(probe, names),
+    }
+
+
+def file_json(path: str, ps: ProbeSet, names: dict[str, str],
+              provider: str | None = None, probe_name: str | None = None) -> dict[str, Any]:
+    img = ps.image
+    probes = [p for p in ps.probes
+              if (provider is None or p.provider == provider)
+              and (probe_name is None or p.name == probe_name)]
+    return {
+        "path": path,
+        "elf": {"class": 64 if img.is64 else 32,
+                "byteorder": "little" if img.little_endian else "big",
+                "machine": img.machine_name, "type": img.type},
+        "probe_count": len(ps.probes),
+        "probes": [probe_json(p, names, img.is64) for p in probes],
+        "findings": [f.to_json() for f in ps.findings],
+    }
+
+
+def list_document(files: list[dict[str, Any]], errors: list[dict[str, str]]) -> dict[str, Any]:
+    return {"schema": LIST_SCHEMA, "schema_version": LIST_SCHEMA_VERSION,
+            "tool": {"name": "usdtpatch", "version": __version__},
+            "files": files, "errors": errors}

@@ -1,0 +1,1 @@
+"""Probe sites: where each probe is, what its bytes are, and (later) whether it can be optimized."""

@@ -1,0 +1,171 @@
+"""The probes of an ELF file: notes resolved against the image (one pure function).
+
+What each consumer does with a note is in shared/design/usdt-and-rewriting.md. Here, as in
+libbpf and gdb: when the note's `base` and the address of `.stapsdt.base` are both nonzero and
+differ (the file was prelinked or otherwise moved), their difference is added to the pc and to a
+nonzero semaphore address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from usdtpatch.elf.args import SdtArg, UnknownOperand, parse_args
+from usdtpatch.elf.image import (
+    EM_386,
+    EM_X86_64,
+    ET_DYN,
+    ET_EXEC,
+    SHT_NOTE,
+    ElfImage,
+)
+from usdtpatch.elf.notes import NoteSection, RawNote, SdtNote, parse_notes
+from usdtpatch.elf.symbols import SymbolTable, load_symbols
+from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site
+
+NOTE_SECTION = ".note.stapsdt"
+BASE_SECTION = ".stapsdt.base"
+SITE_WINDOW = 16  # bytes read at each pc for classification and display
+
+
+@dataclass(frozen=True, slots=True)
+class Semaphore:
+    address: int
+    offset: int | None  # file offset, None when the address is in no PT_LOAD's file part
+    section: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    index: int  # position among the file's SDT notes
+    note: SdtNote
+    address: int  # link-time address of the site (pc after the base adjustment)
+    offset: int | None  # file offset of the site
+    semaphore: Semaphore | None
+    args: tuple[SdtArg, ...]
+    site: SiteClass
+    code: bytes  # up to SITE_WINDOW file bytes at the site
+    function: str | None  # the containing function's symbol (mangled), None when unknown
+    function_offset: int  # offset of the site into that function
+
+    @property
+    def provider(self) -> str:
+        return self.note.provider
+
+    @property
+    def name(self) -> str:
+        return self.note.name
+
+    @property
+    def probe_id(self) -> str:
+        return self.note.probe_id
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSet:
+    image: ElfImage
+    notes: NoteSection | None  # None when the file has no .note.stapsdt
+    probes: tuple[Probe, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def base_adjust(self) -> int:
+        return 0 if not self.probes else self.probes[0].address - self.probes[0].note.pc
+
+
+def is_x86(image: ElfImage) -> bool:
+    return image.machine in (EM_X86_64, EM_386)
+
+
+def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet:
+    """Every SDT probe of `image`, with findings for what is odd about the file or a note."""
+    findings: list[Finding] = []
+    sec = image.section(NOTE_SECTION)
+    if sec is None:
+        return ProbeSet(image, None, (), ())
+    if sec.type != SHT_NOTE:
+        findings.append(Finding("note-section-type", Severity.WARNING,
+                                f"{NOTE_SECTION} has section type {sec.type}, expected "
+                                f"{SHT_NOTE} (SHT_NOTE)", "read anyway", NOTE_SECTION))
+    notes = parse_notes(image.section_data(sec), image.word_size, image.byteorder)
+    for raw in notes.notes:
+        if isinstance(raw, RawNote):
+            findings.append(_raw_note_finding(raw))
+    if notes.trailer:
+        findings.append(Finding("note-truncated", Severity.ERROR,
+                                f"{NOTE_SECTION}{notes.trailer_reason}; the rest of the section "
+                                f"({len(notes.trailer)} bytes) holds no readable note",
+                                "the section is damaged; the notes before it are listed",
+                                f"{NOTE_SECTION}+{len(image.section_data(sec)) - len(notes.trailer):#x}"))
+    x86 = is_x86(image)
+    if not x86:
+        findings.append(Finding("unsupported-arch", Severity.INFO,
+                                f"{image.machine_name} code: probes are listed, their sites are "
+                                f"not classified", "usdtpatch rewrites x86-64 only", ""))
+    elif not image.little_endian:
+        findings.append(Finding("big-endian", Severity.ERROR,
+                                "big-endian x86 ELF: probes are listed, nothing else is done", "",
+                                ""))
+    if image.type not in (ET_EXEC, ET_DYN) and notes.sdt_notes:
+        findings.append(Finding("not-linked", Severity.WARNING,
+                                f"ELF type {image.type} is not an executable or shared object: "
+                                f"note addresses are not final", "list the linked file", ""))
+
+    base_sec = image.section(BASE_SECTION)
+    base_addr = base_sec.addr if base_sec is not None else 0
+    if base_sec is None and notes.sdt_notes:
+        findings.append(Finding("no-stapsdt-base", Severity.INFO,
+                                f"no {BASE_SECTION} section: note addresses are used as they are",
+                                "", ""))
+    if symbols is None:
+        symbols = load_symbols(image)
+
+    probes: list[Probe] = []
+    for i, note in enumerate(notes.sdt_notes):
+        where = f"{note.probe_id}"
+        adjust = base_addr - note.base if (base_addr and note.base) else 0
+        if adjust and i == 0:
+            findings.append(Finding("note-base-moved", Severity.INFO,
+                                    f"note base {note.base:#x} differs from {BASE_SECTION} at "
+                                    f"{base_addr:#x}: addresses moved by {adjust:+#x} (prelinked "
+                                    f"or relocated file)", "", where))
+        address = (note.pc + adjust) & ((1 << (8 * image.word_size)) - 1)
+        offset = image.vaddr_to_offset(address)
+        code = image.read_vaddr(address, SITE_WINDOW)
+        if not x86:
+            site = SiteClass(SiteForm.UNSUPPORTED_ARCH, 0, 0)
+        else:
+            site = classify_site(code)
+        if offset is None:
+            findings.append(Finding("pc-outside-segments", Severity.ERROR,
+                                    f"probe address {address:#x} is in no loadable segment's "
+                                    f"file bytes", "the note or the file is damaged", where))
+        sem = None
+        if note.semaphore:
+            sem_addr = (note.semaphore + adjust) & ((1 << (8 * image.word_size)) - 1)
+            sem_sec = image.section_for_vaddr(sem_addr)
+            sem = Semaphore(sem_addr, image.vaddr_to_offset(sem_addr),
+                            sem_sec.name if sem_sec is not None else None)
+        args = parse_args(note.args, x86=x86)
+        for a in args:
+            if x86 and isinstance(a.operand, UnknownOperand):
+                findings.append(Finding("arg-unknown-form", Severity.WARNING,
+                                        f"argument {a.raw!r}: {a.operand.reason}",
+                                        "kept as text; tracers may not read this argument",
+                                        where))
+        fn = symbols.lookup(address)
+        function, function_offset = (fn[0].name, fn[1]) if fn is not None else (None, 0)
+        probes.append(Probe(i, note, address, offset, sem, args, site, code, function,
+                            function_offset))
+    return ProbeSet(image, notes, tuple(probes), tuple(findings))
+
+
+def _raw_note_finding(raw: RawNote) -> Finding:
+    where = f"{NOTE_SECTION}+{raw.offset:#x}"
+    if raw.foreign:
+        return Finding("note-foreign", Severity.INFO,
+                       f"a note that is not an SDT note ({len(raw.data)} bytes) sits in "
+                       f"{NOTE_SECTION}", "kept unchanged", where)
+    return Finding("note-malformed", Severity.ERROR, f"{where}: {raw.reason}",
+                   "this note is skipped; the other notes are listed", where)

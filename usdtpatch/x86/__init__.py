@@ -1,0 +1,1 @@
+"""x86 knowledge: NOP and site forms (data), decoding for analysis (capstone)."""

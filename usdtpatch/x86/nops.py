@@ -1,0 +1,141 @@
+"""NOP encodings and USDT site forms, as data, and the classifier of the bytes at a probe.
+
+References:
+- Intel SDM vol. 2, NOP (0x90, and 0F 1F /0 with a ModRM memory operand), and the ModRM/SIB
+  displacement rules used to size a 0F 1F instruction.
+- The 6.18 kernel's rule for optimizing a uprobe (arch/x86/kernel/uprobes.c, and measured in
+  shared/design/kernel-facts.md): one instruction of length 5 that its decoder calls a NOP,
+  i.e. opcode 90 or 0F 1F with ModRM.reg == 0, in a 64-bit process. `0F 1F /1..7` ("hint"
+  NOPs) are not NOPs to it. Instructions with a CS (2E) or DS (3E) segment prefix cannot be
+  probed at all (perf_event_open fails with errno 524).
+- The nop10 site of the queued upstream series (unreleased, see kernel-facts.md): the 10-byte
+  NOP `66 2e 0f 1f 84 <SIB> <disp32>`; usdt.h emits it behind a 1-byte nop (`combo10`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+NOP1 = bytes([0x90])  # nop
+NOP5 = bytes([0x0F, 0x1F, 0x44, 0x00, 0x00])  # nopl 0x0(%rax,%rax,1)
+NOP10 = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84, 0, 0, 0, 0, 0])  # cs nopw 0x0(%rax,%rax,1)
+COMBO5 = NOP1 + NOP5  # nop; nopl 0x0(%rax,%rax,1)   (what libbpf 1.7 looks for)
+COMBO10 = NOP1 + NOP10  # nop; cs nopw 0x0(%rax,%rax,1)   (usdt.h since May 2026)
+NOP10_PREFIX = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84])  # the kernel series accepts any SIB/disp32
+
+_LEGACY_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF2, 0xF3, 0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65})
+SEGMENT_PREFIXES_UNPROBEABLE = frozenset({0x2E, 0x3E})  # CS, DS: uprobes refuse them
+
+
+class SiteForm(Enum):
+    NOP1 = "nop1"  # a lone 1-byte nop: the classic systemtap site
+    NOP5 = "nop5"  # the canonical 5-byte NOP 0f 1f 44 00 00
+    NOP5_ALT = "nop5-alt"  # another 5-byte NOP the 6.18 kernel optimizes
+    COMBO5 = "combo5"  # 90 + nop5, pc on the 90 (libbpf 1.7 attaches at pc + 1)
+    COMBO10 = "combo10"  # 90 + 10-byte NOP, pc on the 90 (usdt.h's current default)
+    NOP10 = "nop10"  # the 10-byte NOP 66 2e 0f 1f 84 ...
+    PADDED = "padded"  # 1-byte nop followed by NOP padding: room for a nop5 in place
+    OTHER = "other"  # anything else (disassembly shown)
+    UNMAPPED = "unmapped"  # the pc is in no loadable segment of the file
+    UNSUPPORTED_ARCH = "unsupported-arch"  # not x86: listed, not classified
+
+
+@dataclass(frozen=True, slots=True)
+class NopInsn:
+    """One decoded NOP instruction: its length and facts the kernel rules look at."""
+
+    length: int
+    prefixes: bytes
+    hint: bool  # 0F 1F with ModRM.reg != 0: decodes as a NOP on the CPU, not for the kernel
+
+
+def decode_nop(code: bytes) -> NopInsn | None:
+    """Decode one instruction at code[0] if it is a NOP (90 or 0F 1F /r); None otherwise.
+
+    Legacy prefixes and a REX byte are allowed before the opcode, as the CPU does.
+    """
+    i = 0
+    while i < len(code) and code[i] in _LEGACY_PREFIXES and i < 14:
+        i += 1
+    prefixes = code[:i]
+    if i < len(code) and 0x40 <= code[i] <= 0x4F:  # REX
+        i += 1
+    if i >= len(code):
+        return None
+    if code[i] == 0x90:
+        if 0xF3 in prefixes:
+            return None  # f3 90 is PAUSE
+        return NopInsn(i + 1, prefixes, hint=False)
+    if code[i] != 0x0F or i + 2 >= len(code) or code[i + 1] != 0x1F:
+        return None
+    modrm = code[i + 2]
+    mod, reg, rm = modrm >> 6, (modrm >> 3) & 7, modrm & 7
+    n = i + 3
+    if mod != 3 and rm == 4:  # SIB
+        if n >= len(code):
+            return None
+        sib_base = code[n] & 7
+        n += 1
+        if mod == 0 and sib_base == 5:
+            n += 4
+    if mod == 1:
+        n += 1
+    elif mod == 2 or (mod == 0 and rm == 5):
+        n += 4
+    if n > len(code):
+        return None
+    return NopInsn(n, prefixes, hint=reg != 0)
+
+
+def kernel_optimizable_nop5(code: bytes) -> bool:
+    """True when code[0:5] is one 5-byte instruction the 6.18 kernel would optimize."""
+    insn = decode_nop(code[:15])
+    return (
+        insn is not None
+        and insn.length == 5
+        and not insn.hint
+        and not (set(insn.prefixes) & SEGMENT_PREFIXES_UNPROBEABLE)
+    )
+
+
+def nop_run_length(code: bytes) -> int:
+    """Bytes covered by consecutive non-hint NOP instructions from code[0]."""
+    n = 0
+    while n < len(code):
+        insn = decode_nop(code[n:])
+        if insn is None or insn.hint:
+            break
+        n += insn.length
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class SiteClass:
+    """What the bytes at a probe's pc are."""
+
+    form: SiteForm
+    length: int  # bytes of the probe instruction(s) at pc (0 when unknown)
+    room: int  # bytes of plain NOPs from pc (what could be overwritten in place)
+
+
+def classify_site(code: bytes) -> SiteClass:
+    """Classify the bytes at a probe pc (give at least 16 bytes when the file has them)."""
+    if not code:
+        return SiteClass(SiteForm.UNMAPPED, 0, 0)
+    room = nop_run_length(code)
+    if code.startswith(NOP1 + NOP10_PREFIX) and len(code) >= 11:
+        return SiteClass(SiteForm.COMBO10, 11, room)
+    if code.startswith(COMBO5):
+        return SiteClass(SiteForm.COMBO5, 6, room)
+    if code.startswith(NOP10_PREFIX) and len(code) >= 10:
+        return SiteClass(SiteForm.NOP10, 10, room)
+    if code.startswith(NOP5):
+        return SiteClass(SiteForm.NOP5, 5, room)
+    if kernel_optimizable_nop5(code):
+        return SiteClass(SiteForm.NOP5_ALT, 5, room)
+    if code[0] == 0x90:
+        if room >= 5:
+            return SiteClass(SiteForm.PADDED, 1, room)
+        return SiteClass(SiteForm.NOP1, 1, room)
+    return SiteClass(SiteForm.OTHER, 0, room)

@@ -49,7 +49,7 @@ fixtures:
 	$(MAKE) -C fixtures
 
 bench: $(BIN)/.test
-	$(BIN)/python bench/run.py
+	$(BIN)/python -m bench.bench_list
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -46,8 +47,6 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int | None = N
             os.chmod(tmp, mode)
         os.replace(tmp, p)
     except OSError as exc:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from exc

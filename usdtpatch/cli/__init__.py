@@ -2,19 +2,21 @@
 
 The cli package is the one place that prints and that turns exceptions into exit codes:
 0 success, 1 a check failed (findings at or above --fail-on, a verification failed),
-2 unusable input or a usage error. Each subcommand module has `register(subparsers)`, which
+2 unusable input or a usage error, 3 an internal error (a bug: one line, no traceback, unless
+USDTPATCH_DEBUG is set). Each subcommand module has `register(subparsers)`, which
 adds its parser and sets `func(args, out, err) -> int`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import IO
 
 from usdtpatch import __version__
 from usdtpatch.cli import cmd_demo, cmd_list
-from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_UNUSABLE
 from usdtpatch.errors import UsdtpatchError
 
 # Subcommands in the order `usdtpatch --help` shows them.
@@ -52,3 +54,9 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
         return EXIT_UNUSABLE
     except BrokenPipeError:
         return EXIT_OK
+    except Exception as exc:
+        if os.environ.get("USDTPATCH_DEBUG"):
+            raise
+        print(f"usdtpatch: internal error: {type(exc).__name__}: {exc} (a bug: please report "
+              f"it with the input; USDTPATCH_DEBUG=1 shows the traceback)", file=err)
+        return EXIT_INTERNAL

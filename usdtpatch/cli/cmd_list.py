@@ -34,8 +34,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     doc = list_document([file_json(p, ps, names, args.provider, args.probe) for p, ps in loaded],
                         errors)
     if args.json:
-        json.dump(doc, out, indent=2)
-        out.write("\n")
+        out.write(json.dumps(doc) + "\n")  # one write: the C encoder, not per-token writes
     else:
         from usdtpatch.report.render import make_console, render_list
 

@@ -13,6 +13,7 @@ from usdtpatch.sites.probes import ProbeSet, read_probes
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_UNUSABLE = 2
+EXIT_INTERNAL = 3
 
 
 def load(path: str) -> ProbeSet:

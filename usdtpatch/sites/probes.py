@@ -97,7 +97,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
                                 f"{NOTE_SECTION}{notes.trailer_reason}; the rest of the section "
                                 f"({len(notes.trailer)} bytes) holds no readable note",
                                 "the section is damaged; the notes before it are listed",
-                                f"{NOTE_SECTION}+{len(image.section_data(sec)) - len(notes.trailer):#x}"))
+                                f"{NOTE_SECTION}+{sec.size - len(notes.trailer):#x}"))
     x86 = is_x86(image)
     if not x86:
         findings.append(Finding("unsupported-arch", Severity.INFO,

@@ -1,0 +1,1 @@
+"""pytest configuration: the repository root on sys.path for `tests.helpers`."""

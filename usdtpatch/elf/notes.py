@@ -87,7 +87,7 @@ def parse_notes(data: bytes, word_size: int, byteorder: str) -> NoteSection:
     while pos < len(data):
         if pos + _NOTE_HEADER > len(data):
             return NoteSection(tuple(notes), data[pos:],
-                               f"+{pos:#x}: {len(data) - pos} bytes left, too few for a "
+                               f"{len(data) - pos} bytes left, too few for a "
                                f"12-byte note header")
         namesz, descsz, ntype = hdr.unpack_from(data, pos)
         name_off = pos + _NOTE_HEADER
@@ -95,7 +95,7 @@ def parse_notes(data: bytes, word_size: int, byteorder: str) -> NoteSection:
         end = desc_off + _align4(descsz)
         if desc_off + descsz > len(data):
             return NoteSection(tuple(notes), data[pos:],
-                               f"+{pos:#x}: namesz {namesz} and descsz {descsz} run past the "
+                               f"namesz {namesz} and descsz {descsz} run past the "
                                f"end of the section ({len(data):#x} bytes)")
         end = min(end, len(data))  # the last note's padding may be missing
         whole = data[pos:end]

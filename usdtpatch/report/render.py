@@ -51,9 +51,11 @@ def render_list(console: Console, doc: dict[str, Any]) -> None:
                 site = p["site"]["form"]
                 if site == "other":
                     site = f"other: {p['site']['disassembly']}"
-                table.add_row(f"{p['provider']}:{p['name']}", _hex(p["address"]),
-                              _hex(p["file_offset"]), sem_text, site, p["function"] or "-",
-                              " ".join(a["raw"] for a in p["arguments"]))
+                cells = (f"{p['provider']}:{p['name']}", _hex(p["address"]),
+                         _hex(p["file_offset"]), sem_text, site, p["function"] or "-",
+                         " ".join(a["raw"] for a in p["arguments"]))
+                # Text, not markup: "[clone .cold]" in a C++ name is not a style tag.
+                table.add_row(*(Text(c) for c in cells))
             console.print(table)
         render_findings(console, f["findings"])
 
@@ -68,4 +70,86 @@ def render_findings(console: Console, findings: list[dict[str, str]]) -> None:
         line.append(f" {fd['message']}")
         if fd["hint"]:
             line.append(f" ({fd['hint']})", style="dim")
-        console.print(line)
+        console.print(line, soft_wrap=True)  # one line each, however long
+
+
+def check_summary_line(f: dict[str, Any]) -> str:
+    """The summary line of one file of a check document."""
+    s = f["summary"]
+    ar = s["after_rewrite"]
+    rewrite = ar["in_place"] + ar["forward"] + ar["backward"]
+    line = (f"{s['sites']} site(s): {s['optimizable']} optimizable as they are; {rewrite} after "
+            f"rewrite ({ar['in_place']} in place, {ar['forward']} forward, {ar['backward']} "
+            f"backward); {s['blocked']} blocked")
+    if s["blocked_by_reason"]:
+        line += " (" + ", ".join(f"{k}: {v}" for k, v in s["blocked_by_reason"].items()) + ")"
+    if s["not_applicable"]:
+        line += f"; {s['not_applicable']} not applicable"
+    return line
+
+
+def _outcome_text(site: dict[str, Any]) -> str:
+    w = site["window"]
+    if site["outcome"] == "blocked":
+        return f"blocked: {site['blocked']['code']}"
+    if w is None:
+        return str(site["outcome"])
+    if w["shape"] == "in-place":
+        return "in place (0 jumps)"
+    return f"{w['shape']} {w['relocated_bytes']}B (+{w['extra_jumps']} jumps)"
+
+
+def render_check(console: Console, doc: dict[str, Any], summary_only: bool = False) -> None:
+    """`check`'s table per file, its findings and the summary line."""
+    for f in doc["files"]:
+        elf = f["elf"]
+        console.print(Text(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
+                           f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)", style="bold"))
+        if f["sites"] and not summary_only:
+            table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+            for col in ("probe", "address", "site", "6.18", "nop10 (unreleased)", "outcome"):
+                table.add_column(col, no_wrap=True)
+            table.add_column("function", overflow="fold", ratio=1)
+            table.add_column("findings", overflow="fold", ratio=1)
+            for s in f["sites"]:
+                k = s["kernels"]
+                cells = (f"{s['provider']}:{s['name']}", _hex(s["address"]),
+                         s["site"]["form"], k["6.18"]["outcome"],
+                         k["nop10-series"]["outcome"], _outcome_text(s),
+                         s["function"] or "-",
+                         " ".join(sorted({x["code"] for x in s["findings"]})) or "-")
+                table.add_row(*(Text(c) for c in cells))
+            console.print(table)
+        if not summary_only:
+            render_findings(console, f["findings"])
+            for s in f["sites"]:
+                render_findings(console, s["findings"])
+        console.print(Text(check_summary_line(f)))
+    for e in doc["errors"]:
+        console.print(Text(f"{e['path']}: {e['error']}", style="bold red"))
+
+
+def render_show(console: Console, doc: dict[str, Any]) -> None:
+    """`show`: the site and its patch window, before and after, side by side."""
+    console.print(Text(f"{doc['path']}  {doc['probe']} at {_hex(doc['address'])} "
+                       f"in {doc['function'] or '?'}", style="bold"))
+    for k, v in doc["kernels"].items():
+        console.print(Text(f"  {k}: {v['outcome']} - {v['reason']}"))
+    console.print(Text(f"  outcome: {doc['outcome']}"))
+    for t in doc["attempts"]:
+        console.print(Text(f"    {t}", style="dim"))
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for col in ("", "address", "before", "after (at the site)", "after (detour)"):
+        table.add_column(col, no_wrap=True, min_width=len(col) or 2)
+    table.add_column("note", overflow="fold", ratio=1)
+    for row in doc["rows"]:
+        table.add_row(*(Text(c) for c in (row["mark"], _hex(row["address"]), row["before"],
+                                          row["after"], row["detour"], row["note"])))
+    console.print(table)
+    if doc.get("window"):
+        w = doc["window"]
+        console.print(Text(f"  window [{_hex(w['start'])}, {_hex(w['end'])}) {w['shape']}: "
+                           f"starts at {w['start_reason']}; ends: {w['end_reason']}; "
+                           f"{w['relocated_bytes']} bytes relocated, "
+                           f"{w['extra_jumps']} extra jumps per pass"))
+    render_findings(console, doc["findings"])

@@ -26,6 +26,7 @@ from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site
 
 NOTE_SECTION = ".note.stapsdt"
 BASE_SECTION = ".stapsdt.base"
+MAX_ARGS = 12  # STAP_PROBE12 is the largest probe sys/sdt.h defines
 SITE_WINDOW = 16  # bytes read at each pc for classification and display
 
 
@@ -94,7 +95,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
             findings.append(_raw_note_finding(raw))
     if notes.trailer:
         findings.append(Finding("note-truncated", Severity.ERROR,
-                                f"{NOTE_SECTION}{notes.trailer_reason}; the rest of the section "
+                                f"{notes.trailer_reason}; the rest of the section "
                                 f"({len(notes.trailer)} bytes) holds no readable note",
                                 "the section is damaged; the notes before it are listed",
                                 f"{NOTE_SECTION}+{sec.size - len(notes.trailer):#x}"))
@@ -148,7 +149,15 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
             sem = Semaphore(sem_addr, image.vaddr_to_offset(sem_addr),
                             sem_sec.name if sem_sec is not None else None)
         args = parse_args(note.args, x86=x86)
+        if len(args) > MAX_ARGS:
+            findings.append(Finding("too-many-args", Severity.WARNING,
+                                    f"{len(args)} arguments; sys/sdt.h defines at most {MAX_ARGS}",
+                                    "tracers may ignore the arguments past the twelfth", where))
         for a in args:
+            if x86 and a.size is None and not isinstance(a.operand, UnknownOperand):
+                findings.append(Finding("arg-no-size", Severity.INFO,
+                                        f"argument {a.raw!r} has no N@ size prefix (old note "
+                                        f"style)", "tracers read it as an 8-byte value", where))
             if x86 and isinstance(a.operand, UnknownOperand):
                 findings.append(Finding("arg-unknown-form", Severity.WARNING,
                                         f"argument {a.raw!r}: {a.operand.reason}",
@@ -167,5 +176,5 @@ def _raw_note_finding(raw: RawNote) -> Finding:
         return Finding("note-foreign", Severity.INFO,
                        f"a note that is not an SDT note ({len(raw.data)} bytes) sits in "
                        f"{NOTE_SECTION}", "kept unchanged", where)
-    return Finding("note-malformed", Severity.ERROR, f"{where}: {raw.reason}",
+    return Finding("note-malformed", Severity.ERROR, raw.reason,
                    "this note is skipped; the other notes are listed", where)

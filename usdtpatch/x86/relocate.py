@@ -1,0 +1,214 @@
+"""Relocating a patch window into a detour. The only module that imports iced-x86.
+
+Reference: shared/design/usdt-and-rewriting.md ("Patch window", "Encoders and writers").
+iced's BlockEncoder re-encodes instructions at a new address: it fixes rip-relative
+displacements, retargets branches and widens short ones. Its two hazards are checked on every
+output: a branch or rip-relative operand out of +/-2 GiB reach comes out as an absolute
+`jmp qword ptr [rip+X]` (`ff 25`) with an 8-byte literal, and a rip-relative operand whose
+target lies below 4 GiB can come out with a `67` address-size prefix. Neither is accepted.
+
+The detour is laid out as
+
+    [window instructions before the probe]   re-encoded by iced
+    [the new probe site bytes]               verbatim (nop5, combo5, combo10, maybe guarded)
+    [window instructions after the probe]    re-encoded by iced
+    jmp window_end                           re-encoded by iced
+
+(with one site part per probe when a window holds several, as adjacent probes do). The parts
+are encoded separately so each probe's address is known without guessing. A
+branch inside a window can only target the window start (no branch target lies strictly
+inside a window), which now holds `jmp detour`, so every branch is kept pointing at its
+original address. The output is then decoded back with capstone and compared instruction by
+instruction with the original window: same mnemonics, same branch targets, same rip-relative
+targets, same other operands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import iced_x86
+
+from usdtpatch.x86.decode import CodeInsn, sweep
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+_LEGACY_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF2, 0xF3, 0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65})
+
+
+class RelocationError(Exception):
+    """The window cannot be relocated safely; the message says why (becomes a finding)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Detour:
+    """The relocated window at `address`."""
+
+    address: int
+    code: bytes
+    probe_address: int  # where the new probe site bytes start
+    site_length: int  # bytes of the new probe site (guard included)
+    # (original address, detour address) of every relocated instruction, in order, then
+    # (window end, address of the final jmp)
+    insn_map: tuple[tuple[int, int], ...]
+
+    @property
+    def end(self) -> int:
+        return self.address + len(self.code)
+
+
+def _encode(insns: list[iced_x86.Instruction], address: int) -> bytes:
+    if not insns:
+        return b""
+    enc = iced_x86.BlockEncoder(64)
+    enc.add_many(insns)
+    try:
+        return bytes(enc.encode(address))
+    except ValueError as exc:
+        raise RelocationError(f"iced could not encode the window at {address:#x}: {exc}") \
+            from exc
+
+
+def _decode(code: bytes, address: int) -> list[iced_x86.Instruction]:
+    dec = iced_x86.Decoder(64, code, ip=address)
+    out = list(dec)
+    if any(i.is_invalid for i in out):
+        raise RelocationError(f"window bytes at {address:#x} do not decode")
+    return out
+
+
+def _same(orig: CodeInsn, new: CodeInsn) -> str | None:
+    """None when `new` does what `orig` does at its new address, else the difference."""
+    if orig.base_mnemonic != new.base_mnemonic and not (
+        orig.target is not None and new.target is not None
+    ):
+        return f"{orig.text!r} became {new.text!r}"
+    if orig.target is not None or new.target is not None:
+        if orig.target != new.target:
+            return f"branch target of {orig.text!r} moved to {new.target}"
+        if orig.base_mnemonic.rstrip("q") != new.base_mnemonic.rstrip("q"):
+            return f"branch {orig.text!r} became {new.text!r}"
+        return None
+    if orig.rip_target is not None or new.rip_target is not None:
+        if orig.rip_target != new.rip_target:
+            return f"rip-relative target of {orig.text!r} moved"
+        return None
+    if orig.op_str != new.op_str:
+        return f"{orig.text!r} became {new.text!r}"
+    return None
+
+
+def _prefixes(raw: bytes) -> bytes:
+    n = 0
+    while n < len(raw) and raw[n] in _LEGACY_PREFIXES:
+        n += 1
+    return raw[:n]
+
+
+def _check_part(orig: tuple[CodeInsn, ...], orig_code: bytes, orig_start: int, code: bytes,
+                address: int) -> list[CodeInsn]:
+    new = sweep(code, address)
+    if new.bad:
+        raise RelocationError(f"relocated bytes at {new.bad[0]:#x} do not decode")
+    if len(new.insns) != len(orig):
+        raise RelocationError(f"relocation turned {len(orig)} instructions into "
+                              f"{len(new.insns)}")
+    for o, n in zip(orig, new.insns, strict=True):
+        raw = code[n.address - address : n.end - address]
+        old = orig_code[o.address - orig_start : o.end - orig_start]
+        if 0x67 in _prefixes(raw) and 0x67 not in _prefixes(old):
+            raise RelocationError(f"{o.text!r} came out with a 67 address-size prefix")
+        if raw[:2] == b"\xff\x25" and old[:2] != b"\xff\x25":
+            raise RelocationError(f"{o.text!r} came out as an absolute jmp [rip] (out of "
+                                  f"reach)")
+        diff = _same(o, n)
+        if diff:
+            raise RelocationError(diff)
+    return list(new.insns)
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A probe instruction of the window and the site bytes that take its place."""
+
+    address: int
+    length: int
+    site: bytes
+
+
+def relocate_window(window_code: bytes, start: int, replacements: list[Replacement],
+                    address: int) -> Detour:
+    """Relocate the window [start, start + len(window_code)) to `address`.
+
+    Each replaced instruction (a probe) is swapped for its site bytes; every other instruction
+    is re-encoded by iced and checked. The detour ends with a jump back to the window's end.
+    `Detour.probe_address` is where the first replacement's bytes start; `insn_map` maps every
+    original instruction (probes included) to its place in the detour.
+    """
+    end = start + len(window_code)
+    original = sweep(window_code, start)
+    if original.bad:
+        raise RelocationError(f"window bytes at {original.bad[0]:#x} do not decode")
+    iced = _decode(window_code, start)
+    if len(iced) != len(original.insns):
+        raise RelocationError("capstone and iced split the window differently")
+    by_addr = {r.address: r for r in replacements}
+    for r in replacements:
+        match = [i for i in iced if i.ip == r.address]
+        if len(match) != 1 or match[0].len != r.length:
+            raise RelocationError(f"no {r.length}-byte instruction at {r.address:#x}")
+
+    out = bytearray()
+    pairs: list[tuple[int, int]] = []
+    first_site: int | None = None
+    run_iced: list[iced_x86.Instruction] = []
+    run_orig: list[CodeInsn] = []
+
+    def flush_run(final_jump: bool) -> None:
+        at = address + len(out)
+        instrs = list(run_iced)
+        if final_jump:
+            instrs.append(iced_x86.Instruction.create_branch(iced_x86.Code.JMP_REL32_64, end))
+        code = _encode(instrs, at)
+        if final_jump:
+            tail = sweep(code, at)
+            if tail.bad or not tail.insns:
+                raise RelocationError("the detour's tail does not decode")
+            jmp = tail.insns[-1]
+            if jmp.target != end or jmp.base_mnemonic not in ("jmp", "jmpq"):
+                raise RelocationError(f"the detour does not end with jmp {end:#x}")
+            body = code[: jmp.address - at]
+        else:
+            body = code
+        new = _check_part(tuple(run_orig), window_code, start, body, at)
+        pairs.extend((o.address, n.address) for o, n in zip(run_orig, new, strict=True))
+        if final_jump:
+            pairs.append((end, at + len(body)))
+        out.extend(code)
+        run_iced.clear()
+        run_orig.clear()
+
+    for ins, orig in zip(iced, original.insns, strict=True):
+        rep = by_addr.get(ins.ip)
+        if rep is None:
+            run_iced.append(ins)
+            run_orig.append(orig)
+            continue
+        flush_run(False)
+        at = address + len(out)
+        if first_site is None:
+            first_site = at
+        pairs.append((rep.address, at))
+        out.extend(rep.site)
+    flush_run(True)
+    if first_site is None:
+        raise RelocationError("no probe to replace in the window")
+    site_len = len(by_addr[min(by_addr)].site)
+    return Detour(address, bytes(out), first_site, site_len, tuple(pairs))
+
+
+def jmp_rel32(source: int, target: int) -> bytes:
+    """`e9 rel32`: jmp from `source` to `target` (5 bytes)."""
+    rel = target - (source + 5)
+    if not INT32_MIN <= rel <= INT32_MAX:
+        raise RelocationError(f"jmp from {source:#x} to {target:#x} is out of rel32 reach")
+    return b"\xe9" + rel.to_bytes(4, "little", signed=True)

@@ -153,3 +153,30 @@ def render_show(console: Console, doc: dict[str, Any]) -> None:
                            f"{w['relocated_bytes']} bytes relocated, "
                            f"{w['extra_jumps']} extra jumps per pass"))
     render_findings(console, doc["findings"])
+
+
+def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
+    """The rewrite report: a table of sites per file and a summary line."""
+    for f in doc["files"]:
+        dest = f["output"] or "(dry run: nothing written)"
+        console.print(Text(f"{f['path']} -> {dest}", style="bold"))
+        if f.get("note"):
+            console.print(Text(f"  {f['note']}"))
+            continue
+        table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for col in ("probe", "address", "action", "new pc", "guard", "cost"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("detail", overflow="fold", ratio=1)
+        for s in f["sites"]:
+            cost = f"+{s['extra_jumps_per_pass']} jmp" if s["extra_jumps_per_pass"] else "0"
+            detail = s["reason"] if s["code"] is None else f"[{s['code']}] {s['reason']}"
+            table.add_row(*(Text(c) for c in (
+                f"{s['provider']}:{s['name']}", _hex(s["address"]), s["action"],
+                _hex(s["new_pc"]), "lea -128" if s["guarded"] else "-", cost, detail)))
+        console.print(table)
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
+        verified = "each detour verified in the emulator" if f["verified"] else \
+            "NOT verified (--no-verify)"
+        console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
+                           f"red-zone guard {f['guard']}; {verified}"))
+        render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])

@@ -1,0 +1,109 @@
+"""`usdtpatch verify FILE [--plan PLAN.json] [--json]`: run every torn state of every write
+sequence in the bundled emulator; a verdict per site, exit 1 if any site fails.
+
+`summarize(path)` is what `usdtpatch demo` calls: plan + verify one file, rendered as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import IO, Any
+
+from usdtpatch.cli.cmd_plan import add_placement_args, make_plan
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, load
+from usdtpatch.emulate.verify import FAIL, PASS, SKIP, VerifyReport, verify_plan
+from usdtpatch.errors import InputError
+from usdtpatch.io import read_input
+from usdtpatch.poke.plan import plan_from_json
+
+VERIFY_SCHEMA = "usdtpatch/verify"
+VERIFY_SCHEMA_VERSION = 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("verify", help="check write sequences in the bundled emulator "
+                                      "(exit 1 if a site fails)")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--plan", metavar="PLAN.json",
+                   help="verify this plan (from `usdtpatch plan --json` or anyone else) "
+                        "instead of planning FILE now")
+    add_placement_args(p)
+    p.add_argument("--json", action="store_true", help="print a versioned JSON document")
+    p.set_defaults(func=run)
+
+
+def verify_json(rep: VerifyReport) -> dict[str, Any]:
+    return {
+        "schema": VERIFY_SCHEMA, "schema_version": VERIFY_SCHEMA_VERSION, "path": rep.path,
+        "protocol": rep.protocol, "ok": rep.ok, "runs": rep.runs,
+        "seconds": round(rep.seconds, 4),
+        "sites": [{"probe": v.probe, "address": v.address, "protocol": v.protocol,
+                   "status": v.status, "reason": v.reason, "runs": v.runs,
+                   "failures": [f.to_json() for f in v.failures],
+                   "hazards": [h.to_json() for h in v.hazards],
+                   "red_zone_writes": list(v.red_zone_writes)} for v in rep.verdicts],
+        "findings": [f.to_json() for f in rep.findings],
+    }
+
+
+def render_verify(rep: VerifyReport) -> str:
+    lines = []
+    for f in rep.findings:
+        lines.append(f"{f.severity.value} [{f.code}] {f.message}")
+    for v in rep.verdicts:
+        head = f"{v.status.upper():<4} {v.probe} at {v.address:#x} ({v.protocol})"
+        if v.status == SKIP:
+            head += f": {v.reason}"
+        else:
+            head += f": {v.runs} thread run(s)"
+        lines.append(head)
+        for fl in v.failures:
+            lines.append(f"     [{fl.code}] {fl.message}")
+        for h in v.hazards:
+            lines.append(f"     {h.severity.value} [{h.code}] {h.message}")
+    n = {s: sum(1 for v in rep.verdicts if v.status == s) for s in (PASS, FAIL, SKIP)}
+    lines.append(f"{rep.path}: {len(rep.verdicts)} site(s): {n[PASS]} pass, {n[FAIL]} fail, "
+                 f"{n[SKIP]} skipped; {rep.runs} emulated thread runs in {rep.seconds:.2f} s")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    ps = load(args.file)
+    if args.plan:
+        raw = read_input(args.plan)
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{args.plan}: not a JSON document: {exc}") from exc
+        plan = plan_from_json(doc, args.plan)
+    else:
+        plan = make_plan(args, ps, args.file)
+    rep = verify_plan(plan, ps.image)
+    if args.json:
+        json.dump(verify_json(rep), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render_verify(rep))
+    return EXIT_OK if rep.ok else EXIT_FAIL
+
+
+def summarize(path: str, form: str = "nop5") -> tuple[int, str]:
+    """Plan and verify `path` with defaults; (exit code as `verify` gives it, text summary).
+
+    The text is the plan of the first optimizable site followed by every site's verdict.
+    Raises UsdtpatchError on unusable input.
+    """
+    from usdtpatch.cli.cmd_plan import render_site
+
+    ps = load(path)
+    ns = argparse.Namespace(trampoline=None, maps=None, pid=None, load_base=None, form=form)
+    plan = make_plan(ns, ps, path)
+    rep = verify_plan(plan, ps.image)
+    first = next((s for s in plan.sites
+                  if s.sequences is not None and s.sequences.optimize is not None), None)
+    text = ""
+    if first is not None:
+        text += "\n".join(render_site(first)) + "\n"
+    text += render_verify(rep)
+    return (EXIT_OK if rep.ok else EXIT_FAIL), text

@@ -1,0 +1,1 @@
+"""The bundled emulator (unicorn) with a model of the kernel, and torn-state verification."""

@@ -1,0 +1,250 @@
+"""Equivalence of a relocated window and its detour, checked by running both in unicorn.
+
+For each of many random initial states (registers, flags, stack and every page the code
+touches filled with seeded pseudo-random bytes), the original window runs from its first
+instruction until control leaves it, and the rewritten code runs from the same address (the
+`jmp` to the detour) until control leaves the window and the detour. Both must leave to the
+same address with the same general registers, flags and vector registers, the same memory
+written, and must reach the probe the same number of times with the same registers there (so a
+tracer reads the same argument values). A state in which the original faults must fault in the
+rewrite too; it is not counted.
+
+Reference: usdt-and-rewriting.md ("Patch window"); the issue's rule: "the same exit address,
+the same registers and flags, the same memory writes, and the probe reached exactly when the
+original nop was reached, with the same registers there". The rewritten code's guard, when
+present, lowers rsp by 128 around the NOP: registers are compared at the site's first byte,
+before the guard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import unicorn as _unicorn
+from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM_WRITE, UC_MODE_64
+from unicorn import x86_const as X
+
+from usdtpatch.elf.image import PT_LOAD, ElfImage
+from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.x86.relocate import Detour, jmp_rel32
+
+_UC: Any = _unicorn
+PAGE = 4096
+RUNS = 64
+MAX_INSNS = 2000
+STACK_TOP = 0x7FFF_F000_0000
+STACK_SIZE = 0x20000
+_GPRS = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11",
+         "r12", "r13", "r14", "r15")
+_GPR_IDS = [getattr(X, f"UC_X86_REG_{n.upper()}") for n in _GPRS]
+_XMM_IDS = [getattr(X, f"UC_X86_REG_XMM{i}") for i in range(16)]
+_STATUS_FLAGS = 0x8D5  # CF PF AF ZF SF OF
+
+
+def _pattern(page: int, seed: int) -> bytes:
+    out = bytearray()
+    counter = 0
+    while len(out) < PAGE:
+        out += hashlib.blake2b(struct.pack("<QQQ", page, seed, counter), digest_size=64).digest()
+        counter += 1
+    return bytes(out[:PAGE])
+
+
+@dataclass
+class _Run:
+    exit: int | None = None
+    fault: str | None = None
+    hits: list[tuple[int, ...]] = field(default_factory=list)
+    writes: set[int] = field(default_factory=set)
+    steps: int = 0
+
+
+class _Sandbox:
+    """One unicorn machine holding a file's loadable segments (at link-time addresses)."""
+
+    def __init__(self, image: ElfImage) -> None:
+        self.uc: Any = _UC.Uc(UC_ARCH_X86, UC_MODE_64)
+        self.mapped: set[int] = set()
+        self.seed = 0
+        self.lazy: set[int] = set()
+        for seg in image.segments:
+            if seg.type != PT_LOAD or not seg.memsz:
+                continue
+            lo = seg.vaddr // PAGE * PAGE
+            hi = (seg.vaddr + seg.memsz + PAGE - 1) // PAGE * PAGE
+            self._map(lo, hi - lo)
+            data = image.data[seg.offset : seg.offset + seg.filesz]
+            self.uc.mem_write(seg.vaddr, data)
+        self._map(STACK_TOP - STACK_SIZE, STACK_SIZE)
+        self.run: _Run = _Run()
+        self.allowed: list[tuple[int, int]] = []
+        self.probes: set[int] = set()
+        self.saved: dict[int, int] = {}
+        self.uc.hook_add(UC_HOOK_MEM_UNMAPPED, self._on_unmapped)
+        self.uc.hook_add(UC_HOOK_MEM_WRITE, self._on_write)
+        self.uc.hook_add(UC_HOOK_CODE, self._on_code)
+
+    def _map(self, addr: int, size: int) -> None:
+        for page in range(addr, addr + size, PAGE):
+            if page not in self.mapped:
+                self.uc.mem_map(page, PAGE)
+                self.mapped.add(page)
+
+    def _on_unmapped(self, uc: Any, _access: int, address: int, _size: int, _value: int,
+                     _user: Any) -> bool:
+        page = address // PAGE * PAGE
+        if page >= 1 << 47 or page < 0x10000:
+            return False  # a fault, as in a real process
+        self._map(page, PAGE)
+        self.lazy.add(page)
+        uc.mem_write(page, _pattern(page, self.seed))
+        return True
+
+    def _on_write(self, uc: Any, _access: int, address: int, size: int, _value: int,
+                  _user: Any) -> None:
+        for a in range(address, address + size):
+            self.run.writes.add(a)
+            if a not in self.saved:
+                self.saved[a] = uc.mem_read(a, 1)[0]
+
+    def _on_code(self, uc: Any, address: int, _size: int, _user: Any) -> None:
+        run = self.run
+        run.steps += 1
+        if not any(lo <= address < hi for lo, hi in self.allowed):
+            run.exit = address
+            uc.emu_stop()
+            return
+        if run.steps > MAX_INSNS:
+            run.fault = "too many instructions (the window loops)"
+            uc.emu_stop()
+            return
+        if address in self.probes:
+            run.hits.append(self.regs())
+
+    def regs(self) -> tuple[int, ...]:
+        vals = [self.uc.reg_read(r) for r in _GPR_IDS]
+        vals.append(self.uc.reg_read(X.UC_X86_REG_RFLAGS) & _STATUS_FLAGS)
+        vals += [self.uc.reg_read(r) for r in _XMM_IDS]
+        return tuple(vals)
+
+    def execute(self, entry: int, regs: list[int], xmm: list[int], flags: int,
+                stack: bytes, allowed: list[tuple[int, int]], probes: set[int],
+                seed: int) -> tuple[_Run, tuple[int, ...], dict[int, int]]:
+        self.seed = seed
+        for page in list(self.lazy):  # pattern pages depend on the seed: refill them
+            self.uc.mem_write(page, _pattern(page, seed))
+        self.uc.mem_write(STACK_TOP - len(stack), stack)
+        for rid, v in zip(_GPR_IDS, regs, strict=True):
+            self.uc.reg_write(rid, v)
+        for rid, v in zip(_XMM_IDS, xmm, strict=True):
+            self.uc.reg_write(rid, v)
+        self.uc.reg_write(X.UC_X86_REG_RFLAGS, flags | 0x2)
+        self.run = _Run()
+        self.allowed = allowed
+        self.probes = probes
+        self.saved = {}
+        try:
+            self.uc.emu_start(entry, 0, count=MAX_INSNS + 2)
+        except _UC.UcError as exc:
+            self.run.fault = str(exc)
+        final = self.regs()
+        memory = {a: self.uc.mem_read(a, 1)[0] for a in self.run.writes}
+        for a, old in self.saved.items():  # undo the run's writes
+            self.uc.mem_write(a, bytes([old]))
+        return self.run, final, memory
+
+
+@dataclass
+class _Pair:
+    original: _Sandbox
+    rewritten: _Sandbox
+
+
+_CACHE: dict[int, tuple[ElfImage, _Pair]] = {}
+
+
+def _pair(image: ElfImage) -> _Pair:
+    key = id(image)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is image:
+        return hit[1]
+    _CACHE.clear()
+    pair = _Pair(_Sandbox(image), _Sandbox(image))
+    _CACHE[key] = (image, pair)
+    return pair
+
+
+def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
+                  probes: tuple[int, ...], runs: int = RUNS, seed: int = 1) -> str | None:
+    """None when the detour behaves like the window in `runs` random states, else why not."""
+    pair = _pair(image)
+    rw = pair.rewritten
+    rw._map(detour.address // PAGE * PAGE,
+            (detour.end + PAGE - 1) // PAGE * PAGE - detour.address // PAGE * PAGE)
+    rw.uc.mem_write(detour.address, detour.code)
+    patch = jmp_rel32(window.start, detour.address)
+    patch += b"\xcc" * (window.size - len(patch))
+    rw.uc.mem_write(window.start, patch)
+    mapping = dict(detour.insn_map)
+    new_probes = {mapping[p] for p in probes}
+    rng = random.Random(seed ^ window.start)
+    done = attempts = 0
+    try:
+        while done < runs:
+            attempts += 1
+            if attempts > 4 * runs:
+                return (f"only {done} of {runs} random states ran the original window to its "
+                        f"end without a fault")
+            regs = [rng.getrandbits(64) for _ in _GPRS]
+            rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
+            regs[_GPRS.index("rsp")] = rsp
+            xmm = [rng.getrandbits(128) for _ in _XMM_IDS]
+            flags = rng.getrandbits(12) & _STATUS_FLAGS
+            stack = rng.randbytes(0x8000)
+            s = rng.getrandbits(32)
+            a, a_regs, a_mem = pair.original.execute(
+                window.start, regs, xmm, flags, stack, [(window.start, window.end)],
+                set(probes), s)
+            b, b_regs, b_mem = rw.execute(
+                window.start, regs, xmm, flags, stack,
+                [(window.start, window.end), (detour.address, detour.end)], new_probes, s)
+            if a.fault is not None:
+                if b.fault is None:
+                    return f"the original faults ({a.fault}) where the detour does not"
+                continue
+            why = _compare(a, a_regs, a_mem, b, b_regs, b_mem)
+            if why is not None:
+                return f"state {done}: {why}"
+            done += 1
+    finally:
+        rw.uc.mem_write(window.start, window.code)  # the next site starts from the original
+    return None
+
+
+def _compare(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
+             b_regs: tuple[int, ...], b_mem: dict[int, int]) -> str | None:
+    if b.fault is not None:
+        return f"the detour faults ({b.fault}) where the original does not"
+    if a.exit != b.exit:
+        return f"leaves to {b.exit:#x} instead of {a.exit:#x}" if b.exit is not None and \
+            a.exit is not None else "does not leave the same way"
+    if len(a.hits) != len(b.hits):
+        return f"reaches the probe {len(b.hits)} times instead of {len(a.hits)}"
+    for i, (ha, hb) in enumerate(zip(a.hits, b.hits, strict=True)):
+        if ha != hb:
+            return f"registers at probe hit {i} differ: {_diff(ha, hb)}"
+    if a_regs != b_regs:
+        return f"registers at the exit differ: {_diff(a_regs, b_regs)}"
+    if a_mem != b_mem:
+        return "memory written differs"
+    return None
+
+
+def _diff(a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    names = [*_GPRS, "rflags", *(f"xmm{i}" for i in range(16))]
+    return ", ".join(f"{n} {x:#x} != {y:#x}" for n, x, y in zip(names, a, b, strict=True)
+                     if x != y)

@@ -1,0 +1,214 @@
+"""The kernel's write sequences for one uprobe site, as data (Linux 6.18, nop5 protocol).
+
+Reference: the 6.18 kernel's `int3_update` / `set_swbp` / `set_orig_insn` write protocol
+(arch/x86/kernel/uprobes.c) as recorded and measured in shared/design/kernel-facts.md:
+
+- attach:     byte 0 := cc                               (int3; the kernel checks byte 0 is
+                                                          the original opcode)
+- optimize:   byte 0 := cc, bytes 1..4 := rel32, byte 0 := e8
+              (before each write the kernel re-reads the site and checks byte 0: the original
+              opcode, then cc, then cc; after each write it serializes every CPU)
+- unoptimize: byte 0 := cc (expects e8), bytes 1..4 := original (expects cc),
+              byte 0 := original (expects cc)
+- detach:     byte 0 := original (expects cc)
+
+rel32 = trampoline - (site + 5). A site is a candidate only when it is one 5-byte
+instruction the kernel's decoder calls a NOP, it does not cross a 4096-byte page
+(`vaddr % 4096 <= 4091`), the call reaches the trampoline with a signed 32-bit displacement,
+and the process is 64-bit. Everything here is pure: bytes and ints in, frozen dataclasses out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.x86.nops import SEGMENT_PREFIXES_UNPROBEABLE, decode_nop, kernel_optimizable_nop5
+
+INT3 = 0xCC  # int3
+CALL_REL32 = 0xE8  # call rel32
+PAGE_SIZE = 4096
+NOP5_LENGTH = 5
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+
+PROTOCOL_NOP5 = "nop5"
+PROTOCOL_NOP10 = "nop10"
+PROTOCOL_INT3 = "int3"  # attach/detach only: the site stays on the int3 path
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One write of the kernel to a site.
+
+    `offset` is the first byte written, relative to the site; `data` the bytes written;
+    `before`/`after` the whole site before and after the write; `expect_byte0` the value the
+    kernel requires at byte 0 when it re-reads the site before writing (None: no check);
+    `serialize` that every CPU is serialized after the write (smp_text_poke_sync_each_cpu).
+    """
+
+    offset: int
+    data: bytes
+    before: bytes
+    after: bytes
+    expect_byte0: int | None
+    serialize: bool = True
+    what: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """An ordered list of writes to the site at `address`, taking it from `start` to `end`."""
+
+    name: str  # attach | optimize | unoptimize | detach
+    address: int  # run-time address of byte 0
+    start: bytes
+    steps: tuple[Step, ...]
+
+    @property
+    def end(self) -> bytes:
+        return self.steps[-1].after if self.steps else self.start
+
+    @property
+    def states(self) -> tuple[bytes, ...]:
+        """The site's bytes before the first write and after each write."""
+        return (self.start, *(s.after for s in self.steps))
+
+
+def apply_write(state: bytes, offset: int, data: bytes) -> bytes:
+    """`state` with `data` written at `offset` (the write must stay inside the site)."""
+    if offset < 0 or offset + len(data) > len(state):
+        raise ValueError(f"write of {len(data)} bytes at +{offset} leaves the "
+                         f"{len(state)}-byte site")
+    return state[:offset] + data + state[offset + len(data):]
+
+
+def build_sequence(name: str, address: int, start: bytes,
+                   writes: list[tuple[int, bytes, int | None, str]]) -> Sequence:
+    """A Sequence from (offset, data, expect_byte0, what) writes applied in order to `start`."""
+    steps: list[Step] = []
+    state = start
+    for offset, data, expect, what in writes:
+        after = apply_write(state, offset, data)
+        steps.append(Step(offset, data, state, after, expect, True, what))
+        state = after
+    return Sequence(name, address, start, tuple(steps))
+
+
+def rel32_for(site: int, length: int, target: int) -> int | None:
+    """The displacement of a `call` ending at site + length to `target`, None when > +/-2 GiB.
+
+    For the nop5 protocol the call is the whole 5-byte site; for nop10 it is bytes 5..9.
+    """
+    rel = target - (site + length)
+    return rel if INT32_MIN <= rel <= INT32_MAX else None
+
+
+def call_target(site: int, call_end: int, rel32_bytes: bytes) -> int:
+    """Where a `call rel32` whose last byte ends at `call_end` goes."""
+    return site + call_end + int.from_bytes(rel32_bytes, "little", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSequences:
+    """Everything the kernel writes to one site under one protocol.
+
+    `protocol` is nop5 (6.18), nop10 (experimental: queued upstream series) or int3 (the site
+    cannot be optimized: only attach/detach). `optimize`/`unoptimize` are None for int3.
+    """
+
+    protocol: str
+    address: int  # run-time address of byte 0 of the probed instruction
+    original: bytes  # the instruction's bytes in the file
+    trampoline: int | None
+    attach: Sequence
+    detach: Sequence
+    optimize: Sequence | None
+    unoptimize: Sequence | None
+
+    @property
+    def length(self) -> int:
+        return len(self.original)
+
+    @property
+    def optimized(self) -> bytes | None:
+        return None if self.optimize is None else self.optimize.end
+
+    def all_sequences(self) -> tuple[Sequence, ...]:
+        seqs = [self.attach, self.detach]
+        if self.optimize is not None and self.unoptimize is not None:
+            seqs += [self.optimize, self.unoptimize]
+        return tuple(seqs)
+
+
+def int3_sequences(address: int, original: bytes) -> SiteSequences:
+    """The plain int3 attach/detach of a site the kernel does not optimize."""
+    attach = build_sequence("attach", address, original,
+                            [(0, bytes([INT3]), original[0], "int3 at byte 0")])
+    detach = build_sequence("detach", address, attach.end,
+                            [(0, original[:1], INT3, "restore byte 0")])
+    return SiteSequences(PROTOCOL_INT3, address, original, None, attach, detach, None, None)
+
+
+def nop5_sequences(address: int, original: bytes, trampoline: int) -> SiteSequences:
+    """The 6.18 sequences for a nop5 at `address` calling `trampoline` (checked by the caller:
+    see `nop5_refusal`)."""
+    rel = rel32_for(address, NOP5_LENGTH, trampoline)
+    if rel is None:
+        raise ValueError(f"trampoline {trampoline:#x} is out of rel32 reach of {address:#x}")
+    disp = rel.to_bytes(4, "little", signed=True)
+    attach = build_sequence("attach", address, original,
+                            [(0, bytes([INT3]), original[0], "int3 at byte 0")])
+    detach = build_sequence("detach", address, attach.end,
+                            [(0, original[:1], INT3, "restore byte 0")])
+    optimize = build_sequence("optimize", address, original, [
+        (0, bytes([INT3]), original[0], "int3 at byte 0 (attach)"),
+        (1, disp, INT3, "rel32 in bytes 1..4"),
+        (0, bytes([CALL_REL32]), INT3, "call opcode e8 at byte 0"),
+    ])
+    unoptimize = build_sequence("unoptimize", address, optimize.end, [
+        (0, bytes([INT3]), CALL_REL32, "int3 over the call opcode"),
+        (1, original[1:5], INT3, "restore bytes 1..4"),
+        (0, original[:1], INT3, "restore byte 0"),
+    ])
+    return SiteSequences(PROTOCOL_NOP5, address, original, trampoline, attach, detach, optimize,
+                         unoptimize)
+
+
+def probeable_refusal(original: bytes, where: str) -> Finding | None:
+    """A finding when the kernel refuses to probe the instruction at all (CS/DS prefix)."""
+    insn = decode_nop(original[:15])
+    if insn is not None and set(insn.prefixes) & SEGMENT_PREFIXES_UNPROBEABLE:
+        return Finding("site-unprobeable-prefix", Severity.ERROR,
+                       f"the probe instruction {original[:insn.length].hex(' ')} has a CS/DS "
+                       f"segment prefix: perf_event_open refuses it (errno 524)",
+                       "use a NOP without a 2e/3e prefix", where)
+    return None
+
+
+def nop5_refusal(address: int, original: bytes, trampoline: int | None, is64: bool,
+                 where: str) -> Finding | None:
+    """Why the 6.18 kernel would not optimize this site, as a finding; None when it would."""
+    if not is64:
+        return Finding("site-32-bit", Severity.INFO,
+                       "32-bit (compat) processes are never optimized",
+                       "the site stays on the int3 path", where)
+    if not kernel_optimizable_nop5(original):
+        return Finding("site-not-nop5", Severity.INFO,
+                       f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP the "
+                       f"6.18 kernel optimizes", "the site stays on the int3 path; "
+                       "`usdtpatch rewrite` can make room for a nop5", where)
+    if address % PAGE_SIZE > PAGE_SIZE - NOP5_LENGTH:
+        return Finding("site-crosses-page", Severity.WARNING,
+                       f"the nop5 at {address:#x} crosses a page boundary "
+                       f"({address % PAGE_SIZE:#x} > {PAGE_SIZE - NOP5_LENGTH:#x} into its page)",
+                       "the kernel never optimizes it; move the site", where)
+    if trampoline is None:
+        return Finding("no-trampoline", Severity.WARNING,
+                       f"no free page within +/-2 GiB of {address + NOP5_LENGTH:#x} for the "
+                       f"trampoline", "the site stays on the int3 path", where)
+    if rel32_for(address, NOP5_LENGTH, trampoline) is None:
+        return Finding("trampoline-out-of-reach", Severity.WARNING,
+                       f"trampoline {trampoline:#x} is more than +/-2 GiB from "
+                       f"{address + NOP5_LENGTH:#x}", "the site stays on the int3 path", where)
+    return None

@@ -177,30 +177,57 @@ def test_a_broken_trampoline_is_caught(code: bytes, failure: str) -> None:
     assert v.status == FAIL and failure in v.codes, v.codes
 
 
-GUARD_TRICK = (
-    "#include <sys/sdt.h>\n#undef _SDT_NOP\n#define _SDT_NOP "
-    ".byte 0x48; .byte 0x8d; .byte 0x64; .byte 0x24; .byte 0x80; "
-    ".byte 0x0f; .byte 0x1f; .byte 0x44; .byte 0x00; .byte 0x00; "
-    ".byte 0x48; .byte 0x8d; .byte 0xa4; .byte 0x24; .byte 0x80; .byte 0; .byte 0; .byte 0\n"
+GUARDED_SOURCE = (
+    "#include <sys/sdt.h>\n"
     "volatile long v;\n"
     "__attribute__((noinline)) void f(long x) { STAP_PROBE1(g, site, x); v += x; }\n"
     "int main(void) { f(1); return 0; }\n")
 
 
 def test_guarded_nop5_leaves_the_red_zone_alone(tmp_path: Path) -> None:
+    """A site rewritten with the red-zone guard (pc on the nop5, between the two leas)."""
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc to build the guarded test program")
-    (tmp_path / "g.c").write_text(GUARD_TRICK)
+    (tmp_path / "g.c").write_text(GUARDED_SOURCE)
     done = subprocess.run(["gcc", "-O2", "-o", str(tmp_path / "g"), str(tmp_path / "g.c")],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot build the guarded program: {done.stderr[:200]}")
-    plan = _plan(tmp_path / "g")
+    from usdtpatch.elf.image import parse_elf
+    from usdtpatch.rewrite.apply import rewrite_image
+    from usdtpatch.rewrite.forms import Guard
+
+    res = rewrite_image(parse_elf((tmp_path / "g").read_bytes()), guard=Guard.ALWAYS)
+    assert res.data is not None and res.sites[0].guarded
+    (tmp_path / "g.rw").write_bytes(res.data)
+    (tmp_path / "g.rw").chmod(0o755)
+    plan = _plan(tmp_path / "g.rw")
     site = plan.sites[0]
     assert site.guarded and site.sequences is not None and site.sequences.original == NOP5
-    v = verify_plan(plan, load(str(tmp_path / "g")).image).verdicts[0]
+    v = verify_plan(plan, load(str(tmp_path / "g.rw")).image).verdicts[0]
     assert v.status == PASS and v.red_zone_writes == () and not v.hazards
-    assert subprocess.run([str(tmp_path / "g")], check=False).returncode == 0
+    assert subprocess.run([str(tmp_path / "g.rw")], check=False).returncode == 0
+
+
+def test_a_pc_on_the_guard_lea_is_not_a_guarded_site(tmp_path: Path) -> None:
+    """With the pc on `lea -0x80(%rsp),%rsp` tracers would probe the lea, not the NOP: the
+    kernel would never optimize it, so plan must not call it a guarded nop5."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    (tmp_path / "l.c").write_text(
+        "#include <sys/sdt.h>\n#undef _SDT_NOP\n#define _SDT_NOP "
+        ".byte 0x48; .byte 0x8d; .byte 0x64; .byte 0x24; .byte 0x80; "
+        ".byte 0x0f; .byte 0x1f; .byte 0x44; .byte 0x00; .byte 0x00; "
+        ".byte 0x48; .byte 0x8d; .byte 0xa4; .byte 0x24; .byte 0x80; .byte 0; .byte 0; .byte 0\n"
+        "volatile long v;\n"
+        "__attribute__((noinline)) void f(long x) { STAP_PROBE1(g, site, x); v += x; }\n"
+        "int main(void) { f(1); return 0; }\n")
+    done = subprocess.run(["gcc", "-O2", "-o", str(tmp_path / "l"), str(tmp_path / "l.c")],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot build: {done.stderr[:200]}")
+    site = _plan(tmp_path / "l").sites[0]
+    assert not site.guarded and site.sequences is not None and site.sequences.optimize is None
 
 
 def test_summarize_for_the_demo() -> None:

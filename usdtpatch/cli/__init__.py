@@ -15,12 +15,21 @@ import sys
 from typing import IO
 
 from usdtpatch import __version__
-from usdtpatch.cli import cmd_demo, cmd_list
+from usdtpatch.cli import (
+    cmd_check,
+    cmd_demo,
+    cmd_dtrace,
+    cmd_list,
+    cmd_plan,
+    cmd_rewrite,
+    cmd_show,
+    cmd_verify,
+)
 from usdtpatch.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_UNUSABLE
 from usdtpatch.errors import UsdtpatchError
 
 # Subcommands in the order `usdtpatch --help` shows them.
-COMMANDS = (cmd_list, cmd_demo)
+COMMANDS = (cmd_list, cmd_check, cmd_show, cmd_rewrite, cmd_plan, cmd_verify, cmd_dtrace, cmd_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,16 +1,22 @@
-"""`usdtpatch demo [FILE]`: the toolkit's main job on a bundled fixture, step by step.
+"""`usdtpatch demo [FILE] [--out DIR]`: the toolkit's main job on a bundled fixture.
 
+1. list its probes; 2. check every site; 3. rewrite the 1-byte sites into nop5 sites (each
+detour verified in the emulator); 4. plan the kernel's writes on the rewritten file and verify
+them, torn states included, in the emulator; 5. restore the original byte for byte.
 Each capability adds its step here, so that `make demo` always shows the whole toolkit.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from usdtpatch.cli import cmd_list
-from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE
 
 DEMO_FIXTURE = "fixtures/bin/demo"
 
@@ -18,6 +24,8 @@ DEMO_FIXTURE = "fixtures/bin/demo"
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="show the toolkit at work on a bundled fixture")
     p.add_argument("file", nargs="?", metavar="FILE", help=f"default: {DEMO_FIXTURE}")
+    p.add_argument("--out", metavar="DIR",
+                   help="where to leave the rewritten copy (default: a temporary folder)")
     p.set_defaults(func=run)
 
 
@@ -32,14 +40,57 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print(f"usdtpatch: demo: no FILE given and {DEMO_FIXTURE} is not beside the package "
               f"(run it from a source checkout: make demo)", file=err)
         return EXIT_UNUSABLE
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        return _steps(target, Path(args.out), out, err)
+    with tempfile.TemporaryDirectory(prefix="usdtpatch-demo-") as tmp:
+        return _steps(target, Path(tmp), out, err)
+
+
+def _steps(target: str, folder: Path, out: IO[str], err: IO[str]) -> int:
+    from usdtpatch.cli import cmd_check, cmd_rewrite, cmd_verify
     from usdtpatch.report.render import make_console
 
     console = make_console(out)
-    steps: list[tuple[str, int]] = []
-    console.rule(f"1. list: the probes of {target}")
-    rc = cmd_list.run(argparse.Namespace(files=[target], json=False, provider=None, probe=None),
-                      out, err)
-    steps.append(("list", rc))
-    failed = [name for name, code in steps if code != EXIT_OK]
-    console.rule("done" if not failed else f"failed: {', '.join(failed)}")
-    return EXIT_OK if not failed else EXIT_UNUSABLE
+    rewritten = folder / (Path(target).name + ".rewritten")
+    restored = folder / (Path(target).name + ".restored")
+    results: list[tuple[str, int]] = []
+
+    def step(title: str, action: Callable[[], int]) -> None:
+        console.rule(title)
+        results.append((title, action()))
+
+    def verify() -> int:
+        rc, text = cmd_verify.summarize(str(rewritten))
+        out.write(text)
+        return rc
+
+    def restore() -> int:
+        rc = cmd_rewrite.run_restore(
+            argparse.Namespace(file=str(rewritten), output=str(restored), in_place=False),
+            out, err)
+        same = hashlib.sha256(Path(target).read_bytes()).hexdigest() == \
+            hashlib.sha256(restored.read_bytes()).hexdigest()
+        console.print(f"restored copy {'equals' if same else 'DIFFERS FROM'} the original, "
+                      f"byte for byte")
+        return rc if same else EXIT_FAIL
+
+    step(f"1. list: the probes of {target}",
+         lambda: cmd_list.run(argparse.Namespace(files=[target], json=False, provider=None,
+                                                 probe=None), out, err))
+    step("2. check: can the kernel optimize each site, and what would it take",
+         lambda: cmd_check.check_and_render(target, out, err, fail_on="never"))
+    step(f"3. rewrite: 1-byte sites become 5-byte NOP sites -> {rewritten}",
+         lambda: cmd_rewrite.run(argparse.Namespace(
+             files=[target], output=str(rewritten), in_place=False, dry_run=False,
+             form="nop5", redzone_guard="auto", no_verify=False, json=False, jobs=1),
+             out, err))
+    step("4. plan + verify: the kernel's writes on the rewritten sites, torn states included",
+         verify)
+    step("5. restore: the original back from the rewritten file", restore)
+    failed = [title.split(":")[0] for title, rc in results if rc != EXIT_OK]
+    console.rule("demo done: every step passed" if not failed else
+                 f"demo: steps {', '.join(failed)} failed")
+    if not failed and str(folder) != tempfile.gettempdir():
+        console.print(f"run both: {target}  and  {rewritten}  (they print the same)")
+    return EXIT_OK if not failed else EXIT_FAIL

@@ -46,13 +46,11 @@ from usdtpatch.poke.trampoline import (
 )
 from usdtpatch.report.findings import Finding, Severity
 from usdtpatch.sites.probes import ProbeSet, is_x86
-from usdtpatch.x86.nops import NOP5, SiteForm, decode_nop
+from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, SiteForm, decode_nop, is_guarded_nop5
 
 PLAN_SCHEMA = "usdtpatch/plan"
 PLAN_SCHEMA_VERSION = 1
 
-GUARD_ENTER = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
-GUARD_LEAVE = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
 GUARDED_NOP5 = GUARD_ENTER + NOP5 + GUARD_LEAVE
 
 
@@ -96,10 +94,15 @@ class Plan:
                              if s.sequences is not None and s.sequences.trampoline is not None}))
 
 
-def _kernel_site(form: SiteForm, code: bytes, protocol: str) -> tuple[int, int, bool, str]:
-    """(offset from pc, length, guarded, description) of the instruction the kernel probes."""
-    if code.startswith(GUARDED_NOP5):
-        return 5, NOP5_LENGTH, True, "guarded-nop5 (nop5 at pc+5)"
+def _kernel_site(form: SiteForm, code: bytes, before: bytes, protocol: str
+                 ) -> tuple[int, int, bool, str]:
+    """(offset from pc, length, guarded, description) of the instruction the kernel probes.
+
+    A guarded site has its pc on the nop5, between `lea -0x80(%rsp),%rsp` (the bytes
+    `before` the pc) and `lea 0x80(%rsp),%rsp`: tracers attach to the NOP itself.
+    """
+    if is_guarded_nop5(before, code):
+        return 0, NOP5_LENGTH, True, "guarded-nop5 (lea -0x80(%rsp) before, lea 0x80 after)"
     if protocol == PROTOCOL_NOP10:
         if form == SiteForm.COMBO10:
             return 1, NOP10_LENGTH, False, "combo10 (nop10 at pc+1)"
@@ -156,7 +159,8 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                                     f"segment", "nothing to plan for this probe", where))
             continue
         window = image.read_vaddr(probe.address, len(GUARDED_NOP5) + 16)
-        off, length, guarded, desc = _kernel_site(probe.site.form, window, protocol)
+        before = image.read_vaddr(probe.address - len(GUARD_ENTER), len(GUARD_ENTER))
+        off, length, guarded, desc = _kernel_site(probe.site.form, window, before, protocol)
         code = window[off:]
         if len(code) < length:
             findings.append(Finding("site-truncated", Severity.ERROR,
@@ -166,7 +170,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         link = probe.address + off
         addr = link + load_base
         original = code[:length]
-        entry = addr - off if guarded else addr
+        entry = addr - len(GUARD_ENTER) if guarded else addr
         exit_ = entry + len(GUARDED_NOP5) if guarded else addr + length
         site_findings: list[Finding] = []
         refusal = probeable_refusal(original, where)

@@ -53,8 +53,6 @@ from usdtpatch.elf.writer import (
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.report.findings import Finding, Severity
 from usdtpatch.rewrite.forms import (
-    LEA_DOWN,
-    RED_ZONE,
     Form,
     Guard,
     crosses_page,
@@ -65,7 +63,7 @@ from usdtpatch.rewrite.forms import (
 from usdtpatch.sites.check import CheckReport, SiteCheck, check
 from usdtpatch.sites.probes import BASE_SECTION, NOTE_SECTION, Probe, ProbeSet, read_probes
 from usdtpatch.sites.windows import PatchWindow, WindowShape
-from usdtpatch.x86.nops import SiteForm
+from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm
 from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window
 
 MARKER_SECTION = ".note.usdtpatch"
@@ -316,10 +314,10 @@ def _detour_rows(cfi: CfiIndex, win: PatchWindow, detour: Detour,
         row = rows[orig]
         out.append((new, row))
         if guarded and orig != win.end and new + site_len <= detour.end and \
-                detour.code[new - detour.address : new - detour.address + len(LEA_DOWN)] == \
-                LEA_DOWN:
+                detour.code[new - detour.address : new - detour.address + len(GUARD_ENTER)] == \
+                GUARD_ENTER:
             if row.cfa.reg == RSP:
-                out.append((new + len(LEA_DOWN), row.with_cfa_offset(RED_ZONE)))
+                out.append((new + len(GUARD_ENTER), row.with_cfa_offset(RED_ZONE)))
                 out.append((new + site_len - 8, row.with_cfa_offset(RED_ZONE)))
                 out.append((new + site_len, row))
             elif row.cfa.reg is None:

@@ -11,11 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from usdtpatch.elf.args import MemOperand, RegOperand, SdtArg
-from usdtpatch.x86.nops import COMBO5, COMBO10, NOP5
+from usdtpatch.x86.nops import COMBO5, COMBO10, GUARD_ENTER, GUARD_LEAVE, NOP5, RED_ZONE
 
-LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
-LEA_UP = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
-RED_ZONE = 128
 PAGE = 4096
 
 
@@ -60,7 +57,7 @@ class SiteBytes:
 
 def site_bytes(form: Form, guarded: bool) -> SiteBytes:
     if guarded:
-        return SiteBytes(LEA_DOWN + form.bytes + LEA_UP, len(LEA_DOWN), True)
+        return SiteBytes(GUARD_ENTER + form.bytes + GUARD_LEAVE, len(GUARD_ENTER), True)
     return SiteBytes(form.bytes, 0, False)
 
 

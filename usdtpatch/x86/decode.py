@@ -213,7 +213,7 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
 
 
 def _make(addr: int, size: int, mnemonic: str, op_str: str) -> CodeInsn:
-    base = mnemonic.split()[-1] if mnemonic else mnemonic
+    base = mnemonic.rsplit(maxsplit=1)[-1] if mnemonic else mnemonic
     flow = _flow(base)
     target: int | None = None
     mem: MemRef | None = None

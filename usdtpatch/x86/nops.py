@@ -24,6 +24,19 @@ COMBO5 = NOP1 + NOP5  # nop; nopl 0x0(%rax,%rax,1)   (what libbpf 1.7 looks for)
 COMBO10 = NOP1 + NOP10  # nop; cs nopw 0x0(%rax,%rax,1)   (usdt.h since May 2026)
 NOP10_PREFIX = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84])  # the kernel series accepts any SIB/disp32
 
+# The red-zone guard around a nop5 site (usdt-and-rewriting.md, "Red-zone-safe nop5"): the note
+# pc is on the nop5, so tracers attach to the NOP the kernel optimizes, and the call's return
+# address and the trampoline's pushes land below the 128-byte red zone. `lea` leaves the flags.
+GUARD_ENTER = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
+GUARD_LEAVE = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
+RED_ZONE = 128
+
+
+def is_guarded_nop5(before: bytes, code: bytes) -> bool:
+    """True when a nop5 at the site (`code` from pc) sits between the guard's two leas
+    (`before` ends at pc)."""
+    return before.endswith(GUARD_ENTER) and code.startswith(NOP5 + GUARD_LEAVE)
+
 _LEGACY_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF2, 0xF3, 0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65})
 SEGMENT_PREFIXES_UNPROBEABLE = frozenset({0x2E, 0x3E})  # CS, DS: uprobes refuse them
 

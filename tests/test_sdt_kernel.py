@@ -1,0 +1,250 @@
+"""Programs built with usdtpatch's <sys/sdt.h> on the real kernel: once probed, each nop5 site
+becomes a call into the [uprobes-trampoline] page (read from /proc/PID/mem while bpftrace is
+attached), bpftrace reads every argument as the program passed it, the site is a nop5 again
+after bpftrace exits, and the red-zone guard keeps the red-zone fixture
+(fixtures/src/redzone.c) computing the right result while probed, where the unguarded nop5
+build of the same source does not.
+
+Needs root, the uprobe PMU, the uprobe syscall (Linux 6.18+) and bpftrace; skips with the reason
+otherwise. Every process started here is stopped by pid in a finally block, and bpftrace (the
+only consumer attached) exits before the test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from tests.test_sdt_support import DATA, ROOT, SDT_INCLUDE, have, load_probes, run_cc
+from usdtpatch.live.perf import UPROBE_TYPE_PATH, Uprobe, has_uprobe_syscall, open_uprobe
+from usdtpatch.live.procfs import read_maps, read_mem
+from usdtpatch.sites.probes import Probe
+from usdtpatch.x86.nops import NOP5, SiteForm
+
+ITERATIONS = 300
+TRAMPOLINE = "[uprobes-trampoline]"
+
+
+def need_kernel() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (uprobes, /proc/PID/mem)")
+    if not Path(UPROBE_TYPE_PATH).exists():
+        pytest.skip(f"no uprobe PMU ({UPROBE_TYPE_PATH})")
+    if not has_uprobe_syscall():
+        pytest.skip("the kernel has no uprobe syscall (336): nop5 sites are not optimized "
+                    "before Linux 6.18")
+    if not have("bpftrace", "gcc", "clang"):
+        pytest.skip("needs bpftrace, gcc and clang")
+
+
+def _stop(proc: subprocess.Popen[str] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _runtime_address(pid: int, binary: Path, probe: Probe) -> int:
+    """Where the probe's site is mapped in the process (through its file offset)."""
+    assert probe.offset is not None
+    real = os.path.realpath(binary)
+    for m in read_maps(pid):
+        if m.path == real and m.offset <= probe.offset < m.offset + (m.end - m.start):
+            return m.start + probe.offset - m.offset
+    raise AssertionError(f"{probe.probe_id}: file offset {probe.offset:#x} is not mapped")
+
+
+def _call_target(site: int, code: bytes) -> int:
+    return site + 5 + int.from_bytes(code[1:5], "little", signed=True)
+
+
+SCRIPT = ('usdt:{bin}:target:step {{ printf("S %ld %ld %ld %ld %ld %ld\\n", '
+          'arg0, arg1, arg2, arg3, arg4, arg5); }} '
+          'usdt:{bin}:target:pair {{ printf("P %ld %ld\\n", arg0, arg1); }}')
+
+
+@pytest.mark.parametrize(("cc", "flags"), [
+    ("gcc", ["-O2", "-fPIE", "-pie"]),
+    ("clang", ["-O2", "-fno-pie", "-no-pie"]),
+    ("gcc", ["-O0", "-fPIE", "-pie", "-DUSDTPATCH_REDZONE_GUARD"]),
+], ids=["gcc-O2-pie", "clang-O2-nopie", "gcc-O0-pie-guarded"])
+def test_bpftrace_reads_args_on_the_optimized_site(tmp_path: Path, cc: str,
+                                                    flags: list[str]) -> None:
+    need_kernel()
+    binary = tmp_path / "target"
+    run_cc([cc, *flags, f"-I{SDT_INCLUDE}", str(DATA / "trace_target.c"), "-o", str(binary)])
+    probes = {p.name: p for p in load_probes(binary).probes}
+    assert set(probes) == {"step", "pair"}
+    assert all(p.site.form == SiteForm.NOP5 for p in probes.values())
+
+    target: subprocess.Popen[str] | None = None
+    tracer: subprocess.Popen[str] | None = None
+    try:
+        target = subprocess.Popen([str(binary), str(ITERATIONS)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert target.stdout is not None and target.stdin is not None
+        assert target.stdout.readline().strip() == "ready"
+        sites = {n: _runtime_address(target.pid, binary, p) for n, p in probes.items()}
+        assert all(read_mem(target.pid, a, 5) == NOP5 for a in sites.values())
+        tracer = subprocess.Popen(
+            ["bpftrace", "-p", str(target.pid), "-e", SCRIPT.format(bin=binary)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        got: list[str] = []
+
+        def read_tracer(stream: IO[str]) -> None:
+            for ln in stream:
+                if ln[:2] in ("S ", "P "):
+                    got.append(ln.strip())
+
+        assert tracer.stdout is not None
+        reader = threading.Thread(target=read_tracer, args=(tracer.stdout,), daemon=True)
+        reader.start()
+        expected: list[str] = []
+        for line in target.stdout:  # the target starts once the semaphores are raised
+            if line.startswith("done") or line.startswith("timeout"):
+                assert line.startswith("done"), "bpftrace did not attach within 20 s"
+                break
+            expected.append(line.strip())
+        assert len(expected) == 2 * ITERATIONS
+        # still attached: every site is now a call into the trampoline page
+        maps = read_maps(target.pid)
+        tramps = [m for m in maps if m.path == TRAMPOLINE]
+        assert tramps, "no [uprobes-trampoline] mapping after the hits"
+        for name, addr in sites.items():
+            code = read_mem(target.pid, addr, 5)
+            assert code[0] == 0xE8, f"{name}: site not optimized: {code.hex()}"
+            dest = _call_target(addr, code)
+            assert any(m.start <= dest < m.end for m in tramps), f"{name}: call to {dest:#x}"
+        # bpftrace drops what is still in its perf buffer when interrupted: wait for every
+        # line first (bounded), then stop it
+        deadline = time.monotonic() + 20
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(tracer.pid, signal.SIGINT)
+        tracer.wait(timeout=30)
+        reader.join(timeout=10)
+        assert tracer.stderr is not None
+        err = tracer.stderr.read()
+        assert got == expected, err[-2000:]
+        # bpftrace is gone: the sites are nop5 again
+        for name, addr in sites.items():
+            assert read_mem(target.pid, addr, 5) == NOP5, name
+        target.stdin.write("\n")
+        target.stdin.flush()
+        assert target.wait(timeout=10) == 0
+    finally:
+        _stop(tracer)
+        _stop(target)
+
+
+REDZONE_SRC = ROOT / "fixtures" / "src" / "redzone.c"
+REDZONE_SCRIPT = ('usdt:{bin}:redzone:leaf {{ @hits = count(); '
+                  'if (arg1 != arg0 * 6 + 5) {{ @bad = count(); }} }}')
+
+
+def _run_traced(binary: Path) -> tuple[int, int, int]:
+    """Run `binary` under bpftrace -c; (checksum it printed, hits, hits with a wrong arg1)."""
+    proc = subprocess.Popen(["bpftrace", "-e", REDZONE_SCRIPT.format(bin=binary),
+                             "-c", str(binary)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _stop(proc)
+    m = re.search(r"sum=(\d+)", out)
+    assert m, f"no checksum in bpftrace -c output: {out[-500:]} {err[-1000:]}"
+    hits = re.search(r"@hits: (\d+)", out)
+    bad = re.search(r"@bad: (\d+)", out)
+    return int(m.group(1)), int(hits.group(1)) if hits else 0, int(bad.group(1)) if bad else 0
+
+
+def test_redzone_guard_keeps_the_fixture_correct(tmp_path: Path) -> None:
+    need_kernel()
+    if not REDZONE_SRC.is_file():
+        pytest.skip(f"{REDZONE_SRC} is not there (fixtures are built by another issue)")
+    inc = ["-I", str(REDZONE_SRC.parent)]
+    builds = {}
+    for name, extra in (("reference", []),
+                        ("nop5", [f"-I{SDT_INCLUDE}"]),
+                        ("guarded", [f"-I{SDT_INCLUDE}", "-DUSDTPATCH_REDZONE_GUARD"])):
+        out = tmp_path / f"redzone-{name}"
+        # our -I goes first, so sdt_form.h's #include <sys/sdt.h> finds our header
+        run_cc(["gcc", "-O2", "-fPIE", "-pie", *extra, *inc, str(REDZONE_SRC), "-o", str(out)])
+        builds[name] = out
+    ref = subprocess.run([str(builds["reference"])], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    m = re.search(r"sum=(\d+)", ref)
+    assert m
+    ref_sum = int(m.group(1))
+
+    guarded = load_probes(builds["guarded"])
+    assert [p.site.form for p in guarded.probes] == [SiteForm.NOP5]
+
+    bad_sum, bad_hits, _ = _run_traced(builds["nop5"])
+    assert bad_hits == 1000
+    assert bad_sum != ref_sum, "the unguarded nop5 build should be corrupted while probed"
+
+    sum_, hits, wrong_args = _run_traced(builds["guarded"])
+    assert hits == 1000
+    assert sum_ == ref_sum
+    assert wrong_args == 0
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_every_fixture_site_is_optimized_once_hit(tmp_path: Path, cc: str) -> None:
+    """All the probes of the C fixture (probes.c + sema.c, -O2, PIE), each with a counting
+    uprobe (and its semaphore raised): every site that was hit is a call into the trampoline,
+    and every site is a nop5 again once the uprobes are closed."""
+    need_kernel()
+    binary = tmp_path / "drive"
+    run_cc([cc, "-O2", f"-I{SDT_INCLUDE}", "-DSDT_FIXTURE_LIB", str(DATA / "probes.c"),
+            str(DATA / "sema.c"), str(DATA / "drive.c"), "-o", str(binary)])
+    probes = load_probes(binary).probes
+    assert len(probes) >= 30 and all(p.site.form == SiteForm.NOP5 for p in probes)
+    target: subprocess.Popen[str] | None = None
+    uprobes: list[Uprobe] = []
+    try:
+        target = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert target.stdout is not None and target.stdin is not None
+        assert target.stdout.readline().strip() == "ready"
+        sites = [_runtime_address(target.pid, binary, p) for p in probes]
+        for p in probes:
+            assert p.offset is not None
+            ref = p.semaphore.offset if p.semaphore is not None and p.semaphore.offset else 0
+            uprobes.append(open_uprobe(str(binary), p.offset, pid=target.pid,
+                                       ref_ctr_offset=ref))
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        assert target.stdout.readline().startswith("done")
+        tramps = [m for m in read_maps(target.pid) if m.path == TRAMPOLINE]
+        hit = 0
+        for p, addr, u in zip(probes, sites, uprobes, strict=True):
+            code = read_mem(target.pid, addr, 5)
+            if u.count() == 0:
+                assert code[0] == 0xCC, f"{p.probe_id}: attached, never hit: {code.hex()}"
+                continue
+            hit += 1
+            assert code[0] == 0xE8, f"{p.probe_id} at {addr:#x}: not optimized: {code.hex()}"
+            dest = _call_target(addr, code)
+            assert any(m.start <= dest < m.end for m in tramps), p.probe_id
+        print(f"{hit} of {len(probes)} sites hit and optimized")
+        assert hit >= len(probes) - 4, f"only {hit} of {len(probes)} sites were hit"
+        for u in uprobes:
+            u.close()
+        for p, addr in zip(probes, sites, strict=True):
+            assert read_mem(target.pid, addr, 5) == NOP5, f"{p.probe_id} not restored"
+        target.stdin.write("\n")
+        target.stdin.flush()
+        assert target.wait(timeout=10) == 0
+    finally:
+        for u in uprobes:
+            u.close()
+        _stop(target)

@@ -1,0 +1,230 @@
+"""Helpers shared by the sdt_headers tests (building fixtures, comparing notes), and the tests
+of those helpers: the note comparator and the readelf parser must reject what differs.
+
+The fixture sources are under tests/data/sdt/; usdtpatch's header is sdt_headers/sys/sdt.h and
+systemtap's is the system one (Debian systemtap-sdt-dev). A build "with ours" puts
+`-I sdt_headers` first on the include path, exactly as a project would switch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from usdtpatch.cli.common import load
+from usdtpatch.elf.args import MemOperand, RegOperand
+from usdtpatch.sites.probes import ProbeSet
+
+ROOT = Path(__file__).resolve().parent.parent
+SDT_INCLUDE = ROOT / "sdt_headers"
+DATA = Path(__file__).resolve().parent / "data" / "sdt"
+
+
+def have(*tools: str) -> bool:
+    return all(shutil.which(t) for t in tools)
+
+
+def system_sdt_h() -> Path | None:
+    """systemtap's header, where the compilers find <sys/sdt.h> without our -I."""
+    for d in ("/usr/include", "/usr/include/x86_64-linux-gnu"):
+        p = Path(d) / "sys" / "sdt.h"
+        if p.is_file():
+            return p
+    return None
+
+
+def need_toolchain(*tools: str) -> None:
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    if system_sdt_h() is None:
+        pytest.skip("systemtap's sys/sdt.h is not installed (Debian systemtap-sdt-dev)")
+
+
+class BuildError(Exception):
+    pass
+
+
+def run_cc(cmd: list[str], cwd: Path | None = None) -> None:
+    """Run one compiler command; a failure raises BuildError with the command and stderr."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+
+
+@dataclass(frozen=True, slots=True)
+class NoteView:
+    """One note as compared between builds: every field but pc."""
+
+    provider: str
+    name: str
+    base: int
+    semaphore: int
+    args: str
+
+
+def note_views(ps: ProbeSet) -> list[NoteView]:
+    return [NoteView(p.provider, p.name, p.note.base, p.note.semaphore, p.note.args)
+            for p in ps.probes]
+
+
+def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool = False
+                  ) -> list[str]:
+    """Differences between two builds' notes, field by field except pc (empty: equal).
+
+    With `registers_may_differ`, an argument that is a register in both builds may name a
+    different register (size, sign and float flag must still agree, and every other operand
+    must be equal): see test_sdt_notes for when that is allowed and why.
+    """
+    a, b = theirs.probes, ours.probes
+    out: list[str] = []
+    if len(a) != len(b):
+        out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
+    for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
+        where = f"note {i} ({pa.probe_id})"
+        for field in ("provider", "name"):
+            va, vb = getattr(pa.note, field), getattr(pb.note, field)
+            if va != vb:
+                out.append(f"{where}: {field} {va!r} != {vb!r}")
+        for field in ("base", "semaphore"):
+            va, vb = getattr(pa.note, field), getattr(pb.note, field)
+            if va != vb:
+                out.append(f"{where}: {field} {va:#x} != {vb:#x}")
+        if pa.note.args == pb.note.args:
+            continue
+        if not registers_may_differ or len(pa.args) != len(pb.args):
+            out.append(f"{where}: args {pa.note.args!r} != {pb.note.args!r}")
+            continue
+        for j, (x, y) in enumerate(zip(pa.args, pb.args, strict=True)):
+            if (x.size, x.signed, x.is_float) != (y.size, y.signed, y.is_float):
+                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+            elif isinstance(x.operand, RegOperand) and isinstance(y.operand, RegOperand):
+                continue
+            elif x.operand != y.operand:
+                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+    return out
+
+
+def rsp_relative(ps: ProbeSet) -> list[str]:
+    """Every argument of every probe that addresses memory through %rsp."""
+    return [f"{p.probe_id}: {a.raw}" for p in ps.probes for a in p.args
+            if isinstance(a.operand, MemOperand) and "rsp" in (a.operand.base, a.operand.index)]
+
+
+_READELF_NOTE = re.compile(
+    r"\s+Provider: (?P<provider>.*)\n\s+Name: (?P<name>.*)\n"
+    r"\s+Location: (?P<pc>0x[0-9a-f]+), Base: (?P<base>0x[0-9a-f]+), "
+    r"Semaphore: (?P<semaphore>0x[0-9a-f]+)\n\s+Arguments: ?(?P<args>.*)$", re.MULTILINE)
+# (readelf -W puts "Provider:" on the note's header line, after a tab: accepted too.)
+
+
+def parse_readelf_notes(text: str) -> list[dict[str, str | int]]:
+    """The stapsdt notes in `readelf -n` output, as dicts (pc, base, semaphore as ints)."""
+    out: list[dict[str, str | int]] = []
+    for m in _READELF_NOTE.finditer(text):
+        out.append({"provider": m["provider"], "name": m["name"], "pc": int(m["pc"], 16),
+                    "base": int(m["base"], 16), "semaphore": int(m["semaphore"], 16),
+                    "args": m["args"].rstrip()})
+    return out
+
+
+def readelf_notes(path: Path) -> list[dict[str, str | int]]:
+    proc = subprocess.run(["readelf", "-n", "-W", str(path)], capture_output=True, text=True,
+                          check=True)
+    return parse_readelf_notes(proc.stdout)
+
+
+def readelf_without_pc(notes: list[dict[str, str | int]]) -> list[dict[str, str | int]]:
+    return [{k: v for k, v in n.items() if k != "pc"} for n in notes]
+
+
+def load_probes(path: Path) -> ProbeSet:
+    return load(str(path))
+
+
+# --- tests of the helpers: they must reject what differs ---------------------------------
+
+_READELF_SAMPLE = """
+Displaying notes found in: .note.stapsdt
+  Owner                Data size 	Description
+  stapsdt              0x0000003a	NT_STAPSDT (SystemTap probe descriptors)
+    Provider: fix
+    Name: args2
+    Location: 0x0000000000001221, Base: 0x0000000000002034, Semaphore: 0x0000000000000000
+    Arguments: -4@%eax -8@%rsi
+  stapsdt              0x00000030	NT_STAPSDT (SystemTap probe descriptors)
+    Provider: fix
+    Name: args0
+    Location: 0x0000000000001226, Base: 0x0000000000002034, Semaphore: 0x00000000000040b0
+    Arguments:
+"""
+
+
+def test_parse_readelf_notes_reads_every_field() -> None:
+    notes = parse_readelf_notes(_READELF_SAMPLE)
+    assert notes == [
+        {"provider": "fix", "name": "args2", "pc": 0x1221, "base": 0x2034, "semaphore": 0,
+         "args": "-4@%eax -8@%rsi"},
+        {"provider": "fix", "name": "args0", "pc": 0x1226, "base": 0x2034,
+         "semaphore": 0x40B0, "args": ""},
+    ]
+
+
+def test_parse_readelf_notes_ignores_other_notes() -> None:
+    assert parse_readelf_notes("Displaying notes found in: .note.gnu.build-id\n"
+                               "    Build ID: 6cdeb36b\n") == []
+
+
+def _fake_set(notes: list[tuple[str, str, int, int, str]]) -> ProbeSet:
+    """A ProbeSet built from note fields only (the comparator reads nothing else)."""
+    from usdtpatch.elf.args import parse_args
+    from usdtpatch.elf.notes import SdtNote
+    from usdtpatch.sites.probes import Probe
+    from usdtpatch.x86.nops import SiteClass, SiteForm
+
+    probes = tuple(
+        Probe(i, SdtNote(0, 0x1000 + i, base, sem, prov, name, args), 0x1000 + i, None, None,
+              parse_args(args), SiteClass(SiteForm.NOP5, 5, 5), b"", None, 0)
+        for i, (prov, name, base, sem, args) in enumerate(notes))
+    return ProbeSet(None, None, probes, ())  # type: ignore[arg-type]
+
+
+_BASE_NOTES = [("p", "a", 0x2000, 0, "-4@%edi 8@-16(%rsp)"), ("p", "b", 0x2000, 0x4000, "")]
+
+
+def test_compare_notes_accepts_equal_notes() -> None:
+    assert compare_notes(_fake_set(_BASE_NOTES), _fake_set(_BASE_NOTES)) == []
+
+
+@pytest.mark.parametrize("changed", [
+    [("q", "a", 0x2000, 0, "-4@%edi 8@-16(%rsp)"), _BASE_NOTES[1]],
+    [("p", "x", 0x2000, 0, "-4@%edi 8@-16(%rsp)"), _BASE_NOTES[1]],
+    [("p", "a", 0x2001, 0, "-4@%edi 8@-16(%rsp)"), _BASE_NOTES[1]],
+    [("p", "a", 0x2000, 8, "-4@%edi 8@-16(%rsp)"), _BASE_NOTES[1]],
+    [("p", "a", 0x2000, 0, "4@%edi 8@-16(%rsp)"), _BASE_NOTES[1]],
+    [("p", "a", 0x2000, 0, "-4@%edi 8@-8(%rsp)"), _BASE_NOTES[1]],
+    [_BASE_NOTES[0]],
+], ids=["provider", "name", "base", "semaphore", "sign", "operand", "count"])
+def test_compare_notes_rejects_each_field(changed: list[tuple[str, str, int, int, str]]) -> None:
+    assert compare_notes(_fake_set(_BASE_NOTES), _fake_set(changed))
+    assert compare_notes(_fake_set(_BASE_NOTES), _fake_set(changed), registers_may_differ=True)
+
+
+def test_compare_notes_register_names_only_when_allowed() -> None:
+    other = [("p", "a", 0x2000, 0, "-4@%eax 8@-16(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes(_fake_set(_BASE_NOTES), _fake_set(other))
+    assert compare_notes(_fake_set(_BASE_NOTES), _fake_set(other), registers_may_differ=True) == []
+    to_memory = [("p", "a", 0x2000, 0, "-4@-4(%rbp) 8@-16(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes(_fake_set(_BASE_NOTES), _fake_set(to_memory),
+                         registers_may_differ=True)
+
+
+def test_rsp_relative_finds_base_and_index_uses() -> None:
+    ps = _fake_set([("p", "a", 0, 0, "8@8(%rsp) 8@(%rax,%rbx,8) -4@%esp 8@-8(%rbp)")])
+    assert rsp_relative(ps) == ["p:a: 8@8(%rsp)"]
+    assert rsp_relative(_fake_set([("p", "a", 0, 0, "8@%rdi 8@g(%rip)")])) == []

@@ -1,0 +1,130 @@
+"""The `check` report as data: a versioned JSON document (schema in docs/check-json.md).
+
+Every renderer (rich table, SARIF, HTML) reads this document, so the outputs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from usdtpatch import __version__
+from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.report.listing import function_label, site_disassembly
+from usdtpatch.sites.check import (
+    BACKWARD,
+    BLOCKED,
+    FORWARD,
+    IN_PLACE,
+    NOT_APPLICABLE,
+    OPTIMIZABLE,
+    CheckReport,
+    SiteCheck,
+)
+from usdtpatch.sites.windows import PatchWindow
+
+CHECK_SCHEMA = "usdtpatch/check"
+CHECK_SCHEMA_VERSION = 1
+
+
+def window_json(w: PatchWindow) -> dict[str, Any]:
+    return {
+        "shape": w.shape.value,
+        "start": w.start,
+        "end": w.end,
+        "probe_offset": w.probe_offset,
+        "probe_length": w.probe_length,
+        "relocated_bytes": w.relocated_bytes,
+        "extra_jumps": w.extra_jumps,
+        "start_reason": w.start_reason,
+        "end_reason": w.end_reason,
+        "replacement": w.replacement.hex() if w.replacement is not None else None,
+        "internal_targets": list(w.internal_targets),
+        "instructions": [
+            {"address": i.address, "bytes": w.code[i.address - w.start: i.end - w.start].hex(),
+             "text": i.text} for i in w.insns
+        ],
+    }
+
+
+def site_json(s: SiteCheck, names: dict[str, str], mode64: bool) -> dict[str, Any]:
+    p = s.probe
+    wr = s.window
+    return {
+        "provider": p.provider,
+        "name": p.name,
+        "address": p.address,
+        "file_offset": p.offset,
+        "function": function_label(p, names),
+        "function_bounds": None if s.function is None else {
+            "start": s.function.start, "end": s.function.end, "source": s.function.source},
+        "site": {"form": p.site.form.value, "length": p.site.length, "bytes": p.code.hex(),
+                 "disassembly": site_disassembly(p, mode64)},
+        "kernels": {k: {"outcome": v.outcome.value, "reason": v.reason}
+                    for k, v in s.candidacy.items()},
+        "outcome": s.outcome,
+        "blocked": None if s.blocked is None else {
+            "code": s.blocked, "reason": wr.reason if wr is not None and wr.window is None
+            else next((f.message for f in s.findings if f.code == s.blocked), s.blocked)},
+        "window": None if wr is None or wr.window is None else window_json(wr.window),
+        "window_attempts": list(wr.tried) if wr is not None else [],
+        "red_zone": None if s.red_zone is None else {
+            "may_use": s.red_zone.may_use, "reason": s.red_zone.reason},
+        "findings": [f.to_json() for f in s.findings],
+    }
+
+
+def summary_json(r: CheckReport) -> dict[str, Any]:
+    oc = r.outcome_counts()
+    return {
+        "sites": len(r.sites),
+        "optimizable": oc[OPTIMIZABLE],
+        "after_rewrite": {"in_place": oc[IN_PLACE], "forward": oc[FORWARD],
+                          "backward": oc[BACKWARD]},
+        "blocked": oc[BLOCKED],
+        "blocked_by_reason": r.blocked_counts(),
+        "not_applicable": oc[NOT_APPLICABLE],
+    }
+
+
+def check_file_json(path: str, r: CheckReport, names: dict[str, str]) -> dict[str, Any]:
+    img = r.probeset.image
+    return {
+        "path": path,
+        "elf": {"class": 64 if img.is64 else 32,
+                "byteorder": "little" if img.little_endian else "big",
+                "machine": img.machine_name, "type": img.type},
+        "cfi": {"source": r.cfi_source, "fdes": r.cfi_fdes},
+        "fork_imports": list(r.fork_imports),
+        "summary": summary_json(r),
+        "sites": [site_json(s, names, img.is64) for s in r.sites],
+        "findings": [f.to_json() for f in r.findings],
+    }
+
+
+def check_document(files: list[dict[str, Any]], errors: list[dict[str, str]],
+                   fail_on: str = "error") -> dict[str, Any]:
+    return {"schema": CHECK_SCHEMA, "schema_version": CHECK_SCHEMA_VERSION,
+            "tool": {"name": "usdtpatch", "version": __version__},
+            "fail_on": fail_on, "files": files, "errors": errors}
+
+
+def document_findings(doc: dict[str, Any]) -> list[dict[str, str]]:
+    """Every finding of a check document (file-level and per site)."""
+    out: list[dict[str, str]] = []
+    for f in doc["files"]:
+        out.extend(f["findings"])
+        for s in f["sites"]:
+            out.extend(s["findings"])
+    return out
+
+
+def reaches(findings: list[Finding] | list[dict[str, str]], fail_on: str) -> bool:
+    """True when some finding's severity is at or above `fail_on` ("never" never fails)."""
+    if fail_on == "never":
+        return False
+    limit = Severity(fail_on).rank
+    for f in findings:
+        sev = f.severity if isinstance(f, Finding) else Severity(f["severity"])
+        if sev.rank >= limit:
+            return True
+    return False

@@ -1,0 +1,266 @@
+"""Hazards of optimized probe sites, each a Finding.
+
+References (shared/design/kernel-facts.md, "Two hazards of the optimized path"):
+- Red zone: the optimized path's `call` and the trampoline's three pushes overwrite the 32
+  bytes below %rsp. The x86-64 psABI (section 3.2.2, "The Stack Frame") lets a function keep
+  data in the 128 bytes below %rsp. `red_zone` decides conservatively whether the function
+  holding a site may do so: "free" only when its code proves it does not.
+- fork(): a child inherits the `e8` call bytes but not the trampoline page and dies with
+  SIGSEGV at the site. Any import of the fork family makes a process exposed.
+- Semaphores: an `unsigned short` counter the kernel increments, by convention in `.probes`;
+  it must be 2-byte aligned and in a writable segment.
+- Argument specs through %rsp or %rip: a detour moves the probe (rip changes) and a
+  red-zone-safe detour lowers %rsp by 128 around it; such arguments must be rewritten.
+- rseq: restartable-sequence critical sections described by `struct rseq_cs` records in the
+  `__rseq_cs` section (Linux uapi/linux/rseq.h: u32 version, u32 flags, u64 start_ip,
+  u64 post_commit_offset, u64 abort_ip); code in them must not move.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from usdtpatch.elf.args import MemOperand
+from usdtpatch.elf.image import (
+    PF_W,
+    PT_LOAD,
+    SHN_UNDEF,
+    SHT_DYNSYM,
+    SHT_SYMTAB,
+    ElfImage,
+)
+from usdtpatch.sites.probes import Probe
+from usdtpatch.sites.targets import CodeContext, FunctionCode
+from usdtpatch.x86.decode import CodeInsn, Flow
+
+RED_ZONE = 128
+CLOBBERED = 32  # bytes below rsp written by the optimized path (return address + 3 pushes)
+
+FORK_FAMILY = frozenset({"fork", "vfork", "clone", "clone3", "daemon", "posix_spawn",
+                         "posix_spawnp", "_Fork", "__libc_fork", "forkpty", "system",
+                         "popen"})
+# Of those, the ones whose child gets a copy of the address space (without the trampoline
+# page); vfork, posix_spawn, system and popen run the child in the parent's mm until exec.
+FORK_COPIES_MM = frozenset({"fork", "_Fork", "__libc_fork", "daemon", "forkpty", "clone",
+                            "clone3"})
+RSEQ_SECTION = "__rseq_cs"
+RSEQ_CS_SIZE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class RedZone:
+    """Whether the function holding a site may keep live data below %rsp there."""
+
+    may_use: bool
+    reason: str
+    evidence: int | None  # address of the instruction (or None for an argument / unknown)
+
+
+_RSP_COPY = re.compile(r"^%rsp, %(\w+)$")
+
+
+def red_zone(fc: FunctionCode | None, probe: Probe) -> RedZone:
+    """Conservative red-zone analysis: "may use" unless the code proves otherwise.
+
+    Proof obligations, over the function's whole linear disassembly (not path-sensitive):
+    1. no memory operand (load, store or lea) at a negative displacement from %rsp, or from a
+       register copied from %rsp;
+    2. with a frame pointer (`mov %rsp,%rbp`), no %rbp-relative operand deeper than the bytes
+       the prologue pushes and subtracts from %rsp right after that copy;
+    3. no probe argument addressed below %rsp (or below the frame as in 2);
+    4. the function decoded completely.
+    """
+    for a in probe.args:
+        op = a.operand
+        if isinstance(op, MemOperand) and op.base == "rsp" and op.disp < 0:
+            return RedZone(True, f"argument {a.raw} lives {-op.disp} bytes below %rsp at the "
+                                 "site", None)
+    if fc is None:
+        return RedZone(True, "the function's bounds are unknown: nothing proves the red zone "
+                             "free", None)
+    if fc.bad or not fc.insns:
+        return RedZone(True, "the function did not decode completely", None)
+    guard = _guarded(fc, probe)
+    if guard is not None:
+        return RedZone(False, guard, None)
+    copies: set[str] = set()
+    frame_at: int | None = None
+    lowered = 0
+    in_prologue = False
+    for ins in fc.insns:
+        m = ins.mem
+        if _adjusts_rsp(ins):
+            continue  # lea -N(%rsp),%rsp moves the stack pointer; it reads no memory
+        if m is not None and (m.base == "rsp" or m.base in copies) and m.disp < 0:
+            return RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
+                                 f"{-m.disp} bytes below %{m.base}", ins.address)
+        mc = _RSP_COPY.match(ins.op_str)
+        if mc is not None and ins.base_mnemonic.startswith("mov"):
+            reg = mc.group(1)
+            if reg == "rbp" and frame_at is None:
+                frame_at = ins.address
+                in_prologue = True
+            elif reg != "rbp":
+                copies.add(reg)
+            continue
+        if in_prologue:
+            # the frame's reservation: pushes and `sub $N,%rsp` right after `mov %rsp,%rbp`,
+            # up to the first control transfer (whatever the site's position)
+            if ins.flow is not Flow.NONE:
+                in_prologue = False
+            else:
+                lowered += _lowers_rsp(ins)
+    if frame_at is not None:
+        for ins in fc.insns:
+            m = ins.mem
+            if (m is not None and m.base == "rbp" and m.disp < 0 and -m.disp > lowered
+                    and ins.address > frame_at):
+                return RedZone(True, f"{ins.text} at {ins.address:#x} addresses {-m.disp} bytes "
+                                     f"below the frame pointer, but only {lowered} bytes were "
+                                     "reserved below it", ins.address)
+        for a in probe.args:
+            op = a.operand
+            if isinstance(op, MemOperand) and op.base == "rbp" and -op.disp > lowered:
+                return RedZone(True, f"argument {a.raw} lies below the reserved frame", None)
+    return RedZone(False, "no access below %rsp in the function", None)
+
+
+GUARD_IN_TEXT = "-0x80(%rsp), %rsp"  # 48 8d 64 24 80: lea -0x80(%rsp),%rsp
+GUARD_OUT_TEXT = "0x80(%rsp), %rsp"  # 48 8d a4 24 80 00 00 00: lea 0x80(%rsp),%rsp
+
+
+def _adjusts_rsp(ins: CodeInsn) -> bool:
+    return ins.base_mnemonic.startswith("lea") and ins.op_str.endswith(", %rsp")
+
+
+def _guarded(fc: FunctionCode, probe: Probe) -> str | None:
+    """The reason the site is safe when usdtpatch's sdt.h red-zone guard wraps it:
+    `lea -0x80(%rsp),%rsp; <site>; lea 0x80(%rsp),%rsp` (the optimized path's writes land
+    below the red zone), else None."""
+    i = fc.index_of(probe.address)
+    if i is None or i == 0:
+        return None
+    length = probe.site.length or fc.insns[i].size
+    after = fc.index_of(probe.address + length)
+    before = fc.insns[i - 1]
+    if after is None:
+        return None
+    out = fc.insns[after]
+    if (before.base_mnemonic.startswith("lea") and before.op_str == GUARD_IN_TEXT
+            and out.base_mnemonic.startswith("lea") and out.op_str == GUARD_OUT_TEXT):
+        return ("the site is wrapped in lea -0x80(%rsp),%rsp / lea 0x80(%rsp),%rsp: the "
+                "optimized path writes below the red zone")
+    return None
+
+
+def _lowers_rsp(ins: CodeInsn) -> int:
+    base = ins.base_mnemonic
+    if base in ("push", "pushq"):
+        return 8
+    if base.startswith("sub") and ins.op_str.endswith("%rsp") and ins.op_str.startswith("$"):
+        try:
+            return int(ins.op_str.split(",")[0][1:], 0)
+        except ValueError:
+            return 0
+    return 0
+
+
+def imported_fork_family(image: ElfImage) -> tuple[str, ...]:
+    """Names of the fork family the file imports (undefined dynamic symbols), or defines
+    (a static executable's `.symtab`)."""
+    found: set[str] = set()
+    fmt = image.byteorder + ("IBBHQQ" if image.is64 else "IIIBBH")
+    entsize = struct.calcsize(fmt)
+    has_dynsym = any(s.type == SHT_DYNSYM for s in image.sections)
+    for sec in image.sections:
+        if sec.type not in (SHT_SYMTAB, SHT_DYNSYM) or not sec.size:
+            continue
+        if has_dynsym and sec.type == SHT_SYMTAB:
+            continue  # a dynamic object: its imports are in .dynsym
+        if not 0 < sec.link < len(image.sections):
+            continue
+        strtab = image.sections[sec.link]
+        if sec.offset + sec.size > len(image.data) or strtab.offset + strtab.size > len(
+                image.data):
+            continue
+        names = image.data[strtab.offset: strtab.offset + strtab.size]
+        usable = sec.size - sec.size % entsize
+        for entry in struct.iter_unpack(fmt, image.data[sec.offset: sec.offset + usable]):
+            if image.is64:
+                name_off, _info, _other, shndx, _value, _size = entry
+            else:
+                name_off, _value, _size, _info, _other, shndx = entry
+            if sec.type == SHT_DYNSYM and shndx != SHN_UNDEF:
+                continue
+            end = names.find(b"\0", name_off)
+            name = names[name_off: end if end >= 0 else len(names)].decode("ascii", "replace")
+            name = name.split("@")[0]
+            if name in FORK_FAMILY:
+                found.add(name)
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class RseqCs:
+    start: int
+    end: int  # start_ip + post_commit_offset
+    abort: int
+
+
+def rseq_sections(ctx: CodeContext) -> tuple[RseqCs, ...]:
+    """Every `struct rseq_cs` in `__rseq_cs` (values from the file or RELATIVE relocations)."""
+    image = ctx.image
+    sec = image.section(RSEQ_SECTION)
+    if sec is None or not image.is64 or not sec.addr:
+        return ()
+    out: list[RseqCs] = []
+    for addr in range(sec.addr, sec.addr + sec.size - RSEQ_CS_SIZE + 1, RSEQ_CS_SIZE):
+        start = ctx.read_pointer(addr + 8)
+        raw = image.read_vaddr(addr + 16, 8)
+        abort = ctx.read_pointer(addr + 24)
+        if start is None or abort is None or len(raw) < 8:
+            continue
+        length: int = struct.unpack(image.byteorder + "Q", raw)[0]
+        out.append(RseqCs(start, start + length, abort))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreProblem:
+    code: str
+    message: str
+    hint: str
+
+
+def semaphore_problems(probe: Probe, image: ElfImage) -> tuple[SemaphoreProblem, ...]:
+    """What is wrong with a probe's semaphore (nothing when it has none)."""
+    sem = probe.semaphore
+    if sem is None:
+        return ()
+    out: list[SemaphoreProblem] = []
+    seg = None
+    for s in image.segments:
+        if s.type == PT_LOAD and s.vaddr <= sem.address and sem.address + 2 <= s.vaddr + s.memsz:
+            seg = s
+            break
+    if seg is None:
+        out.append(SemaphoreProblem(
+            "semaphore-unmapped", f"semaphore {sem.address:#x} is in no loadable segment",
+            "the note's semaphore address is wrong; tracers cannot enable this probe"))
+    elif not seg.flags & PF_W:
+        out.append(SemaphoreProblem(
+            "semaphore-not-writable",
+            f"semaphore {sem.address:#x} is in a read-only segment (program header "
+            f"{seg.index})", "the kernel cannot increment it: put it in a writable section"))
+    if sem.address % 2:
+        out.append(SemaphoreProblem(
+            "semaphore-misaligned", f"semaphore {sem.address:#x} is not 2-byte aligned",
+            "the counter is an unsigned short; align it to 2 bytes"))
+    if seg is not None and sem.section != ".probes":
+        out.append(SemaphoreProblem(
+            "semaphore-not-in-probes",
+            f"semaphore {sem.address:#x} is in {sem.section or 'no section'}, not .probes",
+            "bcc and perf look semaphores up through .probes"))
+    return tuple(out)

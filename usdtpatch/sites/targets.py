@@ -1,0 +1,480 @@
+"""Every branch target of a function: what a patch window must not have strictly inside it.
+
+A target is an address control can arrive at other than by falling through: the function entry,
+other symbols inside it, direct jmp/jcc/call targets, return sites (the instruction after each
+call), exception landing pads (the LSDA's call-site table in `.gcc_except_table`), jump-table
+entries, rseq abort handlers, and jumps back from a split-off `.cold` part. A function whose
+indirect jump is not understood, or whose bytes do not all decode, is "all targets": every
+instruction boundary counts.
+
+Jump tables recognized (x86-64, what GCC and clang emit):
+- PIC, relative int32 entries: `lea T(%rip),%rB; movslq (%rB,%rI,4),%rX; add %rB,%rX;
+  jmp *%rX` (GCC and clang, also with `notrack`), each target = T + entry;
+- absolute 8-byte entries: `jmp *T(,%rI,8)` or `mov T(,%rI,8),%rX; jmp *%rX` (non-PIE), and
+  `lea T(%rip),%rB; mov (%rB,%rI,8),%rX; jmp *%rX` (computed goto tables, PIE with
+  R_X86_64_RELATIVE relocations supplying the values).
+The entry count comes from the `cmp $N,%r; ja default` guard when one is found nearby; else
+entries are read while they point into the function (a conservative over-approximation: a
+spurious target only makes windows smaller).
+
+Indirect jumps through memory without an index (`jmp *0x10(%rax)`, `jmp *X(%rip)`) and through
+a register loaded that way are tail calls: they leave the function.
+
+Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep is cached.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
+from usdtpatch.elf.image import PF_X, SHT_PROGBITS, ElfImage
+from usdtpatch.elf.symbols import SymbolTable
+from usdtpatch.sites.functions import FunctionBounds, function_bounds, symbols_inside
+from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
+from usdtpatch.x86.nops import nop_run_length
+
+R_X86_64_RELATIVE = 8
+SHT_RELA = 4
+MAX_TABLE_ENTRIES = 4096
+MAX_COLD_PARTS = 8  # related parts followed per function
+MAX_FUNCTION_BYTES = 1 << 20  # a function larger than this is not disassembled
+LOOKBACK = 16  # instructions examined before an indirect jump
+
+# Kinds of target, as shown by `show` and the JSON report.
+ENTRY = "entry"
+SYMBOL = "symbol"
+JUMP = "jump"
+CALL_TARGET = "call-target"
+RETURN_SITE = "return-site"
+LANDING_PAD = "landing-pad"
+JUMP_TABLE = "jump-table"
+COLD_JUMP = "jump-from-other-part"
+RSEQ_ABORT = "rseq-abort"
+
+
+@dataclass(frozen=True, slots=True)
+class JumpTable:
+    jump: int  # address of the indirect jmp
+    table: int  # address of the table
+    entry_size: int  # 4 (relative) or 8 (absolute)
+    entries: int
+    bounded: bool  # True when the count came from a cmp/ja guard
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    address: int
+    kind: str
+    source: int | None  # the instruction (or table, or LSDA) that makes it a target
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCode:
+    """One function's disassembly and branch targets (the analysis unit of `check`)."""
+
+    bounds: FunctionBounds
+    insns: tuple[CodeInsn, ...]
+    starts: tuple[int, ...]  # insns' addresses, sorted
+    targets: dict[int, Target] = field(repr=False)
+    all_targets: str | None  # why every instruction boundary counts as a target, or None
+    jump_tables: tuple[JumpTable, ...]
+    bad: tuple[int, ...]
+    padding_after: int = 0  # NOP/int3 bytes between the end and the next function (unused code)
+    incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
+    # every way each target is reached (targets keeps the first, for display)
+
+    def targets_between(self, lo: int, hi: int) -> list[int]:
+        """Addresses of the explicit targets in the open interval (lo, hi), sorted, including
+        targets that are not instruction boundaries (a jump into an instruction)."""
+        return sorted(a for a in self.targets if lo < a < hi)
+
+    def index_of(self, address: int) -> int | None:
+        i = bisect_left(self.starts, address)
+        if i < len(self.starts) and self.starts[i] == address:
+            return i
+        return None
+
+    def index_covering(self, address: int) -> int | None:
+        """Index of the instruction whose bytes hold `address`."""
+        i = bisect_left(self.starts, address + 1) - 1
+        if i >= 0 and self.insns[i].address <= address < self.insns[i].end:
+            return i
+        return None
+
+    def target(self, address: int) -> Target | None:
+        """The target at `address` (every boundary when all-targets), or None."""
+        t = self.targets.get(address)
+        if t is not None:
+            return t
+        if self.all_targets is not None and self.index_of(address) is not None:
+            return Target(address, "unknown-indirect", None)
+        return None
+
+    def is_target(self, address: int) -> bool:
+        return self.target(address) is not None
+
+
+class CodeContext:
+    """The shared, read-only inputs of the analysis and its memo of sweeps (one per run)."""
+
+    def __init__(self, image: ElfImage, cfi: CfiIndex, symbols: SymbolTable,
+                 rseq_aborts: Iterable[int] = ()) -> None:
+        self.image = image
+        self.cfi = cfi
+        self.symbols = symbols
+        self.mode64 = image.is64
+        self.rseq_aborts = tuple(rseq_aborts)
+        self._sweeps: dict[tuple[int, int], Sweep] = {}
+        self._functions: dict[int, FunctionCode] = {}
+        self._parts: dict[tuple[int, int], PartScan] = {}
+        self._relative: dict[int, int] | None = None
+
+    def sweep(self, start: int, end: int) -> Sweep:
+        key = (start, end)
+        got = self._sweeps.get(key)
+        if got is None:
+            code = self.image.read_vaddr(start, end - start)
+            got = sweep(code, start, self.mode64)
+            if len(code) < end - start:
+                got = Sweep(start, end, got.insns, (*got.bad, start + len(code)))
+            self._sweeps[key] = got
+        return got
+
+    def bounds(self, address: int) -> FunctionBounds | None:
+        try:
+            return function_bounds(address, self.cfi, self.symbols)
+        except CfiError:
+            return None
+
+    def function(self, bounds: FunctionBounds) -> FunctionCode:
+        got = self._functions.get(bounds.start)
+        if got is None or got.bounds != bounds:
+            got = analyze_function(self, bounds)
+            self._functions[bounds.start] = got
+        return got
+
+    def part(self, bounds: FunctionBounds) -> PartScan:
+        key = (bounds.start, bounds.end)
+        got = self._parts.get(key)
+        if got is None:
+            got = scan_part(self, bounds)
+            self._parts[key] = got
+        return got
+
+    def executable(self, address: int) -> bool:
+        seg = self.image.load_segment_for(address)
+        return seg is not None and bool(seg.flags & PF_X)
+
+    def relative_relocs(self) -> dict[int, int]:
+        """R_X86_64_RELATIVE relocations: place -> addend (what a PIE table entry will hold)."""
+        if self._relative is None:
+            out: dict[int, int] = {}
+            img = self.image
+            if img.is64:
+                for sec in img.sections:
+                    if sec.type != SHT_RELA or sec.offset + sec.size > len(img.data):
+                        continue
+                    usable = sec.size - sec.size % 24
+                    raw = memoryview(img.data)[sec.offset: sec.offset + usable]
+                    for off, info, addend in struct.iter_unpack(img.byteorder + "QQq", raw):
+                        if info & 0xFFFFFFFF == R_X86_64_RELATIVE:
+                            out[off] = addend
+            self._relative = out
+        return self._relative
+
+    def read_pointer(self, address: int) -> int | None:
+        raw = self.image.read_vaddr(address, 8)
+        if len(raw) < 8:
+            return None
+        val: int = struct.unpack(self.image.byteorder + "Q", raw)[0]
+        if val == 0:
+            return self.relative_relocs().get(address)
+        return val
+
+    def read_int32(self, address: int) -> int | None:
+        raw = self.image.read_vaddr(address, 4)
+        if len(raw) < 4:
+            return None
+        val: int = struct.unpack(self.image.byteorder + "i", raw)[0]
+        return val
+
+
+@dataclass(frozen=True, slots=True)
+class PartScan:
+    """What one function part's own code says about control flow (not yet bounded)."""
+
+    sweep: Sweep
+    targets: tuple[Target, ...]  # every target its code names, anywhere
+    outside: tuple[tuple[int, bool], ...]  # (target, conditional) of jumps leaving the part
+    tables: tuple[JumpTable, ...]
+    unresolved: tuple[str, ...]
+
+
+def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
+    """Disassemble one part once and collect the targets its own code and LSDA name."""
+    sw = ctx.sweep(bounds.start, bounds.end)
+    insns = sw.insns
+    targets: list[Target] = [Target(bounds.start, ENTRY, None)]
+    targets.extend(Target(a, SYMBOL, None)
+                   for a in symbols_inside(ctx.symbols, bounds.start, bounds.end))
+    outside: list[tuple[int, bool]] = []
+    unresolved: list[str] = []
+    tables: list[JumpTable] = []
+    fde = bounds.fde  # landing pads first: the kind `show` names when a pad is also a return site
+    if fde is not None and fde.lsda is not None:
+        try:
+            for lp in parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads:
+                targets.append(Target(lp, LANDING_PAD, fde.lsda))
+        except CfiError as exc:
+            unresolved.append(f"its LSDA at {fde.lsda:#x} does not parse: {exc}")
+    for k, ins in enumerate(insns):
+        fl = ins.flow
+        if fl in (Flow.JMP, Flow.JCC) and ins.target is not None:
+            targets.append(Target(ins.target, JUMP, ins.address))
+            if not bounds.contains(ins.target):
+                outside.append((ins.target, fl is Flow.JCC))
+        elif fl is Flow.CALL:
+            if ins.target is not None and bounds.contains(ins.target):
+                targets.append(Target(ins.target, CALL_TARGET, ins.address))
+            targets.append(Target(ins.end, RETURN_SITE, ins.address))
+        elif fl is Flow.CALL_INDIRECT:
+            targets.append(Target(ins.end, RETURN_SITE, ins.address))
+        elif fl is Flow.JMP_INDIRECT:
+            verdict = _indirect(ctx, bounds, insns, k)
+            if isinstance(verdict, JumpTable):
+                tables.append(verdict)
+                targets.extend(Target(t, JUMP_TABLE, verdict.table) for t in verdict.targets)
+            elif verdict:
+                unresolved.append(verdict)
+    if sw.bad:
+        unresolved.insert(0, f"bytes at {sw.bad[0]:#x} do not decode")
+    return PartScan(sw, tuple(targets), tuple(outside), tuple(tables), tuple(unresolved))
+
+
+def _related_order(ctx: CodeContext, outside: tuple[tuple[int, bool], ...]) -> list[int]:
+    """Outside jump targets, most likely split-off parts first: conditional jumps, then parts
+    without a symbol or with a `.cold` one, then the rest (tail calls)."""
+    ranked: list[tuple[int, int]] = []
+    for t, cond in outside:
+        sym = ctx.symbols.lookup(t)
+        name = sym[0].name if sym is not None else ""
+        rank = 0 if cond else (1 if not name or ".cold" in name or sym is None or sym[1]
+                               else 2)
+        ranked.append((rank, t))
+    return [t for _r, t in sorted(ranked)]
+
+
+def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
+    """Disassemble `bounds` once and collect every branch target inside it.
+
+    Targets come from the function's own code and LSDA, from the rseq abort handlers, and from
+    the code and LSDA of related parts (other FDEs its jumps lead to, e.g. GCC's `.cold`
+    partitions), since those jump back into it.
+    """
+    if bounds.size > MAX_FUNCTION_BYTES:
+        return FunctionCode(bounds, (), (), {}, f"function of {bounds.size} bytes is larger "
+                            f"than {MAX_FUNCTION_BYTES} and was not disassembled", (), ())
+    own = ctx.part(bounds)
+    insns = own.sweep.insns
+    starts = tuple(i.address for i in insns)
+    targets: dict[int, Target] = {}
+    incoming: dict[int, list[Target]] = {}
+
+    def add(t: Target) -> None:
+        if bounds.contains(t.address):
+            if t.address not in targets:
+                targets[t.address] = t
+            incoming.setdefault(t.address, []).append(t)
+
+    for t in own.targets:
+        add(t)
+    for a in ctx.rseq_aborts:
+        add(Target(a, RSEQ_ABORT, None))
+    unresolved = list(own.unresolved)
+    followed = 0
+    seen: set[int] = {bounds.start}
+    for t_addr in _related_order(ctx, own.outside):
+        if followed >= MAX_COLD_PARTS:
+            break
+        other = ctx.bounds(t_addr)
+        if other is None or other.start in seen or other.size > MAX_FUNCTION_BYTES:
+            continue
+        seen.add(other.start)
+        followed += 1
+        scan = ctx.part(other)
+        for t in scan.targets:
+            if t.kind in (JUMP, JUMP_TABLE, LANDING_PAD):
+                add(Target(t.address, COLD_JUMP if t.kind == JUMP else t.kind, t.source))
+        unresolved.extend(f"in the related part at {other.start:#x}: {u}"
+                          for u in scan.unresolved)
+    all_targets = unresolved[0] if unresolved else None
+    return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
+                        own.sweep.bad, _padding_after(ctx, bounds),
+                        {a: tuple(v) for a, v in incoming.items()})
+
+
+def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:
+    """Bytes of alignment padding (NOPs, int3, zeros) after the function, before the next one.
+
+    The next function starts at the next FDE start or function symbol, whichever comes first;
+    no branch lands in the padding, so a window may end inside it after an unconditional
+    jump or return.
+    """
+    nxt = [a for a in (ctx.cfi.next_start_after(bounds.end - 1),
+                       _next_symbol_at_or_after(ctx.symbols, bounds.end)) if a is not None]
+    if not nxt:
+        return 0
+    gap = min(nxt) - bounds.end
+    if gap <= 0 or gap > 64:
+        return 0
+    raw = ctx.image.read_vaddr(bounds.end, gap)
+    if len(raw) < gap:
+        return 0
+    if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
+        return gap
+    return 0
+
+
+def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:
+    i = bisect_left(symbols.addresses, address)
+    return symbols.addresses[i] if i < len(symbols.addresses) else None
+
+
+def _regs_alias(reg: str) -> str:
+    """The 64-bit name of a general register (eax -> rax, r8d -> r8)."""
+    r = reg.lstrip("%")
+    table = {"eax": "rax", "ebx": "rbx", "ecx": "rcx", "edx": "rdx", "esi": "rsi",
+             "edi": "rdi", "ebp": "rbp", "esp": "rsp"}
+    if r in table:
+        return table[r]
+    if r.startswith("r") and r[-1] in "dwb" and r[1:-1].isdigit():
+        return r[:-1]
+    return r
+
+
+def _dest(ins: CodeInsn) -> str | None:
+    ops = ins.operands
+    if len(ops) >= 2 and ops[-1].startswith("%"):
+        return _regs_alias(ops[-1])
+    return None
+
+
+def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, ...],
+              k: int) -> JumpTable | str | None:
+    """A resolved table, None for a tail call, or the reason the jump is not understood."""
+    jmp = insns[k]
+    mem = jmp.mem
+    lo = max(0, k - LOOKBACK)
+    prev = insns[lo:k]
+    if mem is not None:
+        if mem.index is None:
+            return None  # jmp *X(%rip), jmp *0x10(%rax): a tail call through a pointer
+        if mem.base is None and mem.scale == 8:  # jmp *T(,%rI,8): absolute table
+            return _table(ctx, bounds, jmp, mem.disp, 8, mem.disp, prev, _regs_alias(mem.index))
+        if mem.base is not None and mem.scale == 8:
+            base = _find_lea(prev, _regs_alias(mem.base))
+            if base is not None:
+                return _table(ctx, bounds, jmp, base, 8, base, prev, _regs_alias(mem.index))
+        return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood"
+    reg = _regs_alias(jmp.op_str.lstrip("*"))
+    # Walk back to the instruction that defines `reg`.
+    for j in range(len(prev) - 1, -1, -1):
+        ins = prev[j]
+        if ins.flow is not Flow.NONE:
+            break
+        if _dest(ins) != reg:
+            continue
+        mn = ins.base_mnemonic
+        if mn.startswith("add") and len(ins.operands) == 2 and ins.operands[0].startswith("%"):
+            table_reg = _regs_alias(ins.operands[0])
+            table = _find_lea(prev[:j], table_reg)
+            load = _find_load(prev[:j], reg, 4)
+            if table is not None and load is not None:
+                idx = load.mem.index if load.mem else None
+                return _table(ctx, bounds, jmp, table, 4, table, prev,
+                              _regs_alias(idx) if idx else None)
+            break
+        if mn.startswith("mov") and ins.mem is not None:
+            m = ins.mem
+            if m.index is None:
+                return None  # a function pointer loaded from memory: a tail call
+            if m.scale == 8 and m.base is None:
+                return _table(ctx, bounds, jmp, m.disp, 8, m.disp, prev, _regs_alias(m.index))
+            if m.scale == 8 and m.base is not None:
+                table = _find_lea(prev[:j], _regs_alias(m.base))
+                if table is not None:
+                    return _table(ctx, bounds, jmp, table, 8, table, prev, _regs_alias(m.index))
+            if m.scale == 4 and m.base is not None:  # movslq (%rB,%rI,4),%rX; jmp *%rX ?
+                break
+        break
+    return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood"
+
+
+def _find_lea(prev: tuple[CodeInsn, ...], reg: str) -> int | None:
+    for ins in reversed(prev):
+        if _dest(ins) == reg:
+            if ins.base_mnemonic.startswith("lea") and ins.rip_target is not None:
+                return ins.rip_target
+            return None
+    return None
+
+
+def _find_load(prev: tuple[CodeInsn, ...], reg: str, scale: int) -> CodeInsn | None:
+    for ins in reversed(prev):
+        if _dest(ins) == reg:
+            if ins.mem is not None and ins.mem.scale == scale and ins.mem.index is not None:
+                return ins
+            return None
+    return None
+
+
+def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | None:
+    """(entries, cmp address) from the closest `cmp $N,%r` + `ja`/`jae` before the jump."""
+    for j in range(len(prev) - 1, 0, -1):
+        ins = prev[j]
+        if ins.flow is Flow.JCC and ins.base_mnemonic in ("ja", "jae", "jbe", "jb"):
+            cmp = prev[j - 1]
+            ops = cmp.operands
+            if cmp.base_mnemonic.startswith("cmp") and len(ops) == 2 and ops[0].startswith("$"):
+                try:
+                    n = int(ops[0][1:], 0)
+                except ValueError:
+                    return None
+                if n < 0 or n > MAX_TABLE_ENTRIES:
+                    return None
+                count = n + 1 if ins.base_mnemonic in ("ja", "jbe") else n
+                return count, cmp.address
+            return None
+    return None
+
+
+def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, size: int,
+           base: int, prev: tuple[CodeInsn, ...], index: str | None) -> JumpTable | str:
+    guard = _guard(prev, index)
+    limit = guard[0] if guard else MAX_TABLE_ENTRIES
+    sec = ctx.image.section_for_vaddr(table)
+    if sec is None or sec.type != SHT_PROGBITS:
+        return f"jump table at {table:#x} (from {jmp.address:#x}) is not in the file's data"
+    targets: list[int] = []
+    for i in range(limit):
+        addr = table + i * size
+        if size == 4:
+            v = ctx.read_int32(addr)
+            t = None if v is None else (base + v) & 0xFFFFFFFFFFFFFFFF
+        else:
+            t = ctx.read_pointer(addr)
+        if t is None:
+            if guard:
+                return f"jump table at {table:#x} entry {i} is unreadable"
+            break
+        if not guard and not (bounds.contains(t) or ctx.executable(t)):
+            break  # past the table: the entry points at no code
+        targets.append(t)
+    if not targets:
+        return f"jump table at {table:#x} (from {jmp.address:#x}) has no entry in the function"
+    return JumpTable(jmp.address, table, size, len(targets), guard is not None, tuple(targets))

@@ -10,36 +10,46 @@ adds its parser and sets `func(args, out, err) -> int`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import IO
 
 from usdtpatch import __version__
-from usdtpatch.cli import (
-    cmd_check,
-    cmd_demo,
-    cmd_dtrace,
-    cmd_list,
-    cmd_plan,
-    cmd_rewrite,
-    cmd_show,
-    cmd_verify,
-)
 from usdtpatch.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_UNUSABLE
 from usdtpatch.errors import UsdtpatchError
 
-# Subcommands in the order `usdtpatch --help` shows them.
-COMMANDS = (cmd_list, cmd_check, cmd_show, cmd_rewrite, cmd_plan, cmd_verify, cmd_dtrace, cmd_demo)
+# Subcommand -> the module that registers it, in the order `usdtpatch --help` shows them.
+# Only the module of the command being run is imported: `list` must not pay for unicorn.
+COMMANDS = {
+    "list": "cmd_list",
+    "check": "cmd_check",
+    "show": "cmd_show",
+    "rewrite": "cmd_rewrite",
+    "restore": "cmd_rewrite",
+    "plan": "cmd_plan",
+    "verify": "cmd_verify",
+    "dtrace": "cmd_dtrace",
+    "demo": "cmd_demo",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _modules_for(argv: list[str] | None) -> list[str]:
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command in COMMANDS:
+        return [COMMANDS[command]]
+    return list(dict.fromkeys(COMMANDS.values()))  # help, --version or a typo: all of them
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="usdtpatch",
         description="Read, check and rewrite USDT probe sites for Linux optimized uprobes.")
     parser.add_argument("--version", action="version", version=f"usdtpatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
-        module.register(sub)
+    for name in _modules_for(argv):
+        importlib.import_module(f"usdtpatch.cli.{name}").register(sub)
     return parser
 
 
@@ -47,7 +57,7 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
          err: IO[str] | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    parser = build_parser()
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse has printed its message

@@ -17,8 +17,20 @@ $(BIN)/.test: pyproject.toml $(BIN)/.runtime
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
+# The main job on the bundled fixture (list, check, rewrite, plan + verify, restore), then the
+# rewritten copy run beside the original, then the zero-cost path: the same kind of program
+# built with usdtpatch's own sys/sdt.h.
 demo: $(BIN)/.runtime
-	$(BIN)/usdtpatch demo fixtures/bin/demo
+	$(BIN)/usdtpatch demo fixtures/bin/demo --out build/demo
+	@echo "--- the original and the rewritten copy print the same:"
+	fixtures/bin/demo
+	build/demo/demo.rewritten
+	@echo "--- built with sdt_headers/sys/sdt.h: 5-byte sites at build time, nothing to rewrite:"
+	mkdir -p build/demo
+	gcc -O2 -Isdt_headers -o build/demo/sdt-usdt tests/data/sdt/probes.c tests/data/sdt/sema.c
+	$(BIN)/usdtpatch check --summary --fail-on never build/demo/sdt-usdt
+	gcc -O2 -Isdt_headers -DUSDTPATCH_REDZONE_GUARD -o build/demo/sdt-guard tests/data/sdt/probes.c tests/data/sdt/sema.c
+	$(BIN)/usdtpatch check --summary build/demo/sdt-guard
 
 # Installs the Debian packages above when they are missing and we are root with apt-get
 # (CI and the project's machines); elsewhere the tests that need them skip with the reason.

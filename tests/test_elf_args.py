@@ -58,6 +58,14 @@ def test_unknown_forms_are_kept_with_a_reason(raw: str) -> None:
     assert arg.raw == raw and arg.kind == "unknown"
 
 
+@pytest.mark.parametrize("text,tokens", [("", []), (" ", []), ("8@%rdi", ["8@%rdi"]),
+                                         ("8@%rdi  -4@%esi ", ["8@%rdi", "-4@%esi"])],
+                         ids=["empty", "blank", "one", "extra-spaces"])
+def test_split_plain(text: str, tokens: list[str]) -> None:
+    assert split_args(text) == tokens
+    assert [a.raw for a in parse_args(text)] == tokens
+
+
 def test_split_keeps_bracketed_operands_whole() -> None:
     assert split_args("8@x0 -4@[sp, 12]  8@x1") == ["8@x0", "-4@[sp, 12]", "8@x1"]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 _REG64 = "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip".split()
 _REG32 = "eax ebx ecx edx esi edi ebp esp r8d r9d r10d r11d r12d r13d r14d r15d eip".split()
@@ -88,6 +89,9 @@ class SdtArg:
 
 def split_args(text: str) -> list[str]:
     """Split an argument string on spaces that are outside brackets and parentheses."""
+    if "(" not in text and "[" not in text:
+        return text.split(" ") if text and "  " not in text and text.strip(" ") == text \
+            else [t for t in text.split(" ") if t]
     out: list[str] = []
     depth = 0
     cur: list[str] = []
@@ -112,6 +116,7 @@ def parse_args(text: str, x86: bool = True) -> tuple[SdtArg, ...]:
     return tuple(parse_arg(tok, x86) for tok in split_args(text))
 
 
+@lru_cache(maxsize=8192)  # argument specs repeat a lot across a binary's probes
 def parse_arg(tok: str, x86: bool = True) -> SdtArg:
     m = _SIZED.match(tok)
     if m:

@@ -182,6 +182,32 @@ __attribute__((noipa)) long sw(int op, long x)
     }
     return x;
 }
+__attribute__((noipa)) long swm(int op, long x)
+{
+    switch (op & 7) {  /* no compare: the `and $7` bounds the table */
+    case 0: x += 3; break;
+    case 1: x *= 7; break;
+    case 2: x ^= 0x55; break;
+    case 3: x -= 9; break;
+    case 4: STAP_PROBE1(built, in_masked, x); x <<= 2; break;
+    case 5: x = x / 3; break;
+    case 6: x = -x; break;
+    case 7: x += 100; break;
+    }
+    return x;
+}
+__attribute__((noipa)) long cgoto(int n, long x)
+{   /* computed goto: absolute label addresses (R_X86_64_RELATIVE in a PIE), the table base
+       kept in a register across the dispatch points */
+    static void *const tbl[] = {&&l0, &&l1, &&l2, &&l3, &&l4};
+    int i = 0;
+    goto *tbl[n % 5];
+l0: x += 1; if (++i < 3) goto *tbl[(n + i) % 5]; return x;
+l1: x *= 3; if (++i < 3) goto *tbl[(n + i) % 5]; return x;
+l2: STAP_PROBE1(built, in_cgoto, x); x ^= 5; if (++i < 3) goto *tbl[(n + i) % 5]; return x;
+l3: x -= 7; if (++i < 3) goto *tbl[(n + i) % 5]; return x;
+l4: x <<= 1; if (++i < 3) goto *tbl[(n + i) % 5]; return x;
+}
 __attribute__((noipa, cold)) void slow(long x) { printf("slow %ld\n", x); }
 __attribute__((noipa)) long hotcold(long x)
 {
@@ -198,7 +224,7 @@ __attribute__((noipa)) long hotcold(long x)
 int main(int argc, char **argv)
 {
     (void)argv;
-    printf("%ld %ld\n", sw(argc, 5), hotcold(argc));
+    printf("%ld %ld %ld %ld\n", sw(argc, 5), hotcold(argc), swm(argc, 3), cgoto(argc, 2));
     return 0;
 }
 """
@@ -282,23 +308,25 @@ def test_rseq_abort_handler_is_a_target(built: dict[str, Path]) -> None:
     assert fc.targets[cs.abort].kind == "rseq-abort"
 
 
+@pytest.mark.parametrize("probe", ["in_switch", "in_masked"])
 @pytest.mark.parametrize("name", ["sw-gcc", "sw-nopie", "sw-clang"])
-def test_jump_tables_are_resolved(built: dict[str, Path], name: str) -> None:
+def test_jump_tables_are_resolved(built: dict[str, Path], name: str, probe: str) -> None:
     if name not in built:
         pytest.skip(f"{BUILDS[name][0]} not installed")
     r = _report(built[name])
-    for s in r.sites:
-        if s.probe.name != "in_switch":
-            continue
+    sites = [s for s in r.sites if s.probe.name == probe]
+    assert sites
+    for s in sites:
         fc = _function(built[name], s)
         assert fc.all_targets is None
-        assert len(fc.jump_tables) == 1
+        assert fc.jump_tables  # one, or two when clang inlined both switches into main
+        assert all(t.bounded and t.entries == 8 for t in fc.jump_tables)  # cmp $7/ja, and $7
         table = fc.jump_tables[0]
-        assert table.bounded and table.entries == 8  # cmp $7; ja default
         # Eight cases, eight distinct case labels, each an instruction of the function.
         assert len(set(table.targets)) == 8
         assert all(fc.index_of(t) is not None for t in table.targets)
-        assert {t for t, tg in fc.targets.items() if tg.kind == JUMP_TABLE} == set(table.targets)
+        assert {t for t, tg in fc.targets.items() if tg.kind == JUMP_TABLE} == {
+            t for tb in fc.jump_tables for t in tb.targets}
         assert s.outcome != BLOCKED
 
 
@@ -353,3 +381,18 @@ def test_optimized_site_in_rseq_is_a_hazard_not_a_block(built: dict[str, Path]) 
     assert s.outcome == "optimizable"
     (f,) = [f for f in s.findings if f.code == "site-in-rseq-cs"]
     assert "syscall" in f.message
+
+
+@pytest.mark.parametrize("name", ["sw-gcc", "sw-nopie", "sw-clang"])
+def test_computed_goto_table(built: dict[str, Path], name: str) -> None:
+    if name not in built:
+        pytest.skip(f"{BUILDS[name][0]} not installed")
+    r = _report(built[name])
+    for s in [s for s in r.sites if s.probe.name == "in_cgoto"]:
+        fc = _function(built[name], s)
+        assert fc.all_targets is None, fc.all_targets
+        assert fc.jump_tables
+        labels = {t for table in fc.jump_tables for t in table.targets}
+        assert len(labels) == 5  # &&l0 .. &&l4
+        assert all(fc.index_of(t) is not None for t in labels)
+        assert s.outcome != BLOCKED

@@ -142,6 +142,7 @@ def test_padding_after_the_function_completes_a_window() -> None:
     assert (w.start, w.end) == (BASE, BASE + 5)
     assert [i.text for i in w.insns] == ["nop", "retq"]
     assert "padding" in w.end_reason
+    assert w.padding_bytes == 3 and w.code == bytes.fromhex(NOP + RET)  # padding not relocated
     fc, data = make(NOP, MOV, padding=14)  # no ret/jmp before the padding: it is not unused
     assert find_window(fc, BASE, data).code == "window-function-end"
 

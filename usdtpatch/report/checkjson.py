@@ -39,6 +39,7 @@ def window_json(w: PatchWindow) -> dict[str, Any]:
         "end_reason": w.end_reason,
         "replacement": w.replacement.hex() if w.replacement is not None else None,
         "internal_targets": list(w.internal_targets),
+        "padding_bytes": w.padding_bytes,
         "instructions": [
             {"address": i.address, "bytes": w.code[i.address - w.start: i.end - w.start].hex(),
              "text": i.text} for i in w.insns

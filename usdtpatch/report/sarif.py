@@ -18,7 +18,7 @@ from usdtpatch import __version__
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
-HELP_URI = "docs/findings.md"
+HELP_DOC = "docs/findings.md in the usdtpatch sources"
 
 
 def sarif_document(doc: dict[str, Any]) -> dict[str, Any]:
@@ -32,7 +32,8 @@ def sarif_document(doc: dict[str, Any]) -> dict[str, Any]:
                 "id": f["code"],
                 "name": "".join(p.capitalize() for p in f["code"].split("-")),
                 "shortDescription": {"text": f["code"]},
-                "helpUri": f"{HELP_URI}#{f['code']}",
+                "help": {"text": (f["hint"] + " " if f["hint"] else "")
+                         + f"See {HELP_DOC}, section {f['code']}."},
                 "defaultConfiguration": {"level": _LEVEL[f["severity"]]},
             }
         return list(rules).index(f["code"])
@@ -50,7 +51,6 @@ def sarif_document(doc: dict[str, Any]) -> dict[str, Any]:
         "version": SARIF_VERSION,
         "runs": [{
             "tool": {"driver": {"name": "usdtpatch", "version": __version__,
-                                "informationUri": "https://github.com/usdtpatch/usdtpatch",
                                 "rules": list(rules.values())}},
             "results": results,
         }],

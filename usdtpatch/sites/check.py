@@ -18,6 +18,7 @@ from usdtpatch.report.findings import Finding, Severity
 from usdtpatch.sites.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.sites.functions import FunctionBounds
 from usdtpatch.sites.hazards import (
+    CLOBBERED,
     FORK_COPIES_MM,
     RedZone,
     RseqCs,
@@ -192,7 +193,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...]) -> Sit
         findings.append(Finding(
             "red-zone-live", Severity.ERROR,
             f"the site is optimized on 6.18 and its function may keep live data below %rsp: "
-            f"{rz.reason}; every optimized hit overwrites the {32} bytes below %rsp",
+            f"{rz.reason}; every optimized hit overwrites the {CLOBBERED} bytes below %rsp",
             "build this code with -mno-red-zone, or rewrite the site with usdtpatch's "
             "red-zone-safe detour", where))
     elif rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):

@@ -13,12 +13,18 @@ Jump tables recognized (x86-64, what GCC and clang emit):
 - absolute 8-byte entries: `jmp *T(,%rI,8)` or `mov T(,%rI,8),%rX; jmp *%rX` (non-PIE), and
   `lea T(%rip),%rB; mov (%rB,%rI,8),%rX; jmp *%rX` (computed goto tables, PIE with
   R_X86_64_RELATIVE relocations supplying the values).
-The entry count comes from the `cmp $N,%r; ja default` guard when one is found nearby; else
-entries are read while they point into the function (a conservative over-approximation: a
-spurious target only makes windows smaller).
+The entry count comes from the `cmp $N,%r; ja default` (or `and $2^k-1,%r`) guard on the
+table's index when one is found nearby; else entries are read while they point at code and,
+inside the function, at instruction boundaries (a spurious target only makes windows smaller).
+The table base may be set far from the jump: every definition of the base register that
+reaches the jump (a search over the part's control flow) must be the same `lea T(%rip)`.
 
-Indirect jumps through memory without an index (`jmp *0x10(%rax)`, `jmp *X(%rip)`) and through
-a register loaded that way are tail calls: they leave the function.
+Other indirect jumps are classified by where the register's value comes from, on every path
+(`_origin`): a pointer loaded from memory without a table index (`jmp *0x10(%rax)`,
+`mov 0x10(%rsi),%rax; jmp *%rax`, a C++ member-function pointer), a function-pointer argument,
+a call's return value, or a `lea` of code outside the function are tail calls; a `lea` of a
+label inside the function is a computed goto (the label becomes a target); anything else is
+not understood and makes the function all-targets.
 
 Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep is cached.
 """
@@ -132,6 +138,7 @@ class CodeContext:
         self._sweeps: dict[tuple[int, int], Sweep] = {}
         self._functions: dict[int, FunctionCode] = {}
         self._parts: dict[tuple[int, int], PartScan] = {}
+        self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
         self._relative: dict[int, int] | None = None
 
     def sweep(self, start: int, end: int) -> Sweep:
@@ -232,6 +239,7 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                 targets.append(Target(lp, LANDING_PAD, fde.lsda))
         except CfiError as exc:
             unresolved.append(f"its LSDA at {fde.lsda:#x} does not parse: {exc}")
+    graph: _Graph | None = None
     for k, ins in enumerate(insns):
         fl = ins.flow
         if fl in (Flow.JMP, Flow.JCC) and ins.target is not None:
@@ -245,10 +253,16 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
         elif fl is Flow.CALL_INDIRECT:
             targets.append(Target(ins.end, RETURN_SITE, ins.address))
         elif fl is Flow.JMP_INDIRECT:
-            verdict = _indirect(ctx, bounds, insns, k)
+            if graph is None:
+                graph = _Graph(insns, {t.address for t in targets
+                                       if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
+            verdict = _indirect(ctx, bounds, insns, k, graph)
             if isinstance(verdict, JumpTable):
+                if not any(t.table == verdict.table and t.targets == verdict.targets
+                           for t in tables):  # ceval: 229 jumps share one table
+                    targets.extend(Target(t, JUMP_TABLE, verdict.table)
+                                   for t in verdict.targets)
                 tables.append(verdict)
-                targets.extend(Target(t, JUMP_TABLE, verdict.table) for t in verdict.targets)
             elif verdict:
                 unresolved.append(verdict)
     if sw.bad:
@@ -345,13 +359,19 @@ def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:
     return symbols.addresses[i] if i < len(symbols.addresses) else None
 
 
+_ALIASES = {
+    **{f"e{x}": f"r{x}" for x in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")},
+    **{x: f"r{x}" for x in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")},
+    **{f"{x}l": f"r{x}x" for x in "abcd"}, **{f"{x}h": f"r{x}x" for x in "abcd"},
+    "sil": "rsi", "dil": "rdi", "bpl": "rbp", "spl": "rsp",
+}
+
+
 def _regs_alias(reg: str) -> str:
-    """The 64-bit name of a general register (eax -> rax, r8d -> r8)."""
-    r = reg.lstrip("%")
-    table = {"eax": "rax", "ebx": "rbx", "ecx": "rcx", "edx": "rdx", "esi": "rsi",
-             "edi": "rdi", "ebp": "rbp", "esp": "rsp"}
-    if r in table:
-        return table[r]
+    """The 64-bit name of a general register (eax, ax, al -> rax; r8d, r8w, r8b -> r8)."""
+    r = reg.lstrip("*%")
+    if r in _ALIASES:
+        return _ALIASES[r]
     if r.startswith("r") and r[-1] in "dwb" and r[1:-1].isdigit():
         return r[:-1]
     return r
@@ -365,7 +385,7 @@ def _dest(ins: CodeInsn) -> str | None:
 
 
 def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, ...],
-              k: int) -> JumpTable | str | None:
+              k: int, g: _Graph) -> JumpTable | str | None:
     """A resolved table, None for a tail call, or the reason the jump is not understood."""
     jmp = insns[k]
     mem = jmp.mem
@@ -377,7 +397,7 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
         if mem.base is None and mem.scale == 8:  # jmp *T(,%rI,8): absolute table
             return _table(ctx, bounds, jmp, mem.disp, 8, mem.disp, prev, _regs_alias(mem.index))
         if mem.base is not None and mem.scale == 8:
-            base = _find_lea(prev, _regs_alias(mem.base))
+            base = _find_lea(g, k, _regs_alias(mem.base))
             if base is not None:
                 return _table(ctx, bounds, jmp, base, 8, base, prev, _regs_alias(mem.index))
         return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood"
@@ -387,12 +407,12 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
         ins = prev[j]
         if ins.flow is not Flow.NONE:
             break
-        if _dest(ins) != reg:
+        if not _writes(ins, reg):
             continue
         mn = ins.base_mnemonic
         if mn.startswith("add") and len(ins.operands) == 2 and ins.operands[0].startswith("%"):
             table_reg = _regs_alias(ins.operands[0])
-            table = _find_lea(prev[:j], table_reg)
+            table = _find_lea(g, lo + j, table_reg)
             load = _find_load(prev[:j], reg, 4)
             if table is not None and load is not None:
                 idx = load.mem.index if load.mem else None
@@ -406,22 +426,187 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
             if m.scale == 8 and m.base is None:
                 return _table(ctx, bounds, jmp, m.disp, 8, m.disp, prev, _regs_alias(m.index))
             if m.scale == 8 and m.base is not None:
-                table = _find_lea(prev[:j], _regs_alias(m.base))
+                table = _find_lea(g, lo + j, _regs_alias(m.base))
                 if table is not None:
                     return _table(ctx, bounds, jmp, table, 8, table, prev, _regs_alias(m.index))
             if m.scale == 4 and m.base is not None:  # movslq (%rB,%rI,4),%rX; jmp *%rX ?
                 break
         break
-    return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood"
+    origin = _origin(g, k, reg, bounds)
+    if isinstance(origin, tuple):
+        if not origin:
+            return None  # a tail call through a function pointer
+        return JumpTable(jmp.address, 0, 0, len(origin), True, origin)  # goto *&&label
+    return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood ({origin})"
 
 
-def _find_lea(prev: tuple[CodeInsn, ...], reg: str) -> int | None:
-    for ins in reversed(prev):
-        if _dest(ins) == reg:
-            if ins.base_mnemonic.startswith("lea") and ins.rip_target is not None:
-                return ins.rip_target
+ARG_REGS = frozenset({"rdi", "rsi", "rdx", "rcx", "r8", "r9"})
+
+
+def _origin(g: _Graph, at: int, reg: str, bounds: FunctionBounds,
+            depth: int = 0) -> tuple[int, ...] | str:
+    """Where the value `reg` holds before instruction `at` comes from, over every path.
+
+    A tuple of code addresses inside the function (`lea L(%rip),%reg`: a computed goto) --
+    empty when every origin is a function pointer (a tail call): loaded from memory without a
+    table index, an argument register, a call's return value, or a `lea` of code outside the
+    function. A string says what is not understood.
+    """
+    defs = _reaching_defs(g, at, reg)
+    if defs is None:
+        return "too many paths"
+    labels: set[int] = set()
+    for kind, p in defs:
+        if kind == "entry":
+            if reg not in ARG_REGS:
+                return f"%{reg} is not set on a path from the function entry"
+            continue
+        if kind == "call":
+            if reg != "rax":
+                return f"%{reg} is clobbered by the call at {g.insns[p].address:#x}"
+            continue  # the called function returned the pointer
+        ins = g.insns[p]
+        mn = ins.base_mnemonic
+        cp = _copies(ins)
+        if cp is not None and cp[1] == reg and depth < 4:
+            sub = _origin(g, p, cp[0], bounds, depth + 1)
+            if isinstance(sub, str):
+                return sub
+            labels.update(sub)
+        elif mn.startswith("lea") and ins.rip_target is not None:
+            if bounds.contains(ins.rip_target):
+                labels.add(ins.rip_target)
+        elif mn.startswith("mov") and ins.mem is not None and (
+                ins.mem.index is None or ins.mem.scale in (1, 2)):
+            continue  # a pointer loaded from a structure or vtable slot
+        else:
+            return f"{ins.text} at {ins.address:#x} computes it"
+    return tuple(sorted(labels))
+
+
+def _reaching_defs(g: _Graph, at: int, reg: str) -> list[tuple[str, int]] | None:
+    """Every definition of `reg` reaching instruction `at`: ("def", index), ("call", index) for
+    a call clobbering a caller-saved register, ("entry", -1) for the value at entry."""
+    out: list[tuple[str, int]] = []
+    seen: set[int] = set()
+    work = [at]
+    steps = 0
+    while work:
+        m = work.pop()
+        steps += 1
+        if steps > MAX_REACHING_STEPS:
             return None
+        preds, outside = g.preds(m)
+        if outside and ("entry", -1) not in out:
+            out.append(("entry", -1))
+        for p in preds:
+            if p in seen:
+                continue
+            seen.add(p)
+            ins = g.insns[p]
+            if _writes(ins, reg):
+                out.append(("def", p))
+            elif ins.flow in (Flow.CALL, Flow.CALL_INDIRECT) and reg in CALLER_SAVED:
+                out.append(("call", p))
+            else:
+                work.append(p)
+    return out
+
+
+def _sized(*names: str) -> frozenset[str]:
+    """AT&T mnemonics with and without their size suffixes."""
+    return frozenset(n + sfx for n in names for sfx in ("", "b", "w", "l", "q"))
+
+
+_STRING_DI = _sized("movs", "stos", "scas", "cmps", "ins")
+_STRING_SI = _sized("movs", "lods", "cmps", "outs")
+_MULDIV = _sized("mul", "div", "idiv")  # one operand: writes rdx:rax (imul: when 1 operand)
+_IMPLICIT_WRITES: dict[str, frozenset[str]] = {
+    "rax": _MULDIV | _sized("lods", "cmpxchg") | frozenset(
+        {"cqto", "cltq", "cwtl", "cltd", "cwtd", "cpuid", "rdtsc", "rdtscp", "xgetbv",
+         "syscall", "rdpid", "rdrand", "rdseed", "lahf"}),
+    "rdx": _MULDIV | frozenset({"cqto", "cltd", "cwtd", "cpuid", "rdtsc", "rdtscp",
+                                "xgetbv", "rdmsr"}),
+    "rcx": frozenset({"cpuid", "syscall", "rdtscp", "loop", "loope", "loopne"}),
+    "rbx": frozenset({"cpuid"}),
+    "rdi": _STRING_DI,
+    "rsi": _STRING_SI,
+    "r11": frozenset({"syscall"}),
+}
+
+
+def _writes(ins: CodeInsn, reg: str) -> bool:
+    """Conservatively, whether `ins` may write the 64-bit register `reg`."""
+    base = ins.base_mnemonic
+    ops = ins.operands
+    if base in _IMPLICIT_WRITES.get(reg, ()):
+        return True
+    if reg in ("rax", "rdx") and base in _sized("imul") and len(ops) == 1:
+        return True
+    if reg == "rcx" and ins.mnemonic.startswith("rep"):
+        return True
+    if base.startswith(("cmp", "test", "bt", "push", "jmp", "call")) and base not in _sized(
+            "cmpxchg", "btc", "btr", "bts"):
+        return False
+    if base.startswith("xchg") and any(o.startswith("%") and _regs_alias(o) == reg
+                                       for o in ops):
+        return True
+    return bool(ops) and ops[-1].startswith("%") and _regs_alias(ops[-1]) == reg
+
+
+CALLER_SAVED = frozenset({"rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11"})
+MAX_REACHING_STEPS = 20000
+
+
+class _Graph:
+    """Predecessors of each instruction of one part, for a reaching-definition search."""
+
+    def __init__(self, insns: tuple[CodeInsn, ...], entries: set[int]) -> None:
+        self.insns = insns
+        self.entries = entries  # addresses reached from outside: entry, symbols, landing pads
+        self.direct: dict[int, list[int]] = {}
+        self.indirect: list[int] = []
+        for k, ins in enumerate(insns):
+            if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
+                self.direct.setdefault(ins.target, []).append(k)
+            elif ins.flow is Flow.JMP_INDIRECT:
+                self.indirect.append(k)
+
+    def preds(self, m: int) -> tuple[list[int], bool]:
+        """(predecessor indices, whether control also arrives from outside the part)."""
+        ins = self.insns[m]
+        out: list[int] = []
+        if m > 0 and self.insns[m - 1].flow not in (Flow.JMP, Flow.RET, Flow.STOP,
+                                                     Flow.JMP_INDIRECT):
+            out.append(m - 1)
+        out.extend(self.direct.get(ins.address, ()))
+        if not out and m > 0:
+            out.extend(self.indirect)  # a label reached only through a table or computed goto
+        return out, m == 0 or ins.address in self.entries
+
+
+def _reaching_lea(g: _Graph, at: int, reg: str) -> int | None:
+    """T when every definition of `reg` that reaches instruction `at` is `lea T(%rip),%reg`."""
+    defs = _reaching_defs(g, at, reg)
+    if not defs:
+        return None
+    found: set[int | None] = set()
+    for kind, p in defs:
+        ins = g.insns[p] if kind == "def" else None
+        if ins is not None and ins.base_mnemonic.startswith("lea"):
+            found.add(ins.rip_target)
+        else:
+            return None
+    if len(found) == 1:
+        (only,) = found
+        return only
     return None
+
+
+def _find_lea(g: _Graph, at: int, reg: str) -> int | None:
+    """The table address `reg` holds just before instruction `at`: every definition reaching
+    it (along the part's control flow) is the same `lea T(%rip),%reg`."""
+    return _reaching_lea(g, at, reg)
 
 
 def _find_load(prev: tuple[CodeInsn, ...], reg: str, scale: int) -> CodeInsn | None:
@@ -434,10 +619,23 @@ def _find_load(prev: tuple[CodeInsn, ...], reg: str, scale: int) -> CodeInsn | N
 
 
 def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | None:
-    """(entries, cmp address) from the closest `cmp $N,%r` + `ja`/`jae` before the jump."""
-    for j in range(len(prev) - 1, 0, -1):
+    """(entries, guard address) from the closest `cmp $N,%r` + `ja`/`jae` (or `and $2^k-1`)
+    on the table's index before the jump."""
+    for j in range(len(prev) - 1, -1, -1):
         ins = prev[j]
+        ops = ins.operands
+        if (ins.base_mnemonic.startswith("and") and len(ops) == 2 and ops[0].startswith("$")
+                and index is not None and _same_value(prev[:j], prev[j + 1:], ops[1], index)):
+            try:
+                mask = int(ops[0][1:], 0)
+            except ValueError:
+                return None
+            if 0 <= mask < MAX_TABLE_ENTRIES and (mask + 1) & mask == 0:
+                return mask + 1, ins.address  # `and $2^k-1,%idx`: 2^k entries
+            return None
         if ins.flow is Flow.JCC and ins.base_mnemonic in ("ja", "jae", "jbe", "jb"):
+            if j == 0:
+                return None
             cmp = prev[j - 1]
             ops = cmp.operands
             if cmp.base_mnemonic.startswith("cmp") and len(ops) == 2 and ops[0].startswith("$"):
@@ -447,19 +645,82 @@ def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | N
                     return None
                 if n < 0 or n > MAX_TABLE_ENTRIES:
                     return None
+                if index is not None and not _same_value(prev[:j - 1], prev[j + 1:], ops[1],
+                                                         index):
+                    return None  # the compare is about another register: not this table's
                 count = n + 1 if ins.base_mnemonic in ("ja", "jbe") else n
                 return count, cmp.address
             return None
     return None
 
 
+def _is_boundary(sw: Sweep, address: int) -> bool:
+    i = bisect_left(sw.insns, address, key=lambda x: x.address)
+    return i < len(sw.insns) and sw.insns[i].address == address
+
+
+def _copies(ins: CodeInsn) -> tuple[str, str] | None:
+    """(source, destination) of a register-to-register mov, as 64-bit names."""
+    ops = ins.operands
+    if (ins.base_mnemonic.startswith("mov") and len(ops) == 2 and ops[0].startswith("%")
+            and ops[1].startswith("%")):
+        return _regs_alias(ops[0]), _regs_alias(ops[1])
+    return None
+
+
+def _same_value(before: tuple[CodeInsn, ...], between: tuple[CodeInsn, ...], compared: str,
+                index: str) -> bool:
+    """True when `index` holds the compared register's value at the table load: the same
+    register, or a register-to-register copy of it made before the compare (and not
+    overwritten) or after it."""
+    if not compared.startswith("%"):
+        return False
+    reg = _regs_alias(compared)
+    # registers equal to each other when the compare runs (straight-line copies before it)
+    same: dict[str, set[str]] = {}
+    for ins in before:
+        cp = _copies(ins)
+        for r in [r for r in same if _writes(ins, r)]:
+            same.pop(r).discard(r)
+        if cp is not None:
+            g = same.setdefault(cp[0], {cp[0]})
+            g.add(cp[1])
+            same[cp[1]] = g
+    holders = set(same.get(reg, {reg})) | {reg}
+    for ins in between:
+        if ins.mem is not None and ins.mem.index is not None \
+                and _regs_alias(ins.mem.index) == index:
+            break  # the table load: what the index holds here is what counts
+        cp = _copies(ins)
+        if cp is not None and cp[0] in holders:
+            holders.add(cp[1])
+            continue
+        holders = {r for r in holders if not _writes(ins, r)}
+    return index in holders
+
+
 def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, size: int,
            base: int, prev: tuple[CodeInsn, ...], index: str | None) -> JumpTable | str:
     guard = _guard(prev, index)
     limit = guard[0] if guard else MAX_TABLE_ENTRIES
+    key = (table, size, base, guard[0] if guard else None, bounds.start, bounds.end)
+    got = ctx.tables.get(key)
+    if got is None:
+        got = _read_table(ctx, bounds, table, size, base, limit, guard is not None)
+        ctx.tables[key] = got
+    if isinstance(got, str):
+        return f"{got} (from {jmp.address:#x})"
+    return JumpTable(jmp.address, table, size, len(got), guard is not None, got)
+
+
+def _read_table(ctx: CodeContext, bounds: FunctionBounds, table: int, size: int, base: int,
+                limit: int, guarded: bool) -> tuple[int, ...] | str:
+    """The entries of one table (read once per run: many jumps share a table)."""
+    guard = guarded
     sec = ctx.image.section_for_vaddr(table)
     if sec is None or sec.type != SHT_PROGBITS:
-        return f"jump table at {table:#x} (from {jmp.address:#x}) is not in the file's data"
+        return f"jump table at {table:#x} is not in the file's data"
+    sw = ctx.sweep(bounds.start, bounds.end)
     targets: list[int] = []
     for i in range(limit):
         addr = table + i * size
@@ -474,7 +735,9 @@ def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, 
             break
         if not guard and not (bounds.contains(t) or ctx.executable(t)):
             break  # past the table: the entry points at no code
+        if not guard and bounds.contains(t) and not _is_boundary(sw, t):
+            break  # past the table: no case label is inside an instruction
         targets.append(t)
     if not targets:
-        return f"jump table at {table:#x} (from {jmp.address:#x}) has no entry in the function"
-    return JumpTable(jmp.address, table, size, len(targets), guard is not None, tuple(targets))
+        return f"jump table at {table:#x} has no entry in the function"
+    return tuple(targets)

@@ -48,12 +48,14 @@ class PatchWindow:
     - `start`, `end`: link-time addresses of the window [start, end); whole instructions of one
       function; `end - start >= 5` (FORWARD/BACKWARD) or the NOP run rewritten (IN_PLACE).
       Exception: when the function ends with `ret`/`jmp` before 5 bytes, `end` may lie inside
-      the unused alignment padding after it (`end_reason` says so); `insns` then stop at the
-      function's end and `code` includes the padding bytes up to `end`.
+      the unused alignment padding after it (`padding_bytes` > 0, `end_reason` says so):
+      `insns` and `code` then stop at the function's end, `padding_bytes` before `end`; the
+      padding is overwritten (jmp + int3) but never relocated (no one executes it).
     - `insns`: the instructions in [start, end), in order, as decoded (address, size, mnemonic,
       op_str, flow, rip_target). `code` holds their original bytes (`code[i.address - start:
-      i.end - start]` is instruction i). For a detour, relocate exactly these; replace the one
-      at `probe_address` (`probe_length` bytes) with the new probe form.
+      i.end - start]` is instruction i; `len(code) == end - start - padding_bytes`). For a
+      detour, relocate exactly these; replace the one at `probe_address` (`probe_length`
+      bytes) with the new probe form.
     - `probe_address`, `probe_offset` (= probe_address - start), `probe_length`: the probe
       instruction inside the window; after a detour the note's pc must point at its copy.
       It is a NOP for every site sys/sdt.h or usdt.h emits; if a hand-written note points at
@@ -90,6 +92,7 @@ class PatchWindow:
     internal_targets: tuple[int, ...]
     function_start: int
     function_end: int
+    padding_bytes: int = 0  # bytes of unused padding after the function at the window's end
 
     @property
     def probe_offset(self) -> int:
@@ -172,15 +175,16 @@ def _window(fc: FunctionCode, shape: WindowShape, s: int, e: int, probe: CodeIns
                                                   else len(fc.insns))])
     base = fc.bounds.start
     at_start = fc.target(s)
+    padding = max(0, e - fc.bounds.end) if shape is not WindowShape.IN_PLACE else 0
     return PatchWindow(
         shape=shape, start=s, end=e, probe_address=probe.address, probe_length=probe.size,
-        insns=insns, code=code[s - base: e - base], replacement=replacement,
+        insns=insns, code=code[s - base: e - padding - base], replacement=replacement,
         relocated_bytes=0 if shape is WindowShape.IN_PLACE else e - s,
         extra_jumps=0 if shape is WindowShape.IN_PLACE else 2,
         start_reason=start_reason, end_reason=end_reason,
         targets_at_start=(at_start,) if at_start is not None else (),
         internal_targets=internal,
-        function_start=fc.bounds.start, function_end=fc.bounds.end)
+        function_start=fc.bounds.start, function_end=fc.bounds.end, padding_bytes=padding)
 
 
 def _in_place(fc: FunctionCode, i: int, code: bytes) -> PatchWindow:

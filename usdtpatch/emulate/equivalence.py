@@ -89,13 +89,28 @@ class _Sandbox:
         self.uc.hook_add(UC_HOOK_CODE, self._on_code)
 
     def _map(self, addr: int, size: int) -> None:
-        for page in range(addr, addr + size, PAGE):
-            if page not in self.mapped:
-                self.uc.mem_map(page, PAGE)
-                self.mapped.add(page)
+        # one mem_map per run of unmapped pages: unicorn's cost per call grows with the
+        # number of regions, and a page at a time took ~50 s for libjvm's 30 MB
+        run_start: int | None = None
+        for page in range(addr, addr + size + PAGE, PAGE):
+            free = page < addr + size and page not in self.mapped
+            if free and run_start is None:
+                run_start = page
+            elif not free and run_start is not None:
+                self.uc.mem_map(run_start, page - run_start)
+                self.mapped.update(range(run_start, page, PAGE))
+                run_start = None
 
     def _on_unmapped(self, uc: Any, _access: int, address: int, _size: int, _value: int,
                      _user: Any) -> bool:
+        if _access == _UC.UC_MEM_FETCH_UNMAPPED:
+            # control left for an unmapped (or non-canonical: unicorn passes a truncated
+            # address, rip has the whole one) address, e.g. a `ret` of the window popping a
+            # random return address: that is the window's exit, not a fault of the window
+            rip = uc.reg_read(X.UC_X86_REG_RIP)
+            if not any(lo <= rip < hi for lo, hi in self.allowed):
+                self.run.exit = rip
+                return False
         page = address // PAGE * PAGE
         if page >= 1 << 47 or page < 0x10000:
             return False  # a fault, as in a real process
@@ -107,6 +122,8 @@ class _Sandbox:
     def _on_write(self, uc: Any, _access: int, address: int, size: int, _value: int,
                   _user: Any) -> None:
         for a in range(address, address + size):
+            if a // PAGE * PAGE not in self.mapped:
+                continue  # the write faults (the hook runs before it): nothing is written
             self.run.writes.add(a)
             if a not in self.saved:
                 self.saved[a] = uc.mem_read(a, 1)[0]
@@ -135,8 +152,6 @@ class _Sandbox:
                 stack: bytes, allowed: list[tuple[int, int]], probes: set[int],
                 seed: int) -> tuple[_Run, tuple[int, ...], dict[int, int]]:
         self.seed = seed
-        for page in list(self.lazy):  # pattern pages depend on the seed: refill them
-            self.uc.mem_write(page, _pattern(page, seed))
         self.uc.mem_write(STACK_TOP - len(stack), stack)
         for rid, v in zip(_GPR_IDS, regs, strict=True):
             self.uc.reg_write(rid, v)
@@ -150,11 +165,19 @@ class _Sandbox:
         try:
             self.uc.emu_start(entry, 0, count=MAX_INSNS + 2)
         except _UC.UcError as exc:
-            self.run.fault = str(exc)
+            if self.run.exit is None:  # else: left through an unmapped fetch (an exit)
+                self.run.fault = str(exc)
         final = self.regs()
         memory = {a: self.uc.mem_read(a, 1)[0] for a in self.run.writes}
         for a, old in self.saved.items():  # undo the run's writes
-            self.uc.mem_write(a, bytes([old]))
+            if a // PAGE * PAGE not in self.lazy:
+                self.uc.mem_write(a, bytes([old]))
+        # pattern pages depend on the seed: drop them (the next run maps the ones it touches
+        # with its own seed) instead of refilling every page ever touched before each run
+        for page in self.lazy:
+            self.uc.mem_unmap(page, PAGE)
+            self.mapped.discard(page)
+        self.lazy.clear()
         return self.run, final, memory
 
 
@@ -162,6 +185,20 @@ class _Sandbox:
 class _Pair:
     original: _Sandbox
     rewritten: _Sandbox
+    segments: list[tuple[int, int]] = field(default_factory=list)  # loaded [lo, hi)
+
+
+def _value(rng: random.Random, segments: list[tuple[int, int]]) -> int:
+    """A random register value: any 64 bits, a stack or segment address, or a small int."""
+    kind = rng.randrange(4)
+    if kind == 1:
+        return STACK_TOP - STACK_SIZE + 0x1000 + rng.randrange(STACK_SIZE - 0x2000)
+    if kind == 2 and segments:
+        lo, hi = rng.choice(segments)
+        return lo + rng.randrange(max(1, hi - lo))
+    if kind == 3:
+        return rng.getrandbits(rng.choice((8, 16, 32)))
+    return rng.getrandbits(64)
 
 
 _CACHE: dict[int, tuple[ElfImage, _Pair]] = {}
@@ -173,7 +210,9 @@ def _pair(image: ElfImage) -> _Pair:
     if hit is not None and hit[0] is image:
         return hit[1]
     _CACHE.clear()
-    pair = _Pair(_Sandbox(image), _Sandbox(image))
+    pair = _Pair(_Sandbox(image), _Sandbox(image),
+                 [(seg.vaddr, seg.vaddr + seg.memsz) for seg in image.segments
+                  if seg.type == PT_LOAD and seg.memsz])
     _CACHE[key] = (image, pair)
     return pair
 
@@ -183,12 +222,20 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
     """None when the detour behaves like the window in `runs` random states, else why not."""
     pair = _pair(image)
     rw = pair.rewritten
-    rw._map(detour.address // PAGE * PAGE,
-            (detour.end + PAGE - 1) // PAGE * PAGE - detour.address // PAGE * PAGE)
-    rw.uc.mem_write(detour.address, detour.code)
+    # the detour's bytes are mapped in both machines: a window that loads through a random
+    # pointer into the new segment then reads the same bytes in both (otherwise the original
+    # faults there and the rewrite does not, which says nothing about the detour)
+    for box in (pair.original, rw):
+        box._map(detour.address // PAGE * PAGE,
+                 (detour.end + PAGE - 1) // PAGE * PAGE - detour.address // PAGE * PAGE)
+        box.uc.mem_write(detour.address, detour.code)
     patch = jmp_rel32(window.start, detour.address)
     patch += b"\xcc" * (window.size - len(patch))
     rw.uc.mem_write(window.start, patch)
+    # unicorn keeps translated blocks across mem_write: without dropping them, a detour laid
+    # at the address of an earlier (rejected) one, or the restored window, runs stale code
+    _drop_translations(rw, window.start, window.end)
+    _drop_translations(rw, detour.address, detour.end)
     mapping = dict(detour.insn_map)
     new_probes = {mapping[p] for p in probes}
     rng = random.Random(seed ^ window.start)
@@ -199,7 +246,10 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
             if attempts > 4 * runs:
                 return (f"only {done} of {runs} random states ran the original window to its "
                         f"end without a fault")
-            regs = [rng.getrandbits(64) for _ in _GPRS]
+            # a fully random register is almost never a mappable address, so a window that
+            # loads through one would fault in nearly every state: mix in pointers into the
+            # stack and the file's segments, and small values
+            regs = [_value(rng, pair.segments) for _ in _GPRS]
             rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
             regs[_GPRS.index("rsp")] = rsp
             xmm = [rng.getrandbits(128) for _ in _XMM_IDS]
@@ -221,8 +271,15 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
                 return f"state {done}: {why}"
             done += 1
     finally:
-        rw.uc.mem_write(window.start, window.code)  # the next site starts from the original
+        # the next site starts from the original (all of [start, end): `code` stops short of
+        # `end` when the window ends in the padding after a function)
+        rw.uc.mem_write(window.start, image.read_vaddr(window.start, window.size))
+        _drop_translations(rw, window.start, window.end)
     return None
+
+
+def _drop_translations(box: _Sandbox, lo: int, hi: int) -> None:
+    box.uc.ctl_remove_cache(lo // PAGE * PAGE, (hi + PAGE - 1) // PAGE * PAGE)
 
 
 def _compare(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,

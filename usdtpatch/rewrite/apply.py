@@ -247,7 +247,12 @@ def rewrite_image(image: ElfImage, form: Form = Form.NOP5, guard: Guard = Guard.
                                             p.address + sb.pc_offset, win, None, guarded, 0)
             continue
 
-        reps = [Replacement(m.probe.address, m.probe.site.length or 1, sb.code) for m in members]
+        # the probe instruction's real length (a hint-NOP or DS-prefixed nop5 site is 5 bytes;
+        # `site.length` is None for the forms it does not classify as 1-byte nops)
+        sizes = {i.address: i.size for i in win.insns}
+        reps = [Replacement(m.probe.address, sizes.get(m.probe.address,
+                                                      m.probe.site.length or 1), sb.code)
+                for m in members]
         detour = None
         try:
             for _ in range(2):

@@ -15,17 +15,20 @@ The detour is laid out as
     jmp window_end                           re-encoded by iced
 
 (with one site part per probe when a window holds several, as adjacent probes do). The parts
-are encoded separately so each probe's address is known without guessing. A
-branch inside a window can only target the window start (no branch target lies strictly
-inside a window), which now holds `jmp detour`, so every branch is kept pointing at its
-original address. The output is then decoded back with capstone and compared instruction by
-instruction with the original window: same mnemonics, same branch targets, same rip-relative
-targets, same other operands.
+are encoded separately so each probe's address is known without guessing. A branch to the
+window start keeps its original target (which now holds `jmp detour`). A branch from inside
+the window to an instruction strictly inside it (a backward window such as `je L; nop; L:`,
+whose only source of L is in the window) is retargeted to that instruction's copy in the
+detour: its original address is now `int3` or the middle of the `jmp`. Since parts are
+encoded separately and a retargeted branch may change size, the layout is recomputed until it
+is stable. The output is then decoded back with capstone and compared instruction by
+instruction with the original window: same mnemonics, same branch targets (mapped into the
+detour for the inner ones), same rip-relative targets, same other operands.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import iced_x86
 
@@ -105,7 +108,7 @@ def _prefixes(raw: bytes) -> bytes:
 
 
 def _check_part(orig: tuple[CodeInsn, ...], orig_code: bytes, orig_start: int, code: bytes,
-                address: int) -> list[CodeInsn]:
+                address: int, inner: dict[int, int] | None = None) -> list[CodeInsn]:
     new = sweep(code, address)
     if new.bad:
         raise RelocationError(f"relocated bytes at {new.bad[0]:#x} do not decode")
@@ -120,7 +123,10 @@ def _check_part(orig: tuple[CodeInsn, ...], orig_code: bytes, orig_start: int, c
         if raw[:2] == b"\xff\x25" and old[:2] != b"\xff\x25":
             raise RelocationError(f"{o.text!r} came out as an absolute jmp [rip] (out of "
                                   f"reach)")
-        diff = _same(o, n)
+        want = o
+        if inner and o.target is not None and o.target in inner:
+            want = replace(o, target=inner[o.target])  # an inner branch: its target moved
+        diff = _same(want, n)
         if diff:
             raise RelocationError(diff)
     return list(new.insns)
@@ -156,7 +162,26 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
         match = [i for i in iced if i.ip == r.address]
         if len(match) != 1 or match[0].len != r.length:
             raise RelocationError(f"no {r.length}-byte instruction at {r.address:#x}")
+    # original addresses of the window's instructions a branch of the window targets, other
+    # than the start: their copies in the detour are the real targets
+    inner_targets = {o.target for o in original.insns if o.target is not None and
+                     start < o.target < end} & {o.address for o in original.insns}
+    inner: dict[int, int] = {}
+    for _ in range(8):
+        detour = _layout(window_code, start, end, original.insns, iced, by_addr, address,
+                         inner)
+        placed = {o: n for o, n in detour.insn_map if o in inner_targets}
+        if placed == inner:
+            return detour
+        inner = placed
+    raise RelocationError(f"the inner branches of the window at {start:#x} do not settle")
 
+
+def _layout(window_code: bytes, start: int, end: int, insns: tuple[CodeInsn, ...],
+            iced: list[iced_x86.Instruction], by_addr: dict[int, Replacement], address: int,
+            inner: dict[int, int]) -> Detour:
+    """One layout of the detour, with the inner branches aimed at `inner` (original address
+    -> detour address; empty on the first pass)."""
     out = bytearray()
     pairs: list[tuple[int, int]] = []
     first_site: int | None = None
@@ -165,7 +190,15 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
 
     def flush_run(final_jump: bool) -> None:
         at = address + len(out)
-        instrs = list(run_iced)
+        instrs = []
+        for ins in run_iced:
+            if ins.op_count and ins.op0_kind == iced_x86.OpKind.NEAR_BRANCH64 and \
+                    ins.near_branch64 in inner:
+                moved = ins.copy()
+                moved.near_branch64 = inner[ins.near_branch64]
+                instrs.append(moved)
+            else:
+                instrs.append(ins)
         if final_jump:
             instrs.append(iced_x86.Instruction.create_branch(iced_x86.Code.JMP_REL32_64, end))
         code = _encode(instrs, at)
@@ -179,7 +212,7 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
             body = code[: jmp.address - at]
         else:
             body = code
-        new = _check_part(tuple(run_orig), window_code, start, body, at)
+        new = _check_part(tuple(run_orig), window_code, start, body, at, inner)
         pairs.extend((o.address, n.address) for o, n in zip(run_orig, new, strict=True))
         if final_jump:
             pairs.append((end, at + len(body)))
@@ -187,7 +220,7 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
         run_iced.clear()
         run_orig.clear()
 
-    for ins, orig in zip(iced, original.insns, strict=True):
+    for ins, orig in zip(iced, insns, strict=True):
         rep = by_addr.get(ins.ip)
         if rep is None:
             run_iced.append(ins)

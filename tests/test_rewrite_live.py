@@ -1,0 +1,267 @@
+"""Rewritten files on the real kernel (root, the uprobe PMU, the uprobe syscall 336).
+
+- Every site the rewrite moved to a nop5 becomes `call` (e8) into `[uprobes-trampoline]` once
+  probed (a counting perf uprobe at the site's file offset in the rewritten file, the bytes read
+  from /proc/PID/mem), and is a NOP again after the probe is closed.
+- bpftrace reads the same argument values from the rewritten file as from the original.
+- The red-zone fixture: guarded, the optimized probe leaves the program's result alone;
+  with `--redzone-guard never`, the same probe corrupts it (so the guard is the fix).
+
+Skipped with the reason where root, the uprobe syscall, gcc or bpftrace is missing. Every
+process is stopped by pid and every probe closed in a finally block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import fixture, readelf_sdt_notes, run_cli
+from usdtpatch.elf.image import parse_elf
+from usdtpatch.errors import UsdtpatchError
+from usdtpatch.live.perf import has_uprobe_syscall, open_uprobe, uprobe_pmu_type
+from usdtpatch.live.procfs import read_maps, read_mem
+from usdtpatch.rewrite.forms import Form
+from usdtpatch.x86.nops import NOP5
+
+TRAMPOLINE = "[uprobes-trampoline]"
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (perf_event_open uprobes, /proc/PID/mem)"
+    try:
+        uprobe_pmu_type()
+    except UsdtpatchError as exc:
+        return str(exc)
+    if not has_uprobe_syscall():
+        return "the kernel has no uprobe syscall (336): nop5 sites are never optimized"
+    if shutil.which("gcc") is None:
+        return "needs gcc to build the looping test program"
+    if 0 not in os.sched_getaffinity(0):
+        return "CPU 0 is not available to pin the test programs"
+    return None
+
+
+_REASON = _skip_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+# stock sys/sdt.h (1-byte nops), several site shapes, looping until killed
+LOOP_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+#define _SDT_HAS_SEMAPHORES 1
+#include <sys/sdt.h>
+volatile unsigned long counter;
+/* every note records a semaphore; only `guarded` tests it before its probe */
+unsigned short loop_plain_semaphore __attribute__((section(".probes"))) = 0;
+unsigned short loop_leaf_semaphore __attribute__((section(".probes"))) = 0;
+unsigned short loop_guarded_semaphore __attribute__((section(".probes"))) = 0;
+__attribute__((noinline)) void plain(unsigned long x)
+{
+    STAP_PROBE1(loop, plain, x);
+    counter += x;
+}
+__attribute__((noinline)) long leaf(long x)
+{
+    long buf[8];
+    for (int i = 0; i < 8; i++)
+        buf[i] = x * (i + 1);
+    asm volatile ("" :: "r" (buf) : "memory");
+    STAP_PROBE2(loop, leaf, x, buf[3]);
+    asm volatile ("" ::: "memory");
+    return buf[3] + buf[7];
+}
+__attribute__((noinline)) void guarded(unsigned long x)
+{
+    if (__builtin_expect(loop_guarded_semaphore, 0))
+        STAP_PROBE1(loop, guarded, x);
+    counter ^= x;
+}
+int main(void)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    printf("ready\n");
+    for (unsigned long i = 0;; i++) {
+        plain(i);
+        counter += leaf((long)i);
+        guarded(i);
+        usleep(300);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def loop_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("loop")
+    (d / "loop.c").write_text(LOOP_C)
+    done = subprocess.run(["gcc", "-O2", "-o", str(d / "loop"), str(d / "loop.c")],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot build the looping program: {done.stderr.strip()[:200]}")
+    return d / "loop"
+
+
+def _rewrite(src: Path, out: Path, *opts: str) -> dict[str, object]:
+    res = run_cli("rewrite", src, "-o", out, "--json", *opts)
+    assert res.rc in (0, 1), res.err
+    doc = json.loads(res.out)["files"][0]
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _runtime(pid: int, path: Path, offset: int) -> int:
+    real = os.path.realpath(path)
+    for m in read_maps(pid):
+        if m.path == real and m.offset <= offset < m.offset + (m.end - m.start):
+            return m.start + offset - m.offset
+    raise AssertionError(f"file offset {offset:#x} of {path} is not mapped")
+
+
+@pytest.mark.parametrize("form", ["nop5", "combo5"])
+def test_rewritten_sites_become_calls_into_the_trampoline(loop_program: Path, form: str,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    doc = _rewrite(loop_program, out, "--form", form)
+    sites = [s for s in doc["sites"] if s["action"] in ("detour", "in-place")]  # type: ignore
+    assert len(sites) == 3, doc["sites"]
+    image = parse_elf(out.read_bytes())
+    skip = Form(form).optimized_offset  # combo5: libbpf attaches at pc + 1, on the nop5
+    offsets = {}
+    for s in sites:
+        off = image.vaddr_to_offset(s["new_pc"] + skip)
+        assert off is not None
+        assert out.read_bytes()[off : off + 5] == NOP5
+        offsets[s["name"]] = off
+    proc = subprocess.Popen([str(out)], stdout=subprocess.PIPE)
+    probes = []
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        addr = {n: _runtime(proc.pid, out, o) for n, o in offsets.items()}
+        sems = {x.name: image.vaddr_to_offset(x.semaphore) for x in readelf_sdt_notes(out)}
+        for n, o in offsets.items():
+            # the guarded probe runs only with its semaphore raised: attach with ref_ctr
+            sem = sems[n]
+            assert sem is not None
+            probes.append(open_uprobe(str(out), o, pid=proc.pid, ref_ctr_offset=sem))
+        deadline = time.monotonic() + 20
+        while min(p.count() for p in probes) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert min(p.count() for p in probes) >= 3, [p.count() for p in probes]
+        tramps = [m for m in read_maps(proc.pid) if m.path == TRAMPOLINE]
+        assert tramps, f"no {TRAMPOLINE} mapping after the hits"
+        for n, a in addr.items():
+            code = read_mem(proc.pid, a, 5)
+            assert code[0] == 0xE8, f"{n}: not optimized: {code.hex()}"
+            dest = a + 5 + int.from_bytes(code[1:5], "little", signed=True)
+            assert any(m.start <= dest < m.end for m in tramps), f"{n}: call {dest:#x}"
+    finally:
+        for p in probes:
+            p.close()
+        try:
+            if proc.poll() is None:
+                for n, a in addr.items():  # detached: NOPs again
+                    assert read_mem(proc.pid, a, 5) == NOP5, n
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, 9)
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def _bpftrace_lines(path: Path) -> list[str]:
+    """What bpftrace prints for every probe of `path` (run with -c): one line per hit with
+    up to 6 arguments (bpftrace's x86-64 limit); probes with rip-relative symbol arguments are
+    left out (bpftrace 0.17 cannot read them: "deref ident is not handled yet")."""
+    parts = []
+    seen = set()
+    for n in readelf_sdt_notes(path):
+        if (n.provider, n.name) in seen or "(%rip)" in n.args:
+            continue
+        seen.add((n.provider, n.name))
+        k = min(6, len(n.args.split()))
+        fmt = " ".join(["%ld"] * k)
+        args = "".join(f", arg{i}" for i in range(k))
+        parts.append(f'usdt:{path}:{n.provider}:{n.name} '
+                     f'{{ printf("@ {n.provider}:{n.name} {fmt}\\n"{args}); }}')
+    done = subprocess.run(["bpftrace", "-e", " ".join(parts), "-c", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env=dict(os.environ, LD_LIBRARY_PATH=str(path.parent)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [ln for ln in done.stdout.splitlines() if ln.startswith("@ ")]
+
+
+BPFTRACE_FIXTURES = ["pie", "args-O2", "args-clang", "redzone-leaf", "sema-explicit",
+                     "branch-after"]
+
+
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+@pytest.mark.parametrize("name", BPFTRACE_FIXTURES)
+def test_bpftrace_reads_the_same_arguments(name: str, tmp_path: Path) -> None:
+    orig = tmp_path / "orig" / name
+    orig.parent.mkdir()
+    shutil.copy2(fixture(name), orig)
+    out = tmp_path / "new" / name
+    out.parent.mkdir()
+    doc = _rewrite(orig, out)
+    assert doc["changed"]
+    want = _bpftrace_lines(orig)
+    assert want, "bpftrace saw no probe hit in the original"
+    assert _bpftrace_lines(out) == want
+
+
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+def test_bpftrace_without_the_guard_reads_clobbered_red_zone_args(tmp_path: Path) -> None:
+    """args-clang passes arguments below rsp: unguarded, the optimized call overwrites them
+    before bpftrace reads them (the first hit, on the int3 path, is still right)."""
+    orig = tmp_path / "orig" / "args-clang"
+    orig.parent.mkdir()
+    shutil.copy2(fixture("args-clang"), orig)
+    out = tmp_path / "never" / "args-clang"
+    out.parent.mkdir()
+    _rewrite(orig, out, "--redzone-guard", "never")
+    assert _bpftrace_lines(out) != _bpftrace_lines(orig)
+
+
+CALLS = 1000  # redzone.c calls leaf() 1000 times
+
+
+def _pinned(path: Path) -> str:
+    res = subprocess.run([str(path)], capture_output=True, text=True, timeout=60, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    return res.stdout
+
+
+@pytest.mark.parametrize(("guard", "corrupted"), [("auto", False), ("always", False),
+                                                  ("never", True)])
+def test_red_zone_leaf_probed(guard: str, corrupted: bool, tmp_path: Path) -> None:
+    """redzone-leaf (1-byte nop, live data below rsp) rewritten to nop5 and probed with a
+    system-wide uprobe on CPU 0: with the guard the result is right, without it, wrong."""
+    out = tmp_path / "redzone-leaf"
+    doc = _rewrite(fixture("redzone-leaf"), out, "--redzone-guard", guard)
+    sites = doc["sites"]
+    assert isinstance(sites, list) and len(sites) == 1
+    site: dict[str, Any] = sites[0]
+    assert site["action"] == "detour" and site["guarded"] == (guard != "never")
+    off = parse_elf(out.read_bytes()).vaddr_to_offset(site["new_pc"])
+    assert off is not None
+    reference = _pinned(fixture("redzone-leaf"))
+    assert _pinned(out) == reference  # unprobed
+    probe = open_uprobe(str(out), off, pid=-1, cpu=0)
+    try:
+        probed = _pinned(out)
+        hits = probe.count()
+    finally:
+        probe.close()
+    assert hits == CALLS
+    assert (probed != reference) == corrupted, (probed, reference)
+    assert _pinned(out) == reference  # detached

@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages the tests use (readelf/gdb/tplist/bpftrace as independent readers and
-# tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests).
-DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang
+# tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests, CPython's
+# test suite and a JDK to run rewritten copies of python3.11 and libjvm.so).
+DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
+	libpython3.11-testsuite openjdk-17-jdk-headless
 
 .PHONY: demo test lint typecheck unit system-packages fixtures bench clean
 
@@ -60,8 +62,13 @@ test: system-packages lint typecheck unit
 fixtures:
 	$(MAKE) -C fixtures
 
+# Benchmarks print medians and ratios against a reference measured in the same run
+# (docs/performance.md); they are not part of `make test`.
 bench: $(BIN)/.test
 	$(BIN)/python -m bench.bench_list
+	$(BIN)/python -m bench.bench_check
+	$(BIN)/python -m bench.bench_verify
+	$(BIN)/python -m bench.bench_rewrite
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

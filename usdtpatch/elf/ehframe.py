@@ -34,7 +34,8 @@ RSP = 7  # DWARF register numbers on x86-64
 RIP = 16
 
 
-def _uleb(data: bytes | bytearray, pos: int) -> tuple[int, int]:
+def _leb(data: bytes | bytearray, pos: int, signed: bool) -> tuple[int, int]:
+    """(value, position after it) of the ULEB128/SLEB128 at data[pos]."""
     result = shift = 0
     while True:
         if pos >= len(data):
@@ -44,22 +45,17 @@ def _uleb(data: bytes | bytearray, pos: int) -> tuple[int, int]:
         result |= (b & 0x7F) << shift
         shift += 7
         if not b & 0x80:
+            if signed and b & 0x40:
+                result -= 1 << shift
             return result, pos
+
+
+def _uleb(data: bytes | bytearray, pos: int) -> tuple[int, int]:
+    return _leb(data, pos, False)
 
 
 def _sleb(data: bytes | bytearray, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise UnsupportedError("LEB128 runs past the end of .eh_frame")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            if b & 0x40:
-                result -= 1 << shift
-            return result, pos
+    return _leb(data, pos, True)
 
 
 def uleb(value: int) -> bytes:

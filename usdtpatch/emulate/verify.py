@@ -41,10 +41,9 @@ from usdtpatch.poke.sequences import (
 )
 from usdtpatch.poke.trampoline import TRAMPOLINE_NOP5, TRAMPOLINE_NOP10
 from usdtpatch.report.findings import Finding, Severity
-from usdtpatch.x86.nops import decode_nop
+from usdtpatch.x86.nops import RED_ZONE, decode_nop
 
 MAX_TORN_BYTES = 12  # 4096 mixtures per transition at most
-RED_ZONE = 128
 TRAMPOLINE_INSNS = 9  # push, push, push, mov, syscall, pop, pop, pop, ret
 
 PASS = "pass"

@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -79,13 +80,15 @@ def _target(path: str, args: argparse.Namespace, several: bool) -> str | None:
 
 
 def rewrite_one(path: str, target: str | None, form: str, guard: str,
-                verify: bool) -> dict[str, Any]:
+                verify: bool, progress: Callable[[int, int], None] | None = None
+                ) -> dict[str, Any]:
     """Rewrite one file (also run in worker processes); returns its report entry."""
     data = read_input(path)
     image = parse_elf(data)
     mode = stat.S_IMODE(os.stat(path).st_mode)
     try:
-        res = rewrite_image(image, Form(form), Guard(guard), _verifier(verify))
+        res = rewrite_image(image, Form(form), Guard(guard), _verifier(verify),
+                            progress=progress)
     except AlreadyRewritten as exc:
         if target is not None and target != path:
             write_atomic(target, data, mode)
@@ -123,14 +126,14 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)
     else:
-        from usdtpatch.report.render import make_console
+        from usdtpatch.report.render import make_console, site_progress
 
         console = make_console(err)
-        with console.status("rewriting", spinner="dots") if console.is_terminal else \
-                _nothing():
+        with site_progress(console) as progress_for:
             for p, t in jobs:
                 try:
-                    files.append(rewrite_one(p, t, args.form, args.redzone_guard, verify))
+                    files.append(rewrite_one(p, t, args.form, args.redzone_guard, verify,
+                                             progress_for(Path(p).name)))
                 except UsdtpatchError as exc:
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)
@@ -147,14 +150,6 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     failed = any(s["code"] in ("verification-failed", "relocation-failed")
                  for f in files for s in f["sites"])
     return EXIT_FAIL if failed else EXIT_OK
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def run_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

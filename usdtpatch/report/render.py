@@ -6,6 +6,8 @@ cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 from rich.console import Console
@@ -180,3 +182,42 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
         console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
                            f"red-zone guard {f['guard']}; {verified}"))
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
+
+
+@contextmanager
+def site_progress(console: Console, after: float = 1.0
+                  ) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
+    """A progress bar per file on a terminal, shown once the work has taken `after` seconds.
+
+    Yields `progress_for(label)`, which gives the `progress(done, total)` callback of one file;
+    off a terminal the callbacks do nothing.
+    """
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    if not console.is_terminal:
+        yield lambda _label: (lambda _done, _total: None)
+        return
+    bar = Progress("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+    started = time.monotonic()
+    live = False
+
+    def progress_for(label: str) -> Callable[[int, int], None]:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            nonlocal live
+            if not live and time.monotonic() - started >= after:
+                bar.start()
+                live = True
+            bar.update(task, completed=done, total=total)
+
+        return update
+
+    try:
+        yield progress_for
+    finally:
+        if live:
+            bar.stop()

@@ -160,9 +160,12 @@ def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
 
 
 def rewrite_image(image: ElfImage, form: Form = Form.NOP5, guard: Guard = Guard.AUTO,
-                  verify: Verifier | None = None, report: CheckReport | None = None
-                  ) -> RewriteResult:
-    """Plan and build the rewritten file for `image` (pure: bytes in, bytes out)."""
+                  verify: Verifier | None = None, report: CheckReport | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> RewriteResult:
+    """Plan and build the rewritten file for `image` (pure: bytes in, bytes out).
+
+    `progress(done, total)`, when given, is called after each site is decided.
+    """
     if marker_of(image) is not None:
         raise AlreadyRewritten("already rewritten by usdtpatch (it carries a "
                                f"{MARKER_SECTION} marker); `usdtpatch restore` gives the original")
@@ -188,7 +191,9 @@ def rewrite_image(image: ElfImage, form: Form = Form.NOP5, guard: Guard = Guard.
     cfi = load_cfi(image)
     by_address = {sc.probe.address: sc for sc in rep.sites}
 
-    for sc in sorted(rep.sites, key=lambda s: s.probe.address):
+    for n, sc in enumerate(sorted(rep.sites, key=lambda s: s.probe.address)):
+        if progress is not None:
+            progress(n, len(rep.sites))
         p = sc.probe
         if p.index in outcomes:
             continue

@@ -29,6 +29,7 @@ from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM
 from unicorn import x86_const as X
 
 from usdtpatch.elf.image import PT_LOAD, ElfImage
+from usdtpatch.emulate.machine import GPR_NAMES, RegReader, RegWriter
 from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.relocate import Detour, jmp_rel32
 
@@ -38,10 +39,8 @@ RUNS = 64
 MAX_INSNS = 2000
 STACK_TOP = 0x7FFF_F000_0000
 STACK_SIZE = 0x20000
-_GPRS = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11",
-         "r12", "r13", "r14", "r15")
-_GPR_IDS = [getattr(X, f"UC_X86_REG_{n.upper()}") for n in _GPRS]
-_XMM_IDS = [getattr(X, f"UC_X86_REG_XMM{i}") for i in range(16)]
+_GPRS = GPR_NAMES
+_XMM_COUNT = 16
 _STATUS_FLAGS = 0x8D5  # CF PF AF ZF SF OF
 
 
@@ -80,6 +79,8 @@ class _Sandbox:
             data = image.data[seg.offset : seg.offset + seg.filesz]
             self.uc.mem_write(seg.vaddr, data)
         self._map(STACK_TOP - STACK_SIZE, STACK_SIZE)
+        self.reader = RegReader(self.uc)  # one batch call instead of 33 reg_reads
+        self.writer = RegWriter(self.uc)
         self.run: _Run = _Run()
         self.allowed: list[tuple[int, int]] = []
         self.probes: set[int] = set()
@@ -143,21 +144,17 @@ class _Sandbox:
             run.hits.append(self.regs())
 
     def regs(self) -> tuple[int, ...]:
-        vals = [self.uc.reg_read(r) for r in _GPR_IDS]
-        vals.append(self.uc.reg_read(X.UC_X86_REG_RFLAGS) & _STATUS_FLAGS)
-        vals += [self.uc.reg_read(r) for r in _XMM_IDS]
-        return tuple(vals)
+        """GPRs, status flags, xmm0-15 (not rip: it differs between window and detour)."""
+        r = self.reader.read()
+        return (*(r[n] for n in _GPRS), r["rflags"] & _STATUS_FLAGS,
+                *(r[f"xmm{i}"] for i in range(16)))
 
     def execute(self, entry: int, regs: list[int], xmm: list[int], flags: int,
                 stack: bytes, allowed: list[tuple[int, int]], probes: set[int],
                 seed: int) -> tuple[_Run, tuple[int, ...], dict[int, int]]:
         self.seed = seed
         self.uc.mem_write(STACK_TOP - len(stack), stack)
-        for rid, v in zip(_GPR_IDS, regs, strict=True):
-            self.uc.reg_write(rid, v)
-        for rid, v in zip(_XMM_IDS, xmm, strict=True):
-            self.uc.reg_write(rid, v)
-        self.uc.reg_write(X.UC_X86_REG_RFLAGS, flags | 0x2)
+        self.writer.write(regs, flags | 0x2, xmm)
         self.run = _Run()
         self.allowed = allowed
         self.probes = probes
@@ -252,7 +249,7 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
             regs = [_value(rng, pair.segments) for _ in _GPRS]
             rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
             regs[_GPRS.index("rsp")] = rsp
-            xmm = [rng.getrandbits(128) for _ in _XMM_IDS]
+            xmm = [rng.getrandbits(128) for _ in range(_XMM_COUNT)]
             flags = rng.getrandbits(12) & _STATUS_FLAGS
             stack = rng.randbytes(0x8000)
             s = rng.getrandbits(32)

@@ -160,7 +160,7 @@ class Machine:
         for i in range(16):
             self.uc.reg_write(getattr(X, f"UC_X86_REG_XMM{i}"),
                               0x3C3C_0000_0000_0000_0000_0000_0000_0000 + (i + 1) * 0x0101_0101)
-        self._regs = _RegReader(self.uc)
+        self._regs = RegReader(self.uc)
         self._arrival_ctx = self.uc.context_save()
         self.arrival = self._read_regs()
 
@@ -347,7 +347,7 @@ class Machine:
 CALL_RETURN = STACK_BASE  # where a function called by Machine.call returns to (never run)
 
 
-class _RegReader:
+class RegReader:
     """Reads REG_NAMES in one uc_reg_read_batch call into a preallocated buffer.
 
     The binding's reg_read_batch builds ctypes objects per register per call (about 2 us
@@ -384,6 +384,36 @@ class _RegReader:
         for i in range(self.n64, self.n):
             out[REG_NAMES[i]] = int.from_bytes(raw[16 * i: 16 * i + 16], "little")
         return out
+
+
+class RegWriter:
+    """Writes GPRs, rflags and xmm0-15 in one uc_reg_write_batch call (see RegReader); falls
+    back to one reg_write per register when the raw call is missing or misbehaves."""
+
+    IDS = (*_GPR_IDS, X.UC_X86_REG_RFLAGS, *(getattr(X, f"UC_X86_REG_XMM{i}") for i in range(16)))
+
+    def __init__(self, uc: Any) -> None:
+        self.uc = uc
+        n = len(self.IDS)
+        self.n = n
+        self.buf = ctypes.create_string_buffer(16 * n)
+        base = ctypes.addressof(self.buf)
+        self.ids = (ctypes.c_int * n)(*self.IDS)
+        self.ptrs = (ctypes.c_void_p * n)(*(base + 16 * i for i in range(n)))
+        self.count = ctypes.c_int(n)
+        self.raw = getattr(uc, "_do_reg_write_batch", None)
+
+    def write(self, gprs: list[int], rflags: int, xmm: list[int]) -> None:
+        """`gprs` in GPR_NAMES order, then rflags, then xmm0-15."""
+        values = [*gprs, rflags, *xmm]
+        if self.raw is not None:
+            raw = b"".join(v.to_bytes(16, "little") for v in values)
+            ctypes.memmove(self.buf, raw, len(raw))
+            if self.raw(self.ids, self.ptrs, self.count) == 0:
+                return
+            self.raw = None
+        for rid, v in zip(self.IDS, values, strict=True):
+            self.uc.reg_write(rid, v)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

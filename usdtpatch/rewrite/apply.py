@@ -63,6 +63,7 @@ from usdtpatch.rewrite.forms import (
 from usdtpatch.sites.check import CheckReport, SiteCheck, check
 from usdtpatch.sites.probes import BASE_SECTION, NOTE_SECTION, Probe, ProbeSet, read_probes
 from usdtpatch.sites.windows import PatchWindow, WindowShape
+from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm
 from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window
 
@@ -197,18 +198,22 @@ def rewrite_image(image: ElfImage, form: Form = Form.NOP5, guard: Guard = Guard.
         p = sc.probe
         if p.index in outcomes:
             continue
-        if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5,
-                           SiteForm.COMBO10, SiteForm.NOP10):
+        if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT) and crosses_page(p.address, 5):
+            # the kernel never optimizes a nop5 that crosses a page where it is: move it
+            win = _page_crossing_window(p)
+        elif p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5,
+                             SiteForm.COMBO10, SiteForm.NOP10):
             outcomes[p.index] = _skip(sc, "site-already-5-byte",
                                       f"already a {p.site.form.value} site")
             continue
-        wr = sc.window
-        if wr is None or wr.window is None:
-            outcomes[p.index] = _skip(sc, sc.blocked or (wr.code if wr else None) or
-                                      "no-patch-window",
-                                      wr.reason if wr is not None else "no patch window")
-            continue
-        win = wr.window
+        else:
+            wr = sc.window
+            if wr is None or wr.window is None:
+                outcomes[p.index] = _skip(sc, sc.blocked or (wr.code if wr else None) or
+                                          "no-patch-window",
+                                          wr.reason if wr is not None else "no patch window")
+                continue
+            win = wr.window
         if any(s < win.end and win.start < e for s, e in claimed):
             outcomes[p.index] = _skip(sc, "window-overlaps-site",
                                       "its window overlaps another rewritten site's")
@@ -307,6 +312,16 @@ def rewrite_image(image: ElfImage, form: Form = Form.NOP5, guard: Guard = Guard.
     data = _assemble(image, ps, layout, bytes(text), text_addr, detour_rows, patches, ordered,
                      new_args, form, guard)
     return RewriteResult(data, ordered, tuple(findings), form, guard)
+
+
+def _page_crossing_window(p: Probe) -> PatchWindow:
+    """The window of a nop5 site that crosses a page: the nop5 alone, moved to a detour where
+    it does not cross one (a jmp rel32 fills its 5 bytes exactly)."""
+    code = p.code[:5]
+    return PatchWindow(WindowShape.FORWARD, p.address, p.address + 5, p.address, 5,
+                       sweep(code, p.address).insns, code, None, 5, 2,
+                       "the probe's nop5, which crosses a 4 KiB page",
+                       "the end of the nop5", (), (), p.address, p.address + 5)
 
 
 def _detour_rows(cfi: CfiIndex, win: PatchWindow, detour: Detour,

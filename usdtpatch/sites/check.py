@@ -104,7 +104,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     image = probeset.image
     findings: list[Finding] = list(probeset.findings)
     if symbols is None:
-        symbols = load_symbols(image)
+        symbols = probeset.symbols if probeset.symbols is not None else load_symbols(image)
     try:
         cfi = load_cfi(image)
     except CfiError as exc:

@@ -8,7 +8,7 @@ nonzero semaphore address.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from usdtpatch.elf.args import SdtArg, UnknownOperand, parse_args
 from usdtpatch.elf.image import (
@@ -69,10 +69,7 @@ class ProbeSet:
     notes: NoteSection | None  # None when the file has no .note.stapsdt
     probes: tuple[Probe, ...]
     findings: tuple[Finding, ...]
-
-    @property
-    def base_adjust(self) -> int:
-        return 0 if not self.probes else self.probes[0].address - self.probes[0].note.pc
+    symbols: SymbolTable | None = field(default=None, repr=False, compare=False)  # reused
 
 
 def is_x86(image: ElfImage) -> bool:
@@ -167,7 +164,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         function, function_offset = (fn[0].name, fn[1]) if fn is not None else (None, 0)
         probes.append(Probe(i, note, address, offset, sem, args, site, code, function,
                             function_offset))
-    return ProbeSet(image, notes, tuple(probes), tuple(findings))
+    return ProbeSet(image, notes, tuple(probes), tuple(findings), symbols)
 
 
 def _raw_note_finding(raw: RawNote) -> Finding:

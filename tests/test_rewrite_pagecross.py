@@ -7,9 +7,9 @@ from pathlib import Path
 
 from tests.helpers import fixture, run_cli
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.rewrite.forms import crosses_page
 from usdtpatch.sites.check import check
 from usdtpatch.sites.probes import read_probes
+from usdtpatch.x86.nops import crosses_page
 
 
 def test_a_page_crossing_nop5_is_moved_and_becomes_optimizable(tmp_path: Path) -> None:

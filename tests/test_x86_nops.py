@@ -54,3 +54,12 @@ def test_kernel_nop5_rule(hexbytes: str, ok: bool) -> None:
 def test_nop_lengths_match_the_sdm(hexbytes: str, length: int) -> None:
     insn = decode_nop(bytes.fromhex(hexbytes))
     assert insn is not None and insn.length == length
+
+
+@pytest.mark.parametrize("offset,crosses", [(0, False), (4091, False), (4092, True),
+                                            (4095, True)])
+def test_page_rule_measured_on_618(offset: int, crosses: bool) -> None:
+    """kernel-facts.md: a nop5 is optimized iff vaddr % 4096 <= 4091."""
+    from usdtpatch.x86.nops import crosses_page
+
+    assert crosses_page(0x7000 + offset, 5) is crosses

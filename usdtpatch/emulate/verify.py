@@ -41,7 +41,7 @@ from usdtpatch.poke.sequences import (
 )
 from usdtpatch.poke.trampoline import TRAMPOLINE_NOP5, TRAMPOLINE_NOP10
 from usdtpatch.report.findings import Finding, Severity
-from usdtpatch.x86.nops import RED_ZONE, decode_nop
+from usdtpatch.x86.nops import RED_ZONE, crosses_page, decode_nop
 
 MAX_TORN_BYTES = 12  # 4096 mixtures per transition at most
 TRAMPOLINE_INSNS = 9  # push, push, push, mov, syscall, pop, pop, pop, ret
@@ -199,7 +199,7 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
                          f"{_hx(after[1:])}, not yet {_hx(final[1:])}")
             state = after
     if seqs.optimize is not None and seqs.unoptimize is not None:
-        if site.address % PAGE_SIZE > PAGE_SIZE - n:
+        if crosses_page(site.address, n):
             ctx.fail("site-crosses-page",
                      f"the {n}-byte site at {site.address:#x} crosses a page boundary: the "
                      f"kernel never optimizes it")

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from usdtpatch.poke.sequences import (
     INT3,
-    PAGE_SIZE,
     PROTOCOL_NOP10,
     SiteSequences,
     build_sequence,
     rel32_for,
 )
 from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.x86.nops import crosses_page
 
 EXPERIMENTAL = True
 NOP10_LENGTH = 10
@@ -79,7 +79,7 @@ def nop10_refusal(address: int, original: bytes, trampoline: int | None, is64: b
                        f"the probe instruction {original[:10].hex(' ')} is not the 10-byte NOP "
                        f"the queued nop10 series optimizes", "the site stays on the int3 path",
                        where)
-    if address % PAGE_SIZE > PAGE_SIZE - NOP10_LENGTH:
+    if crosses_page(address, NOP10_LENGTH):
         return Finding("site-crosses-page", Severity.WARNING,
                        f"the nop10 at {address:#x} crosses a page boundary",
                        "the kernel would not optimize it; move the site", where)

@@ -23,7 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from usdtpatch.report.findings import Finding, Severity
-from usdtpatch.x86.nops import SEGMENT_PREFIXES_UNPROBEABLE, decode_nop, kernel_optimizable_nop5
+from usdtpatch.x86.nops import (
+    SEGMENT_PREFIXES_UNPROBEABLE,
+    crosses_page,
+    decode_nop,
+    kernel_optimizable_nop5,
+)
 
 INT3 = 0xCC  # int3
 CALL_REL32 = 0xE8  # call rel32
@@ -198,7 +203,7 @@ def nop5_refusal(address: int, original: bytes, trampoline: int | None, is64: bo
                        f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP the "
                        f"6.18 kernel optimizes", "the site stays on the int3 path; "
                        "`usdtpatch rewrite` can make room for a nop5", where)
-    if address % PAGE_SIZE > PAGE_SIZE - NOP5_LENGTH:
+    if crosses_page(address, NOP5_LENGTH):
         return Finding("site-crosses-page", Severity.WARNING,
                        f"the nop5 at {address:#x} crosses a page boundary "
                        f"({address % PAGE_SIZE:#x} > {PAGE_SIZE - NOP5_LENGTH:#x} into its page)",

@@ -55,7 +55,6 @@ from usdtpatch.report.findings import Finding, Severity
 from usdtpatch.rewrite.forms import (
     Form,
     Guard,
-    crosses_page,
     guard_args,
     site_bytes,
     uses_numeric_rip,
@@ -64,7 +63,7 @@ from usdtpatch.sites.check import CheckReport, SiteCheck, check
 from usdtpatch.sites.probes import BASE_SECTION, NOTE_SECTION, Probe, ProbeSet, read_probes
 from usdtpatch.sites.windows import PatchWindow, WindowShape
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm
+from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm, crosses_page
 from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window
 
 MARKER_SECTION = ".note.usdtpatch"

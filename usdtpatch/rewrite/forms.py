@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from enum import Enum
 
 from usdtpatch.elf.args import MemOperand, RegOperand, SdtArg
-from usdtpatch.x86.nops import COMBO5, COMBO10, GUARD_ENTER, GUARD_LEAVE, NOP5, RED_ZONE
-
-PAGE = 4096
+from usdtpatch.x86.nops import (
+    COMBO5,
+    COMBO10,
+    GUARD_ENTER,
+    GUARD_LEAVE,
+    NOP5,
+    RED_ZONE,
+)
 
 
 class Form(Enum):
@@ -59,11 +64,6 @@ def site_bytes(form: Form, guarded: bool) -> SiteBytes:
     if guarded:
         return SiteBytes(GUARD_ENTER + form.bytes + GUARD_LEAVE, len(GUARD_ENTER), True)
     return SiteBytes(form.bytes, 0, False)
-
-
-def crosses_page(address: int, length: int) -> bool:
-    """True when [address, address + length) crosses a 4 KiB page (never optimized)."""
-    return address % PAGE > PAGE - length
 
 
 _RSP_DISP = re.compile(r"^(?P<head>-?\d+f?@)(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?\(%rsp\)$")

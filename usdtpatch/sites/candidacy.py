@@ -25,6 +25,7 @@ from usdtpatch.x86.nops import (
     NOP10_PREFIX,
     SEGMENT_PREFIXES_UNPROBEABLE,
     SiteForm,
+    crosses_page,
     decode_nop,
 )
 
@@ -87,7 +88,7 @@ def trampoline_reachable(image: ElfImage, site_end: int) -> bool:
 
 
 def _page_ok(address: int, length: int) -> bool:
-    return address % PAGE <= PAGE - length
+    return not crosses_page(address, length)
 
 
 def site_candidacy(probe: Probe, image: ElfImage) -> Candidacy:

@@ -25,13 +25,12 @@ from enum import Enum
 
 from usdtpatch.sites.targets import JUMP, FunctionCode, Target
 from usdtpatch.x86.decode import CodeInsn, Flow
-from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
+from usdtpatch.x86.nops import NOP1, NOP5, crosses_page, decode_nop
 
 JMP_REL32_SIZE = 5  # e9 rel32: jmp to the detour
 MAX_BACKWARD_INSNS = 8  # instructions before the probe a backward window may start at
 MAX_WINDOW = 64  # bytes: a window never grows beyond this
 PAGE = 4096
-LAST_NOP5_OFFSET = PAGE - 5  # a nop5 at page offset <= 4091 does not cross a page
 
 
 class WindowShape(Enum):
@@ -190,7 +189,7 @@ def _window(fc: FunctionCode, shape: WindowShape, s: int, e: int, probe: CodeIns
 def _in_place(fc: FunctionCode, i: int, code: bytes) -> PatchWindow:
     probe = fc.insns[i]
     s = probe.address
-    if s % PAGE > LAST_NOP5_OFFSET:
+    if crosses_page(s, 5):
         raise _Blocked("site-crosses-page", f"a nop5 at {s:#x} would cross a page")
     base = fc.bounds.start
     j = i

@@ -37,6 +37,16 @@ def is_guarded_nop5(before: bytes, code: bytes) -> bool:
     (`before` ends at pc)."""
     return before.endswith(GUARD_ENTER) and code.startswith(NOP5 + GUARD_LEAVE)
 
+PAGE = 4096
+
+
+def crosses_page(address: int, length: int) -> bool:
+    """True when [address, address + length) crosses a 4 KiB page: the kernel writes a site
+    only within one page, so such a site is never optimized (measured: a nop5 is optimized
+    when `vaddr % 4096 <= 4091`, i.e. when it ends exactly at the page end too)."""
+    return address % PAGE > PAGE - length
+
+
 _LEGACY_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF2, 0xF3, 0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65})
 SEGMENT_PREFIXES_UNPROBEABLE = frozenset({0x2E, 0x3E})  # CS, DS: uprobes refuse them
 

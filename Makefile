@@ -2,13 +2,32 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests use (readelf/gdb/tplist/bpftrace as independent readers and
-# tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests, CPython's
-# test suite and a JDK to run rewritten copies of python3.11 and libjvm.so).
+# Debian packages the tests use as tools (readelf/gdb/tplist/bpftrace as independent readers
+# and tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests;
+# cmake, meson and ninja build the examples/ projects of the build-integration tests;
+# chromium opens the HTML reports headless in tests/test_report_html*.py).
+# Installed with apt-get when missing, and only when that upgrades no installed package.
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
-	libpython3.11-testsuite openjdk-17-jdk-headless
+	cmake meson ninja-build chromium ruby
+# Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
+# never installed: installing them pins their companion to the same version, so apt would
+# upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless
+# would upgrade openjdk-17-jre-headless, whose libjvm.so the tests rewrite). Instead
+# `apt-get download` and `dpkg -x` unpack them into $(DEB_CACHE)/PACKAGE/root (git-ignored),
+# with the version in $(DEB_CACHE)/PACKAGE/version. The version is the companion's installed
+# one when the archive still has it, else the archive's candidate (a security update may have
+# replaced it: the CPython test files can then be a Debian patch newer than the interpreter,
+# and tests/test_rewrite_real.py compares the original and the rewritten interpreter test by
+# test rather than expecting every test to pass). A package already installed is used as it is.
+#   libpython3.11-testsuite: CPython's own tests, run by the rewritten python3.11
+#   openjdk-17-jdk-headless: javac, run on the rewritten libjvm.so
+#   libvirt0, php8.2-cli: files that carry probes, rewritten by tests/test_rewrite_real_debs.py
+#   (no companion of theirs is installed: libc6 stands in, so the archive's candidate is used)
+DEB_DATA := libpython3.11-testsuite:python3.11 openjdk-17-jdk-headless:openjdk-17-jre-headless \
+	libvirt0:libc6 php8.2-cli:libc6
+DEB_CACHE := build/cache
 
-.PHONY: demo test lint typecheck unit system-packages fixtures bench clean
+.PHONY: demo test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz clean
 
 $(BIN)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,22 +53,54 @@ demo: $(BIN)/.runtime
 	gcc -O2 -Isdt_headers -DUSDTPATCH_REDZONE_GUARD -o build/demo/sdt-guard tests/data/sdt/probes.c tests/data/sdt/sema.c
 	$(BIN)/usdtpatch check --summary build/demo/sdt-guard
 
-# Installs the Debian packages above when they are missing and we are root with apt-get
-# (CI and the project's machines); elsewhere the tests that need them skip with the reason.
+# Installs the tool packages above when they are missing and we are root with apt-get (CI and
+# the project's machines), one at a time and only a package whose installation upgrades no
+# installed package (checked with a simulated install first); elsewhere, or when a package
+# would upgrade something, the tests that need it skip with the reason.
 system-packages:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian packages:$$missing"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
-	      || echo "warning: could not install$$missing; tests that need them will skip"; \
-	  else echo "note: missing Debian packages:$$missing (tests that need them will skip)"; fi; \
-	fi
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "note: missing Debian packages:$$missing (tests that need them will skip)"; exit 0; fi; \
+	apt-get update -qq || true; \
+	for p in $$missing; do \
+	  sim=$$(apt-get install -s --no-upgrade $$p 2>&1) || { echo "warning: cannot install $$p; tests that need it will skip"; continue; }; \
+	  upg=$$(printf '%s\n' "$$sim" | sed -n 's/^Inst \([^ ]*\) \[.*/\1/p' | tr '\n' ' '); \
+	  if [ -n "$$upg" ]; then echo "warning: not installing $$p: it would upgrade $$upg; tests that need it will skip"; continue; fi; \
+	  echo "installing Debian package $$p"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade $$p >/dev/null \
+	    || echo "warning: could not install $$p; tests that need it will skip"; \
+	done
+
+# Fetches the data packages above into $(DEB_CACHE) (no root needed, nothing installed).
+test-data:
+	@mkdir -p $(DEB_CACHE); \
+	for spec in $(DEB_DATA); do pkg=$${spec%%:*}; companion=$${spec#*:}; \
+	  if dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed'; then continue; fi; \
+	  have=$$(dpkg-query -W -f='$${Version}' $$companion 2>/dev/null) || { echo "note: $$companion is not installed: no $$pkg"; continue; }; \
+	  dir=$(DEB_CACHE)/$$pkg; \
+	  if [ -f $$dir/version ] && [ -d $$dir/root ] && [ "$$(cat $$dir/version)" = "$$have" ]; then continue; fi; \
+	  if ! command -v apt-get >/dev/null; then echo "note: no apt-get: no $$pkg (tests that need it will skip)"; continue; fi; \
+	  if ! apt-cache madison $$pkg 2>/dev/null | grep -q .; then apt-get update -qq 2>/dev/null || true; fi; \
+	  if apt-cache madison $$pkg 2>/dev/null | awk -F'|' '{gsub(/ /, "", $$2); print $$2}' | grep -qxF "$$have"; then \
+	    want=$$have; \
+	  else \
+	    want=$$(apt-cache policy $$pkg 2>/dev/null | sed -n 's/^ *Candidate: //p'); \
+	    case "$$want" in ""|"(none)") echo "note: the archive has no $$pkg (tests that need it will skip)"; continue;; esac; \
+	  fi; \
+	  if [ -f $$dir/version ] && [ -d $$dir/root ] && [ "$$(cat $$dir/version)" = "$$want" ]; then continue; fi; \
+	  echo "fetching $$pkg=$$want (installed $$companion: $$have) into $$dir"; \
+	  rm -rf $$dir.new && mkdir -p $$dir.new && \
+	  (cd $$dir.new && apt-get download -qq -o APT::Sandbox::User=root "$$pkg=$$want" >/dev/null) && \
+	  dpkg -x $$dir.new/*.deb $$dir.new/root && echo "$$want" > $$dir.new/version && rm -f $$dir.new/*.deb && \
+	  rm -rf $$dir && mv $$dir.new $$dir \
+	    || { rm -rf $$dir.new; echo "warning: could not fetch $$pkg; tests that need it will skip"; }; \
+	done
 
 lint: $(BIN)/.test
-	$(BIN)/ruff check usdtpatch tests bench
+	$(BIN)/ruff check usdtpatch tests bench tools
 
 typecheck: $(BIN)/.test
 	$(BIN)/mypy
@@ -57,7 +108,7 @@ typecheck: $(BIN)/.test
 unit: $(BIN)/.test
 	$(BIN)/pytest -q
 
-test: system-packages lint typecheck unit
+test: system-packages test-data lint typecheck unit
 
 fixtures:
 	$(MAKE) -C fixtures
@@ -69,6 +120,25 @@ bench: $(BIN)/.test
 	$(BIN)/python -m bench.bench_check
 	$(BIN)/python -m bench.bench_verify
 	$(BIN)/python -m bench.bench_rewrite
+	$(BIN)/python -m bench.bench_fork
+
+# Tracing speed on this machine (root; docs/performance.md "Tracing speed"): the trigger
+# program in every site form and OpenJDK 17 original vs rewritten, with a chart.
+bench-tracing: $(BIN)/.test
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[chart]'
+	mkdir -p build
+	$(BIN)/python -m usdtpatch bench --chart build/bench-tracing.png
+
+# The mutation corpus at length (tools/fuzz.py; `make test` runs 400 mutants of it): every
+# command on every mutant, counts per command and exit status, every problem with the mutant's
+# id; the mutants with problems are kept in build/fuzz. FUZZ_COUNT=N, FUZZ_SEED=S to vary;
+# FUZZ_FLAGS=--markdown prints the summary docs/reliability.md shows.
+FUZZ_COUNT ?= 2000
+FUZZ_SEED ?= 20261130
+FUZZ_FLAGS ?=
+fuzz: $(BIN)/.test
+	nice $(BIN)/python -m tools.fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --keep build/fuzz \
+	  $(FUZZ_FLAGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

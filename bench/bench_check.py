@@ -1,86 +1,77 @@
-"""Benchmark: `check` on OpenJDK 17's libjvm.so (531 probes), target <= 3 s, with readelf's
-time on the same file in the same run as a reference.
+"""`usdtpatch check` against `readelf --debug-dump=frames` on OpenJDK 17's libjvm.so.
 
-    .venv/bin/python bench/bench_check.py [FILE] [--runs N]
+Prints, from one run: the median wall time of `readelf --debug-dump=frames` (the reference:
+it reads every CIE and FDE of the file), `readelf -n`, `usdtpatch check` (the table, written to
+/dev/null) and `usdtpatch check --json`, each a fresh process, the commands taking turns in every
+round so that a busy machine slows all of them alike; then the ratios and the issue's target
+(check at most 5x readelf --debug-dump=frames). `--profile` adds where check's own time goes
+(the analysis in-process, on an already loaded file).
 
-Prints the median of N runs of: the whole pipeline in-process (read, parse, list probes,
-check), check() alone on an already-loaded ProbeSet, the CLI as a fresh process
-(`usdtpatch check --summary`), and `readelf -n` / `readelf --debug-dump=frames` on the file.
+    .venv/bin/python -m bench.bench_check [--runs 9] [--profile] [--compare TREE] [FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.bench_list import medians, tree_env
+from bench.common import USDTPATCH, machine_line
 
-from usdtpatch.cli.common import load  # noqa: E402
-from usdtpatch.sites.check import check  # noqa: E402
-
-LIBJVM = "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"
-TARGET_S = 3.0
+LIBJVM = Path("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so")
+TARGET = 5.0  # check at most 5x readelf --debug-dump=frames
 
 
-def median_time(fn: Callable[[], object], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def run_quiet(argv: list[str]) -> None:
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("file", nargs="?", default=LIBJVM)
-    ap.add_argument("--runs", type=int, default=7)
-    args = ap.parse_args()
-    path = args.file
-    if not Path(path).is_file():
-        print(f"bench_check: {path}: not found (install openjdk-17-jre-headless)")
+    ap.add_argument("file", nargs="?", type=Path, default=LIBJVM)
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--compare", type=Path, metavar="TREE",
+                    help="also time `check` of another source tree, in the same rounds")
+    args = ap.parse_args(argv)
+    if not args.file.exists():
+        print(f"bench_check: {args.file}: not present")
         return 2
-    ps = load(path)
-    report = check(ps)
-    counts = report.outcome_counts()
-    print(f"file: {path}")
-    print(f"probes: {len(ps.probes)}; outcomes: "
-          + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-          + (f"; blocked by reason: {report.blocked_counts()}" if report.blocked_counts() else ""))
-    rows: list[tuple[str, float]] = [
-        ("check pipeline in-process (read+parse+list+check)", median_time(
-            lambda: check(load(path)), args.runs)),
-        ("check() alone on a loaded ProbeSet", median_time(lambda: check(ps), args.runs)),
-        ("usdtpatch check --summary (fresh process)", median_time(
-            lambda: run_quiet([sys.executable, "-m", "usdtpatch", "check", "--summary",
-                               "--fail-on", "never", path]), max(3, args.runs // 2))),
-    ]
-    readelf = shutil.which("readelf")
-    if readelf:
-        rows.append(("readelf -n (reference)", median_time(
-            lambda: run_quiet([readelf, "-n", path]), args.runs)))
-        rows.append(("readelf --debug-dump=frames (reference)", median_time(
-            lambda: run_quiet([readelf, "--debug-dump=frames", path]), args.runs)))
-    width = max(len(r[0]) for r in rows)
-    print(f"median of {args.runs} runs:")
-    for name, secs in rows:
-        print(f"  {name:<{width}}  {secs:7.3f} s")
-    pipeline = rows[0][1]
-    verdict = "OK" if pipeline <= TARGET_S else "OVER TARGET"
-    print(f"target: check <= {TARGET_S:.1f} s: {verdict} ({pipeline:.3f} s)")
-    return 0 if pipeline <= TARGET_S else 1
+    path = str(args.file)
+    print(f"machine: {machine_line()}")
+    commands = {"readelf --debug-dump=frames": ["readelf", "--debug-dump=frames", path],
+                "readelf -n": ["readelf", "-n", path],
+                "usdtpatch check (table)": [*USDTPATCH, "check", "--fail-on", "never", path],
+                "usdtpatch check --json": [*USDTPATCH, "check", "--json", "--fail-on", "never",
+                                           path]}
+    envs: dict[str, dict[str, str] | None] = {}
+    if args.compare is not None:
+        commands["compared: check (table)"] = commands["usdtpatch check (table)"]
+        envs["compared: check (table)"] = tree_env(args.compare)
+        print(f"compared tree: {args.compare}")
+    cpu: dict[str, float] = {}
+    m = medians(commands, args.runs, envs, cpu)
+    ref = m["readelf --debug-dump=frames"]
+    cref = max(cpu["readelf --debug-dump=frames"], 1e-4)
+    print(f"{path}: median of {args.runs} rounds (wall; CPU user+system)")
+    for name, t in m.items():
+        print(f"  {name:<28} {t:7.3f} s  {t / ref:6.2f}x readelf --debug-dump=frames;  "
+              f"CPU {cpu[name]:6.3f} s {cpu[name] / cref:6.2f}x")
+    ratio = m["usdtpatch check (table)"] / ref
+    ok = ratio <= TARGET
+    print(f"target check <= {TARGET:.0f}x readelf --debug-dump=frames: "
+          f"{'met' if ok else 'MISSED'} ({ratio:.1f}x)")
+    if args.profile:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from usdtpatch.api import load
+        from usdtpatch.sites.check import check
+
+        t0 = time.perf_counter()
+        ps = load(path)
+        t1 = time.perf_counter()
+        check(ps)
+        t2 = time.perf_counter()
+        print(f"in-process: load {t1 - t0:.3f} s, check() {t2 - t1:.3f} s")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

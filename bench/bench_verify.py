@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("gcc") is None:
         print("bench_verify: needs gcc to build the synthetic binary", file=sys.stderr)
         return 2
-    from usdtpatch.cli.common import load
+    from usdtpatch.api import load
     from usdtpatch.emulate.verify import PASS, verify_plan
     from usdtpatch.poke.plan import build_plan
     from usdtpatch.poke.trampoline import default_load_base

@@ -1,1 +1,156 @@
-"""pytest configuration: the repository root on sys.path for `tests.helpers`."""
+"""Shared test helpers: the live-kernel check, started processes, and the markers' behaviour.
+
+Markers (registered in pyproject.toml, `--strict-markers`):
+- `slow`: takes more than a few seconds (a build matrix, a real binary, an external tracer);
+  `pytest -m "not slow"` is the quick inner loop, `make test` runs everything.
+- `live`: uses the real kernel's uprobes. Skipped, with the reason, unless the machine has
+  root, the uprobe PMU and the uprobe syscall (`live_kernel_reason()`); a module adds its own
+  further needs (gcc, bpftrace, CPU 0) as ordinary skips.
+- `needs_cc`: compiles C/C++ with gcc, g++ or clang.
+
+Processes: `start_process` (a fixture) and `started` (a context manager) start a program and
+always stop it by its pid, whatever the test does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+# --- the real kernel ----------------------------------------------------------------------
+
+
+@functools.cache
+def live_kernel_reason() -> str | None:
+    """None when optimized uprobes can be used here, else why not (one sentence).
+
+    Needs root (perf_event_open uprobes on other processes or system-wide, /proc/PID/mem),
+    the uprobe PMU, and the uprobe syscall 336 (Linux 6.18+: without it nop5 sites are never
+    optimized)."""
+    if os.geteuid() != 0:
+        return "needs root (perf_event_open uprobes, /proc/PID/mem)"
+    from usdtpatch.errors import UsdtpatchError
+    from usdtpatch.live.perf import has_uprobe_syscall, uprobe_pmu_type
+
+    try:
+        uprobe_pmu_type()
+    except UsdtpatchError as exc:
+        return str(exc)
+    if not has_uprobe_syscall():
+        return ("the kernel has no uprobe syscall (336): nop5 sites are never optimized "
+                "before Linux 6.18")
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("live") is not None:
+        reason = live_kernel_reason()
+        if reason is not None:
+            pytest.skip(reason)
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+class Started:
+    """A started program. `line()` reads its stdout (when piped) with a timeout; `stop()`
+    kills it by pid and reaps it (idempotent)."""
+
+    def __init__(self, argv: Sequence[str | os.PathLike[str]], **popen: Any) -> None:
+        self.proc: subprocess.Popen[Any] = subprocess.Popen(
+            [os.fspath(a) for a in argv], **popen)
+        self.pid = self.proc.pid
+        self._buf = b""
+
+    def line(self, timeout: float) -> str | None:
+        """The next line of stdout without its newline, or None at EOF or after `timeout`."""
+        assert self.proc.stdout is not None, "start it with stdout=subprocess.PIPE"
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the program (by pid) if it is still running."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+@contextlib.contextmanager
+def started(argv: Sequence[str | os.PathLike[str]], **popen: Any) -> Iterator[Started]:
+    """Start `argv` (keyword arguments go to subprocess.Popen); stopped by pid on exit."""
+    proc = Started(argv, **popen)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+StartProcess = Callable[..., Started]
+
+
+@pytest.fixture
+def start_process() -> Iterator[StartProcess]:
+    """`start_process(argv, **popen) -> Started`; every program started through it is stopped
+    by pid when the test ends, passed or failed."""
+    procs: list[Started] = []
+
+    def start(argv: Sequence[str | os.PathLike[str]], **popen: Any) -> Started:
+        proc = Started(argv, **popen)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in reversed(procs):
+        proc.stop()
+
+
+def runtime_address(pid: int, path: str | os.PathLike[str], offset: int) -> int:
+    """Where file offset `offset` of `path` is mapped in process `pid` (from its maps)."""
+    from usdtpatch.live.procfs import read_maps
+
+    real = os.path.realpath(path)
+    for m in read_maps(pid):
+        if m.path == real and m.offset <= offset < m.offset + (m.end - m.start):
+            return int(m.start + offset - m.offset)
+    raise AssertionError(f"file offset {offset:#x} of {path} is not mapped in {pid}")
+
+
+def pinned_to_cpu0() -> None:
+    """preexec_fn for a program that must run on CPU 0 (where a per-CPU probe is opened)."""
+    os.sched_setaffinity(0, {0})
+
+
+def cpu0_reason() -> str | None:
+    return None if 0 in os.sched_getaffinity(0) else "CPU 0 is not available to pin on"
+
+
+__all__ = ["StartProcess", "Started", "cpu0_reason", "live_kernel_reason", "pinned_to_cpu0",
+           "runtime_address", "started"]

@@ -23,6 +23,61 @@ REAL_BINARIES = {
 }
 
 
+# Debian packages the tests read as data, unpacked by `make test-data` (never installed, see the
+# Makefile): build/cache/PACKAGE/root is the `dpkg -x` tree, build/cache/PACKAGE/version its
+# version.
+DEB_CACHE = ROOT / "build" / "cache"
+PYTHON_STDLIB = Path("/usr/lib/python3.11")
+
+
+def deb_data(package: str) -> tuple[Path, str] | None:
+    """(the unpacked tree, its version) of a data package fetched by `make test-data`."""
+    d = DEB_CACHE / package
+    try:
+        return d / "root", (d / "version").read_text().strip()
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class CPythonTests:
+    path: Path  # put on PYTHONPATH: its `test` package is the whole suite
+    origin: str  # where the test modules come from, with their version
+    matches: bool  # the suite's version is the installed interpreter's
+
+
+def cpython_tests(tmp: Path) -> CPythonTests | None:
+    """CPython 3.11's whole test suite as a folder for PYTHONPATH; None when it is not here.
+
+    Debian splits the package: `test/__init__.py`, `test/support` and `test/libregrtest` are in
+    libpython3.11-stdlib, the test modules in libpython3.11-testsuite. When the testsuite is
+    installed, the stdlib's own folder is whole. Else the fetched modules (`make test-data`)
+    and the stdlib's half are joined under `tmp` with symbolic links (the machine's files are
+    only read)."""
+    installed = PYTHON_STDLIB / "test"
+    if (installed / "test_json").is_dir():  # the installed suite is pinned to the interpreter
+        return CPythonTests(PYTHON_STDLIB, "the installed libpython3.11-testsuite", True)
+    fetched = deb_data("libpython3.11-testsuite")
+    if fetched is None or not installed.is_dir():
+        return None
+    root, version = fetched
+    suite = root / "usr" / "lib" / "python3.11" / "test"
+    if not suite.is_dir():
+        return None
+    joined = tmp / "cpython-tests"
+    (joined / "test").mkdir(parents=True)
+    for half in (installed, suite):
+        for entry in half.iterdir():
+            link = joined / "test" / entry.name
+            if entry.name != "__pycache__" and not link.exists():
+                link.symlink_to(entry)
+    interpreter = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "python3.11"],
+                                 capture_output=True, text=True, check=False).stdout.strip()
+    return CPythonTests(joined, f"libpython3.11-testsuite {version} from {DEB_CACHE} "
+                                f"(python3.11 is {interpreter or 'of unknown version'})",
+                        version == interpreter)
+
+
 def fixture_files() -> list[Path]:
     """Every committed fixture binary (regular files under fixtures/bin)."""
     if not FIXTURES.is_dir():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REAL_BINARIES, fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.cfi import CfiError, _walk_eh_frame, load_cfi, parse_lsda
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.symbols import load_symbols
@@ -137,9 +137,9 @@ def test_lookup_parses_only_one_fde(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = cfi_mod.parse_fde
 
-    def counting(image: object, address: int) -> object:
+    def counting(image: object, address: int, cache: object = None) -> object:
         calls.append(address)
-        return real(image, address)  # type: ignore[arg-type]
+        return real(image, address, cache)  # type: ignore[arg-type]
 
     image = parse_elf(fixture("static").read_bytes())
     cfi = load_cfi(image)

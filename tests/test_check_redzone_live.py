@@ -9,46 +9,27 @@ the probe is closed in a finally block.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import cpu0_reason, pinned_to_cpu0
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
-from usdtpatch.errors import UsdtpatchError
+from usdtpatch.api import load
 from usdtpatch.sites.check import check
 
 CALLS = 1000  # redzone.c and redzone-nonleaf.c call the probed function 1000 times
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (system-wide perf_event_open uprobes)"
-    try:
-        from usdtpatch.live.perf import has_uprobe_syscall, uprobe_pmu_type
-    except ImportError as exc:  # the live module is another issue's
-        return f"usdtpatch.live.perf is not available: {exc}"
-    try:
-        uprobe_pmu_type()
-    except UsdtpatchError as exc:
-        return str(exc)
-    if not has_uprobe_syscall():
-        return "the kernel has no uprobe syscall (336): sites are never optimized"
-    if 0 not in os.sched_getaffinity(0):
-        return "CPU 0 is not available to pin the test program"
-    return None
-
-
-_REASON = _skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+pytestmark = [pytest.mark.live,
+              pytest.mark.skipif(cpu0_reason() is not None, reason=cpu0_reason() or "")]
 
 
 def _run(path: Path) -> str:
     res = subprocess.run([str(path)], capture_output=True, text=True, timeout=60, check=True,
-                         preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+                         preexec_fn=pinned_to_cpu0)
     return res.stdout
 
 

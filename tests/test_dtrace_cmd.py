@@ -180,6 +180,7 @@ def _d_path(name: str) -> Path:
 
 
 @pytest.mark.parametrize("dname", D_FILES)
+@pytest.mark.needs_cc
 def test_same_macros_as_systemtap(tmp_path: Path, dname: str) -> None:
     """Every macro systemtap's dtrace -h defines, ours defines with the same parameters."""
     need_stap_dtrace()
@@ -217,6 +218,7 @@ def _build_program(tmp: Path, cc: str, opt: str, ours: bool, plain_semaphores: b
     return out
 
 
+@pytest.mark.needs_cc
 @pytest.mark.parametrize(("cc", "opt"), [("gcc", "O0"), ("gcc", "O1"), ("clang", "O2")])
 def test_program_notes_match_systemtap(tmp_path: Path, cc: str, opt: str) -> None:
     need_stap_dtrace()
@@ -231,6 +233,7 @@ def test_program_notes_match_systemtap(tmp_path: Path, cc: str, opt: str) -> Non
         assert p.semaphore is not None and p.semaphore.section == ".probes", p.probe_id
 
 
+@pytest.mark.needs_cc
 def test_program_without_semaphores(tmp_path: Path) -> None:
     need_toolchain("gcc")
     prog = _build_program(tmp_path, "gcc", "O2", ours=True, plain_semaphores=False)
@@ -244,6 +247,7 @@ def test_program_without_semaphores(tmp_path: Path) -> None:
     subprocess.run([str(prog)], check=True, timeout=20)
 
 
+@pytest.mark.needs_cc
 def test_stub_object_defines_hidden_semaphores(tmp_path: Path) -> None:
     need_toolchain("gcc", "readelf")
     res = run_cli("dtrace", "-G", "-s", DATA / "app.d", "-o", tmp_path / "app.o")
@@ -274,6 +278,7 @@ def test_cpp_option(tmp_path: Path) -> None:
     assert "#define PGLIKE_BUFFER_READ_START(arg1, arg2, arg3, arg4, arg5)" in header
 
 
+@pytest.mark.needs_cc
 def test_default_output_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     need_toolchain("gcc")
     monkeypatch.chdir(tmp_path)
@@ -325,6 +330,7 @@ def test_both_modes_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not (tmp_path / "p.h").exists()
 
 
+@pytest.mark.needs_cc
 def test_keep_prints_and_keeps_the_source(tmp_path: Path) -> None:
     need_toolchain("gcc")
     res = run_cli("dtrace", "-G", "-k", "-s", DATA / "plain.d", "-o", tmp_path / "p.o")

@@ -107,3 +107,47 @@ def test_generated_notes_round_trip(items: list[tuple[str, str, str, int]]) -> N
     back = parse_notes(data, 8, "<").sdt_notes
     assert [(n.provider, n.name, n.args, n.pc) for n in back] == \
         [(n.provider, n.name, n.args, n.pc) for n in notes]
+
+
+def test_build_id_first_note_and_make_note() -> None:
+    import re
+    import shutil
+    import subprocess
+
+    from tests.helpers import fixture
+    from usdtpatch.elf.image import parse_elf
+    from usdtpatch.elf.notes import build_id, first_note, make_note
+
+    path = fixture("demo")
+    image = parse_elf(path.read_bytes())
+    sec = image.section(".note.gnu.build-id")
+    assert sec is not None
+    got = build_id(image.section_data(sec))
+    exe = shutil.which("readelf")
+    if exe is not None:
+        text = subprocess.run([exe, "-n", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+        m = re.search(r"Build ID: ([0-9a-f]+)", text)
+        assert m is not None and got == m.group(1)
+    note = make_note(b"owner\0", 7, b"abcde")
+    assert len(note) % 4 == 0
+    one = first_note(note)
+    assert one is not None and (one.owner, one.type, one.desc) == (b"owner\0", 7, b"abcde")
+    assert first_note(note[:-4]) is None  # desc cut short
+    assert build_id(b"\0" * 8) is None
+
+
+def test_x86_feature_1_and() -> None:
+    import struct
+
+    from usdtpatch.elf.notes import x86_feature_1_and
+
+    prop = struct.pack("<III", 0xC0000002, 4, 3) + b"\0" * 4  # IBT | SHSTK, padded to 8
+    other = struct.pack("<II", 0xC0008002, 4) + b"\x01\0\0\0" + b"\0" * 4  # ISA needed
+    desc = other + prop
+    note = struct.pack("<III", 4, len(desc), 5) + b"GNU\0" + desc
+    assert x86_feature_1_and(note) == 3
+    assert x86_feature_1_and(note[:-8]) is None  # the desc runs past the section
+    foreign = struct.pack("<III", 4, len(desc), 5) + b"XYZ\0" + desc
+    assert x86_feature_1_and(foreign) is None
+    assert x86_feature_1_and(b"") is None

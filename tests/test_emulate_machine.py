@@ -1,11 +1,11 @@
-"""The emulator's kernel model, one behaviour at a time (kernel-facts.md, Linux 6.18)."""
+"""The emulator's kernel model, one behaviour at a time (docs/kernel.md, Linux 6.18)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.emulate.machine import ARRIVAL_RSP, KernelState, Machine
 from usdtpatch.poke.plan import SitePlan, build_plan
 from usdtpatch.poke.trampoline import TRAMPOLINE_NOP5, default_load_base

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.emulate.verify import FAIL, PASS, verify_plan
 from usdtpatch.errors import InputError
 from usdtpatch.poke.plan import build_plan, plan_from_json, plan_json, with_site

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import fixture, fixture_files, run_cli
+from usdtpatch.api import load
 from usdtpatch.cli.cmd_verify import summarize
-from usdtpatch.cli.common import load
 from usdtpatch.emulate.machine import Machine
 from usdtpatch.emulate.verify import FAIL, PASS, SKIP, verify_plan, verify_site
 from usdtpatch.errors import UsdtpatchError
@@ -184,6 +184,7 @@ GUARDED_SOURCE = (
     "int main(void) { f(1); return 0; }\n")
 
 
+@pytest.mark.needs_cc
 def test_guarded_nop5_leaves_the_red_zone_alone(tmp_path: Path) -> None:
     """A site rewritten with the red-zone guard (pc on the nop5, between the two leas)."""
     if shutil.which("gcc") is None:
@@ -194,10 +195,11 @@ def test_guarded_nop5_leaves_the_red_zone_alone(tmp_path: Path) -> None:
     if done.returncode != 0:
         pytest.skip(f"cannot build the guarded program: {done.stderr[:200]}")
     from usdtpatch.elf.image import parse_elf
-    from usdtpatch.rewrite.apply import rewrite_image
-    from usdtpatch.rewrite.forms import Guard
+    from usdtpatch.rewriter.apply import rewrite_image
+    from usdtpatch.rewriter.forms import Guard
 
-    res = rewrite_image(parse_elf((tmp_path / "g").read_bytes()), guard=Guard.ALWAYS)
+    res = rewrite_image(parse_elf((tmp_path / "g").read_bytes()), guard=Guard.ALWAYS,
+                        verify=None)
     assert res.data is not None and res.sites[0].guarded
     (tmp_path / "g.rw").write_bytes(res.data)
     (tmp_path / "g.rw").chmod(0o755)
@@ -209,6 +211,7 @@ def test_guarded_nop5_leaves_the_red_zone_alone(tmp_path: Path) -> None:
     assert subprocess.run([str(tmp_path / "g.rw")], check=False).returncode == 0
 
 
+@pytest.mark.needs_cc
 def test_a_pc_on_the_guard_lea_is_not_a_guarded_site(tmp_path: Path) -> None:
     """With the pc on `lea -0x80(%rsp),%rsp` tracers would probe the lea, not the NOP: the
     kernel would never optimize it, so plan must not call it a guarded nop5."""

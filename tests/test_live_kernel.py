@@ -11,42 +11,26 @@ which bytes below rsp the optimized path clobbers; the emulator must report the 
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import Started, StartProcess
 from tests.helpers import fixture
 from tests.test_emulate_machine import RED_ZONE_FIXTURES, leaf_results
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.emulate.verify import PASS, verify_plan
-from usdtpatch.errors import UsdtpatchError
 from usdtpatch.live import procfs
-from usdtpatch.live.perf import Uprobe, has_uprobe_syscall, open_uprobe, uprobe_pmu_type
+from usdtpatch.live.perf import Uprobe, open_uprobe
 from usdtpatch.poke.plan import Plan, build_plan
 from usdtpatch.poke.trampoline import TRAMPOLINE_NAME, load_base_from_maps
 
-
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (perf_event_open uprobes on another process, /proc/PID/mem)"
-    try:
-        uprobe_pmu_type()
-    except UsdtpatchError as exc:
-        return str(exc)
-    if not has_uprobe_syscall():
-        return "the kernel has no uprobe syscall (336): no optimized uprobes"
-    if shutil.which("gcc") is None:
-        return "needs gcc to build the test programs"
-    return None
-
-
-_REASON = _skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+pytestmark = [pytest.mark.live, pytest.mark.needs_cc,
+              pytest.mark.skipif(shutil.which("gcc") is None,
+                                 reason="needs gcc to build the test programs")]
 
 NOP5_TRICK = ("#include <sys/sdt.h>\n#undef _SDT_NOP\n"
               "#define _SDT_NOP .byte 0x0f; .byte 0x1f; .byte 0x44; .byte 0x00; .byte 0x00\n")
@@ -155,48 +139,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"loop": d / "loop", "up": d / "up", "two": d / "two", "redzone": d / "redzone"}
 
 
-class Running:
-    """A started test program; its stdout lines are read with a timeout."""
-
-    def __init__(self, path: Path) -> None:
-        self.proc = subprocess.Popen([str(path)], stdout=subprocess.PIPE)
-        self.pid = self.proc.pid
-        self._buf = b""
-
-    def line(self, timeout: float) -> str | None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line.decode()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.pid, 9)
-        self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-@pytest.fixture
-def start() -> Iterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        r.stop()
-
-
-def _launch(started: list[Running], path: Path) -> Running:
-    r = Running(path)
-    started.append(r)
+def _launch(start_process: StartProcess, path: Path) -> Started:
+    r = start_process([path], stdout=subprocess.PIPE)
     assert r.line(10) == "ready"
     return r
 
@@ -221,10 +165,10 @@ def _wait_bytes(pid: int, address: int, want: bytes, timeout: float = 5.0) -> by
 
 
 @pytest.mark.parametrize(("program", "direction"), [("loop", "below"), ("up", "above")])
-def test_live_nop5_site_matches_plan(programs: dict[str, Path], start: list[Running],
+def test_live_nop5_site_matches_plan(programs: dict[str, Path], start_process: StartProcess,
                                      program: str, direction: str) -> None:
     exe = programs[program]
-    proc = _launch(start, exe)
+    proc = _launch(start_process, exe)
     plan = _plan_from_process(exe, proc.pid)
     assert len(plan.sites) == 1
     site = plan.sites[0]
@@ -259,9 +203,9 @@ def test_live_nop5_site_matches_plan(programs: dict[str, Path], start: list[Runn
 
 
 def test_live_red_zone_matches_emulator(programs: dict[str, Path],
-                                        start: list[Running]) -> None:
+                                        start_process: StartProcess) -> None:
     exe = programs["redzone"]
-    proc = _launch(start, exe)
+    proc = _launch(start_process, exe)
     plan = _plan_from_process(exe, proc.pid)
     site = plan.sites[0]
     assert site.sequences is not None and site.file_offset is not None
@@ -317,9 +261,9 @@ def test_live_red_zone_fixture_agrees_with_emulator(tmp_path: Path, name: str,
 
 
 def test_live_second_site_reuses_the_trampoline(programs: dict[str, Path],
-                                                start: list[Running]) -> None:
+                                                start_process: StartProcess) -> None:
     exe = programs["two"]
-    proc = _launch(start, exe)
+    proc = _launch(start_process, exe)
     first = {s.probe: s for s in _plan_from_process(exe, proc.pid).sites}["live:site"]
     probes: list[Uprobe] = []
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import fixture, run_cli
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.errors import InputError
 from usdtpatch.poke.plan import PLAN_SCHEMA, build_plan, plan_from_json, plan_json
 from usdtpatch.poke.trampoline import default_load_base

@@ -23,7 +23,7 @@ TRAMP = 0x555555553000
 
 
 def test_nop5_states_are_the_measured_table() -> None:
-    """kernel-facts.md: 0f 1f 44 00 00 -> cc 1f.. -> cc d0..d3 -> e8 d0..d3 and back."""
+    """docs/kernel.md: 0f 1f 44 00 00 -> cc 1f.. -> cc d0..d3 -> e8 d0..d3 and back."""
     s = nop5_sequences(SITE, NOP5, TRAMP)
     assert s.optimize is not None and s.unoptimize is not None
     rel = (TRAMP - (SITE + 5)).to_bytes(4, "little", signed=True)
@@ -47,13 +47,14 @@ def test_int3_only_site() -> None:
     (SITE, NOP5, TRAMP, True, None),
     (0x1000 + 4091, NOP5, 0x0, True, None),  # ends exactly at the page end: optimized
     (0x1000 + 4092, NOP5, 0x0, True, "site-crosses-page"),
-    (SITE, bytes.fromhex("0f1f4c0000"), TRAMP, True, "site-not-nop5"),  # hint NOP
+    (SITE, bytes.fromhex("0f1f4c0000"), TRAMP, True, "site-hint-nop"),
     (SITE, bytes.fromhex("90909090"), TRAMP, True, "site-not-nop5"),
-    (SITE, NOP5, None, True, "no-trampoline"),
-    (SITE, NOP5, SITE + 5 + (1 << 31), True, "trampoline-out-of-reach"),
-    (SITE, NOP5, TRAMP, False, "site-32-bit"),
+    (SITE, NOP5, None, True, "no-trampoline-reach"),
+    (SITE, NOP5, SITE + 5 + (1 << 31), True, "no-trampoline-reach"),
+    (SITE, NOP5, TRAMP, False, "site-elf32"),
+    (SITE, bytes.fromhex("3e0f1f4000"), TRAMP, False, "site-segment-prefix"),
 ], ids=["nop5", "page-end", "crosses-page", "hint-nop", "nop1s", "no-trampoline",
-        "out-of-reach", "32-bit"])
+        "out-of-reach", "32-bit", "ds-prefix-32-bit"])
 def test_nop5_refusal(address: int, code: bytes, tramp: int | None, is64: bool,
                       want: str | None) -> None:
     f = nop5_refusal(address, code, tramp, is64, "p:n")
@@ -61,8 +62,8 @@ def test_nop5_refusal(address: int, code: bytes, tramp: int | None, is64: bool,
 
 
 @pytest.mark.parametrize(("code", "want"), [
-    (bytes.fromhex("3e0f1f4000"), "site-unprobeable-prefix"),
-    (NOP10, "site-unprobeable-prefix"),
+    (bytes.fromhex("3e0f1f4000"), "site-segment-prefix"),
+    (NOP10, "site-segment-prefix"),
     (NOP5, None),
 ], ids=["ds-prefix", "cs-nop10", "nop5"])
 def test_probeable(code: bytes, want: str | None) -> None:

@@ -1,4 +1,4 @@
-"""Trampoline placement from maps and from a load base, as measured on 6.18 (kernel-facts.md):
+"""Trampoline placement from maps and from a load base, as measured on 6.18 (docs/kernel.md):
 the free page nearest to site+5 within +/-2 GiB, the closer of the searches up and down,
 an existing trampoline within reach reused, none when nothing is free."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.poke.trampoline import (
     MapEntry,

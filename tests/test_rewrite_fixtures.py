@@ -24,8 +24,8 @@ import pytest
 
 from tests.helpers import fixture, fixture_files, readelf_sdt_notes, run_cli
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.rewrite.apply import MARKER_SECTION
-from usdtpatch.rewrite.forms import Form
+from usdtpatch.rewriter.apply import MARKER_SECTION
+from usdtpatch.rewriter.forms import Form
 
 # not runnable here (foreign architecture, 32-bit), or made to be rejected, or a library
 NOT_RUNNABLE = {"i386", "aarch64", "bigendian", "odd-note", "bad-args", "libprobes.so"}
@@ -106,9 +106,14 @@ def cached(name: str, form: str, guard: str, outdir: Path) -> Output:
     return _CACHE[key]
 
 
-@pytest.mark.parametrize("guard", GUARDS)
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("name", RUNNABLE)
+# The default (nop5, auto) of every fixture runs in the quick loop; the other forms and
+# guards are marked slow (the whole matrix takes about 12 s; `make test` runs it).
+MATRIX = [pytest.param(n, f, g, id=f"{n}-{f}-{g}",
+                       marks=() if (f, g) == ("nop5", "auto") else pytest.mark.slow)
+          for n in RUNNABLE for f in FORMS for g in GUARDS]
+
+
+@pytest.mark.parametrize(("name", "form", "guard"), MATRIX)
 def test_rewritten_fixture_runs_like_original(name: str, form: str, guard: str,
                                               outdir: Path) -> None:
     o = cached(name, form, guard, outdir)
@@ -213,8 +218,11 @@ CONSUMER_CASES = [(n, "nop5", "auto") for n in RUNNABLE] + \
     [("args-clang", "nop5", g) for g in ("always", "never")]
 
 
-@pytest.mark.parametrize(("name", "form", "guard"), CONSUMER_CASES,
-                         ids=[f"{n}-{f}-{g}" for n, f, g in CONSUMER_CASES])
+# gdb and tplist per case (7-8 s in all): pie's default case stays in the quick loop
+@pytest.mark.parametrize(("name", "form", "guard"), [
+    pytest.param(n, f, g, id=f"{n}-{f}-{g}",
+                 marks=() if (n, f, g) == ("pie", "nop5", "auto") else pytest.mark.slow)
+    for n, f, g in CONSUMER_CASES])
 def test_consumers_read_moved_probes(name: str, form: str, guard: str, outdir: Path) -> None:
     o = cached(name, form, guard, outdir)
     if not o.report["changed"]:

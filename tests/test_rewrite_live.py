@@ -23,35 +23,20 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import cpu0_reason, pinned_to_cpu0, runtime_address, started
 from tests.helpers import fixture, readelf_sdt_notes, run_cli
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.live.perf import has_uprobe_syscall, open_uprobe, uprobe_pmu_type
+from usdtpatch.live.perf import open_uprobe
 from usdtpatch.live.procfs import read_maps, read_mem
-from usdtpatch.rewrite.forms import Form
+from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
+from usdtpatch.rewriter.forms import Form
 from usdtpatch.x86.nops import NOP5
 
-TRAMPOLINE = "[uprobes-trampoline]"
+TRAMPOLINE = TRAMPOLINE_NAME
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (perf_event_open uprobes, /proc/PID/mem)"
-    try:
-        uprobe_pmu_type()
-    except UsdtpatchError as exc:
-        return str(exc)
-    if not has_uprobe_syscall():
-        return "the kernel has no uprobe syscall (336): nop5 sites are never optimized"
-    if shutil.which("gcc") is None:
-        return "needs gcc to build the looping test program"
-    if 0 not in os.sched_getaffinity(0):
-        return "CPU 0 is not available to pin the test programs"
-    return None
-
-
-_REASON = _skip_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+pytestmark = [pytest.mark.live,
+              pytest.mark.skipif(cpu0_reason() is not None, reason=cpu0_reason() or "")]
 
 # stock sys/sdt.h (1-byte nops), several site shapes, looping until killed
 LOOP_C = r"""
@@ -101,6 +86,8 @@ int main(void)
 
 @pytest.fixture(scope="module")
 def loop_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the looping test program")
     d = tmp_path_factory.mktemp("loop")
     (d / "loop.c").write_text(LOOP_C)
     done = subprocess.run(["gcc", "-O2", "-o", str(d / "loop"), str(d / "loop.c")],
@@ -118,14 +105,7 @@ def _rewrite(src: Path, out: Path, *opts: str) -> dict[str, object]:
     return doc
 
 
-def _runtime(pid: int, path: Path, offset: int) -> int:
-    real = os.path.realpath(path)
-    for m in read_maps(pid):
-        if m.path == real and m.offset <= offset < m.offset + (m.end - m.start):
-            return m.start + offset - m.offset
-    raise AssertionError(f"file offset {offset:#x} of {path} is not mapped")
-
-
+@pytest.mark.needs_cc
 @pytest.mark.parametrize("form", ["nop5", "combo5"])
 def test_rewritten_sites_become_calls_into_the_trampoline(loop_program: Path, form: str,
                                                           tmp_path: Path) -> None:
@@ -141,41 +121,35 @@ def test_rewritten_sites_become_calls_into_the_trampoline(loop_program: Path, fo
         assert off is not None
         assert out.read_bytes()[off : off + 5] == NOP5
         offsets[s["name"]] = off
-    proc = subprocess.Popen([str(out)], stdout=subprocess.PIPE)
-    probes = []
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-        addr = {n: _runtime(proc.pid, out, o) for n, o in offsets.items()}
-        sems = {x.name: image.vaddr_to_offset(x.semaphore) for x in readelf_sdt_notes(out)}
-        for n, o in offsets.items():
-            # the guarded probe runs only with its semaphore raised: attach with ref_ctr
-            sem = sems[n]
-            assert sem is not None
-            probes.append(open_uprobe(str(out), o, pid=proc.pid, ref_ctr_offset=sem))
-        deadline = time.monotonic() + 20
-        while min(p.count() for p in probes) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert min(p.count() for p in probes) >= 3, [p.count() for p in probes]
-        tramps = [m for m in read_maps(proc.pid) if m.path == TRAMPOLINE]
-        assert tramps, f"no {TRAMPOLINE} mapping after the hits"
-        for n, a in addr.items():
-            code = read_mem(proc.pid, a, 5)
-            assert code[0] == 0xE8, f"{n}: not optimized: {code.hex()}"
-            dest = a + 5 + int.from_bytes(code[1:5], "little", signed=True)
-            assert any(m.start <= dest < m.end for m in tramps), f"{n}: call {dest:#x}"
-    finally:
-        for p in probes:
-            p.close()
+    addr: dict[str, int] = {}
+    with started([out], stdout=subprocess.PIPE) as proc:
+        probes = []
         try:
-            if proc.poll() is None:
-                for n, a in addr.items():  # detached: NOPs again
-                    assert read_mem(proc.pid, a, 5) == NOP5, n
+            assert proc.line(10) == "ready"
+            addr = {n: runtime_address(proc.pid, out, o) for n, o in offsets.items()}
+            sems = {x.name: image.vaddr_to_offset(x.semaphore) for x in readelf_sdt_notes(out)}
+            for n, o in offsets.items():
+                # the guarded probe runs only with its semaphore raised: attach with ref_ctr
+                sem = sems[n]
+                assert sem is not None
+                probes.append(open_uprobe(str(out), o, pid=proc.pid, ref_ctr_offset=sem))
+            deadline = time.monotonic() + 20
+            while min(p.count() for p in probes) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert min(p.count() for p in probes) >= 3, [p.count() for p in probes]
+            tramps = [m for m in read_maps(proc.pid) if m.path == TRAMPOLINE]
+            assert tramps, f"no {TRAMPOLINE} mapping after the hits"
+            for n, a in addr.items():
+                code = read_mem(proc.pid, a, 5)
+                assert code[0] == 0xE8, f"{n}: not optimized: {code.hex()}"
+                dest = a + 5 + int.from_bytes(code[1:5], "little", signed=True)
+                assert any(m.start <= dest < m.end for m in tramps), f"{n}: call {dest:#x}"
         finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, 9)
-            proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for p in probes:
+                p.close()
+        assert proc.proc.poll() is None, "the program died while probed"
+        for n, a in addr.items():  # detached: NOPs again
+            assert read_mem(proc.pid, a, 5) == NOP5, n
 
 
 def _bpftrace_lines(path: Path) -> list[str]:
@@ -204,6 +178,7 @@ BPFTRACE_FIXTURES = ["pie", "args-O2", "args-clang", "redzone-leaf", "sema-expli
                      "branch-after"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 @pytest.mark.parametrize("name", BPFTRACE_FIXTURES)
 def test_bpftrace_reads_the_same_arguments(name: str, tmp_path: Path) -> None:
@@ -219,6 +194,7 @@ def test_bpftrace_reads_the_same_arguments(name: str, tmp_path: Path) -> None:
     assert _bpftrace_lines(out) == want
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 def test_bpftrace_without_the_guard_reads_clobbered_red_zone_args(tmp_path: Path) -> None:
     """args-clang passes arguments below rsp: unguarded, the optimized call overwrites them
@@ -237,7 +213,7 @@ CALLS = 1000  # redzone.c calls leaf() 1000 times
 
 def _pinned(path: Path) -> str:
     res = subprocess.run([str(path)], capture_output=True, text=True, timeout=60, check=True,
-                         preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+                         preexec_fn=pinned_to_cpu0)
     return res.stdout
 
 

@@ -16,13 +16,16 @@ import shutil
 import signal
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
-from tests.helpers import REAL_BINARIES, run_cli
+from tests.conftest import started
+from tests.helpers import REAL_BINARIES, cpython_tests, deb_data, run_cli
 
 PYTHON = REAL_BINARIES["python3.11"]
 LIBSTDCXX = REAL_BINARIES["libstdc++"]
@@ -75,26 +78,58 @@ print(len(s), len(words), sorted(c.items()), sum(gen(10000)))
 """
 
 
-@pytest.mark.skipif(not PYTHON.exists(), reason=f"{PYTHON} is not installed")
-def test_python_runs_its_own_tests(tmp_path: Path) -> None:
-    out = tmp_path / "python3.11"
+@pytest.fixture(scope="module")
+def python_rw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """python3.11 rewritten (every site converted) and restored byte for byte once."""
+    if not PYTHON.exists():
+        pytest.skip(f"{PYTHON} is not installed")
+    d = tmp_path_factory.mktemp("python")
+    out = d / "python3.11"
     doc = _rewrite(PYTHON, out)
     assert doc["changed"] and all(s["action"] in CONVERTED for s in doc["sites"]), doc["counts"]
-    testdir = Path("/usr/lib/python3.11/test")
-    if all((testdir / t).exists() or (testdir / f"{t}.py").exists() for t in PY_TESTS):
-        argv = ["-m", "test", *PY_TESTS]
-    else:  # Debian ships the tests separately (libpython3.11-testsuite)
-        argv = ["-c", PY_SCRIPT]
-    want = subprocess.run([str(PYTHON), *argv], capture_output=True, text=True, timeout=120,
-                          check=False)
-    got = subprocess.run([str(out), *argv], capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert got.returncode == want.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
-    if argv[0] == "-m":
-        assert "Tests result: SUCCESS" in got.stdout
-    else:
-        assert got.stdout == want.stdout
-    _restores(out, PYTHON, tmp_path)
+    _restores(out, PYTHON, d)
+    return out
+
+
+def test_python_runs_a_workload(python_rw: Path) -> None:
+    want = subprocess.run([str(PYTHON), "-c", PY_SCRIPT], capture_output=True, text=True,
+                          timeout=120, check=False)
+    got = subprocess.run([str(python_rw), "-c", PY_SCRIPT], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert got.returncode == want.returncode == 0, got.stderr[-2000:]
+    assert got.stdout == want.stdout
+
+
+def _regrtest(python: Path, tests: Path, xml: Path) -> Counter[tuple[str, str]]:
+    """Run PY_TESTS with CPython's own runner; every test case's (name, outcome)."""
+    env = dict(os.environ, PYTHONPATH=str(tests), PYTHONDONTWRITEBYTECODE="1")
+    subprocess.run([str(python), "-m", "test", "--junit-xml", str(xml), *PY_TESTS],
+                   capture_output=True, timeout=300, check=False, env=env, cwd=xml.parent)
+    outcomes: Counter[tuple[str, str]] = Counter()
+    for case in ElementTree.parse(xml).iter("testcase"):
+        kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
+        outcomes[(case.get("name", "?"), kinds[0] if kinds else "ok")] += 1
+    return outcomes
+
+
+@pytest.mark.slow
+def test_python_runs_its_own_tests(python_rw: Path, tmp_path: Path) -> None:
+    """test_json, test_re and test_dict under the rewritten and the original interpreter: every
+    test case ends the same way. The suite comes from `make test-data` (or an installed
+    libpython3.11-testsuite); it may be a Debian patch newer than the interpreter when the
+    archive no longer has the installed version, so a case the original fails is allowed
+    only when the suite's version is not the interpreter's."""
+    suite = cpython_tests(tmp_path)
+    if suite is None:
+        pytest.skip("CPython's test suite is not here: `make test-data` fetches it "
+                    "(libpython3.11-testsuite, unpacked into build/cache)")
+    want = _regrtest(PYTHON, suite.path, tmp_path / "original.xml")
+    got = _regrtest(python_rw, suite.path, tmp_path / "rewritten.xml")
+    assert got == want, (suite.origin, sorted((got - want).items())[:20])
+    assert sum(n for (_, kind), n in want.items() if kind == "ok") >= 300, (suite.origin, want)
+    failed = sorted(name for (name, kind), _ in want.items() if kind in ("failure", "error"))
+    if suite.matches:
+        assert not failed, (suite.origin, failed)
 
 
 # --- libstdc++.so.6 ----------------------------------------------------------------------
@@ -150,6 +185,7 @@ def cxx(tmp_path_factory: pytest.TempPathFactory) -> CxxSetup:
     return CxxSetup(d, lib, d / "t", report)
 
 
+@pytest.mark.needs_cc
 def test_libstdcxx_serves_throw_and_catch(cxx: CxxSetup, tmp_path: Path) -> None:
     assert {s["name"] for s in cxx.report["sites"] if s["action"] in CONVERTED} == \
         {"throw", "rethrow", "catch"}
@@ -163,8 +199,9 @@ def test_libstdcxx_serves_throw_and_catch(cxx: CxxSetup, tmp_path: Path) -> None
     _restores(cxx.lib, LIBSTDCXX, tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bpftrace") is None,
-                    reason="needs root and bpftrace")
+@pytest.mark.live
+@pytest.mark.needs_cc
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 def test_libstdcxx_probes_fire(cxx: CxxSetup) -> None:
     """bpftrace, attached system-wide to the rewritten copy (through a name without `+`,
     which bpftrace's parser rejects), counts every throw, rethrow and catch."""
@@ -173,9 +210,9 @@ def test_libstdcxx_probes_fire(cxx: CxxSetup) -> None:
         alias.symlink_to(cxx.lib.name)
     probes = " ".join(f'usdt:{alias}:libstdcxx:{n} {{ @{n} = count(); }}'
                       for n in ("throw", "rethrow", "catch"))
-    tracer = subprocess.Popen(["bpftrace", "-e", 'BEGIN { printf("ready\\n"); } ' + probes],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with started(["bpftrace", "-e", 'BEGIN { printf("ready\\n"); } ' + probes],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as bpftrace:
+        tracer = bpftrace.proc
         assert tracer.stdout is not None
         deadline = time.monotonic() + 30
         line = ""
@@ -187,12 +224,8 @@ def test_libstdcxx_probes_fire(cxx: CxxSetup) -> None:
         subprocess.run([str(cxx.exe), "4"], capture_output=True, timeout=30, check=True,
                        env=dict(os.environ, LD_LIBRARY_PATH=str(cxx.dir)))
         time.sleep(0.5)
-        os.kill(tracer.pid, signal.SIGINT)
+        bpftrace.signal(signal.SIGINT)
         text, err = tracer.communicate(timeout=30)
-    finally:
-        if tracer.poll() is None:
-            os.kill(tracer.pid, signal.SIGKILL)
-            tracer.wait(timeout=10)
     counts = {}
     for ln in text.splitlines():
         if ln.startswith("@") and ":" in ln:
@@ -245,6 +278,11 @@ def jdk(tmp_path_factory: pytest.TempPathFactory) -> JdkSetup:
     d = tmp_path_factory.mktemp("jdk")
     home = d / "jdk"
     subprocess.run(["cp", "-a", str(JDK), str(home)], check=True)
+    fetched = deb_data("openjdk-17-jdk-headless")  # `make test-data`, when no JDK is installed
+    if not (home / "bin" / "javac").exists() and fetched is not None:
+        tools = fetched[0] / JDK.relative_to("/") / "bin"
+        for tool in tools.iterdir() if tools.is_dir() else ():
+            shutil.copy2(tool, home / "bin" / tool.name)
     lib = home / "lib" / "server" / "libjvm.so"
     assert not lib.is_symlink()
     rewritten = d / "libjvm.so"
@@ -253,11 +291,12 @@ def jdk(tmp_path_factory: pytest.TempPathFactory) -> JdkSetup:
     return JdkSetup(home, report, lib)
 
 
+@pytest.mark.slow
 def test_libjvm_sites_convert(jdk: JdkSetup) -> None:
     sites = jdk.report["sites"]
     assert len(sites) == 531
     converted = [s for s in sites if s["action"] in CONVERTED]
-    assert len(converted) >= 0.97 * len(sites), jdk.report["counts"]
+    assert len(converted) >= 0.995 * len(sites), jdk.report["counts"]
     for s in sites:
         if s["action"] == "skipped":
             assert s["code"] and s["reason"], s
@@ -265,10 +304,12 @@ def test_libjvm_sites_convert(jdk: JdkSetup) -> None:
         [(s["name"], s["reason"]) for s in sites if s["code"]]
 
 
+@pytest.mark.slow
 def test_libjvm_restores(jdk: JdkSetup, tmp_path: Path) -> None:
     _restores(jdk.lib, LIBJVM, tmp_path)
 
 
+@pytest.mark.slow
 def test_libjvm_rewrite_is_idempotent(jdk: JdkSetup, tmp_path: Path) -> None:
     again = tmp_path / "again.so"
     res = run_cli("rewrite", jdk.lib, "-o", again, "--json")
@@ -282,6 +323,7 @@ def _java(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
                           timeout=60, check=False)
 
 
+@pytest.mark.slow
 def test_java_runs_with_rewritten_libjvm(jdk: JdkSetup, tmp_path: Path) -> None:
     version = _java(jdk.home, "-version")
     assert version.returncode == 0 and "OpenJDK" in version.stderr, version.stderr

@@ -2,8 +2,9 @@
 caller chain, and C++ exceptions still reach their handlers in the rewritten cxx-throw.
 
 The detour has its own FDE (the CFA rules in force at the original window, plus the guard's
-128-byte step when it is guarded) in a new `.eh_frame` + `.eh_frame_hdr`; without them gdb
-stops at the detour and the unwinder cannot find a handler for a throw passing through it.
+128-byte step when it is guarded) in the new segment, indexed by a new `.eh_frame_hdr` with
+the original `.eh_frame`'s FDEs (the runtime unwinder), and in `.debug_frame` (gdb); without
+them gdb stops at the detour and the unwinder cannot find a handler for a throw through it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import pytest
 from tests.helpers import fixture, run_cli
 from usdtpatch.elf.image import ET_DYN, parse_elf
 
-pytestmark = pytest.mark.skipif(shutil.which("gdb") is None or shutil.which("gcc") is None,
-                                reason="needs gdb and gcc")
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(shutil.which("gdb") is None or shutil.which("gcc") is None,
+                                 reason="needs gdb and gcc")]
 
 GDB_PIE_BASE = 0x555555554000  # where gdb (randomization off) loads a PIE executable
 
@@ -102,8 +104,8 @@ def test_backtrace_from_inside_a_detour(flags: list[str], guard: str, tmp_path: 
 
 
 def test_backtrace_checker_sees_a_broken_chain(tmp_path: Path) -> None:
-    """The same breakpoint in a rewrite whose `.eh_frame` section header names the original
-    table (no FDE for the detour; gdb reads the section by name): the chain is cut."""
+    """The same breakpoint in a rewrite whose `.debug_frame` (where gdb finds the detours'
+    FDEs; it reads the original `.eh_frame` by name) is renamed away: the chain is cut."""
     exe = _build(tmp_path, ["-O2", "-fno-pie", "-no-pie"])
     out = tmp_path / "chain.rw"
     res = run_cli("rewrite", exe, "-o", out, "--json")
@@ -111,11 +113,10 @@ def test_backtrace_checker_sees_a_broken_chain(tmp_path: Path) -> None:
     (site,) = json.loads(res.out)["files"][0]["sites"]
     data = bytearray(out.read_bytes())
     image = parse_elf(bytes(data))
-    new, old = image.section(".eh_frame"), image.section(".eh_frame.orig")
-    assert new is not None and old is not None
-    at_new, at_old = image.shoff + 64 * new.index, image.shoff + 64 * old.index
-    data[at_new : at_new + 4], data[at_old : at_old + 4] = \
-        data[at_old : at_old + 4], data[at_new : at_new + 4]  # swap the two sh_name
+    assert image.section(".debug_frame") is not None
+    names = image.sections[int.from_bytes(data[0x3E:0x40], "little")]
+    at = data.index(b".debug_frame\0", names.offset, names.offset + names.size)
+    data[at + 1] = ord("x")  # .xebug_frame
     broken = tmp_path / "broken"
     broken.write_bytes(bytes(data))
     broken.chmod(0o755)
@@ -134,7 +135,7 @@ def test_cxx_exception_reaches_its_handler(guard: str, tmp_path: Path) -> None:
     sites = {s["name"]: s for s in json.loads(res.out)["files"][0]["sites"]}
     assert sites["in_try"]["action"] == "detour"  # its window precedes a call that throws
     image = parse_elf(out.read_bytes())
-    assert image.section(".eh_frame.orig") is not None  # the unwinder uses the new table
+    assert image.section(".eh_frame_hdr.orig") is not None  # the unwinder uses the new table
     want = subprocess.run([str(fixture("cxx-throw"))], capture_output=True, timeout=30,
                           check=False)
     got = subprocess.run([str(out)], capture_output=True, timeout=30, check=False)

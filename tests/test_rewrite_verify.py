@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.emulate.equivalence import verify_detour
+from usdtpatch.emulate.equivalence import DetourVerifier, verify_detour
 from usdtpatch.sites.check import check
 from usdtpatch.sites.windows import PatchWindow, WindowShape
 from usdtpatch.x86.decode import sweep
@@ -120,9 +120,10 @@ def test_no_stale_code_between_sites() -> None:
     code[last.end - good.address - 1] ^= 0x01
     bad = Detour(good.address, bytes(code), good.probe_address, good.site_length,
                  good.insn_map)
-    assert verify_detour(image, w, good, (w.probe_address,)) is None
-    assert verify_detour(image, w, bad, (w.probe_address,)) is not None
-    assert verify_detour(image, w, good, (w.probe_address,)) is None
+    verifier = DetourVerifier()  # one verifier for the whole rewrite, as api.rewrite uses it
+    assert verifier(image, w, good, (w.probe_address,)) is None
+    assert verifier(image, w, bad, (w.probe_address,)) is not None
+    assert verifier(image, w, good, (w.probe_address,)) is None
 
 
 @pytest.mark.parametrize("name", ["branch-onnop", "forms-mixed", "args-clang"])

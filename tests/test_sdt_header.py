@@ -33,6 +33,8 @@ from usdtpatch.elf.image import parse_elf
 from usdtpatch.sites.probes import ProbeSet
 from usdtpatch.x86.nops import COMBO5, COMBO10, NOP1, NOP5, SiteForm, kernel_optimizable_nop5
 
+pytestmark = pytest.mark.needs_cc
+
 GUARD_IN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
 GUARD_OUT = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
 AARCH64_NOP = bytes([0x1F, 0x20, 0x03, 0xD5])  # nop

@@ -23,42 +23,31 @@ from typing import IO
 
 import pytest
 
+from tests.conftest import StartProcess, runtime_address, started
 from tests.test_sdt_support import DATA, ROOT, SDT_INCLUDE, have, load_probes, run_cc
-from usdtpatch.live.perf import UPROBE_TYPE_PATH, Uprobe, has_uprobe_syscall, open_uprobe
+from usdtpatch.live.perf import Uprobe, open_uprobe
 from usdtpatch.live.procfs import read_maps, read_mem
+from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
 from usdtpatch.sites.probes import Probe
 from usdtpatch.x86.nops import NOP5, SiteForm
 
 ITERATIONS = 300
-TRAMPOLINE = "[uprobes-trampoline]"
+TRAMPOLINE = TRAMPOLINE_NAME
+
+
+pytestmark = [pytest.mark.live, pytest.mark.needs_cc]
 
 
 def need_kernel() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (uprobes, /proc/PID/mem)")
-    if not Path(UPROBE_TYPE_PATH).exists():
-        pytest.skip(f"no uprobe PMU ({UPROBE_TYPE_PATH})")
-    if not has_uprobe_syscall():
-        pytest.skip("the kernel has no uprobe syscall (336): nop5 sites are not optimized "
-                    "before Linux 6.18")
+    """What the tests need beyond the live kernel (the `live` marker checks that)."""
     if not have("bpftrace", "gcc", "clang"):
         pytest.skip("needs bpftrace, gcc and clang")
-
-
-def _stop(proc: subprocess.Popen[str] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def _runtime_address(pid: int, binary: Path, probe: Probe) -> int:
     """Where the probe's site is mapped in the process (through its file offset)."""
     assert probe.offset is not None
-    real = os.path.realpath(binary)
-    for m in read_maps(pid):
-        if m.path == real and m.offset <= probe.offset < m.offset + (m.end - m.start):
-            return m.start + probe.offset - m.offset
-    raise AssertionError(f"{probe.probe_id}: file offset {probe.offset:#x} is not mapped")
+    return runtime_address(pid, binary, probe.offset)
 
 
 def _call_target(site: int, code: bytes) -> int:
@@ -75,8 +64,8 @@ SCRIPT = ('usdt:{bin}:target:step {{ printf("S %ld %ld %ld %ld %ld %ld\\n", '
     ("clang", ["-O2", "-fno-pie", "-no-pie"]),
     ("gcc", ["-O0", "-fPIE", "-pie", "-DUSDTPATCH_REDZONE_GUARD"]),
 ], ids=["gcc-O2-pie", "clang-O2-nopie", "gcc-O0-pie-guarded"])
-def test_bpftrace_reads_args_on_the_optimized_site(tmp_path: Path, cc: str,
-                                                    flags: list[str]) -> None:
+def test_bpftrace_reads_args_on_the_optimized_site(tmp_path: Path, start_process: StartProcess,
+                                                    cc: str, flags: list[str]) -> None:
     need_kernel()
     binary = tmp_path / "target"
     run_cc([cc, *flags, f"-I{SDT_INCLUDE}", str(DATA / "trace_target.c"), "-o", str(binary)])
@@ -84,64 +73,58 @@ def test_bpftrace_reads_args_on_the_optimized_site(tmp_path: Path, cc: str,
     assert set(probes) == {"step", "pair"}
     assert all(p.site.form == SiteForm.NOP5 for p in probes.values())
 
-    target: subprocess.Popen[str] | None = None
-    tracer: subprocess.Popen[str] | None = None
-    try:
-        target = subprocess.Popen([str(binary), str(ITERATIONS)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        assert target.stdout is not None and target.stdin is not None
-        assert target.stdout.readline().strip() == "ready"
-        sites = {n: _runtime_address(target.pid, binary, p) for n, p in probes.items()}
-        assert all(read_mem(target.pid, a, 5) == NOP5 for a in sites.values())
-        tracer = subprocess.Popen(
-            ["bpftrace", "-p", str(target.pid), "-e", SCRIPT.format(bin=binary)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        got: list[str] = []
+    target = start_process([binary, str(ITERATIONS)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True).proc
+    assert target.stdout is not None and target.stdin is not None
+    assert target.stdout.readline().strip() == "ready"
+    sites = {n: _runtime_address(target.pid, binary, p) for n, p in probes.items()}
+    assert all(read_mem(target.pid, a, 5) == NOP5 for a in sites.values())
+    tracer = start_process(
+        ["bpftrace", "-p", str(target.pid), "-e", SCRIPT.format(bin=binary)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True).proc
+    got: list[str] = []
 
-        def read_tracer(stream: IO[str]) -> None:
-            for ln in stream:
-                if ln[:2] in ("S ", "P "):
-                    got.append(ln.strip())
+    def read_tracer(stream: IO[str]) -> None:
+        for ln in stream:
+            if ln[:2] in ("S ", "P "):
+                got.append(ln.strip())
 
-        assert tracer.stdout is not None
-        reader = threading.Thread(target=read_tracer, args=(tracer.stdout,), daemon=True)
-        reader.start()
-        expected: list[str] = []
-        for line in target.stdout:  # the target starts once the semaphores are raised
-            if line.startswith("done") or line.startswith("timeout"):
-                assert line.startswith("done"), "bpftrace did not attach within 20 s"
-                break
-            expected.append(line.strip())
-        assert len(expected) == 2 * ITERATIONS
-        # still attached: every site is now a call into the trampoline page
-        maps = read_maps(target.pid)
-        tramps = [m for m in maps if m.path == TRAMPOLINE]
-        assert tramps, "no [uprobes-trampoline] mapping after the hits"
-        for name, addr in sites.items():
-            code = read_mem(target.pid, addr, 5)
-            assert code[0] == 0xE8, f"{name}: site not optimized: {code.hex()}"
-            dest = _call_target(addr, code)
-            assert any(m.start <= dest < m.end for m in tramps), f"{name}: call to {dest:#x}"
-        # bpftrace drops what is still in its perf buffer when interrupted: wait for every
-        # line first (bounded), then stop it
-        deadline = time.monotonic() + 20
-        while len(got) < len(expected) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(tracer.pid, signal.SIGINT)
-        tracer.wait(timeout=30)
-        reader.join(timeout=10)
-        assert tracer.stderr is not None
-        err = tracer.stderr.read()
-        assert got == expected, err[-2000:]
-        # bpftrace is gone: the sites are nop5 again
-        for name, addr in sites.items():
-            assert read_mem(target.pid, addr, 5) == NOP5, name
-        target.stdin.write("\n")
-        target.stdin.flush()
-        assert target.wait(timeout=10) == 0
-    finally:
-        _stop(tracer)
-        _stop(target)
+    assert tracer.stdout is not None
+    reader = threading.Thread(target=read_tracer, args=(tracer.stdout,), daemon=True)
+    reader.start()
+    expected: list[str] = []
+    for line in target.stdout:  # the target starts once the semaphores are raised
+        if line.startswith("done") or line.startswith("timeout"):
+            assert line.startswith("done"), "bpftrace did not attach within 20 s"
+            break
+        expected.append(line.strip())
+    assert len(expected) == 2 * ITERATIONS
+    # still attached: every site is now a call into the trampoline page
+    maps = read_maps(target.pid)
+    tramps = [m for m in maps if m.path == TRAMPOLINE]
+    assert tramps, "no [uprobes-trampoline] mapping after the hits"
+    for name, addr in sites.items():
+        code = read_mem(target.pid, addr, 5)
+        assert code[0] == 0xE8, f"{name}: site not optimized: {code.hex()}"
+        dest = _call_target(addr, code)
+        assert any(m.start <= dest < m.end for m in tramps), f"{name}: call to {dest:#x}"
+    # bpftrace drops what is still in its perf buffer when interrupted: wait for every
+    # line first (bounded), then stop it
+    deadline = time.monotonic() + 20
+    while len(got) < len(expected) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(tracer.pid, signal.SIGINT)
+    tracer.wait(timeout=30)
+    reader.join(timeout=10)
+    assert tracer.stderr is not None
+    err = tracer.stderr.read()
+    assert got == expected, err[-2000:]
+    # bpftrace is gone: the sites are nop5 again
+    for name, addr in sites.items():
+        assert read_mem(target.pid, addr, 5) == NOP5, name
+    target.stdin.write("\n")
+    target.stdin.flush()
+    assert target.wait(timeout=10) == 0
 
 
 REDZONE_SRC = ROOT / "fixtures" / "src" / "redzone.c"
@@ -151,13 +134,9 @@ REDZONE_SCRIPT = ('usdt:{bin}:redzone:leaf {{ @hits = count(); '
 
 def _run_traced(binary: Path) -> tuple[int, int, int]:
     """Run `binary` under bpftrace -c; (checksum it printed, hits, hits with a wrong arg1)."""
-    proc = subprocess.Popen(["bpftrace", "-e", REDZONE_SCRIPT.format(bin=binary),
-                             "-c", str(binary)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        _stop(proc)
+    with started(["bpftrace", "-e", REDZONE_SCRIPT.format(bin=binary), "-c", str(binary)],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        out, err = proc.proc.communicate(timeout=60)
     m = re.search(r"sum=(\d+)", out)
     assert m, f"no checksum in bpftrace -c output: {out[-500:]} {err[-1000:]}"
     hits = re.search(r"@hits: (\d+)", out)
@@ -197,8 +176,10 @@ def test_redzone_guard_keeps_the_fixture_correct(tmp_path: Path) -> None:
     assert wrong_args == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
-def test_every_fixture_site_is_optimized_once_hit(tmp_path: Path, cc: str) -> None:
+def test_every_fixture_site_is_optimized_once_hit(tmp_path: Path, start_process: StartProcess,
+                                                  cc: str) -> None:
     """All the probes of the C fixture (probes.c + sema.c, -O2, PIE), each with a counting
     uprobe (and its semaphore raised): every site that was hit is a call into the trampoline,
     and every site is a nop5 again once the uprobes are closed."""
@@ -208,11 +189,10 @@ def test_every_fixture_site_is_optimized_once_hit(tmp_path: Path, cc: str) -> No
             str(DATA / "sema.c"), str(DATA / "drive.c"), "-o", str(binary)])
     probes = load_probes(binary).probes
     assert len(probes) >= 30 and all(p.site.form == SiteForm.NOP5 for p in probes)
-    target: subprocess.Popen[str] | None = None
     uprobes: list[Uprobe] = []
     try:
-        target = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
+        target = start_process([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True).proc
         assert target.stdout is not None and target.stdin is not None
         assert target.stdout.readline().strip() == "ready"
         sites = [_runtime_address(target.pid, binary, p) for p in probes]
@@ -247,4 +227,3 @@ def test_every_fixture_site_is_optimized_once_hit(tmp_path: Path, cc: str) -> No
     finally:
         for u in uprobes:
             u.close()
-        _stop(target)

@@ -157,6 +157,8 @@ def _get(builds: dict[Config, Built], cfg: Config) -> tuple[ProbeSet, ProbeSet, 
     return load_probes(b.theirs), load_probes(b.ours), b
 
 
+@pytest.mark.slow
+@pytest.mark.needs_cc
 @pytest.mark.parametrize("cfg", MATRIX, ids=[c.id for c in MATRIX])
 def test_notes_equal_but_pc(builds: dict[Config, Built], cfg: Config) -> None:
     theirs, ours, _ = _get(builds, cfg)
@@ -164,6 +166,8 @@ def test_notes_equal_but_pc(builds: dict[Config, Built], cfg: Config) -> None:
     assert compare_notes(theirs, ours, cfg.registers_may_differ) == []
 
 
+@pytest.mark.slow
+@pytest.mark.needs_cc
 @pytest.mark.parametrize("cfg", MATRIX, ids=[c.id for c in MATRIX])
 def test_readelf_agrees(builds: dict[Config, Built], cfg: Config) -> None:
     """readelf -n, an independent reader: the two builds agree but for Location, and it reads
@@ -179,6 +183,8 @@ def test_readelf_agrees(builds: dict[Config, Built], cfg: Config) -> None:
                        "args": p.note.args} for p in ours.probes]
 
 
+@pytest.mark.slow
+@pytest.mark.needs_cc
 @pytest.mark.parametrize("cfg", MATRIX, ids=[c.id for c in MATRIX])
 def test_every_site_is_an_optimizable_nop5(builds: dict[Config, Built], cfg: Config) -> None:
     """The site rules directly, and `usdtpatch check`'s verdict (sites.check.check)."""

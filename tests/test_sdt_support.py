@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.args import MemOperand, RegOperand
+from usdtpatch.elf.image import ET_REL
 from usdtpatch.sites.probes import ProbeSet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,8 +94,9 @@ def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool =
                 out.append(f"{where}: {field} {va!r} != {vb!r}")
         for field in ("base", "semaphore"):
             va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            if va != vb:
-                out.append(f"{where}: {field} {va:#x} != {vb:#x}")
+            wa, wb = _pointee(theirs, va), _pointee(ours, vb)
+            if wa != wb:
+                out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
         if pa.note.args == pb.note.args:
             continue
         if not registers_may_differ or len(pa.args) != len(pb.args):
@@ -108,6 +110,18 @@ def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool =
             elif x.operand != y.operand:
                 out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
     return out
+
+
+def _pointee(ps: ProbeSet, addr: int) -> str:
+    """What a note's base or semaphore points at, independent of the layout: the allocated
+    section holding it and the offset within (the raw address in an object file, where every
+    section starts at 0, and for a set without an image). Linked builds with usdtpatch's
+    header carry the fork guard's code and table, so the same section may sit elsewhere."""
+    image = ps.image
+    if image is None or image.type == ET_REL or addr == 0:
+        return f"{addr:#x}"
+    sec = image.section_for_vaddr(addr)
+    return f"{addr:#x}" if sec is None else f"{sec.name}+{addr - sec.addr:#x}"
 
 
 def rsp_relative(ps: ProbeSet) -> list[str]:
@@ -140,7 +154,10 @@ def readelf_notes(path: Path) -> list[dict[str, str | int]]:
 
 
 def readelf_without_pc(notes: list[dict[str, str | int]]) -> list[dict[str, str | int]]:
-    return [{k: v for k, v in n.items() if k != "pc"} for n in notes]
+    """The notes without their addresses (pc, and base and semaphore, which move with the
+    layout: compare_notes compares what those point at)."""
+    return [{k: v for k, v in n.items() if k not in ("pc", "base", "semaphore")}
+            for n in notes]
 
 
 def load_probes(path: Path) -> ProbeSet:

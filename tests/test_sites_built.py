@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, run_cli
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.symbols import load_symbols
 from usdtpatch.sites.check import BLOCKED, CheckReport, SiteCheck, check
@@ -23,7 +23,8 @@ from usdtpatch.sites.hazards import rseq_sections
 from usdtpatch.sites.targets import COLD_JUMP, JUMP_TABLE, CodeContext, FunctionCode
 from usdtpatch.x86.decode import Flow
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
 
 BUILT_C = r"""
 #include <stdio.h>
@@ -34,12 +35,15 @@ __attribute__((used)) const unsigned short sem_ro = 0;
 __attribute__((used)) unsigned short sem_data = 0;
 
 /* window-branch-target: the nop and the instruction after it are both targets of jumps
- * from another part (their own FDEs): no window can hold either */
+ * from another part (their own FDEs), and both carry a global symbol (an entry anyone may
+ * jump to, which no rewrite can aim at a detour): no window can hold either */
 asm(".pushsection .text.targets, \"ax\", @progbits\n"
     ".globl both_targets\n.type both_targets, @function\n"
     "both_targets:\n.cfi_startproc\n"
     "mov %rdi, %rax\n\ttest %rax, %rax\n\tjne .Lbt_other\n"
+    ".globl bt_nop_entry\n.type bt_nop_entry, @function\nbt_nop_entry:\n"
     ".Lbt_nop:\n990: nop\n"
+    ".globl bt_join_entry\n.type bt_join_entry, @function\nbt_join_entry:\n"
     ".Lbt_join: add $1, %rax\n\tret\n"
     ".cfi_endproc\n.size both_targets, .-both_targets\n"
     CN_NOTE("990b", "0", "built", "both_targets", "") CN_BASE
@@ -51,6 +55,18 @@ asm(".pushsection .text.targets, \"ax\", @progbits\n"
     ".cfi_endproc\n.size bt_other, .-bt_other\n"
     ".popsection\n");
 long both_targets(long);
+
+/* window-call: the nop is followed by a call into the window itself (code reading its own
+ * address: `call 1f; 1: pop`), which no rewrite may move or emulate; no window starts before
+ * the function's entry */
+asm(".pushsection .text.getpc, \"ax\", @progbits\n"
+    ".globl getpc\n.type getpc, @function\n"
+    "getpc:\n.cfi_startproc\n"
+    "990: nop\n\tcall 1f\n1: pop %rax\n\tret\n"
+    ".cfi_endproc\n.size getpc, .-getpc\n"
+    CN_NOTE("990b", "0", "built", "getpc", "") CN_BASE
+    ".popsection\n");
+long getpc(void);
 
 /* window-function-end: `nop; ret` as a whole function, the next one right after it */
 asm(".pushsection .text.fend, \"ax\", @progbits\n"
@@ -159,7 +175,7 @@ int main(int argc, char **argv)
     (void)argv;
     semaphores();
     printf("%ld\n", both_targets(argc) + computed(argc - 1) + middle(argc) + rseq_fn(argc)
-                    + rseq5_fn(argc) + part_a(argc) + fend_b(argc));
+                    + rseq5_fn(argc) + part_a(argc) + fend_b(argc) + (getpc() != 0));
     fend_a();
     return 0;
 }
@@ -274,7 +290,9 @@ def _function(path: Path, s: SiteCheck) -> FunctionCode:
     ("nobounds", "window-no-function-bounds"),
     ("in_rseq", "site-in-rseq-cs"),
     ("fend", "window-function-end"),
-], ids=["branch-target", "all-targets", "not-decoded", "no-bounds", "rseq", "function-end"])
+    ("getpc", "window-call"),
+], ids=["branch-target", "all-targets", "not-decoded", "no-bounds", "rseq", "function-end",
+        "call-into-window"])
 def test_blocked_sites_name_their_reason(built: dict[str, Path], probe: str, code: str) -> None:
     s = _site(_report(built["built"]), probe)
     assert s.outcome == BLOCKED
@@ -357,7 +375,7 @@ def test_cold_part_jumps_back_are_targets(built: dict[str, Path]) -> None:
 def test_check_cli_on_built_binary(built: dict[str, Path]) -> None:
     res = run_cli("check", built["built"])
     assert res.rc == 1  # semaphore errors reach the default --fail-on error
-    assert "6 blocked" in res.out
+    assert "7 blocked" in res.out
     res = run_cli("check", "--fail-on", "never", built["built"])
     assert res.rc == 0
 

@@ -1,4 +1,4 @@
-"""The kernel's verdict matrix per site form (kernel-facts.md), on the committed fixtures."""
+"""The kernel's verdict matrix per site form (docs/kernel.md), on the committed fixtures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.image import PT_LOAD, parse_elf
 from usdtpatch.sites.candidacy import Outcome, site_candidacy, trampoline_reachable
 from usdtpatch.sites.check import BLOCKED, check
@@ -22,13 +22,13 @@ OPT, AT_NEXT, INT3, NO, NA = (Outcome.OPTIMIZED, Outcome.OPTIMIZED_AT_NEXT, Outc
     ("nop5-alt", OPT, INT3, None),
     ("nop5-pageend", OPT, INT3, None),
     ("combo5", AT_NEXT, INT3, "site-combo5-pc1"),
-    ("combo10", INT3, AT_NEXT, "site-nop1"),
+    ("combo10", INT3, AT_NEXT, "site-not-nop5"),
     ("nop10", NO, OPT, "site-segment-prefix"),
     ("dsprefix", NO, NO, "site-segment-prefix"),
     ("hintnop", INT3, INT3, "site-hint-nop"),
-    ("padded", INT3, INT3, "site-nop1"),
-    ("pie", INT3, INT3, "site-nop1"),
-    ("dtrace-G5", INT3, INT3, "site-nop1"),
+    ("padded", INT3, INT3, "site-not-nop5"),
+    ("pie", INT3, INT3, "site-not-nop5"),
+    ("dtrace-G5", INT3, INT3, "site-not-nop5"),
     ("i386", INT3, INT3, "site-elf32"),
     ("aarch64", NA, NA, None),
     ("bigendian", NA, NA, None),

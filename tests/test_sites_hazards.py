@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.helpers import REAL_BINARIES, fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.args import parse_args
 from usdtpatch.sites.check import check
 from usdtpatch.sites.functions import FunctionBounds
@@ -142,3 +142,15 @@ def test_guarded_site_is_safe_even_in_a_red_zone_leaf() -> None:
     assert unguarded.may_use
     # and a function that only adjusts %rsp with lea does not use the red zone
     assert not red_zone(_fc("488d642480" + "488da42480000000" + "c3"), _probe()).may_use
+
+
+def test_a_stack_memo_gives_each_probe_the_answer_of_a_fresh_walk() -> None:
+    from usdtpatch.sites.hazards import StackMemo
+
+    memo = StackMemo()
+    store = _fc("48c744248000000000" + "90" + "c3")  # mov $0,-0x80(%rsp)
+    clean = _fc("90" + "c3")
+    for fc in (store, clean, store, clean):
+        for probe in (_probe(), _probe("8@%rdi")):
+            assert red_zone(fc, probe, memo) == red_zone(fc, probe)
+    assert red_zone(store, _probe(), memo).may_use and not red_zone(clean, _probe(), memo).may_use

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REAL_BINARIES, fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.symbols import load_symbols
 from usdtpatch.sites.check import check

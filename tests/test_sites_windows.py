@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import fixture
-from usdtpatch.cli.common import load
+from usdtpatch.api import load
 from usdtpatch.sites.check import check
 from usdtpatch.sites.functions import FunctionBounds
 from usdtpatch.sites.targets import ENTRY, JUMP, FunctionCode, Target

@@ -1,4 +1,4 @@
-"""Site forms from the bytes at a probe, and the kernel's nop5 rule (kernel-facts.md)."""
+"""Site forms from the bytes at a probe, and the kernel's nop5 rule (docs/kernel.md)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_nop_lengths_match_the_sdm(hexbytes: str, length: int) -> None:
 @pytest.mark.parametrize("offset,crosses", [(0, False), (4091, False), (4092, True),
                                             (4095, True)])
 def test_page_rule_measured_on_618(offset: int, crosses: bool) -> None:
-    """kernel-facts.md: a nop5 is optimized iff vaddr % 4096 <= 4091."""
+    """docs/kernel.md: a nop5 is optimized iff vaddr % 4096 <= 4091."""
     from usdtpatch.x86.nops import crosses_page
 
     assert crosses_page(0x7000 + offset, 5) is crosses

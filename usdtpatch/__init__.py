@@ -1,3 +1,77 @@
-"""usdtpatch: read, check and rewrite USDT probe sites for Linux optimized uprobes."""
+"""usdtpatch: read, check and rewrite USDT probe sites for Linux optimized uprobes.
+
+The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `restore`,
+`plan`, `verify`, `dtrace_header`. The command line (`usdtpatch.cli`) is built on it.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+from usdtpatch.errors import (
+    ElfFormatError,
+    InputError,
+    OutputError,
+    UnsupportedError,
+    UsdtpatchError,
+)
+
+if TYPE_CHECKING:
+    from usdtpatch.api import (
+        CheckResult,
+        ForkGuard,
+        Form,
+        Guard,
+        RestoreOutcome,
+        RewriteOutcome,
+        check,
+        dtrace_header,
+        load,
+        plan,
+        read_plan,
+        restore,
+        rewrite,
+        rewrite_plan,
+        verify,
+    )
+
+__all__ = [
+    "CheckResult",
+    "ElfFormatError",
+    "ForkGuard",
+    "Form",
+    "Guard",
+    "InputError",
+    "OutputError",
+    "RestoreOutcome",
+    "RewriteOutcome",
+    "UnsupportedError",
+    "UsdtpatchError",
+    "__version__",
+    "check",
+    "dtrace_header",
+    "load",
+    "plan",
+    "read_plan",
+    "restore",
+    "rewrite",
+    "rewrite_plan",
+    "verify",
+]
+
+# The API's names are bound on first use: `usdtpatch list` imports only the modules it uses,
+# not the whole API (its dataclasses, enums and the rewriter's modules).
+_API_NAMES = frozenset(__all__) - {"ElfFormatError", "InputError", "OutputError",
+                                   "UnsupportedError", "UsdtpatchError", "__version__"}
+
+
+def __getattr__(name: str) -> object:
+    """Bind the API's names on first use (PEP 562)."""
+    if name in _API_NAMES:
+        value = getattr(import_module("usdtpatch.api"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'usdtpatch' has no attribute {name!r}")

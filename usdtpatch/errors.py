@@ -1,7 +1,7 @@
 """The one exception tree of usdtpatch.
 
 Exceptions are for input the tool cannot use at all (not an ELF file, a truncated header, an
-unreadable path). A problem with one probe site is a `Finding` (usdtpatch.report.findings),
+unreadable path). A problem with one probe site is a `Finding` (usdtpatch.findings),
 never an exception. `cli.main` turns every `UsdtpatchError` into one line on stderr and exit 2.
 """
 

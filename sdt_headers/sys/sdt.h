@@ -3,7 +3,7 @@
  * Source compatible with systemtap's <sys/sdt.h> API (STAP_PROBE, STAP_PROBE1..12,
  * STAP_PROBEV, DTRACE_PROBE*, semaphores with _SDT_HAS_SEMAPHORES, STAP_PROBE_ASM and the
  * assembler-side STAP_PROBEn for .S files), written from the SDT note format (see
- * docs/sdt-header.md and shared/design/usdt-and-rewriting.md):
+ * docs/sdt-header.md and docs/usdt-format.md):
  *
  *   section .note.stapsdt (SHT_NOTE, not allocated), one note per probe site:
  *     namesz = 8, descsz, type = 3, name "stapsdt\0", padded to 4;
@@ -26,6 +26,9 @@
  *                                           (what libbpf's usdt.h emits; for kernels with
  *                                           the nop10 series).
  *   nop1    90                              nop: exactly systemtap's site.
+ * USDTPATCH_FORK_GUARD (default 1 with nop5 and combo5; 0 leaves it out) records every site
+ * in a table and registers, once per linked object, an atfork child handler that re-arms the
+ * sites a forked child inherited optimized (see "The fork guard" below).
  * USDTPATCH_REDZONE_GUARD (defined, to anything) wraps the site in
  *   48 8d 64 24 80              lea -0x80(%rsp),%rsp
  *   <site>
@@ -112,6 +115,62 @@
 # define _USDT_GUARD_OUT_STR ""
 #endif
 
+/* The fork guard (docs/fork-guard.md).  On Linux 6.18 a child forked while a nop5 site is
+   optimized inherits the site's `call` but not the trampoline page it calls, and dies at the
+   site.  USDTPATCH_FORK_GUARD (default 1 with the nop5 and combo5 forms on x86-64; 0 turns it
+   off; nop1 and combo10 sites are never optimized by 6.18 and are never guarded) records each
+   site in the allocated section __usdtpatch_fork_sites, 12 bytes per site and no relocation:
+     .4byte site - .     (the site's address relative to the entry)
+     .byte  the site's 5 bytes, 0, 0, 0
+   and adds, once per linked object (a COMDAT group, whatever the number of translation
+   units), a constructor that registers a child handler with pthread_atfork.  The handler
+   runs in every forked child and, for each site of the object that reads `call rel32` into a
+   page the child does not have, writes back the kernel's int3 state (0xcc + the site's bytes
+   1..4) through /proc/self/mem: the next hit traps, the probe fires in the child, and the
+   kernel optimizes the site again there.  Its code is usdtpatch/forkguard/rearm.c, built by
+   usdtpatch/forkguard/recipe.py; the bytes below are that build's (a test compares them). */
+#if defined(__x86_64__) && defined(__LP64__) && (_USDT_FORM == 1 || _USDT_FORM == 2)
+# ifndef USDTPATCH_FORK_GUARD
+#  define USDTPATCH_FORK_GUARD 1
+# endif
+# if USDTPATCH_FORK_GUARD
+#  define _USDT_FORK_GUARDED 1
+#  if _USDT_FORM == 1
+#   define _USDT_FG_SITE 771b
+#  else
+#   define _USDT_FG_SITE 771b + 1
+#  endif
+#  define _USDT_FG_ENTRY                                                                  \
+  .pushsection __usdtpatch_fork_sites, "a?", @progbits;                                   \
+  .balign 4;                                                                               \
+  .4byte _USDT_FG_SITE - .;                                                                \
+  .byte 0x0f, 0x1f, 0x44, 0x00, 0x00, 0, 0, 0;                                             \
+  .popsection
+#  define _USDT_FG_ENTRY_STR _USDT_FG_ENTRY_IN(".pushsection __usdtpatch_fork_sites, \"a?\", @progbits\n")
+/* In the probe macros' extended asm the entry's section is SHF_LINK_ORDER to the code around
+   the site (label .Lusdt_fg_%=, unique per asm instance): a linker that garbage-collects
+   sections keeps an entry exactly when it keeps the site's code, also under
+   -z start-stop-gc.  (STAP_PROBE_ASM may be expanded in a basic asm, where %= is not
+   available: there the entry is a plain one.) */
+#  define _USDT_FG_ENTRY_LO_STR _USDT_FG_ENTRY_IN(                                        \
+  ".Lusdt_fg_%=: .pushsection __usdtpatch_fork_sites, \"ao?\", @progbits, .Lusdt_fg_%=\n")
+#  define _USDT_FG_ENTRY_IN(push)                                                         \
+  push                                                                                     \
+  ".balign 4\n"                                                                            \
+  ".4byte " _USDT_XSTR(_USDT_FG_SITE) " - .\n"                                            \
+  ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00, 0, 0, 0\n"                                          \
+  ".popsection\n"
+/* the entry's five lines come out of the line-count padding (see _USDT_PAD_0) */
+#  define _USDT_FG_PAD ""
+# endif
+#endif
+#ifndef _USDT_FORK_GUARDED
+# define _USDT_FG_ENTRY
+# define _USDT_FG_ENTRY_STR ""
+# define _USDT_FG_ENTRY_LO_STR ""
+# define _USDT_FG_PAD "\n\n\n\n\n"
+#endif
+
 #ifdef __LP64__
 # define _USDT_ADDR .8byte
 #else
@@ -142,6 +201,7 @@
   _USDT_GUARD_IN;                                                                              \
   _USDT_SITE_TEXT;                                                                             \
   _USDT_GUARD_OUT;                                                                             \
+  _USDT_FG_ENTRY;                                                                              \
   _USDT_NOTE_SECTION;                                                                          \
   .balign 4;                                                                                   \
   .4byte 773f - 772f, 775f - 774f, 3;                                                          \
@@ -280,19 +340,19 @@ template <> struct __usdt_signed_type<wchar_t> {
    what to inline and unroll (tree-inline.c, estimate_num_insns).  Each probe asm is padded
    with empty lines to the count of systemtap's, so that a file builds into the same code
    around its probes, and the same argument locations, with either header. */
-# define _USDT_PAD_0 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_1 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_2 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_3 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_4 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_5 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_6 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_7 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_8 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_9 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_10 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_11 "\n\n\n\n\n\n\n\n\n\n\n\n\n"
-# define _USDT_PAD_12 "\n\n\n\n\n\n\n\n\n\n\n\n"
+# define _USDT_PAD_0 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_1 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_2 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_3 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_4 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_5 "\n\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_6 "\n\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_7 "\n\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_8 "\n\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_9 "\n\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_10 "\n\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_11 "\n\n\n\n\n\n\n\n" _USDT_FG_PAD
+# define _USDT_PAD_12 "\n\n\n\n\n\n\n" _USDT_FG_PAD
 
 # define _USDT_OPERANDS_0() [__usdt_none] "g"(0)
 # define _USDT_OPERANDS_1(a) _USDT_OPS(1, a)
@@ -316,10 +376,13 @@ template <> struct __usdt_signed_type<wchar_t> {
 
 /* The whole probe as asm text: site, note, base.  `argtext` is a string of assembler lines
    that emit the argument string without its terminating NUL. */
-# define _USDT_BODY(provider, name, argtext)                                   \
+# define _USDT_BODY(provider, name, argtext) \
+  _USDT_BODY_E(provider, name, argtext, _USDT_FG_ENTRY_STR)
+# define _USDT_BODY_E(provider, name, argtext, fgentry)                        \
   _USDT_GUARD_IN_STR "\n"                                              \
   _USDT_SITE_STR "\n"                                             \
   _USDT_GUARD_OUT_STR "\n"                                             \
+  fgentry                                                                      \
   _USDT_NOTE_SECTION_STR "\n"                                          \
   ".balign 4\n"                                                                \
   ".4byte 773f - 772f, 775f - 774f, 3\n"                                       \
@@ -356,7 +419,8 @@ template <> struct __usdt_signed_type<wchar_t> {
 # define _USDT_PROBE(provider, name, n, arglist)                                       \
   do {                                                                                 \
     _USDT_SEMA_USE(provider, name)                                                     \
-    __asm__ __volatile__(_USDT_BODY(provider, name, _USDT_TEXT_##n) _USDT_PAD_##n      \
+    __asm__ __volatile__(_USDT_BODY_E(provider, name, _USDT_TEXT_##n,                 \
+                                      _USDT_FG_ENTRY_LO_STR) _USDT_PAD_##n             \
                          ::_USDT_OPERANDS_##n arglist);                                \
     __asm__ __volatile__(_USDT_BASE);                                                  \
   } while (0)
@@ -380,6 +444,82 @@ template <> struct __usdt_signed_type<wchar_t> {
   _USDT_BODY(provider, name, _USDT_ASM_ARGS_1(args)) _USDT_BASE
 # endif
 # define STAP_PROBE_ASM_TEMPLATE(n) _usdt_template_mark, _USDT_TEXT_##n
+
+
+# ifdef _USDT_FORK_GUARDED
+/* The fork guard's handler and constructor, once per linked object: everything is in the
+   COMDAT group __usdtpatch_fork_guard (and `.ifndef` keeps an LTO partition that merges
+   several translation units from defining it twice).
+     __usdtpatch_fork_child   the atfork child handler: rearm(this object's table)
+     __usdtpatch_fork_init    in .init_array: pthread_atfork(0, 0, __usdtpatch_fork_child)
+                              (glibc's pthread_atfork passes the object's __dso_handle, so the
+                              handler goes away when a shared object is unloaded)
+     __usdtpatch_fork_rearm   rearm.c's usdtpatch_rearm, as built by the recipe
+   The empty entry (rel 0, skipped) makes __start_/__stop___usdtpatch_fork_sites exist in
+   every object that has the handler. */
+__asm__(".ifndef __usdtpatch_fork_child\n"
+  ".pushsection .text.__usdtpatch_fork_guard, \"axG\", @progbits, __usdtpatch_fork_guard, comdat\n"
+  ".balign 16\n"
+  ".globl __usdtpatch_fork_child\n"
+  ".hidden __usdtpatch_fork_child\n"
+  ".type __usdtpatch_fork_child, @function\n"
+  "__usdtpatch_fork_child:\n"
+  "leaq __start___usdtpatch_fork_sites(%rip), %rdi\n"
+  "leaq __stop___usdtpatch_fork_sites(%rip), %rsi\n"
+  "jmp __usdtpatch_fork_rearm\n"
+  ".size __usdtpatch_fork_child, . - __usdtpatch_fork_child\n"
+  ".globl __usdtpatch_fork_init\n"
+  ".hidden __usdtpatch_fork_init\n"
+  ".type __usdtpatch_fork_init, @function\n"
+  "__usdtpatch_fork_init:\n"
+  "leaq __usdtpatch_fork_child(%rip), %rdx\n"
+  "xorl %esi, %esi\n"
+  "xorl %edi, %edi\n"
+  "jmp pthread_atfork@PLT\n"
+  ".size __usdtpatch_fork_init, . - __usdtpatch_fork_init\n"
+  ".globl __usdtpatch_fork_rearm\n"
+  ".hidden __usdtpatch_fork_rearm\n"
+  ".type __usdtpatch_fork_rearm, @function\n"
+  "__usdtpatch_fork_rearm:\n"
+  "/* usdtpatch-forkguard-code begin */\n"
+  ".byte 0x41, 0x57, 0x49, 0x89, 0xf9, 0x49, 0x83, 0xc8, 0xff, 0x41, 0xbf, 0x1b, 0x00, 0x00, 0x00, 0x41\n"
+  ".byte 0x56, 0x41, 0xbe, 0x07, 0x00, 0x00, 0x00, 0x41, 0x55, 0x41, 0xbd, 0x0a, 0x00, 0x00, 0x00, 0x41\n"
+  ".byte 0x54, 0x55, 0x48, 0x89, 0xf5, 0x53, 0x31, 0xdb, 0x4c, 0x8d, 0x64, 0x24, 0xfa, 0x49, 0x39, 0xe9\n"
+  ".byte 0x0f, 0x83, 0x22, 0x01, 0x00, 0x00, 0x4d, 0x63, 0x11, 0x45, 0x85, 0xd2, 0x0f, 0x84, 0x0d, 0x01\n"
+  ".byte 0x00, 0x00, 0x4d, 0x01, 0xca, 0x41, 0x8a, 0x02, 0x3c, 0xe8, 0x0f, 0x85, 0xff, 0x00, 0x00, 0x00\n"
+  ".byte 0x41, 0x0f, 0xb6, 0x4a, 0x01, 0x41, 0x0f, 0xb6, 0x42, 0x02, 0x41, 0x0f, 0xb6, 0x72, 0x03, 0x41\n"
+  ".byte 0x8a, 0x52, 0x04, 0xc1, 0xe0, 0x08, 0xc1, 0xe6, 0x10, 0xc1, 0xe2, 0x18, 0x09, 0xf0, 0xbe, 0x00\n"
+  ".byte 0x10, 0x00, 0x00, 0x09, 0xc8, 0x09, 0xd0, 0x4c, 0x89, 0xe2, 0x48, 0x98, 0x49, 0x8d, 0x7c, 0x02\n"
+  ".byte 0x05, 0x4c, 0x89, 0xf8, 0x48, 0x81, 0xe7, 0x00, 0xf0, 0xff, 0xff, 0x0f, 0x05, 0x48, 0x83, 0xf8\n"
+  ".byte 0xf4, 0x0f, 0x85, 0xb8, 0x00, 0x00, 0x00, 0x41, 0x8a, 0x41, 0x05, 0xc6, 0x44, 0x24, 0xfb, 0xcc\n"
+  ".byte 0x88, 0x44, 0x24, 0xfc, 0x41, 0x8a, 0x41, 0x06, 0x88, 0x44, 0x24, 0xfd, 0x41, 0x8a, 0x41, 0x07\n"
+  ".byte 0x88, 0x44, 0x24, 0xfe, 0x41, 0x8a, 0x41, 0x08, 0x88, 0x44, 0x24, 0xff, 0x49, 0x83, 0xf8, 0xff\n"
+  ".byte 0x75, 0x18, 0xb8, 0x02, 0x00, 0x00, 0x00, 0x48, 0x8d, 0x3d, 0xb2, 0x00, 0x00, 0x00, 0xbe, 0x02\n"
+  ".byte 0x00, 0x08, 0x00, 0x31, 0xd2, 0x0f, 0x05, 0x49, 0x89, 0xc0, 0x4d, 0x85, 0xc0, 0x78, 0x1c, 0x48\n"
+  ".byte 0x8d, 0x74, 0x24, 0xfb, 0xb8, 0x12, 0x00, 0x00, 0x00, 0xba, 0x05, 0x00, 0x00, 0x00, 0x4c, 0x89\n"
+  ".byte 0xc7, 0x0f, 0x05, 0x48, 0x83, 0xf8, 0x05, 0x75, 0x09, 0xeb, 0x52, 0x49, 0xc7, 0xc0, 0xfe, 0xff\n"
+  ".byte 0xff, 0xff, 0x4c, 0x89, 0xd7, 0x49, 0x8d, 0xb2, 0x04, 0x10, 0x00, 0x00, 0x4c, 0x89, 0xe8, 0x4c\n"
+  ".byte 0x89, 0xf2, 0x48, 0x81, 0xe7, 0x00, 0xf0, 0xff, 0xff, 0x48, 0x81, 0xe6, 0x00, 0xf0, 0xff, 0xff\n"
+  ".byte 0x48, 0x29, 0xfe, 0x0f, 0x05, 0x48, 0x85, 0xc0, 0x75, 0x25, 0xba, 0x01, 0x00, 0x00, 0x00, 0x8a\n"
+  ".byte 0x4c, 0x14, 0xfb, 0x49, 0x8d, 0x04, 0x12, 0x48, 0xff, 0xc2, 0x88, 0x08, 0x48, 0x83, 0xfa, 0x05\n"
+  ".byte 0x75, 0xed, 0x41, 0xc6, 0x02, 0xcc, 0xb8, 0x0a, 0x00, 0x00, 0x00, 0x0f, 0x05, 0xff, 0xc3, 0x49\n"
+  ".byte 0x83, 0xc1, 0x0c, 0xe9, 0xd5, 0xfe, 0xff, 0xff, 0x4d, 0x85, 0xc0, 0x78, 0x0f, 0x31, 0xd2, 0xb8\n"
+  ".byte 0x03, 0x00, 0x00, 0x00, 0x4c, 0x89, 0xc7, 0x48, 0x89, 0xd6, 0x0f, 0x05, 0x89, 0xd8, 0x5b, 0x5d\n"
+  ".byte 0x41, 0x5c, 0x41, 0x5d, 0x41, 0x5e, 0x41, 0x5f, 0xc3, 0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00\n"
+  ".byte 0x2f, 0x70, 0x72, 0x6f, 0x63, 0x2f, 0x73, 0x65, 0x6c, 0x66, 0x2f, 0x6d, 0x65, 0x6d, 0x00\n"
+  "/* usdtpatch-forkguard-code end */\n"
+  ".size __usdtpatch_fork_rearm, . - __usdtpatch_fork_rearm\n"
+  ".section .init_array, \"awG\", @init_array, __usdtpatch_fork_guard, comdat\n"
+  ".balign 8\n"
+  ".quad __usdtpatch_fork_init\n"
+  ".section __usdtpatch_fork_sites, \"aG\", @progbits, __usdtpatch_fork_guard, comdat\n"
+  ".balign 4\n"
+  ".4byte 0, 0, 0\n"
+  ".popsection\n"
+  ".hidden __start___usdtpatch_fork_sites\n"
+  ".hidden __stop___usdtpatch_fork_sites\n"
+  ".endif\n");
+# endif
 
 #endif /* __ASSEMBLER__ */
 

@@ -3,20 +3,29 @@
 The cli package is the one place that prints and that turns exceptions into exit codes:
 0 success, 1 a check failed (findings at or above --fail-on, a verification failed),
 2 unusable input or a usage error, 3 an internal error (a bug: one line, no traceback, unless
-USDTPATCH_DEBUG is set). Each subcommand module has `register(subparsers)`, which
-adds its parser and sets `func(args, out, err) -> int`.
+USDTPATCH_DEBUG is set), 130 interrupted (Ctrl-C: one line, no partial output). Each
+subcommand module has `register(subparsers)`, which adds its parser and sets
+`func(args, out, err) -> int`; a command parses, calls usdtpatch.api, and renders.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import importlib
 import os
 import sys
 from typing import IO
 
 from usdtpatch import __version__
-from usdtpatch.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.cli.common import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNUSABLE,
+    printable,
+)
 from usdtpatch.errors import UsdtpatchError
 
 # Subcommand -> the module that registers it, in the order `usdtpatch --help` shows them.
@@ -31,7 +40,16 @@ COMMANDS = {
     "verify": "cmd_verify",
     "dtrace": "cmd_dtrace",
     "demo": "cmd_demo",
+    "post-link": "cmd_postlink",
+    "kcheck": "cmd_kcheck",
+    "bench": "cmd_bench",
 }
+
+
+# Commands that only read and analyse: they make many small objects (libjvm.so's check: ~40,000
+# decoded instructions) and no reference cycles, so the cyclic collector's passes over them are
+# wasted work (about a fifth of check's CPU); it is paused while they run.
+_NO_CYCLE_COLLECTION = frozenset({"list", "check", "show"})
 
 
 def _modules_for(argv: list[str] | None) -> list[str]:
@@ -47,6 +65,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         prog="usdtpatch",
         description="Read, check and rewrite USDT probe sites for Linux optimized uprobes.")
     parser.add_argument("--version", action="version", version=f"usdtpatch {__version__}")
+    # Paths for build systems (usdtpatch.build; docs/build-integration.md): print and exit.
+    paths = parser.add_mutually_exclusive_group()
+    paths.add_argument("--cmake-dir", action="store_true",
+                       help="print the folder of usdtpatchConfig.cmake (find_package)")
+    paths.add_argument("--include-dir", action="store_true",
+                       help="print the folder to put first on the include path for "
+                            "usdtpatch's sys/sdt.h")
+    paths.add_argument("--make-include", action="store_true",
+                       help="print the GNU make include file (usdtpatch_rewrite, "
+                            "usdtpatch_check)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _modules_for(argv):
         importlib.import_module(f"usdtpatch.cli.{name}").register(sub)
@@ -57,25 +85,49 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
          err: IO[str] | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    try:
+        return _main(argv, out, err)
+    except KeyboardInterrupt:
+        # outputs are written through a temporary file and one rename: nothing partial stays
+        with contextlib.suppress(Exception):
+            print("usdtpatch: interrupted", file=err)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None, out: IO[str], err: IO[str]) -> int:
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse has printed its message
         return EXIT_UNUSABLE if exc.code not in (0, None) else EXIT_OK
+    if args.cmake_dir or args.include_dir or args.make_include:
+        from usdtpatch import build
+
+        where = (build.cmake_dir() if args.cmake_dir else
+                 build.include_dir() if args.include_dir else build.make_include())
+        print(where, file=out)
+        return EXIT_OK
     if args.command is None:
         parser.print_help(out)
         return EXIT_UNUSABLE
+    paused = args.command in _NO_CYCLE_COLLECTION and gc.isenabled()
+    if paused:
+        gc.disable()
     try:
         rc: int = args.func(args, out, err)
         return rc
     except UsdtpatchError as exc:
-        print(f"usdtpatch: {exc}", file=err)
+        print(printable(f"usdtpatch: {exc}"), file=err)
         return EXIT_UNUSABLE
     except BrokenPipeError:
         return EXIT_OK
     except Exception as exc:
         if os.environ.get("USDTPATCH_DEBUG"):
             raise
-        print(f"usdtpatch: internal error: {type(exc).__name__}: {exc} (a bug: please report "
-              f"it with the input; USDTPATCH_DEBUG=1 shows the traceback)", file=err)
+        print(printable(f"usdtpatch: internal error: {type(exc).__name__}: {exc} (a bug: "
+                        f"please report it with the input; USDTPATCH_DEBUG=1 shows the "
+                        f"traceback)"), file=err)
         return EXIT_INTERNAL
+    finally:
+        if paused:
+            gc.enable()

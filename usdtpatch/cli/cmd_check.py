@@ -10,19 +10,20 @@ import argparse
 import json
 from typing import IO, Any
 
-from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, load
+from usdtpatch import api
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import write_atomic
-from usdtpatch.report.checkjson import (
-    check_document,
-    check_file_json,
-    document_findings,
-    reaches,
-)
-from usdtpatch.sites.check import CheckReport, check
+from usdtpatch.io import check_output, umask_mode, write_atomic
+from usdtpatch.report.checkjson import check_document, document_findings, reaches
 
 FAIL_LEVELS = ("info", "warning", "error", "never")
+
+
+# which site form each kernel generation optimizes (docs/rewrite.md, "Site forms")
+FORMS_LINE = ("site forms: Linux 6.18 to 7.2 optimize 5-byte NOPs (rewrite --form nop5); the "
+              "queued nop10 series only the 10-byte NOP (--form combo10); rewrite --form auto "
+              "takes the running kernel's")
 
 
 def register(sub: Any) -> None:
@@ -40,25 +41,32 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def check_path(path: str) -> CheckReport:
-    """Load and check one file (raises UsdtpatchError when it is unusable)."""
-    return check(load(path))
-
-
 def build_document(paths: list[str], err: IO[str] | None = None,
-                   fail_on: str = "error") -> dict[str, Any]:
-    """The check document of `paths`; unusable inputs go to its `errors` (and to `err`)."""
-    files: list[tuple[str, CheckReport]] = []
+                   fail_on: str = "error",
+                   views: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The check document of `paths`; unusable inputs go to its `errors` (and to `err`).
+    `views`, when given, receives the `show` documents of every site of each file (for the
+    HTML page), in the order of the document's files."""
+    results: list[api.CheckResult] = []
     errors: list[dict[str, str]] = []
     for path in paths:
         try:
-            files.append((path, check_path(path)))
+            results.append(api.check(path))
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": str(exc)})
             if err is not None:
                 error_line(path, exc, err)
-    names = demangle([s.probe.function for _, r in files for s in r.sites if s.probe.function])
-    return check_document([check_file_json(p, r, names) for p, r in files], errors, fail_on)
+    names = demangle([s.probe.function for r in results for s in r.report.sites
+                      if s.probe.function])
+    if views is not None:
+        from usdtpatch.cli.cmd_show import site_views
+
+        for r in results:
+            try:
+                views.append(site_views(r.path, r.report))
+            except UsdtpatchError:  # the page then shows each window's data without it
+                views.append([])
+    return check_document([r.to_json(names) for r in results], errors, fail_on)
 
 
 def exit_status(doc: dict[str, Any], fail_on: str) -> int:
@@ -69,10 +77,10 @@ def exit_status(doc: dict[str, Any], fail_on: str) -> int:
 
 def check_and_render(path: str, out: IO[str], err: IO[str], fail_on: str = "error") -> int:
     """For `demo` and scripts: check one file, print the table and summary, return the status."""
-    from usdtpatch.report.render import make_console, render_check
+    from usdtpatch.report.plain import print_check
 
     doc = build_document([path], err, fail_on)
-    render_check(make_console(out), doc)
+    print_check(out, doc)
     return exit_status(doc, fail_on)
 
 
@@ -80,11 +88,19 @@ def _emit(text: str, target: str, out: IO[str]) -> None:
     if target == "-":
         out.write(text)
     else:
-        write_atomic(target, text.encode())
+        write_atomic(target, text.encode(), mode=umask_mode())  # a report, as open() makes
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    doc = build_document(args.files, err, args.fail_on)
+    report = args.sarif if args.sarif is not None else args.html
+    if report is not None and report != "-":
+        try:  # the report file is refused before any work if it is an input or not a file
+            check_output(report, args.files, can_in_place=False)
+        except UsdtpatchError as exc:
+            print(printable(f"usdtpatch: check: {exc}"), file=err)
+            return EXIT_UNUSABLE
+    views: list[list[dict[str, Any]]] | None = [] if args.html is not None else None
+    doc = build_document(args.files, err, args.fail_on, views)
     if args.json:
         json.dump(doc, out, indent=2)
         out.write("\n")
@@ -95,9 +111,11 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     elif args.html is not None:
         from usdtpatch.report.html import html_page
 
-        _emit(html_page(doc), args.html, out)
+        _emit(html_page(doc, views), args.html, out)
     else:
-        from usdtpatch.report.render import make_console, render_check
+        from usdtpatch.report.plain import print_check
 
-        render_check(make_console(out), doc, summary_only=args.summary)
+        print_check(out, doc, summary_only=args.summary)
+        if not args.summary and any(f.get("sites") for f in doc.get("files", [])):
+            out.write(FORMS_LINE + "\n")
     return exit_status(doc, args.fail_on)

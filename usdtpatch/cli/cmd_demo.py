@@ -42,12 +42,12 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return EXIT_UNUSABLE
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        return _steps(target, Path(args.out), out, err)
+        return _steps(target, Path(args.out), out, err, kept=True)
     with tempfile.TemporaryDirectory(prefix="usdtpatch-demo-") as tmp:
-        return _steps(target, Path(tmp), out, err)
+        return _steps(target, Path(tmp), out, err, kept=False)
 
 
-def _steps(target: str, folder: Path, out: IO[str], err: IO[str]) -> int:
+def _steps(target: str, folder: Path, out: IO[str], err: IO[str], *, kept: bool) -> int:
     from usdtpatch.cli import cmd_check, cmd_rewrite, cmd_verify
     from usdtpatch.report.render import make_console
 
@@ -66,9 +66,7 @@ def _steps(target: str, folder: Path, out: IO[str], err: IO[str]) -> int:
         return rc
 
     def restore() -> int:
-        rc = cmd_rewrite.run_restore(
-            argparse.Namespace(file=str(rewritten), output=str(restored), in_place=False),
-            out, err)
+        rc = cmd_rewrite.restore_file(str(rewritten), str(restored), out, err)
         same = hashlib.sha256(Path(target).read_bytes()).hexdigest() == \
             hashlib.sha256(restored.read_bytes()).hexdigest()
         console.print(f"restored copy {'equals' if same else 'DIFFERS FROM'} the original, "
@@ -76,21 +74,17 @@ def _steps(target: str, folder: Path, out: IO[str], err: IO[str]) -> int:
         return rc if same else EXIT_FAIL
 
     step(f"1. list: the probes of {target}",
-         lambda: cmd_list.run(argparse.Namespace(files=[target], json=False, provider=None,
-                                                 probe=None), out, err))
+         lambda: cmd_list.list_files([target], out, err))
     step("2. check: can the kernel optimize each site, and what would it take",
          lambda: cmd_check.check_and_render(target, out, err, fail_on="never"))
     step(f"3. rewrite: 1-byte sites become 5-byte NOP sites -> {rewritten}",
-         lambda: cmd_rewrite.run(argparse.Namespace(
-             files=[target], output=str(rewritten), in_place=False, dry_run=False,
-             form="nop5", redzone_guard="auto", no_verify=False, json=False, jobs=1),
-             out, err))
+         lambda: cmd_rewrite.rewrite_files([target], out, err, output=str(rewritten)))
     step("4. plan + verify: the kernel's writes on the rewritten sites, torn states included",
          verify)
     step("5. restore: the original back from the rewritten file", restore)
     failed = [title.split(":")[0] for title, rc in results if rc != EXIT_OK]
     console.rule("demo done: every step passed" if not failed else
                  f"demo: steps {', '.join(failed)} failed")
-    if not failed and str(folder) != tempfile.gettempdir():
+    if not failed and kept:  # a temporary folder is gone when the demo ends
         console.print(f"run both: {target}  and  {rewritten}  (they print the same)")
     return EXIT_OK if not failed else EXIT_FAIL

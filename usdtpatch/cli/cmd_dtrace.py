@@ -22,9 +22,9 @@ from typing import IO, Any
 
 from usdtpatch.cli.common import EXIT_OK
 from usdtpatch.dtrace.header import render_header, render_stub_source
-from usdtpatch.dtrace.parse import DScript, DScriptError, parse_dscript
+from usdtpatch.dtrace.script import load_script
 from usdtpatch.errors import InputError, OutputError
-from usdtpatch.io import read_input, write_atomic
+from usdtpatch.io import check_output, write_atomic
 
 
 def register(sub: Any) -> None:
@@ -60,19 +60,6 @@ def _default_output(script: str, suffix: str) -> str:
     return Path(script).stem + suffix
 
 
-def _preprocess(path: str, includes: list[str], defines: list[str]) -> str:
-    cpp = shlex.split(os.environ.get("CPP", "cpp"))
-    cmd = [*cpp, *(f"-I{d}" for d in includes), *(f"-D{d}" for d in defines), path]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot run {cpp[0]}: {exc.strerror or exc}") from exc
-    if proc.returncode != 0:
-        first = next((ln for ln in proc.stderr.splitlines() if ln.strip()), "no message")
-        raise DScriptError(f"{path}: {cpp[0]} failed: {first}")
-    return proc.stdout
-
-
 def _compile_stub(source: str, out: str, includes: list[str], defines: list[str],
                   keep: bool, err: IO[str]) -> None:
     cc = shlex.split(os.environ.get("CC", "gcc"))
@@ -98,28 +85,18 @@ def _compile_stub(source: str, out: str, includes: list[str], defines: list[str]
         write_atomic(out, obj.read_bytes())
 
 
-def load_script(path: str, cpp: bool, includes: list[str], defines: list[str]) -> DScript:
-    """Read (and with `cpp` preprocess) and parse one .d file."""
-    if cpp:
-        read_input(path)  # a missing file gets usdtpatch's message, not cpp's
-        text = _preprocess(path, includes, defines)
-    else:
-        text = read_input(path).decode("utf-8", "replace")
-    return parse_dscript(text, path)
-
-
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if not args.header and not args.stub:
         raise InputError("dtrace: give -h (write the header) or -G (build the semaphore "
                          "object)")
     if not args.script:
         raise InputError("dtrace: -s FILE.d is required")
+    target = args.output or _default_output(args.script, ".h" if args.header else ".o")
+    check_output(target, [args.script], can_in_place=False)  # never the .d file, nor a device
     script = load_script(args.script, args.cpp, args.includes, args.defines)
     if args.header:
-        target = args.output or _default_output(args.script, ".h")
         write_atomic(target, render_header(script, args.semaphores).encode())
     else:
-        target = args.output or _default_output(args.script, ".o")
         _compile_stub(render_stub_source(script, args.semaphores), target, args.includes,
                       args.defines, args.keep, err)
     return EXIT_OK

@@ -21,22 +21,28 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = False,
+               provider: str | None = None, probe: str | None = None) -> int:
+    """Print the probes of `files` (a table, or the JSON document); the exit status."""
     loaded: list[tuple[str, ProbeSet]] = []
     errors: list[dict[str, str]] = []
-    for path in args.files:
+    for path in files:
         try:
             loaded.append((path, load(path)))
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": str(exc)})
             error_line(path, exc, err)
     names = function_names([ps for _, ps in loaded])
-    doc = list_document([file_json(p, ps, names, args.provider, args.probe) for p, ps in loaded],
-                        errors)
-    if args.json:
+    doc = list_document([file_json(p, ps, names, provider, probe) for p, ps in loaded], errors)
+    if as_json:
         out.write(json.dumps(doc) + "\n")  # one write: the C encoder, not per-token writes
     else:
-        from usdtpatch.report.render import make_console, render_list
+        from usdtpatch.report.plain import print_list
 
-        render_list(make_console(out), doc)
+        print_list(out, doc)
     return EXIT_UNUSABLE if errors else EXIT_OK
+
+
+def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    return list_files(args.files, out, err, as_json=args.json, provider=args.provider,
+                      probe=args.probe)

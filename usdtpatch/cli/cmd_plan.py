@@ -7,17 +7,12 @@ import argparse
 import json
 from typing import IO, Any
 
-from usdtpatch.cli.common import EXIT_OK, load
-from usdtpatch.errors import InputError
-from usdtpatch.poke.plan import Plan, SitePlan, build_plan, plan_json
+from usdtpatch import api
+from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
+from usdtpatch.errors import UsdtpatchError
+from usdtpatch.poke.plan import Plan, SitePlan, plan_json
 from usdtpatch.poke.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10, Sequence
-from usdtpatch.poke.trampoline import (
-    check_load_base,
-    default_load_base,
-    load_base_from_maps,
-)
-from usdtpatch.sites.probes import ProbeSet
-from usdtpatch.x86.decode import describe
+from usdtpatch.x86.describe import describe
 
 
 def _addr(text: str) -> int:
@@ -55,39 +50,18 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def make_plan(args: argparse.Namespace, ps: ProbeSet, path: str) -> Plan:
-    """Build the plan for `ps` from the placement options in `args`."""
-    maps = None
-    mmap_min = 4096
-    if getattr(args, "maps", None) or getattr(args, "pid", None) is not None:
-        from usdtpatch.live import procfs
-
-        if args.maps:
-            maps = procfs.read_maps_file(args.maps)
-            source_name = args.maps
-        else:
-            maps = procfs.read_maps(args.pid)
-            source_name = f"pid {args.pid}"
-            mmap_min = procfs.mmap_min_addr()
-    load_base = getattr(args, "load_base", None)
-    source = "option"
-    if load_base is None and maps is not None:
-        load_base = load_base_from_maps(ps.image, maps, path)
-        source = "maps"
-        if load_base is None:
-            raise InputError(f"{path}: not mapped in {source_name} (no mapping of the file's "
-                             f"first segment)")
-    if load_base is None:
-        load_base = default_load_base(ps.image)
-        source = "default"
-    check_load_base(ps.image, load_base)
-    return build_plan(ps, path, args.form, load_base, source, maps,
-                      getattr(args, "trampoline", None), mmap_min)
+def placement(args: argparse.Namespace) -> dict[str, Any]:
+    """The placement options of plan and verify, as keyword arguments of usdtpatch.api."""
+    return {"form": args.form, "load_base": args.load_base, "trampoline": args.trampoline,
+            "maps": args.maps, "pid": args.pid}
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    ps = load(args.file)
-    plan = make_plan(args, ps, args.file)
+    try:
+        plan = api.plan(args.file, **placement(args))
+    except UsdtpatchError as exc:
+        error_line(args.file, exc, err)
+        return EXIT_UNUSABLE
     if args.json:
         json.dump(plan_json(plan), out, indent=2)
         out.write("\n")

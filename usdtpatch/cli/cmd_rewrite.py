@@ -1,35 +1,34 @@
-"""`usdtpatch rewrite FILE... (-o OUT | --in-place | --dry-run) [--form F] [--redzone-guard G]`
-and `usdtpatch restore FILE (-o OUT | --in-place)`.
+"""`usdtpatch rewrite FILE... (-o OUT | --in-place | --dry-run) [--form F] [--redzone-guard G]
+[--fork-guard G]` and `usdtpatch restore FILE (-o OUT | --in-place)`.
 
-The input is never touched unless --in-place. Output is written atomically (temp file +
-rename) with the input's permission bits. Each detour is verified in the emulator before the
-file is written (--no-verify skips it and says so); a site that fails stays as it was.
+Parse, call usdtpatch.api, render. The input is never touched unless --in-place; an output
+that is an input (by any spelling or link) or an existing non-regular file is refused before
+anything is read. Output is written atomically with the input's permission bits. Each detour
+is verified in the emulator before the file is written (--no-verify skips it and says so); a
+site that fails stays as it was and the exit status is 1. --dry-run prints the decisions
+without building a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import stat
+import signal
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
-from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
-from usdtpatch.elf.image import parse_elf
+from usdtpatch import api
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import read_input, write_atomic
-from usdtpatch.rewrite.apply import (
-    AlreadyRewritten,
-    Verifier,
-    restore_image,
-    rewrite_image,
-)
-from usdtpatch.rewrite.forms import Form, Guard
-from usdtpatch.rewrite.report import result_json, rewrite_document
+from usdtpatch.io import check_output
+from usdtpatch.report.rewrite_report import report_document, report_kind, write_report
+from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
+from usdtpatch.rewriter.kernel import Kernel
+from usdtpatch.rewriter.report import rewrite_document
 
 
 def register(sub: Any) -> None:
@@ -39,15 +38,35 @@ def register(sub: Any) -> None:
     where.add_argument("-o", "--output", metavar="OUT",
                        help="output file (one input) or existing directory (several)")
     where.add_argument("--in-place", action="store_true", help="replace each input")
-    where.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    p.add_argument("--form", choices=[f.value for f in Form], default=Form.NOP5.value,
-                   help="site form (default nop5)")
+    where.add_argument("--dry-run", action="store_true",
+                       help="print the decisions, build and write nothing")
+    p.add_argument("--form", choices=["auto", *(f.value for f in Form)], default="auto",
+                   help="site form: auto (the one the kernel optimizes: nop5 on Linux 6.18 to "
+                        "7.2, combo10 with the nop10 series; none, file left as it is, on a "
+                        "kernel without the uprobe syscall), nop5, combo5, combo10 "
+                        "(default auto)")
+    p.add_argument("--kernel", choices=[k.value for k in Kernel], default=None,
+                   help="with --form auto: the kernel generation the binary will run on, "
+                        "instead of the running kernel's (6.18: Linux 6.18 to 7.2; "
+                        "nop10-series: the queued nop10 series)")
     p.add_argument("--redzone-guard", choices=[g.value for g in Guard], default=Guard.AUTO.value,
                    help="wrap sites in lea -128/+128 of rsp: auto (where the red zone may be "
                         "in use), always, never (default auto)")
+    p.add_argument("--fork-guard", choices=[g.value for g in ForkGuard],
+                   default=ForkGuard.AUTO.value,
+                   help="restore optimized sites in forked children: auto (where it can be "
+                        "added), always (refuse a file it cannot cover), never (default auto)")
+    p.add_argument("--calls", choices=["auto", "move", "emulate"], default="auto",
+                   help="calls inside a patch window: auto (move them into the detour, with "
+                        "its own exception table where needed; emulate only where that "
+                        "cannot be), move, emulate (never in a file marked for shadow "
+                        "stacks) (default auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the emulator's equivalence check of each detour")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--report", metavar="FILE",
+                   help="also write a report of what was changed, skipped and why, with sizes "
+                        "and time: FILE.html (a page), FILE.json or FILE.sarif")
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                    help="rewrite N files at once")
     p.set_defaults(func=run)
@@ -60,103 +79,182 @@ def register(sub: Any) -> None:
     r.set_defaults(func=run_restore)
 
 
-def _verifier(enabled: bool) -> Verifier | None:
-    if not enabled:
+def _target(path: str, output: str | None, several: bool) -> str | None:
+    """Where one input's output goes (None: nowhere, a dry run or in place)."""
+    if output is None:
         return None
-    from usdtpatch.emulate.equivalence import verify_detour
-
-    return verify_detour
-
-
-def _target(path: str, args: argparse.Namespace, several: bool) -> str | None:
-    if args.dry_run:
-        return None
-    if args.in_place:
-        return path
-    out = Path(args.output)
+    out = Path(output)
     if several or out.is_dir():
         return str(out / Path(path).name)
     return str(out)
 
 
-def rewrite_one(path: str, target: str | None, form: str, guard: str,
-                verify: bool, progress: Callable[[int, int], None] | None = None
-                ) -> dict[str, Any]:
-    """Rewrite one file (also run in worker processes); returns its report entry."""
-    data = read_input(path)
-    image = parse_elf(data)
-    mode = stat.S_IMODE(os.stat(path).st_mode)
+def _worker_init() -> None:
+    """A -j worker ignores Ctrl-C while idle: the parent stops the pool (no tracebacks)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str, guard: str,
+                       fork_guard: str, verify: bool, calls: str = "auto",
+                       kernel: str | None = None) -> tuple[dict[str, Any], bool, float]:
+    """One file in a worker process: its report entry, whether a site failed, the time."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
     try:
-        res = rewrite_image(image, Form(form), Guard(guard), _verifier(verify),
-                            progress=progress)
-    except AlreadyRewritten as exc:
-        if target is not None and target != path:
-            write_atomic(target, data, mode)
-        return {"path": path, "output": target, "changed": False, "note": str(exc),
-                "sites": [], "counts": {}, "findings": [], "form": form, "guard": guard,
-                "verified": verify}
-    if target is not None:
-        write_atomic(target, res.data if res.data is not None else data, mode)
-    return result_json(path, target, res, verify)
+        t0 = time.monotonic()
+        o = api.rewrite(path, target, form=form, guard=guard, fork_guard=fork_guard,
+                        verify=verify, in_place=in_place, calls=calls, kernel=kernel,
+                        jobs=1)  # -j runs files in parallel: one process per file
+        return o.to_json(), o.failed, time.monotonic() - t0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    several = len(args.files) > 1
-    if several and args.output and not Path(args.output).is_dir():
+def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str | None,
+                  in_place: bool = False, form: str = "auto", kernel: str | None = None,
+                  guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
+                  verify: bool = True, as_json: bool = False, jobs: int = 1,
+                  report: str | None = None, calls: str = "auto") -> int:
+    """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
+    unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
+    the exit status."""
+    several = len(files) > 1
+    if several and output and not Path(output).is_dir():
         print(f"usdtpatch: rewrite: with several inputs, -o must name an existing directory "
-              f"({args.output} is not one)", file=err)
+              f"({output} is not one)", file=err)
         return EXIT_UNUSABLE
-    jobs = [(p, _target(p, args, several)) for p in args.files]
-    for p, t in jobs:
-        if t is not None and t != p and Path(t).resolve() == Path(p).resolve():
-            print(f"usdtpatch: rewrite: output {t} is the input; use --in-place", file=err)
-            return EXIT_UNUSABLE
-    files: list[dict[str, Any]] = []
+    todo = [(p, _target(p, output, several)) for p in files]
+    refused = False
+    for p, t in todo:  # every output is checked before any input is read
+        try:
+            if t is not None:
+                check_output(t, files)
+            elif in_place:
+                check_output(p, in_place=True)
+        except UsdtpatchError as exc:
+            print(printable(f"usdtpatch: rewrite: {exc}"), file=err)
+            refused = True
+    if report is not None:
+        try:
+            report_kind(report)
+            check_output(report, files + [t for _, t in todo if t is not None],
+                         can_in_place=False)
+        except UsdtpatchError as exc:
+            print(printable(f"usdtpatch: rewrite: {exc}"), file=err)
+            refused = True
+    if refused:
+        return EXIT_UNUSABLE
+    extras: list[dict[str, Any]] = []  # per file: sizes and time, for the report
+    views: dict[str, list[dict[str, Any]]] = {}  # per input: `show` of each site, for .html
+    if report is not None and report_kind(report) == ".html":
+        for p, _ in todo:  # of the inputs as they are, before any is rewritten in place
+            with contextlib.suppress(UsdtpatchError):  # the rewrite below reports the file
+                views[p] = _site_views(p)
+    entries: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
-    verify = not args.no_verify
+    failed = False
     started = time.monotonic()
-    if args.jobs > 1 and several:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [(p, pool.submit(rewrite_one, p, t, args.form, args.redzone_guard,
-                                       verify)) for p, t in jobs]
+    if jobs > 1 and several:
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init)
+        try:
+            sizes = {p: _size(p) for p, _ in todo} if report is not None else {}
+            futures = [(p, pool.submit(_rewrite_in_worker, p, t, in_place, form, guard,
+                                       fork_guard, verify, calls, kernel)) for p, t in todo]
             for p, fut in futures:
                 try:
-                    files.append(fut.result())
+                    entry, bad, took = fut.result()
                 except UsdtpatchError as exc:
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)
+                    continue
+                entries.append(entry)
+                extras.append(_report_extra(p, entry, took, sizes.get(p)))
+                failed = failed or bad
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
     else:
         from usdtpatch.report.render import make_console, site_progress
 
         console = make_console(err)
         with site_progress(console) as progress_for:
-            for p, t in jobs:
+            for p, t in todo:
                 try:
-                    files.append(rewrite_one(p, t, args.form, args.redzone_guard, verify,
-                                             progress_for(Path(p).name)))
+                    size = _size(p) if report is not None else None
+                    t0 = time.monotonic()
+                    o = api.rewrite(p, t, form=form, guard=guard, fork_guard=fork_guard,
+                                    verify=verify, in_place=in_place,
+                                    progress=progress_for(Path(p).name), calls=calls,
+                                    kernel=kernel)
                 except UsdtpatchError as exc:
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)
-    doc = rewrite_document(files, errors)
+                    continue
+                entries.append(o.to_json())
+                extras.append(_report_extra(p, entries[-1], time.monotonic() - t0, size))
+                failed = failed or o.failed
+    doc = rewrite_document(entries, errors)
     doc["seconds"] = round(time.monotonic() - started, 3)
-    if args.json:
+    if as_json:
         out.write(json.dumps(doc) + "\n")
     else:
         from usdtpatch.report.render import make_console, render_rewrite
 
         render_rewrite(make_console(out), doc)
+    if report is not None:
+        rdoc = report_document(doc, extras)
+        try:
+            write_report(report, rdoc, [views.get(e["path"], []) for e in entries])
+        except UsdtpatchError as exc:
+            print(printable(f"usdtpatch: rewrite: {exc}"), file=err)
+            return EXIT_UNUSABLE
     if errors:
         return EXIT_UNUSABLE
-    failed = any(s["code"] in ("verification-failed", "relocation-failed")
-                 for f in files for s in f["sites"])
     return EXIT_FAIL if failed else EXIT_OK
 
 
-def run_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    path = args.file
-    data = read_input(path)
-    original = restore_image(parse_elf(data))
-    target = path if args.in_place else args.output
-    write_atomic(target, original, stat.S_IMODE(os.stat(path).st_mode))
-    print(f"{path}: restored to {target} ({len(original)} bytes, sha256 checked)", file=out)
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def _site_views(path: str) -> list[dict[str, Any]]:
+    """The `show` document of every site of `path` (the report's per-site view)."""
+    from usdtpatch.cli.cmd_show import site_views
+
+    return site_views(path, api.check(path).report)
+
+
+def _report_extra(path: str, entry: dict[str, Any], seconds: float,
+                  before: int | None = None) -> dict[str, Any]:
+    """A file's report fields: its size before (measured before the rewrite), its output's
+    size (None: nothing written), the time its rewrite took."""
+    written = entry["output"]
+    return {"size_before": before, "size_after": _size(written) if written else None,
+            "seconds": round(seconds, 3)}
+
+
+def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    return rewrite_files(args.files, out, err, output=args.output, in_place=args.in_place,
+                         form=args.form, kernel=args.kernel, guard=args.redzone_guard,
+                         fork_guard=args.fork_guard,
+                         verify=not args.no_verify, as_json=args.json, jobs=args.jobs,
+                         report=args.report, calls=args.calls)
+
+
+def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,
+                 in_place: bool = False) -> int:
+    """Restore `path` to `output` (or over itself); one line on `out`; the exit status."""
+    try:
+        res = api.restore(path, output, in_place=in_place)
+    except UsdtpatchError as exc:
+        error_line(path, exc, err)
+        return EXIT_UNUSABLE
+    print(f"{path}: restored to {res.output} ({res.size} bytes, sha256 checked)", file=out)
     return EXIT_OK
+
+
+def run_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    return restore_file(args.file, args.output, out, err, in_place=args.in_place)

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import IO, Any
 
-from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, load
+from usdtpatch import api
+from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.elf.symbols import load_symbols
-from usdtpatch.errors import UsdtpatchError
+from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.checkjson import site_json
-from usdtpatch.sites.check import SiteCheck, check
+from usdtpatch.sites.check import CheckReport, SiteCheck
 from usdtpatch.sites.targets import CodeContext, FunctionCode
 from usdtpatch.sites.windows import PatchWindow, WindowShape
-from usdtpatch.x86.decode import describe
+from usdtpatch.x86.describe import describe
 
 
 def register(sub: Any) -> None:
@@ -92,18 +94,42 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if ":" not in args.probe:
         print(f"usdtpatch: show: --probe {args.probe!r}: expected PROVIDER:NAME", file=err)
         return EXIT_UNUSABLE
-    provider, name = args.probe.split(":", 1)
     try:
-        ps = load(args.file)
+        docs = _site_docs(args)
     except UsdtpatchError as exc:
-        print(f"usdtpatch: {exc}", file=err)
+        error_line(args.file, exc, err)
         return EXIT_UNUSABLE
-    report = check(ps)
+    if args.json:
+        json.dump({"schema": "usdtpatch/show", "schema_version": 1, "sites": docs}, out,
+                  indent=2)
+        out.write("\n")
+    else:
+        from usdtpatch.report.render import make_console, render_show
+
+        console = make_console(out)
+        for d in docs:
+            render_show(console, d)
+    return EXIT_OK
+
+
+def _site_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows of every site of the probe (raises UsdtpatchError, naming what is wrong)."""
+    provider, name = args.probe.split(":", 1)
+    report = api.check(args.file).report
     sites = [s for s in report.sites if s.probe.provider == provider and s.probe.name == name]
     if not sites:
         known = ", ".join(sorted({s.probe.probe_id for s in report.sites})[:10]) or "none"
-        print(f"usdtpatch: {args.file}: no probe {args.probe} (probes: {known})", file=err)
-        return EXIT_UNUSABLE
+        raise InputError(f"{args.file}: no probe {args.probe} (probes: {known})")
+    return site_views(args.file, report, sites, args.context)
+
+
+def site_views(path: str, report: CheckReport, sites: Sequence[SiteCheck] | None = None,
+               context: int = 3) -> list[dict[str, Any]]:
+    """The `show` document of each of `sites` (default: every site of `report`), in order;
+    the HTML report embeds them per site."""
+    ps = report.probeset
+    if sites is None:
+        sites = report.sites
     symbols = load_symbols(ps.image)
     try:
         cfi = load_cfi(ps.image)
@@ -116,20 +142,10 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         sj = site_json(s, names, ps.image.is64)
         fc = ctx.function(s.function) if s.function is not None else None
         docs.append({
-            "path": args.file, "probe": args.probe, "address": s.probe.address,
+            "path": path, "probe": s.probe.probe_id, "address": s.probe.address,
             "function": sj["function"], "kernels": sj["kernels"], "outcome": s.outcome,
             "attempts": sj["window_attempts"], "window": sj["window"],
-            "rows": _rows(fc, s, args.context) if fc is not None else [],
+            "rows": _rows(fc, s, context) if fc is not None else [],
             "findings": sj["findings"],
         })
-    if args.json:
-        json.dump({"schema": "usdtpatch/show", "schema_version": 1, "sites": docs}, out,
-                  indent=2)
-        out.write("\n")
-    else:
-        from usdtpatch.report.render import make_console, render_show
-
-        console = make_console(out)
-        for d in docs:
-            render_show(console, d)
-    return EXIT_OK
+    return docs

@@ -10,12 +10,11 @@ import argparse
 import json
 from typing import IO, Any
 
-from usdtpatch.cli.cmd_plan import add_placement_args, make_plan
-from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, load
-from usdtpatch.emulate.verify import FAIL, PASS, SKIP, VerifyReport, verify_plan
-from usdtpatch.errors import InputError
-from usdtpatch.io import read_input
-from usdtpatch.poke.plan import plan_from_json
+from usdtpatch import api
+from usdtpatch.cli.cmd_plan import add_placement_args, placement
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
+from usdtpatch.emulate.verify import FAIL, PASS, SKIP, VerifyReport
+from usdtpatch.errors import UsdtpatchError
 
 VERIFY_SCHEMA = "usdtpatch/verify"
 VERIFY_SCHEMA_VERSION = 1
@@ -28,6 +27,10 @@ def register(sub: Any) -> None:
     p.add_argument("--plan", metavar="PLAN.json",
                    help="verify this plan (from `usdtpatch plan --json` or anyone else) "
                         "instead of planning FILE now")
+    p.add_argument("--protocol", metavar="PROTOCOL.toml",
+                   help="run this write protocol (a protocol file: usdtpatch/poke/protocols/"
+                        "nop5.toml is the kernel's) on every site instead of the plan's "
+                        "sequences; its model replaces --form")
     add_placement_args(p)
     p.add_argument("--json", action="store_true", help="print a versioned JSON document")
     p.set_defaults(func=run)
@@ -69,17 +72,23 @@ def render_verify(rep: VerifyReport) -> str:
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    ps = load(args.file)
-    if args.plan:
-        raw = read_input(args.plan)
-        try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{args.plan}: not a JSON document: {exc}") from exc
-        plan = plan_from_json(doc, args.plan)
-    else:
-        plan = make_plan(args, ps, args.file)
-    rep = verify_plan(plan, ps.image)
+    try:
+        if args.plan and args.protocol:
+            print("usdtpatch: verify: give --plan or --protocol, not both", file=err)
+            return EXIT_UNUSABLE
+        if args.plan:
+            rep = api.verify(args.file, plan=args.plan)
+        elif args.protocol:
+            from usdtpatch.poke.protocols import apply_protocol, load_protocol
+
+            proto = load_protocol(args.protocol)
+            where = {**placement(args), "form": proto.model}
+            rep = api.verify(args.file, plan=apply_protocol(api.plan(args.file, **where), proto))
+        else:
+            rep = api.verify(args.file, **placement(args))
+    except UsdtpatchError as exc:
+        error_line(args.file, exc, err)
+        return EXIT_UNUSABLE
     if args.json:
         json.dump(verify_json(rep), out, indent=2)
         out.write("\n")
@@ -96,10 +105,8 @@ def summarize(path: str, form: str = "nop5") -> tuple[int, str]:
     """
     from usdtpatch.cli.cmd_plan import render_site
 
-    ps = load(path)
-    ns = argparse.Namespace(trampoline=None, maps=None, pid=None, load_base=None, form=form)
-    plan = make_plan(ns, ps, path)
-    rep = verify_plan(plan, ps.image)
+    plan = api.plan(path, form=form)
+    rep = api.verify(path, plan=plan)
     first = next((s for s in plan.sites
                   if s.sequences is not None and s.sequences.optimize is not None), None)
     text = ""

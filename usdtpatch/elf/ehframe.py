@@ -5,12 +5,14 @@ References: the LSB "Exception Frames" chapter (.eh_frame CIE/FDE layout, the DW
 encodings, the .eh_frame_hdr binary-search table) and DWARF 4 section 6.4 (call frame
 instructions). Reading FDEs for analysis lives in usdtpatch/elf/cfi.py and is reused here.
 
-Why a copy: section-based readers (gdb, readelf, libdw) read one `.eh_frame` section; the
-runtime unwinder (libgcc) reads PT_GNU_EH_FRAME's table. The rewritten file gets one complete
-`.eh_frame` in the new segment (every original entry, its pc-relative pointers adjusted for
-the move, then the detours' CIE and FDEs) and one table covering all of it; the original
-sections stay in place, untouched, renamed `.eh_frame.orig` / `.eh_frame_hdr.orig` so that no
-reader sees two tables.
+What a rewrite adds (docs/rewrite.md, "What each consumer needs"): the runtime unwinders (libgcc,
+libunwind) find an FDE through PT_GNU_EH_FRAME's table, whose entries are (pc, FDE address)
+pairs that may point anywhere; gdb and readelf read the section named `.eh_frame` and gdb also
+merges `.debug_frame`. So the original `.eh_frame` stays where it is under its name; the
+detours get a small CIE + FDEs in the new segment (`.usdtpatch.eh_frame`), a new
+`.eh_frame_hdr` indexes the original FDEs and the detours' together (the original header is
+renamed `.eh_frame_hdr.orig`), and the same FDEs go to `.debug_frame` for gdb.
+`copy_eh_frame` (a moved copy of a whole `.eh_frame`) is kept for callers that need one.
 """
 
 from __future__ import annotations
@@ -18,44 +20,37 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from usdtpatch.elf.cfi import Fde
+from usdtpatch.elf.cfi import (
+    CfiError,
+    Cie,
+    DW_EH_PE_absptr,
+    DW_EH_PE_datarel,
+    DW_EH_PE_indirect,
+    DW_EH_PE_omit,
+    DW_EH_PE_pcrel,
+    DW_EH_PE_sdata4,
+    DW_EH_PE_udata4,
+    DW_EH_PE_uleb128,
+    EhBytes,
+    Fde,
+    Lsda,
+    iter_entries,
+    leb_bytes,
+    pointer_code,
+)
+from usdtpatch.elf.image import ET_DYN, ElfImage
 from usdtpatch.errors import UnsupportedError
-
-DW_EH_PE_omit = 0xFF
-DW_EH_PE_pcrel = 0x10
-DW_EH_PE_datarel = 0x30
-DW_EH_PE_sdata4 = 0x0B
-DW_EH_PE_udata4 = 0x03
-_FIXED_SIZES = {0x02: 2, 0x03: 4, 0x04: 8, 0x0A: 2, 0x0B: 4, 0x0C: 8}
-_SIGNED = {0x0A: "h", 0x0B: "i", 0x0C: "q"}
-_UNSIGNED = {0x02: "H", 0x03: "I", 0x04: "Q"}
 
 RSP = 7  # DWARF register numbers on x86-64
 RIP = 16
 
 
-def _leb(data: bytes | bytearray, pos: int, signed: bool) -> tuple[int, int]:
-    """(value, position after it) of the ULEB128/SLEB128 at data[pos]."""
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise UnsupportedError("LEB128 runs past the end of .eh_frame")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            if signed and b & 0x40:
-                result -= 1 << shift
-            return result, pos
-
-
 def _uleb(data: bytes | bytearray, pos: int) -> tuple[int, int]:
-    return _leb(data, pos, False)
+    return leb_bytes(data, pos, False)
 
 
 def _sleb(data: bytes | bytearray, pos: int) -> tuple[int, int]:
-    return _leb(data, pos, True)
+    return leb_bytes(data, pos, True)
 
 
 def uleb(value: int) -> bytes:
@@ -79,46 +74,29 @@ def sleb(value: int) -> bytes:
             return bytes(out)
 
 
-def _ptr_size(enc: int, word: int) -> int:
-    fmt = enc & 0x0F
-    if fmt == 0:
-        return word
-    if fmt in _FIXED_SIZES:
-        return _FIXED_SIZES[fmt]
-    raise UnsupportedError(f".eh_frame pointer encoding {enc:#04x} is variable-length")
-
-
-@dataclass
-class _CieInfo:
-    aug: str
-    fde_enc: int = 0
-    lsda_enc: int = DW_EH_PE_omit
-
-
 def _move_field(buf: bytearray, pos: int, enc: int, shift: int, word: int, dyn: bool,
-                what: str) -> int:
-    """Adjust a pointer field at buf[pos] for a move of `shift` bytes; return its size."""
+                what: str) -> None:
+    """Adjust the pointer field at buf[pos] for a move of its section by `shift` bytes."""
     if enc == DW_EH_PE_omit:
-        return 0
-    size = _ptr_size(enc, word)
+        return
     app = enc & 0x70
     if app == DW_EH_PE_pcrel:
-        fmt = enc & 0x0F
-        code = _SIGNED.get(fmt) or _UNSIGNED.get(fmt) or ("q" if word == 8 else "i")
+        code = pointer_code(enc, word)
+        if code is None:
+            raise UnsupportedError(f"{what}: a pc-relative LEB128 pointer cannot be moved")
+        size = struct.calcsize(code)
         (val,) = struct.unpack_from("<" + code, buf, pos)
         new = val - shift
-        mask = (1 << (8 * size)) - 1
         if code.isupper():
-            new &= mask
+            new &= (1 << (8 * size)) - 1
         elif not -(1 << (8 * size - 1)) <= new < (1 << (8 * size - 1)):
             raise UnsupportedError(f"{what}: pc-relative pointer out of range after the move")
         struct.pack_into("<" + code, buf, pos, new)
-    elif app == 0 and dyn and enc & 0x0F == 0:
+    elif app == 0 and dyn and enc & 0x0F == DW_EH_PE_absptr:
         raise UnsupportedError(f"{what}: absolute pointer in a position-independent file "
                                f"(it would need a dynamic relocation at its new place)")
-    elif app not in (0, DW_EH_PE_pcrel):
+    elif app != 0:
         raise UnsupportedError(f"{what}: pointer encoding {enc:#04x} cannot be moved")
-    return size
 
 
 def copy_eh_frame(data: bytes, old_addr: int, new_addr: int, word: int, dyn: bool
@@ -126,76 +104,33 @@ def copy_eh_frame(data: bytes, old_addr: int, new_addr: int, word: int, dyn: boo
     """Copy the entries of an `.eh_frame` section (bytes `data` at `old_addr`) for `new_addr`.
 
     Returns the copy without a terminator, and (pc_begin, new FDE address) for every FDE.
+    The entries are read by usdtpatch.elf.cfi's parser; a malformed one raises CfiError (an
+    ElfFormatError), one this copy cannot move raises UnsupportedError.
     """
     shift = new_addr - old_addr
+    src = EhBytes(data, old_addr, word, "<")
     buf = bytearray(data)
-    cies: dict[int, _CieInfo] = {}
     fdes: list[tuple[int, int]] = []
-    pos = 0
-    while pos + 4 <= len(buf):
-        (length,) = struct.unpack_from("<I", buf, pos)
-        if length == 0:
-            break  # the terminator: what follows it is not read by anyone
-        hl = 4
-        if length == 0xFFFFFFFF:
-            (length,) = struct.unpack_from("<Q", buf, pos + 4)
-            hl = 12
-        start, body, end = pos, pos + hl, pos + hl + length
-        if end > len(buf):
-            raise UnsupportedError(f".eh_frame+{pos:#x}: entry runs past the section")
-        (cie_id,) = struct.unpack_from("<I", buf, body)
-        if cie_id == 0:
-            p = body + 5
-            nul = buf.index(0, p)
-            aug = buf[p:nul].decode("ascii", "replace")
-            p = nul + 1
-            if "eh" in aug:
-                p += word
-            _, p = _uleb(buf, p)
-            _, p = _sleb(buf, p)
-            if buf[body + 4] == 1:
-                p += 1
-            else:
-                _, p = _uleb(buf, p)
-            info = _CieInfo(aug)
-            if aug.startswith("z"):
-                _, p = _uleb(buf, p)
-                for ch in aug[1:]:
-                    if ch == "R":
-                        info.fde_enc = buf[p]
-                        p += 1
-                    elif ch == "L":
-                        info.lsda_enc = buf[p]
-                        p += 1
-                    elif ch == "P":
-                        enc = buf[p]
-                        p += 1 + _move_field(buf, p + 1, enc, shift, word, dyn,
-                                             f".eh_frame+{start:#x} personality")
-                    elif ch not in "SBG":
-                        raise UnsupportedError(f".eh_frame+{start:#x}: augmentation {aug!r}")
-            cies[start] = info
+    stop = 0
+    cies: dict[int, Cie] = {}
+    for entry in iter_entries(src, cies):
+        where = f".eh_frame+{entry.address - old_addr:#x}"
+        if isinstance(entry, Cie):
+            if not entry.understood:
+                raise UnsupportedError(f"{where}: augmentation {entry.augmentation!r}")
+            if entry.personality_at is not None:
+                _move_field(buf, entry.personality_at - old_addr, entry.personality_encoding,
+                            shift, word, dyn, f"{where} personality")
         else:
-            cie_at = body - cie_id
-            info_or_none = cies.get(cie_at)
-            if info_or_none is None:
-                raise UnsupportedError(f".eh_frame+{start:#x}: FDE before its CIE")
-            info = info_or_none
-            p = body + 4
-            what = f".eh_frame+{start:#x}"
-            fmt = info.fde_enc
-            size = _ptr_size(fmt, word)
-            code = _SIGNED.get(fmt & 0x0F) or _UNSIGNED.get(fmt & 0x0F) or "q"
-            (raw_begin,) = struct.unpack_from("<" + code, data, p)
-            pc_begin = raw_begin + (old_addr + p if fmt & 0x70 == DW_EH_PE_pcrel else 0)
-            _move_field(buf, p, fmt, shift, word, dyn, what + " pc_begin")
-            p += 2 * size
-            if info.aug.startswith("z"):
-                aug_len, q = _uleb(buf, p)
-                if "L" in info.aug and aug_len:
-                    _move_field(buf, q, info.lsda_enc, shift, word, dyn, what + " LSDA")
-            fdes.append((pc_begin & ((1 << (8 * word)) - 1), new_addr + start))
-        pos = end
-    return bytes(buf[:pos]), fdes
+            assert isinstance(entry, Fde)
+            _move_field(buf, entry.pc_begin_at - old_addr, entry.cie.fde_encoding, shift, word,
+                        dyn, f"{where} pc_begin")
+            if entry.lsda_at is not None:
+                _move_field(buf, entry.lsda_at - old_addr, entry.cie.lsda_encoding, shift,
+                            word, dyn, f"{where} LSDA")
+            fdes.append((entry.pc_begin, new_addr + entry.address - old_addr))
+        stop = entry.end - old_addr
+    return bytes(buf[:stop]), fdes
 
 
 # ---------------------------------------------------------------------------------------
@@ -235,7 +170,16 @@ class Row:
 
 
 def rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
-    """The row in force at each address (all inside `fde`), by running its CFA program."""
+    """The row in force at each address (all inside `fde`), by running its CFA program.
+
+    A program this interpreter cannot follow raises UnsupportedError (the site is skipped)."""
+    try:
+        return _rows_at(fde, addresses)
+    except CfiError as exc:
+        raise UnsupportedError(f"the FDE's call frame program is malformed: {exc}") from None
+
+
+def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     cie = fde.cie
     want = sorted(set(addresses))
     out: dict[int, Row] = {}
@@ -406,9 +350,9 @@ def _row_ops(row: Row, prev: Row | None) -> bytes:
     return bytes(out)
 
 
-def build_fde(fde_addr: int, cie_addr: int, pc_begin: int, pc_end: int,
-              rows: list[tuple[int, Row]]) -> bytes:
-    """An FDE at `fde_addr` for [pc_begin, pc_end) whose rows change at the given addresses."""
+def fde_program(pc_begin: int, rows: list[tuple[int, Row]]) -> bytes:
+    """The call frame instructions of an FDE starting at `pc_begin` whose rows change at the
+    given addresses (the same program serves `.eh_frame` and `.debug_frame`)."""
     prog = bytearray()
     prev: Row | None = None
     loc = pc_begin
@@ -422,23 +366,283 @@ def build_fde(fde_addr: int, cie_addr: int, pc_begin: int, pc_end: int,
         if row != prev:
             prog += _row_ops(row, prev)
             prev = row
+    return bytes(prog)
+
+
+def build_fde(fde_addr: int, cie_addr: int, pc_begin: int, pc_end: int,
+              rows: list[tuple[int, Row]], lsda: int | None = None) -> bytes:
+    """An FDE at `fde_addr` for [pc_begin, pc_end) whose rows change at the given addresses.
+
+    With `lsda` (the address of the detour's LSDA), the FDE's augmentation data holds it,
+    pcrel|sdata4: the CIE must be one of `build_personality_cie`."""
+    prog = fde_program(pc_begin, rows)
     cie_ptr = fde_addr + 4 - cie_addr
     pc_field = fde_addr + 8
-    body = (struct.pack("<I", cie_ptr) + struct.pack("<i", pc_begin - pc_field)
-            + struct.pack("<I", pc_end - pc_begin) + uleb(0) + bytes(prog))
+    aug = uleb(0)
+    if lsda is not None:
+        aug = uleb(4) + _field("i", lsda - (fde_addr + 17), "FDE LSDA pointer")
+    body = (_field("I", cie_ptr, "FDE CIE pointer") + _field("i", pc_begin - pc_field,
+                                                                "FDE pc_begin")
+            + _field("I", pc_end - pc_begin, "FDE pc_range") + aug + bytes(prog))
     body += b"\0" * ((-(len(body) + 4)) % 8)  # DW_CFA_nop padding
     return struct.pack("<I", len(body)) + body
+
+
+def build_debug_frame(existing: bytes, fdes: list[tuple[int, int, list[tuple[int, Row]]]]
+                      ) -> bytes:
+    """A `.debug_frame` (DWARF 4 section 6.4, version 1 CIE) holding `existing` (an original
+    `.debug_frame`, kept byte for byte: its CIE pointers are offsets from the section start)
+    and then one CIE and an FDE per (pc_begin, pc_end, rows).
+
+    Why: gdb reads one section named `.eh_frame` (the original, left in place) and merges the
+    FDEs of `.debug_frame` into it; the runtime unwinder reads PT_GNU_EH_FRAME's table instead.
+    """
+    out = bytearray(existing)
+    out += b"\0" * ((-len(out)) % 8)
+    cie_at = len(out)
+    body = (b"\xff\xff\xff\xff" + b"\x01" + b"\0" + uleb(DETOUR_CODE_ALIGN)
+            + sleb(DETOUR_DATA_ALIGN) + bytes([RIP]))
+    body += b"\0" * ((-(len(body) + 4)) % 8)
+    out += struct.pack("<I", len(body)) + body
+    for pc_begin, pc_end, rows in fdes:
+        body = (struct.pack("<IQQ", cie_at, pc_begin, pc_end - pc_begin)
+                + fde_program(pc_begin, rows))
+        body += b"\0" * ((-(len(body) + 4)) % 8)
+        out += struct.pack("<I", len(body)) + body
+    return bytes(out)
 
 
 def build_eh_frame_hdr(hdr_addr: int, eh_frame_addr: int,
                        table: list[tuple[int, int]]) -> bytes:
     """`.eh_frame_hdr` at `hdr_addr`: version 1, eh_frame_ptr pcrel|sdata4, count udata4,
-    table datarel|sdata4 of (initial location, FDE address), sorted by location."""
+    table datarel|sdata4 of (initial location, FDE address), sorted by location. The FDEs
+    may lie in any section (the table holds each one's address), `eh_frame_addr` names the
+    `.eh_frame` a linear reader starts from."""
     rows = sorted(table)
     out = bytearray([1, DW_EH_PE_pcrel | DW_EH_PE_sdata4, DW_EH_PE_udata4,
                      DW_EH_PE_datarel | DW_EH_PE_sdata4])
-    out += struct.pack("<i", eh_frame_addr - (hdr_addr + 4))
-    out += struct.pack("<I", len(rows))
-    for loc, fde in rows:
-        out += struct.pack("<ii", loc - hdr_addr, fde - hdr_addr)
+    out += _field("i", eh_frame_addr - (hdr_addr + 4), ".eh_frame_hdr eh_frame_ptr")
+    out += _field("I", len(rows), ".eh_frame_hdr fde_count")
+    flat = [v - hdr_addr for row in rows for v in row]
+    if flat and not (min(flat) >= -(1 << 31) and max(flat) < 1 << 31):
+        bad = next(r for r in rows if not all(-(1 << 31) <= v - hdr_addr < 1 << 31 for v in r))
+        _field("i", max(bad[0] - hdr_addr, bad[1] - hdr_addr, key=abs),
+               f".eh_frame_hdr entry for {bad[0]:#x}")
+    out += struct.pack(f"<{len(flat)}i", *flat)
     return bytes(out)
+
+
+def _field(code: str, value: int, what: str) -> bytes:
+    """A 4-byte little-endian field, or UnsupportedError when `value` does not fit."""
+    lo, hi = (-(1 << 31), 1 << 31) if code == "i" else (0, 1 << 32)
+    if not lo <= value < hi:
+        raise UnsupportedError(f"{what}: {value:#x} does not fit a 4-byte field (an address "
+                               f"more than 2 GiB from the new .eh_frame)")
+    return struct.pack("<" + code, value)
+
+
+# ---------------------------------------------------------------------------------------
+# A detour's own LSDA (the Itanium C++ ABI exception tables, as GCC's personality reads them)
+#
+# A call moved into a detour returns into it, so an exception thrown by the callee is looked
+# up in the detour's FDE. To reach the same handler, the detour gets a CIE naming the
+# original personality and an LSDA of its own: one call-site entry per moved instruction the
+# original table covers, with the original landing pad and action (an explicit LPStart makes
+# the landing pads, which stay in the original function, reachable), then a copy of the
+# original action table, type table and exception specifications, the type table's
+# pc-relative pointers adjusted for the move. An instruction the original table leaves out
+# gets no entry: the personality then calls std::terminate, as in the original.
+
+
+@dataclass(frozen=True, slots=True)
+class Personality:
+    """The personality routine a CIE names: `target` is what its pointer field encodes (the
+    address of a slot holding the routine's address when `indirect`)."""
+
+    target: int
+    indirect: bool
+
+
+def personality_of(image: ElfImage, cie: Cie) -> Personality:
+    """The personality of `cie`, as a position-independent reference, or UnsupportedError."""
+    if cie.personality_at is None or cie.personality_encoding == DW_EH_PE_omit:
+        raise UnsupportedError("the function's CIE names no personality routine")
+    enc = cie.personality_encoding
+    target = _encoded_target(image, cie.personality_at, enc, "the CIE's personality pointer")
+    return Personality(target, bool(enc & DW_EH_PE_indirect))
+
+
+def _encoded_target(image: ElfImage, at: int, enc: int, what: str) -> int:
+    """The address a pointer field at `at` encodes, before any indirection."""
+    code = pointer_code(enc, 8)
+    if code is None:
+        raise UnsupportedError(f"{what}: a LEB128 pointer")
+    size = struct.calcsize(code)
+    raw = image.read_vaddr(at, size)
+    if len(raw) < size:
+        raise UnsupportedError(f"{what} at {at:#x} is not in the file")
+    val: int = struct.unpack("<" + code, raw)[0]
+    app = enc & 0x70
+    if app == DW_EH_PE_pcrel:
+        return (at + val) & 0xFFFFFFFFFFFFFFFF if val else 0
+    if app == 0 and image.type != ET_DYN:
+        return val & 0xFFFFFFFFFFFFFFFF
+    raise UnsupportedError(f"{what}: encoding {enc:#04x} cannot be moved")
+
+
+def build_personality_cie(cie_addr: int, personality: Personality) -> bytes:
+    """A CIE at `cie_addr` for detour FDEs that carry an LSDA: version 1, "zPLR", the
+    personality pcrel|sdata4 (indirect when the original's is), LSDA and FDE pointers
+    pcrel|sdata4, no initial rules."""
+    pcrel4 = DW_EH_PE_pcrel | DW_EH_PE_sdata4
+    penc = pcrel4 | (DW_EH_PE_indirect if personality.indirect else 0)
+    head = (struct.pack("<I", 0) + b"\x01" + b"zPLR\0" + uleb(DETOUR_CODE_ALIGN)
+            + sleb(DETOUR_DATA_ALIGN) + bytes([RIP]))
+    aug_len = 1 + 4 + 1 + 1
+    # the personality field: after the length (4), the head, the augmentation length, its enc
+    field_at = cie_addr + 4 + len(head) + len(uleb(aug_len)) + 1
+    body = (head + uleb(aug_len) + bytes([penc])
+            + _field("i", personality.target - field_at, "CIE personality pointer")
+            + bytes([pcrel4, pcrel4]))
+    body += b"\0" * ((-(len(body) + 4)) % 8)
+    return struct.pack("<I", len(body)) + body
+
+
+@dataclass(frozen=True, slots=True)
+class LsdaRow:
+    """One call-site entry of a detour's LSDA, in absolute addresses."""
+
+    start: int
+    end: int
+    landing_pad: int | None
+    action: int
+
+
+def detour_call_sites(lsda: Lsda, pairs: list[tuple[int, int, int, int]]) -> list[LsdaRow]:
+    """The call-site rows of a detour: `pairs` are (original start, original end, detour
+    start, detour end) of each relocated instruction; an instruction gets the row of the
+    original entry covering it (looked up at its last byte, where the unwinder looks for a
+    return address), adjacent equal rows merged. Instructions the table leaves out get none."""
+    rows: list[LsdaRow] = []
+    for o_start, o_end, n_start, n_end in pairs:
+        at = o_end - 1
+        cs = next((c for c in lsda.call_sites if c.start <= at < c.end), None)
+        if cs is None or not o_start < o_end:
+            continue
+        if rows and rows[-1].end == n_start and rows[-1].landing_pad == cs.landing_pad \
+                and rows[-1].action == cs.action:
+            rows[-1] = LsdaRow(rows[-1].start, n_end, cs.landing_pad, cs.action)
+        else:
+            rows.append(LsdaRow(n_start, n_end, cs.landing_pad, cs.action))
+    return rows
+
+
+def build_detour_lsda(image: ElfImage, lsda: Lsda, at: int, region_start: int,
+                      rows: list[LsdaRow]) -> bytes:
+    """The bytes of an LSDA placed at `at` for the FDE region starting at `region_start`,
+    with `rows` as its call-site table and the original's actions and types.
+
+    UnsupportedError when the original's tables cannot be carried over (an encoding that
+    would need a relocation at its new place, a malformed action chain)."""
+    pcrel4 = DW_EH_PE_pcrel | DW_EH_PE_sdata4
+    pads = [r.landing_pad for r in rows if r.landing_pad is not None]
+    lp_start = min([lsda.lp_start, *pads]) - 1 if pads else lsda.lp_start
+    cs = bytearray()
+    for r in sorted(rows, key=lambda r: r.start):
+        if r.start < region_start:
+            raise UnsupportedError("a call-site row starts before its region")
+        cs += uleb(r.start - region_start) + uleb(r.end - r.start)
+        cs += uleb(r.landing_pad - lp_start if r.landing_pad is not None else 0)
+        cs += uleb(r.action)
+    block, types = _lsda_tail(image, lsda, [r.action for r in rows if r.action])
+    tt_enc = lsda.ttype_encoding if lsda.ttype_base is not None else DW_EH_PE_omit
+    after_cs = bytes([DW_EH_PE_uleb128]) + uleb(len(cs)) + bytes(cs)
+    head = bytearray([pcrel4])
+    head += _field("i", lp_start - (at + 1), "LSDA LPStart")
+    head.append(tt_enc)
+    tt_field = b""
+    if tt_enc != DW_EH_PE_omit:
+        assert lsda.ttype_base is not None
+        tt_field = uleb(len(after_cs) + (lsda.ttype_base - lsda.actions))
+    out = bytearray(head + tt_field + after_cs)
+    block_at = at + len(out)
+    shift = block_at - lsda.actions
+    buf = bytearray(block)
+    if types:
+        assert lsda.ttype_base is not None
+        code = pointer_code(tt_enc, 8)
+        if code is None:
+            raise UnsupportedError("the LSDA's type table uses LEB128 pointers")
+        size = struct.calcsize(code)
+        app = tt_enc & 0x70
+        for i in range(1, max(types) + 1):
+            old_at = lsda.ttype_base - i * size
+            pos = old_at - lsda.actions
+            if pos < 0:
+                raise UnsupportedError("the LSDA's type table overlaps its action table")
+            (val,) = struct.unpack_from("<" + code, buf, pos)
+            if val == 0:
+                continue  # a catch-all: stays 0
+            if app == DW_EH_PE_pcrel:
+                new = val - shift
+                if code.islower() and not -(1 << (8 * size - 1)) <= new < 1 << (8 * size - 1):
+                    raise UnsupportedError("a type table pointer is out of reach after the move")
+                struct.pack_into("<" + code, buf, pos, new & ((1 << (8 * size)) - 1)
+                                 if code.isupper() else new)
+            elif app == 0 and image.type != ET_DYN:
+                continue  # an absolute address: the same wherever the table is
+            else:
+                raise UnsupportedError(f"type table encoding {tt_enc:#04x} cannot be moved")
+    out += buf
+    return bytes(out)
+
+
+def _lsda_tail(image: ElfImage, lsda: Lsda, actions: list[int]) -> tuple[bytes, list[int]]:
+    """The bytes from the action table to the end of what `actions` reach (action records,
+    the type table, the exception specifications), and the type indices they use."""
+    read = image.read_vaddr
+    ends = [lsda.actions]
+    types: list[int] = []
+    specs: list[int] = []
+    seen: set[int] = set()
+    for a in actions:
+        pos = lsda.actions + a - 1
+        for _ in range(10000):
+            if pos in seen:
+                break
+            seen.add(pos)
+            raw = read(pos, 32)
+            filt, n = leb_bytes(raw, 0, True)
+            nxt, m = leb_bytes(raw, n, True)
+            ends.append(pos + m)
+            if filt > 0:
+                types.append(filt)
+            elif filt < 0:
+                specs.append(-filt - 1)
+            if nxt == 0:
+                break
+            pos = pos + n + nxt
+        else:
+            raise UnsupportedError("the LSDA's action chain does not end")
+    if types or specs:
+        if lsda.ttype_base is None:
+            raise UnsupportedError("the LSDA's actions name types but it has no type table")
+        ends.append(lsda.ttype_base)
+    for off in specs:
+        assert lsda.ttype_base is not None
+        pos = lsda.ttype_base + off
+        for _ in range(10000):
+            raw = read(pos, 16)
+            idx, n = leb_bytes(raw, 0, False)
+            pos += n
+            if idx == 0:
+                break
+            types.append(idx)
+        else:
+            raise UnsupportedError("an exception specification list does not end")
+        ends.append(pos)
+    end = max(ends)
+    data = read(lsda.actions, end - lsda.actions)
+    if len(data) < end - lsda.actions:
+        raise UnsupportedError("the LSDA's tables run past the file")
+    return bytes(data), types

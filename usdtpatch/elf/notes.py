@@ -144,3 +144,82 @@ def serialize_notes(section: NoteSection, word_size: int, byteorder: str) -> byt
     """The bytes of a whole note section: every note, then the trailer."""
     return b"".join(serialize_note(n, word_size, byteorder) for n in section.notes) + \
         section.trailer
+
+
+# ---------------------------------------------------------------------------------------------
+# Other notes: one note read or made, the GNU build-id
+
+
+@dataclass(frozen=True, slots=True)
+class OneNote:
+    """The first note of a note section's bytes (owner without its NUL padding)."""
+
+    owner: bytes  # namesz bytes, the terminating NUL included when the note has one
+    type: int
+    desc: bytes
+
+
+def first_note(data: bytes, byteorder: str = "<") -> OneNote | None:
+    """The first note of `data`, or None when its header or its name and desc run past the
+    end of `data`."""
+    if len(data) < _NOTE_HEADER:
+        return None
+    namesz, descsz, ntype = struct.unpack_from(byteorder + "III", data, 0)
+    desc_at = _NOTE_HEADER + _align4(namesz)
+    if desc_at + descsz > len(data):
+        return None
+    return OneNote(data[_NOTE_HEADER : _NOTE_HEADER + namesz], ntype,
+                   data[desc_at : desc_at + descsz])
+
+
+def make_note(owner: bytes, ntype: int, desc: bytes, byteorder: str = "<") -> bytes:
+    """One note's bytes: `owner` (NUL included) and `desc`, each padded to 4 bytes."""
+    return (struct.pack(byteorder + "III", len(owner), len(desc), ntype)
+            + owner + b"\0" * (_align4(len(owner)) - len(owner))
+            + desc + b"\0" * (_align4(len(desc)) - len(desc)))
+
+
+def build_id(data: bytes, byteorder: str = "<") -> str | None:
+    """The hex build-id held by the bytes of a `.note.gnu.build-id` section, or None.
+
+    (As the rewriter's marker has always recorded it: the first note's desc, whatever its
+    owner; a desc cut short by the section's end is kept as far as it goes.)"""
+    if len(data) < 16:
+        return None
+    namesz, descsz = struct.unpack_from(byteorder + "II", data, 0)
+    off = _NOTE_HEADER + _align4(namesz)
+    return data[off : off + descsz].hex() or None
+
+
+GNU_PROPERTY_X86_FEATURE_1_AND = 0xC0000002
+GNU_PROPERTY_X86_FEATURE_1_IBT = 0x1
+GNU_PROPERTY_X86_FEATURE_1_SHSTK = 0x2
+NT_GNU_PROPERTY_TYPE_0 = 5
+
+
+def x86_feature_1_and(data: bytes, is64: bool = True) -> int | None:
+    """The GNU_PROPERTY_X86_FEATURE_1_AND bits (IBT, SHSTK) of the bytes of a
+    `.note.gnu.property` section, or None when it holds no such property.
+
+    Reference: the x86-64 psABI, "Program Property" (NT_GNU_PROPERTY_TYPE_0 notes of owner
+    "GNU"; an ELF64 note's desc and each property are 8-byte aligned)."""
+    pos = 0
+    while pos + _NOTE_HEADER <= len(data):
+        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        name_at = pos + _NOTE_HEADER
+        desc_at = name_at + _align4(namesz)
+        desc_at = (desc_at + 7) & ~7 if is64 else desc_at
+        end = desc_at + descsz
+        if end > len(data):
+            return None
+        if data[name_at : name_at + namesz].rstrip(b"\0") == b"GNU" and \
+                ntype == NT_GNU_PROPERTY_TYPE_0:
+            q = desc_at
+            while q + 8 <= end:
+                pr_type, pr_size = struct.unpack_from("<II", data, q)
+                if pr_type == GNU_PROPERTY_X86_FEATURE_1_AND and pr_size >= 4 and q + 12 <= end:
+                    bits: int = struct.unpack_from("<I", data, q + 8)[0]
+                    return bits
+                q += 8 + ((pr_size + 7) & ~7)
+        pos = (end + 7) & ~7 if is64 else (end + 3) & ~3
+    return None

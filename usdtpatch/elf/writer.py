@@ -1,21 +1,43 @@
-"""Writing a rewritten ELF file: one new PT_LOAD appended, nothing original moved.
+"""Writing a rewritten ELF file: one new PT_LOAD appended, nothing original moved but the
+few sections in the way of one more program header.
 
 Reference: gABI program headers and section headers; the layout that was found to work with
-every consumer is in shared/design/usdt-and-rewriting.md ("Encoders and writers"):
+every consumer is in docs/usdt-format.md ("Encoders and writers") and docs/rewrite.md:
 
-    [original file, byte for byte, except the ELF header and the patched code bytes]
+    [ELF header, the program header table one entry longer (at e_phoff 64, in the first
+     PT_LOAD), the original file byte for byte except the patched code bytes and the
+     sections grown in place]
     [zero padding up to the new segment's file offset]
-    [new PT_LOAD, R+X: program header table | sections placed by the caller]
-    [non-allocated sections: the new note section, symbols, string tables, the marker]
+    [new PT_LOAD, R+X: the sections moved out of the table's way | sections placed by the
+     caller]
+    [non-allocated sections: the new note section, unwind and symbol sections, the marker]
     [the new section header table]
 
-The new segment has the same (vaddr - offset) delta as the segment that holds `.stapsdt.base`
-(what perf assumes), a vaddr past every existing segment's end (`.bss` included), and p_align
-4096. The program header table moves into it (one more entry), PT_PHDR follows it. Since the
-delta equals the first PT_LOAD's in ordinary links, kernels that compute AT_PHDR from the
-first PT_LOAD still find it. The original section header table is left where it was; the new
-one at the end of the file lists every original section (some renamed or repointed) and the
-new ones.
+Why the table stays at the start: binutils' strip and objcopy always write the program
+headers right after the ELF header, inside the first PT_LOAD, and lay out every segment from
+its first section; a table elsewhere, or a segment that starts before its first section, makes
+them "adjust" sections and write a broken program. `head_room` finds the room: the sections
+between the table's end and the end of a table one entry longer (`.interp`, notes, a hash
+table) move to the start of the new segment, with the segments over them (PT_INTERP, PT_NOTE,
+PT_GNU_PROPERTY) and the `.dynamic` entry of a hash table (DT_HASH, DT_GNU_HASH); where that
+cannot be done the table goes into the new segment as before (such a file must be stripped
+before the rewrite).
+
+The new segment's vaddr lies past every existing segment's end (`.bss` included) and its
+p_align is 4096; the loader needs only p_offset % 4096 == p_vaddr % 4096. Where it costs at
+most MAX_DELTA_PADDING bytes of zeros, the segment keeps the (vaddr - offset) delta of the
+segment that holds `.stapsdt.base`: perf turns a note pc into a file offset with that delta
+(pc + sh_offset(.stapsdt.base) - base), and kernels before 5.18 compute AT_PHDR from the first
+PT_LOAD's delta. When that delta would put the segment's file offset far past the end of the
+file (a large `.bss` ends the memory image far beyond the file's content), the segment starts
+at the first page boundary after the file's content instead: the file grows by the detours,
+not by the memory image, at the price of perf's offsets for moved probes (`keeps_delta` says
+which layout was chosen). Room is left before the segment for the names of the symbols a
+rewrite adds when `.symtab` grows in place (usdtpatch.elf.symbols.symtab_in_place). The
+original section header table is left where it was (or under the grown string table); the
+new one at the end of the file lists every original section (some repointed, some renamed)
+and the new ones; a replaced name that several sections share (two `.note.stapsdt`) is
+refused, since which of them a reader takes is not defined.
 """
 
 from __future__ import annotations
@@ -26,15 +48,22 @@ from dataclasses import dataclass, field
 from usdtpatch.elf.image import (
     PF_R,
     PF_X,
+    PT_DYNAMIC,
     PT_GNU_EH_FRAME,
+    PT_INTERP,
     PT_LOAD,
+    PT_NOTE,
     PT_PHDR,
     SHF_ALLOC,
+    SHT_NOBITS,
+    SHT_NOTE,
     ElfImage,
 )
-from usdtpatch.errors import UnsupportedError
+from usdtpatch.errors import ElfFormatError, UnsupportedError
 
 PAGE = 4096
+MAX_DELTA_PADDING = 1 << 20  # zeros accepted to keep the .stapsdt.base segment's delta
+ADDRESS_LIMIT = 1 << 64
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 
@@ -44,17 +73,40 @@ def _align(v: int, a: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadMove:
+    """Sections moved from just after the program header table into the new segment, to make
+    room for one more header (`head_room`): the file range [lo, hi) of the original, at
+    vaddr `vaddr` there, and the `.dynamic` entries (file offset of d_val) that hold the
+    address of a moved section (DT_HASH, DT_GNU_HASH)."""
+
+    lo: int
+    hi: int
+    vaddr: int
+    dynamic: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentLayout:
-    """Where the new PT_LOAD goes. `phdr_size` bytes at `vaddr` hold the program headers;
+    """Where the new PT_LOAD goes. The first `phdr_size` bytes at `vaddr` are reserved:
+    they hold the program headers, or (`in_place`) the program headers stay at the start of
+    the file, one entry longer, and this room holds the sections `moved` out of their way;
     the caller's sections start at `payload_vaddr`."""
 
     vaddr: int
     offset: int
     phdr_size: int
+    keeps_delta: bool = True  # same (vaddr - offset) as the .stapsdt.base segment (perf)
+    in_place: bool = False  # program headers at e_phoff 64 in the first PT_LOAD (strip-safe)
+    moved: HeadMove | None = None
 
     @property
     def payload_vaddr(self) -> int:
         return _align(self.vaddr + self.phdr_size, 16)
+
+    @property
+    def moved_vaddr(self) -> int:
+        """Where the moved sections start in the new segment (same offset modulo 64)."""
+        return self.vaddr + (self.moved.vaddr % 64 if self.moved is not None else 0)
 
     def offset_of(self, vaddr: int) -> int:
         return self.offset + (vaddr - self.vaddr)
@@ -68,6 +120,7 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
     loads = [s for s in image.segments if s.type == PT_LOAD]
     if not loads:
         raise UnsupportedError("the file has no PT_LOAD segment")
+    _refuse_ranges_past_the_end(image)
     anchor = None
     if anchor_vaddr is not None:
         anchor = next((s for s in loads if s.vaddr <= anchor_vaddr < s.vaddr + s.memsz), None)
@@ -76,10 +129,150 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
     delta = anchor.vaddr - anchor.offset
     if delta % PAGE:
         raise UnsupportedError(f"segment delta {delta:#x} is not a multiple of the page size")
-    vend = max(s.vaddr + s.memsz for s in loads)
-    vaddr = max(_align(vend, PAGE), _align(len(image.data), PAGE) + delta)
+    last = max(loads, key=lambda s: s.vaddr + s.memsz)
+    vend = last.vaddr + last.memsz
+    if _align(vend, PAGE) + PAGE > ADDRESS_LIMIT:
+        raise ElfFormatError(
+            f"program header {last.index}: p_vaddr {last.vaddr:#x} + p_memsz {last.memsz:#x} "
+            f"ends at {vend:#x}, past the end of the 64-bit address space: no room for a new "
+            f"segment after it")
     phdr_size = (len(image.segments) + 1) * _PHDR.size
-    return SegmentLayout(vaddr, vaddr - delta, phdr_size)
+    end_of_file = _align(len(image.data) + _symbol_room(image), PAGE)
+    vaddr = max(_align(vend, PAGE), end_of_file + delta)
+    in_place, moved = head_room(image)
+    if moved is not None:
+        # the reserved room must hold the moved sections (never less than the headers' room,
+        # so that the payload, and the detours' page offsets, do not depend on it)
+        phdr_size = max(phdr_size, moved.vaddr % 64 + moved.hi - moved.lo)
+    if vaddr - delta - len(image.data) <= MAX_DELTA_PADDING:
+        return SegmentLayout(vaddr, vaddr - delta, phdr_size, True, in_place, moved)
+    return SegmentLayout(_align(vend, PAGE), end_of_file, phdr_size, False, in_place, moved)
+
+
+SHT_HASH = 5
+SHT_GNU_HASH = 0x6FFFFFF6
+DT_HASH = 4
+DT_GNU_HASH = 0x6FFFFEF5
+PT_GNU_PROPERTY = 0x6474E553
+MOVABLE_SEGMENTS = (PT_INTERP, PT_NOTE, PT_GNU_PROPERTY)
+
+
+def head_room(image: ElfImage) -> tuple[bool, HeadMove | None]:
+    """Whether the program header table can stay at the start of the file with one more
+    entry (binutils' strip and objcopy put it right after the ELF header in the first
+    PT_LOAD whatever the input did, and lay every segment out from there: a table elsewhere
+    makes them "adjust" sections and break the file), and which sections must move out of
+    its way: the ones between the table's end and the end of the grown table, when each is
+    `.interp`, a note, or a hash table (its `.dynamic` entry repointed), and every segment
+    over them other than the first PT_LOAD lies inside them. (False, None): it cannot."""
+    n = len(image.segments)
+    if image.phoff != 64 or not image.is64 or not image.little_endian:
+        return False, None
+    loads = [sg for sg in image.segments if sg.type == PT_LOAD]
+    first = min(loads, key=lambda sg: sg.offset, default=None)
+    end = 64 + (n + 1) * _PHDR.size
+    if first is None or first.offset != 0 or first.filesz < end:
+        return False, None
+    present = [sec for sec in image.sections if sec.size and sec.type != SHT_NOBITS]
+    lo, hi = 64 + n * _PHDR.size, end
+    block = [sec for sec in present if sec.offset + sec.size > lo and sec.offset < hi]
+    if not block:
+        return True, None
+    lo = min(sec.offset for sec in block)
+    while True:  # a segment over a moved section moves whole, with every section under it
+        hi = max([hi] + [sec.offset + sec.size for sec in block] +
+                 [sg.offset + sg.filesz for sg in image.segments if sg is not first
+                  and sg.filesz and sg.offset < hi and sg.offset + sg.filesz > lo])
+        more = [sec for sec in present if sec not in block and sec.offset < hi
+                and sec.offset + sec.size > lo]
+        if not more:
+            break
+        block += more
+    if lo < 64 + n * _PHDR.size or hi > first.filesz or \
+            any(not sec.flags & SHF_ALLOC or sec.addr - sec.offset != first.vaddr - first.offset
+                for sec in block):
+        return False, None
+    dynamic: list[int] = []
+    for sec in block:
+        if sec.type in (SHT_HASH, SHT_GNU_HASH):
+            at = _dynamic_entry(image, DT_HASH if sec.type == SHT_HASH else DT_GNU_HASH,
+                                sec.addr)
+            if at is None:
+                return False, None
+            dynamic.append(at)
+        elif sec.type != SHT_NOTE and sec.name != ".interp":
+            return False, None
+    for sg in image.segments:
+        if sg is first or not sg.filesz or sg.offset >= hi or sg.offset + sg.filesz <= lo:
+            continue
+        if sg.type not in MOVABLE_SEGMENTS or sg.offset < lo or sg.offset + sg.filesz > hi:
+            return False, None
+    return True, HeadMove(lo, hi, first.vaddr + lo - first.offset, tuple(dynamic))
+
+
+def _dynamic_entry(image: ElfImage, tag: int, value: int) -> int | None:
+    """File offset of the d_val of the `.dynamic` entry (tag, value), or None."""
+    dyn = next((sg for sg in image.segments if sg.type == PT_DYNAMIC), None)
+    if dyn is None:
+        return None
+    found = None
+    for at in range(dyn.offset, min(dyn.offset + dyn.filesz, len(image.data)) - 15, 16):
+        t, v = struct.unpack_from("<qQ", image.data, at)
+        if t == 0:
+            break
+        if t == tag:
+            if v != value or found is not None:
+                return None
+            found = at + 8
+    return found
+
+
+def in_place_regions(image: ElfImage, layout: SegmentLayout) -> tuple[tuple[int, int], ...]:
+    """The (file offset, size) ranges of the input that `write` overwrites besides the
+    caller's patches and grown sections (a restore marker must keep their original bytes)."""
+    if not layout.in_place:
+        return ()
+    out = [(64, (len(image.segments) + 1) * _PHDR.size)]
+    if layout.moved is not None:
+        out += [(at, 8) for at in layout.moved.dynamic]
+    return tuple(out)
+
+
+def _refuse_ranges_past_the_end(image: ElfImage) -> None:
+    """A section or segment whose file range runs past the end of the input would, in the
+    output, cover the bytes appended after it: refuse such a file instead."""
+    size = len(image.data)
+    for sec in image.sections:
+        if sec.type != SHT_NOBITS and sec.size and sec.offset + sec.size > size:
+            raise ElfFormatError(
+                f"section {sec.index} ({sec.name or 'no name'}) at file offset {sec.offset:#x} "
+                f"size {sec.size:#x} runs past the end of the file ({size:#x}): rewriting would "
+                f"make it cover the new data")
+    for seg in image.segments:
+        if seg.filesz and seg.offset + seg.filesz > size:
+            raise ElfFormatError(
+                f"program header {seg.index} at file offset {seg.offset:#x} p_filesz "
+                f"{seg.filesz:#x} runs past the end of the file ({size:#x}): rewriting would make "
+                f"it cover the new data")
+
+
+def _symbol_room(image: ElfImage) -> int:
+    """Bytes to leave after the input's content for the names of the symbols a rewrite adds
+    (at most one per probe) when `.symtab` can grow in place (usdtpatch.elf.symbols)."""
+    from usdtpatch.elf.notes import parse_notes
+    from usdtpatch.elf.symbols import DETOUR_PREFIX, symbol_room
+
+    sec = image.section(".note.stapsdt")
+    if sec is None or not image.is64 or not image.little_endian:
+        return 0
+    try:
+        notes = parse_notes(image.section_data(sec), 8, "<").sdt_notes
+    except (ValueError, UnsupportedError, ElfFormatError):
+        return 0
+    digits = len(str(len(notes)))
+    bound = sum(len(DETOUR_PREFIX) + len(n.provider.encode("utf-8", "surrogateescape"))
+                + len(n.name.encode("utf-8", "surrogateescape")) + digits + 3 for n in notes)
+    return symbol_room(image, bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +299,10 @@ class TailSection:
     entsize: int = 0
     link_name: str | None = None
     info: int = 0
+    # (header offset, header size, where `data` is written): a section grown in place over
+    # bytes the rewrite no longer needs and the room before the new segment (a symbol table
+    # with added entries); None: `data` appended after the segment
+    place: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,47 +320,113 @@ class Rewrite:
 def write(image: ElfImage, rw: Rewrite) -> bytes:
     """The bytes of the rewritten file."""
     lay = rw.layout
-    out = bytearray(image.data)
-    for off, data in rw.patches:
-        if off < 64 or off + len(data) > len(image.data):
-            raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
-        out[off : off + len(data)] = data
-    out += b"\0" * (lay.offset - len(out))
-
-    # the new segment
+    if lay.offset < len(image.data) or lay.offset % PAGE != lay.vaddr % PAGE:
+        raise UnsupportedError(f"new segment at file offset {lay.offset:#x}, vaddr "
+                               f"{lay.vaddr:#x}: not after the file's content or not congruent "
+                               f"modulo the page size")
+    # the new segment: [room for the program headers or the moved sections] [the caller's]
     seg = bytearray(lay.phdr_size)
+    mv = lay.moved
+    shift = 0  # how far the moved sections go (vaddr and file offset alike)
+    if mv is not None:
+        shift = lay.moved_vaddr - mv.vaddr
+        at = lay.moved_vaddr - lay.vaddr
+        seg[at : at + mv.hi - mv.lo] = image.data[mv.lo : mv.hi]
     for piece in rw.alloc:
         start = piece.vaddr - lay.vaddr
         if start < len(seg):
             raise UnsupportedError(f"section {piece.name} at {piece.vaddr:#x} overlaps another")
         seg += b"\0" * (start - len(seg)) + piece.data
     seg_size = len(seg)
+    # the PT_LOAD starts at its first section (strip lays a segment out from its first
+    # section; the file offset stays congruent with the vaddr modulo the page size)
+    seg_start = 0
+    if lay.in_place:
+        seg_start = (lay.moved_vaddr - lay.vaddr) if mv is not None else \
+            min((a.vaddr - lay.vaddr for a in rw.alloc), default=0)
+    n_phdrs = len(image.segments) + 1
+
+    def moved(offset: int) -> bool:
+        return mv is not None and mv.lo <= offset < mv.hi
 
     phdrs = []
+    first = min((sg for sg in image.segments if sg.type == PT_LOAD), key=lambda sg: sg.offset)
     for sg in image.segments:
         p = [sg.type, sg.flags, sg.offset, sg.vaddr, sg.paddr, sg.filesz, sg.memsz, sg.align]
         if sg.type == PT_PHDR:
-            p[2:7] = [lay.offset, lay.vaddr, lay.vaddr, lay.phdr_size, lay.phdr_size]
-            p[7] = 8
+            if lay.in_place:
+                size = n_phdrs * _PHDR.size
+                p[2:7] = [64, first.vaddr + 64 - first.offset, first.paddr + 64 - first.offset,
+                          size, size]
+            else:
+                p[2:7] = [lay.offset, lay.vaddr, lay.vaddr, lay.phdr_size, lay.phdr_size]
+                p[7] = 8
         elif sg.type == PT_GNU_EH_FRAME and rw.eh_frame_hdr is not None:
             hdr = next(a for a in rw.alloc if a.vaddr == rw.eh_frame_hdr)
             p[2:7] = [lay.offset_of(hdr.vaddr), hdr.vaddr, hdr.vaddr, len(hdr.data),
                       len(hdr.data)]
+        elif sg.type != PT_LOAD and sg.filesz and moved(sg.offset):
+            to = lay.offset_of(sg.vaddr + shift)
+            p[2:5] = [to, sg.vaddr + shift, sg.paddr + shift]
         phdrs.append(p)
     # the new PT_LOAD goes after the last PT_LOAD, keeping PT_LOADs sorted by vaddr
     last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
-    phdrs.insert(last_load + 1, [PT_LOAD, PF_R | PF_X, lay.offset, lay.vaddr, lay.vaddr,
-                                 seg_size, seg_size, PAGE])
-    seg[: lay.phdr_size] = b"".join(_PHDR.pack(*p) for p in phdrs)
-    out += seg
+    phdrs.insert(last_load + 1, [PT_LOAD, PF_R | PF_X, lay.offset + seg_start,
+                                 lay.vaddr + seg_start, lay.vaddr + seg_start,
+                                 seg_size - seg_start, seg_size - seg_start, PAGE])
+    table = b"".join(_PHDR.pack(*p) for p in phdrs)
+
+    edits: list[tuple[int, bytes]] = []
+    if lay.in_place:
+        edits.append((64, table))
+        for at in mv.dynamic if mv is not None else ():
+            (old,) = struct.unpack_from("<Q", image.data, at)
+            edits.append((at, struct.pack("<Q", old + shift)))
+    else:
+        seg[: lay.phdr_size] = table
+    for off, data in rw.patches:
+        if off < 64 or off + len(data) > len(image.data):
+            raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
+        edits.append((off, data))
+    for t in rw.tail:
+        if t.place is not None:
+            at = t.place[2]
+            if at < 64 or at + len(t.data) > lay.offset:
+                raise UnsupportedError(f"section {t.name} grown in place at file offset "
+                                       f"{at:#x} would overlap the header or the new segment")
+            edits.append((at, t.data))
+    # the original with the edits, as pieces joined once at the end (no copy of the whole
+    # file is made before the result)
+    view = memoryview(image.data)
+    head: list[bytes | memoryview] = []
+    pos = 64
+    for off, data in sorted(edits, key=lambda e: e[0]):
+        if off < pos:
+            raise UnsupportedError(f"two edits overlap at file offset {off:#x}")
+        head += [view[pos:off], data]
+        pos = off + len(data)
+    head += [view[pos:], b"\0" * (lay.offset - max(pos, len(image.data)))]
+    # `out` is the file from lay.offset on
+    out = bytearray(seg)
+    base = lay.offset
 
     # non-allocated tail sections
     originals = {s.name: s for s in image.sections}
+    for t in rw.tail:
+        same = [s.index for s in image.sections if s.name == t.name]
+        if len(same) > 1:
+            raise UnsupportedError(
+                f"{len(same)} sections are named {t.name} (sections "
+                f"{', '.join(map(str, same))}): the rewrite would not know which one to "
+                f"replace")
     replaced: dict[str, tuple[int, int]] = {}
     placed: list[tuple[TailSection, int]] = []
     for t in rw.tail:
+        if t.place is not None:
+            placed.append((t, t.place[0]))
+            continue
         out += b"\0" * (_align(len(out), t.align) - len(out))
-        placed.append((t, len(out)))
+        placed.append((t, base + len(out)))
         out += t.data
 
     # section headers: originals (renamed / repointed), then the new ones
@@ -172,7 +435,7 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     new_tail = [(t, off) for t, off in placed if t.name not in originals]
     for t, off in placed:
         if t.name in originals:
-            replaced[t.name] = (off, len(t.data))
+            replaced[t.name] = (off, t.place[1] if t.place is not None else len(t.data))
     all_names = names + [a.name for a in new_alloc] + [t.name for t, _ in new_tail]
     shstr = bytearray(b"\0")
     name_off: dict[str, int] = {}
@@ -186,7 +449,7 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
         index_of.setdefault(n, i)
     shstrndx = _shstrndx(image)
     out += b"\0" * (_align(len(out), 8) - len(out))
-    shstr_off = len(out)
+    shstr_off = base + len(out)
     out += shstr
 
     headers: list[bytes] = []
@@ -198,17 +461,22 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
             info = t.info if t.info else sec.info
         if sec.index == shstrndx:
             off, size = shstr_off, len(shstr)
-        headers.append(_SHDR.pack(name_off[n], sec.type, sec.flags, sec.addr, off, size,
+        addr = sec.addr
+        if sec.size and sec.type != SHT_NOBITS and moved(sec.offset):
+            addr = sec.addr + shift
+            off = lay.offset_of(addr)
+        headers.append(_SHDR.pack(name_off[n], sec.type, sec.flags, addr, off, size,
                                   sec.link, info, sec.addralign, sec.entsize))
     for a in new_alloc:
         headers.append(_SHDR.pack(name_off[a.name], a.type, a.flags | SHF_ALLOC, a.vaddr,
                                   lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align, 0))
     for t, off in new_tail:
         link = index_of.get(t.link_name, 0) if t.link_name else 0
-        headers.append(_SHDR.pack(name_off[t.name], t.type, 0, 0, off, len(t.data), link,
+        size = t.place[1] if t.place is not None else len(t.data)
+        headers.append(_SHDR.pack(name_off[t.name], t.type, 0, 0, off, size, link,
                                   t.info, t.align, t.entsize))
     out += b"\0" * (_align(len(out), 8) - len(out))
-    shoff = len(out)
+    shoff = base + len(out)
     out += b"".join(headers)
 
     # the ELF header: program and section header tables moved, counts grown
@@ -216,12 +484,13 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     e_shnum = len(headers)
     if e_phnum >= 0xFFFF or e_shnum >= 0xFF00:
         raise UnsupportedError("too many program or section headers for the ELF header")
-    struct.pack_into("<Q", out, 0x20, lay.offset)  # e_phoff
-    struct.pack_into("<Q", out, 0x28, shoff)  # e_shoff
-    struct.pack_into("<H", out, 0x38, e_phnum)
-    struct.pack_into("<H", out, 0x3C, e_shnum)
-    struct.pack_into("<H", out, 0x3E, shstrndx)
-    return bytes(out)
+    ehdr = bytearray(image.data[:64])
+    struct.pack_into("<Q", ehdr, 0x20, 64 if lay.in_place else lay.offset)  # e_phoff
+    struct.pack_into("<Q", ehdr, 0x28, shoff)  # e_shoff
+    struct.pack_into("<H", ehdr, 0x38, e_phnum)
+    struct.pack_into("<H", ehdr, 0x3C, e_shnum)
+    struct.pack_into("<H", ehdr, 0x3E, shstrndx)
+    return b"".join([ehdr, *head, out])
 
 
 def _shstrndx(image: ElfImage) -> int:

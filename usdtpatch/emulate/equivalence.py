@@ -9,31 +9,61 @@ written, and must reach the probe the same number of times with the same registe
 tracer reads the same argument values). A state in which the original faults must fault in the
 rewrite too; it is not counted.
 
-Reference: usdt-and-rewriting.md ("Patch window"); the issue's rule: "the same exit address,
+Reference: docs/rewrite.md ("How a site is rewritten"); the rule: "the same exit address,
 the same registers and flags, the same memory writes, and the probe reached exactly when the
 original nop was reached, with the same registers there". The rewritten code's guard, when
 present, lowers rsp by 128 around the NOP: registers are compared at the site's first byte,
 before the guard.
+
+Windows that hold a `call` and windows with ways in from outside add shapes:
+- a moved call: both runs stop at the callee's entry (it lies outside the window and the
+  detour) with the same registers (arguments included) and the same memory, except the return
+  address the call pushed, which must be the detour's copy of the original return address;
+  then each return site strictly inside the window is run from (the original) and from its
+  copy (the detour), and compared like an entry.
+- an emulated call pushes the original return address itself: the memory compares equal.
+- a retargeted branch: the rewritten machine holds the patched branch (and stub, table entry);
+  both run from the branch instruction (a table's target: from the target and its copy) with
+  the branch's own bytes allowed, and are compared.
 """
 
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import os
 import random
+import signal
 import struct
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-import unicorn as _unicorn
-from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM_WRITE, UC_MODE_64
-from unicorn import x86_const as X
-
-from usdtpatch.elf.image import PT_LOAD, ElfImage
-from usdtpatch.emulate.machine import GPR_NAMES, RegReader, RegWriter
+from usdtpatch.elf.image import ElfImage
+from usdtpatch.emulate.machine import (
+    GPR_NAMES,
+    HOOK_CODE,
+    HOOK_MEM_UNMAPPED,
+    HOOK_MEM_WRITE,
+    MEM_FETCH_UNMAPPED,
+    REG_RIP,
+    RegReader,
+    RegWriter,
+    UcError,
+    load_segments,
+    new_x86_64,
+)
+from usdtpatch.errors import UnsupportedError
 from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.relocate import Detour, jmp_rel32
 
-_UC: Any = _unicorn
+_T = TypeVar("_T")
+# verify(image, window, detour, replaced probe addresses) -> None when equivalent, else why
+Verifier = Callable[[ElfImage, PatchWindow, Detour, tuple[int, ...]], "str | None"]
+
 PAGE = 4096
 RUNS = 64
 MAX_INSNS = 2000
@@ -63,21 +93,17 @@ class _Run:
 
 
 class _Sandbox:
-    """One unicorn machine holding a file's loadable segments (at link-time addresses)."""
+    """One emulator machine (usdtpatch.emulate.machine) holding a file's loadable segments
+    (at link-time addresses), with pages outside them filled on demand with seeded patterns."""
 
     def __init__(self, image: ElfImage) -> None:
-        self.uc: Any = _UC.Uc(UC_ARCH_X86, UC_MODE_64)
+        self.uc: Any = new_x86_64()
         self.mapped: set[int] = set()
         self.seed = 0
         self.lazy: set[int] = set()
-        for seg in image.segments:
-            if seg.type != PT_LOAD or not seg.memsz:
-                continue
-            lo = seg.vaddr // PAGE * PAGE
-            hi = (seg.vaddr + seg.memsz + PAGE - 1) // PAGE * PAGE
-            self._map(lo, hi - lo)
-            data = image.data[seg.offset : seg.offset + seg.filesz]
-            self.uc.mem_write(seg.vaddr, data)
+        for seg in load_segments(image):
+            self._map(seg.lo, seg.hi - seg.lo)
+            self.uc.mem_write(seg.address, seg.data)
         self._map(STACK_TOP - STACK_SIZE, STACK_SIZE)
         self.reader = RegReader(self.uc)  # one batch call instead of 33 reg_reads
         self.writer = RegWriter(self.uc)
@@ -85,9 +111,9 @@ class _Sandbox:
         self.allowed: list[tuple[int, int]] = []
         self.probes: set[int] = set()
         self.saved: dict[int, int] = {}
-        self.uc.hook_add(UC_HOOK_MEM_UNMAPPED, self._on_unmapped)
-        self.uc.hook_add(UC_HOOK_MEM_WRITE, self._on_write)
-        self.uc.hook_add(UC_HOOK_CODE, self._on_code)
+        self.uc.hook_add(HOOK_MEM_UNMAPPED, self._on_unmapped)
+        self.uc.hook_add(HOOK_MEM_WRITE, self._on_write)
+        self.uc.hook_add(HOOK_CODE, self._on_code)
 
     def _map(self, addr: int, size: int) -> None:
         # one mem_map per run of unmapped pages: unicorn's cost per call grows with the
@@ -104,11 +130,11 @@ class _Sandbox:
 
     def _on_unmapped(self, uc: Any, _access: int, address: int, _size: int, _value: int,
                      _user: Any) -> bool:
-        if _access == _UC.UC_MEM_FETCH_UNMAPPED:
+        if _access == MEM_FETCH_UNMAPPED:
             # control left for an unmapped (or non-canonical: unicorn passes a truncated
             # address, rip has the whole one) address, e.g. a `ret` of the window popping a
             # random return address: that is the window's exit, not a fault of the window
-            rip = uc.reg_read(X.UC_X86_REG_RIP)
+            rip = uc.reg_read(REG_RIP)
             if not any(lo <= rip < hi for lo, hi in self.allowed):
                 self.run.exit = rip
                 return False
@@ -161,7 +187,7 @@ class _Sandbox:
         self.saved = {}
         try:
             self.uc.emu_start(entry, 0, count=MAX_INSNS + 2)
-        except _UC.UcError as exc:
+        except UcError as exc:
             if self.run.exit is None:  # else: left through an unmapped fetch (an exit)
                 self.run.fault = str(exc)
         final = self.regs()
@@ -198,33 +224,127 @@ def _value(rng: random.Random, segments: list[tuple[int, int]]) -> int:
     return rng.getrandbits(64)
 
 
-_CACHE: dict[int, tuple[ElfImage, _Pair]] = {}
+def _new_pair(image: ElfImage) -> _Pair:
+    return _Pair(_Sandbox(image), _Sandbox(image),
+                 [(seg.address, seg.address + seg.memsz) for seg in load_segments(image)])
 
 
-def _pair(image: ElfImage) -> _Pair:
-    key = id(image)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is image:
-        return hit[1]
-    _CACHE.clear()
-    pair = _Pair(_Sandbox(image), _Sandbox(image),
-                 [(seg.vaddr, seg.vaddr + seg.memsz) for seg in image.segments
-                  if seg.type == PT_LOAD and seg.memsz])
-    _CACHE[key] = (image, pair)
-    return pair
+class DetourVerifier:
+    """The verifier of one rewrite: its two machines are made for the first image it is asked
+    about and kept for the next detours of that image (no state outlives the object)."""
+
+    def __init__(self, runs: int = RUNS, seed: int = 1) -> None:
+        self.runs = runs
+        self.seed = seed
+        self._image: ElfImage | None = None
+        self._pair: _Pair | None = None
+
+    def __call__(self, image: ElfImage, window: PatchWindow, detour: Detour,
+                 probes: tuple[int, ...], *, patches: tuple[tuple[int, bytes], ...] = (),
+                 entries: tuple[tuple[int, int], ...] = ()) -> str | None:
+        if self._pair is None or self._image is not image:
+            self._image, self._pair = image, _new_pair(image)
+        return _verify(self._pair, image, window, detour, probes, self.runs, self.seed,
+                       patches, entries)
 
 
 def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
-                  probes: tuple[int, ...], runs: int = RUNS, seed: int = 1) -> str | None:
-    """None when the detour behaves like the window in `runs` random states, else why not."""
-    pair = _pair(image)
+                  probes: tuple[int, ...], runs: int = RUNS, seed: int = 1, *,
+                  patches: tuple[tuple[int, bytes], ...] = (),
+                  entries: tuple[tuple[int, int], ...] = ()) -> str | None:
+    """None when the detour behaves like the window in `runs` random states, else why not.
+
+    `patches` (vaddr, bytes): the retargeted ways in, written in the rewritten machine; each
+    source is also run. `entries` (original, rewritten): more entry points to compare (the
+    ways in, the moved calls' return sites).
+    One-shot: new machines for this call (a rewrite uses one DetourVerifier for all sites)."""
+    return _verify(_new_pair(image), image, window, detour, probes, runs, seed, patches,
+                   entries)
+
+
+def _verify(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detour,
+            probes: tuple[int, ...], runs: int, seed: int,
+            patches: tuple[tuple[int, bytes], ...] = (),
+            entries: tuple[tuple[int, int], ...] = ()) -> str | None:
+    rw = pair.rewritten
+    why_table = _table_entries(window, detour, patches)
+    if why_table is not None:
+        return why_table
+    sources = _patched_sources(image, window, patches)
+    written: list[tuple[int, int]] = []
+    try:
+        for a, b in patches:
+            rw.uc.mem_write(a, b)
+            _drop_translations(rw, a, a + len(b))
+            written.append((a, a + len(b)))
+        extra = [(lo, hi) for lo, hi in written]
+        runs_from: list[tuple[int, int, tuple[tuple[int, int], ...]]] = [
+            (window.start, window.start, ())]
+        runs_from += [(a, b, ()) for a, b in entries]
+        runs_from += [(lo, lo, ((lo, hi),)) for lo, hi in sources]
+        for orig, new, own in runs_from:
+            why = _verify_one(pair, image, window, detour, probes, runs, seed, orig, new,
+                              [*own, *extra])
+            if why is not None:
+                where = "" if orig == window.start else (
+                    f"entered at {orig:#x} (the detour's {new:#x}): " if orig != new else
+                    f"entered at the way in {orig:#x}: ")
+                return where + why
+    finally:
+        for lo, hi in written:
+            rw.uc.mem_write(lo, image.read_vaddr(lo, hi - lo))
+            _drop_translations(rw, lo, hi)
+    return None
+
+
+def _table_entries(window: PatchWindow, detour: Detour,
+                   patches: tuple[tuple[int, bytes], ...]) -> str | None:
+    """A retargeted jump-table entry must now name the detour's copy of its target (the copy
+    itself is then run from, like the target, as an entry)."""
+    mapping = dict(detour.insn_map)
+    written = dict(patches)
+    for r in window.retargets:
+        if r.how not in ("table4", "table8"):
+            continue
+        raw = written.get(r.source)
+        size = 4 if r.how == "table4" else 8
+        if raw is None or len(raw) != size:
+            return f"the jump-table entry at {r.source:#x} is not rewritten"
+        value = (r.base + int.from_bytes(raw, "little", signed=True)) & (2**64 - 1) \
+            if size == 4 else int.from_bytes(raw, "little")
+        if value != mapping.get(r.target):
+            return (f"the jump-table entry at {r.source:#x} names {value:#x}, not the "
+                    f"detour's copy of {r.target:#x}")
+    return None
+
+
+def _patched_sources(image: ElfImage, window: PatchWindow,
+                     patches: tuple[tuple[int, bytes], ...]) -> list[tuple[int, int]]:
+    """The branch instructions holding each patch (a table entry or stub holds none)."""
+    out: list[tuple[int, int]] = []
+    for a, _b in patches:
+        for r in window.retargets:
+            if r.how in ("rel32", "rel8-stub") and r.source <= a < r.source + 8:
+                raw = image.read_vaddr(r.source, 16)
+                ins = sweep(bytes(raw), r.source).insns
+                if ins and (r.source, ins[0].end) not in out:
+                    out.append((r.source, ins[0].end))
+    return out
+
+
+def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detour,
+                probes: tuple[int, ...], runs: int, seed: int, entry: int, new_entry: int,
+                extra: list[tuple[int, int]]) -> str | None:
     rw = pair.rewritten
     # the detour's bytes are mapped in both machines: a window that loads through a random
     # pointer into the new segment then reads the same bytes in both (otherwise the original
-    # faults there and the rewrite does not, which says nothing about the detour)
+    # faults there and the rewrite does not, which says nothing about the detour). Its pages
+    # are unmapped again at the end, so that no check sees an earlier detour's bytes.
+    lo = detour.address // PAGE * PAGE
+    hi = (detour.end + PAGE - 1) // PAGE * PAGE
+    fresh = [p for p in range(lo, hi, PAGE) if p not in rw.mapped]
     for box in (pair.original, rw):
-        box._map(detour.address // PAGE * PAGE,
-                 (detour.end + PAGE - 1) // PAGE * PAGE - detour.address // PAGE * PAGE)
+        box._map(lo, hi - lo)
         box.uc.mem_write(detour.address, detour.code)
     patch = jmp_rel32(window.start, detour.address)
     patch += b"\xcc" * (window.size - len(patch))
@@ -235,7 +355,10 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
     _drop_translations(rw, detour.address, detour.end)
     mapping = dict(detour.insn_map)
     new_probes = {mapping[p] for p in probes}
-    rng = random.Random(seed ^ window.start)
+    calls = set(window.calls)
+    returns = {i.end: mapping[i.end] for i in window.insns
+               if i.address in calls and i.end in mapping}
+    rng = random.Random(seed ^ entry)
     done = attempts = 0
     try:
         while done < runs:
@@ -254,15 +377,18 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
             stack = rng.randbytes(0x8000)
             s = rng.getrandbits(32)
             a, a_regs, a_mem = pair.original.execute(
-                window.start, regs, xmm, flags, stack, [(window.start, window.end)],
+                entry, regs, xmm, flags, stack, [(window.start, window.end), *extra],
                 set(probes), s)
             b, b_regs, b_mem = rw.execute(
-                window.start, regs, xmm, flags, stack,
-                [(window.start, window.end), (detour.address, detour.end)], new_probes, s)
+                new_entry, regs, xmm, flags, stack,
+                [(window.start, window.end), (detour.address, detour.end), *extra],
+                new_probes, s)
             if a.fault is not None:
                 if b.fault is None:
                     return f"the original faults ({a.fault}) where the detour does not"
                 continue
+            if returns:
+                b_mem = _returns_as_original(a_mem, b_mem, b_regs, returns)
             why = _compare(a, a_regs, a_mem, b, b_regs, b_mem)
             if why is not None:
                 return f"state {done}: {why}"
@@ -272,7 +398,31 @@ def verify_detour(image: ElfImage, window: PatchWindow, detour: Detour,
         # `end` when the window ends in the padding after a function)
         rw.uc.mem_write(window.start, image.read_vaddr(window.start, window.size))
         _drop_translations(rw, window.start, window.end)
+        for box in (pair.original, rw):
+            for page in fresh:
+                if page in box.mapped:
+                    box.uc.mem_unmap(page, PAGE)
+                    box.mapped.discard(page)
+            _drop_translations(box, lo, hi)
     return None
+
+
+def _returns_as_original(a_mem: dict[int, int], b_mem: dict[int, int],
+                         b_regs: tuple[int, ...], returns: dict[int, int]) -> dict[int, int]:
+    """`b_mem` with a moved call's return address put back as the original's: when the
+    rewritten run stopped at a callee's entry and the 8 bytes at its rsp hold the detour's
+    copy of a return address where the original's hold that return address."""
+    rsp = b_regs[_GPRS.index("rsp")]
+    if not all(a in b_mem and a in a_mem for a in range(rsp, rsp + 8)):
+        return b_mem
+    got = int.from_bytes(bytes(b_mem[a] for a in range(rsp, rsp + 8)), "little")
+    want = int.from_bytes(bytes(a_mem[a] for a in range(rsp, rsp + 8)), "little")
+    if returns.get(want) != got:
+        return b_mem
+    fixed = dict(b_mem)
+    for k, byte in enumerate(want.to_bytes(8, "little")):
+        fixed[rsp + k] = byte
+    return fixed
 
 
 def _drop_translations(box: _Sandbox, lo: int, hi: int) -> None:
@@ -302,3 +452,131 @@ def _diff(a: tuple[int, ...], b: tuple[int, ...]) -> str:
     names = [*_GPRS, "rflags", *(f"xmm{i}" for i in range(16))]
     return ", ".join(f"{n} {x:#x} != {y:#x}" for n, x, y in zip(names, a, b, strict=True)
                      if x != y)
+
+
+# ---------------------------------------------------------------------------------------
+# Verifying many detours at once, across processes (docs/performance.md, "Rewrite")
+#
+# The planner asks about one detour at a time and lays out the next one after the answer.
+# `plan_verified` runs the planner with a verifier that answers from a memo and records what
+# it cannot answer yet (answering "equivalent" for now); the recorded detours are verified in
+# worker processes, all at once, and the planner runs again with the answers, until it asks
+# nothing new. The last run asked only questions with known answers, so its decisions are
+# those a planner verifying one detour at a time would take. A detour that failed frees its
+# place, and the detours after it move: an answer holds for the same window relocated to
+# another address (the same instructions, branches and site bytes at the same offsets), so
+# the memo is keyed by the detour's shape, not its address, and a moved detour is not run
+# again. Results do not depend on which worker ran a detour: every check starts from the same
+# machine state (`_verify_one` unmaps the detour's pages again). A worker that dies (the
+# emulator crashing) stops the rewrite with an UnsupportedError instead of a hang.
+
+JOBS_MIN_DETOURS = 24  # fewer detours: the pool's start-up costs more than it saves
+
+_Patches = tuple[tuple[int, bytes], ...]
+_Entries = tuple[tuple[int, int], ...]
+_Key = tuple[object, ...]
+_Job = tuple[PatchWindow, Detour, tuple[int, ...], _Patches, _Entries]
+
+
+def _shape(window: PatchWindow, detour: Detour, probes: tuple[int, ...], patches: _Patches,
+           entries: _Entries) -> _Key:
+    a = detour.address
+    return (window.start, window.end, probes, len(detour.code),
+            tuple((o, n - a) for o, n in detour.insn_map), detour.probe_address - a,
+            tuple((at, len(b)) for at, b in patches), tuple((o, n - a) for o, n in entries))
+
+
+class _Memo:
+    """The planner's verifier during `plan_verified`: known answers from the memo; a detour
+    not seen before is answered "equivalent" for now and sent to the workers (in chunks, so
+    that they verify while the planner goes on)."""
+
+    CHUNK = 8
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.answers: dict[_Key, str | None] = {}
+        self.asked: dict[_Key, _Job] = {}
+        self.batch: list[_Key] = []
+        self.sent: list[tuple[list[_Key], Any]] = []
+
+    def __call__(self, image: ElfImage, window: PatchWindow, detour: Detour,
+                 probes: tuple[int, ...], *, patches: _Patches = (),
+                 entries: _Entries = ()) -> str | None:
+        key = _shape(window, detour, probes, patches, entries)
+        if key in self.answers:
+            return self.answers[key]
+        if key not in self.asked:
+            self.asked[key] = (window, detour, probes, patches, entries)
+            self.batch.append(key)
+            if len(self.batch) >= self.CHUNK:
+                self.send()
+        return None
+
+    def send(self) -> None:
+        if self.batch:
+            jobs = [self.asked[k] for k in self.batch]
+            self.sent.append((self.batch, self.pool.submit(_worker_run, jobs)))
+            self.batch = []
+
+    def settle(self) -> bool:
+        """Wait for every answer asked for; False when nothing was asked."""
+        self.send()
+        if not self.sent:
+            return False
+        for keys, pending in self.sent:
+            self.answers.update(zip(keys, pending.result(), strict=True))
+        self.sent.clear()
+        self.asked.clear()
+        return True
+
+
+_WORKER: dict[str, tuple[ElfImage, DetourVerifier]] = {}  # a worker process's own
+
+
+def _worker_start(image: ElfImage, runs: int, seed: int) -> None:
+    # Ctrl-C is the parent's: it stops the pool (a worker would print a traceback)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    verifier = DetourVerifier(runs, seed)
+    verifier._image, verifier._pair = image, _new_pair(image)  # ready before the first job
+    _WORKER["state"] = (image, verifier)
+
+
+def _worker_run(jobs: list[_Job]) -> list[str | None]:
+    image, verifier = _WORKER["state"]
+    return [verifier(image, w, d, p, patches=pa, entries=e) for w, d, p, pa, e in jobs]
+
+
+def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int | None = None,
+                  runs: int = RUNS, seed: int = 1, expected: int = 0) -> _T:
+    """`plan(verifier)` with every detour it keeps verified, `jobs` worker processes (default:
+    the CPUs this process may use) verifying in parallel. `expected` (the number of probes)
+    decides whether a pool is worth starting; with one job, or in a daemonic process, the
+    detours are verified here, one machine pair for all. Call it before the planner's own
+    analysis: the workers are forked first, while this process is small."""
+    if jobs is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        n = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    else:
+        n = jobs
+    if n <= 1 or expected < JOBS_MIN_DETOURS or multiprocessing.current_process().daemon:
+        return plan(DetourVerifier() if (runs, seed) == (RUNS, 1) else
+                    DetourVerifier(runs, seed))
+    ctx = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_start,
+                               initargs=(image, runs, seed))
+    try:
+        # the first job forks every worker: make one now, before the planner's analysis
+        # grows this process (a forked worker's memory starts as a copy of it)
+        pool.submit(int)
+        memo = _Memo(pool)
+        while True:
+            result = plan(memo)
+            if not memo.settle():
+                return result
+    except BrokenProcessPool as exc:  # a worker died (the emulator crashed): no hang
+        raise UnsupportedError(
+            "a process verifying detours in the emulator died; rewrite with --no-verify to "
+            "skip the check, or report it with the file") from exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -1,7 +1,16 @@
 """The bundled emulator: a unicorn x86-64 machine holding a binary, a stack and uprobe
-trampoline pages, with a model of the kernel. The only module that imports unicorn.
+trampoline pages, with a model of the kernel. The only module that imports unicorn: the
+equivalence check of rewrite (usdtpatch.emulate.equivalence) builds its machines with
+`new_x86_64`, loads the file with `load_segments` and uses the hook and register constants
+exported here.
 
-The kernel model (shared/design/kernel-facts.md, Linux 6.18 arch/x86/kernel/uprobes.c):
+Loading: every PT_LOAD with a memory size is mapped (page-rounded) and its file bytes written
+at its address. A segment whose file size exceeds its memory size is malformed (its bytes
+would spill past the memory the segment claims): `load_segments` refuses it with a
+MachineError, a one-line refusal of the file, where unicorn used to fail on the write.
+
+The kernel model (docs/plan-verify.md, "The emulator and its kernel model"; Linux 6.18
+arch/x86/kernel/uprobes.c):
 - `int3` at the probed site while the uprobe exists: a hit is recorded with the registers the
   kernel reports (ip = the site), and the original NOP is emulated (ip += its length).
 - `int3` at the site after the uprobe is gone: when the writer has meanwhile removed the int3
@@ -38,10 +47,29 @@ from unicorn import (
 from unicorn import x86_const as X
 
 from usdtpatch.elf.image import PT_LOAD, ElfImage
+from usdtpatch.errors import UnsupportedError
 from usdtpatch.poke.trampoline import UPROBE_SYSCALL
 
 _UC: Any = _unicorn  # the binding's own annotations are partial: use it untyped, here only
 UcError: Any = _UC.UcError
+# What the equivalence check's machines use (plain ints: no cost per use).
+HOOK_CODE: int = _UC.UC_HOOK_CODE
+HOOK_MEM_UNMAPPED: int = _UC.UC_HOOK_MEM_UNMAPPED
+HOOK_MEM_WRITE: int = UC_HOOK_MEM_WRITE
+MEM_FETCH_UNMAPPED: int = _UC.UC_MEM_FETCH_UNMAPPED
+REG_RIP: int = X.UC_X86_REG_RIP
+# What the fork model (usdtpatch.emulate.fork) uses.
+HOOK_INTR: int = UC_HOOK_INTR
+HOOK_INSN: int = UC_HOOK_INSN
+INS_SYSCALL: int = X.UC_X86_INS_SYSCALL
+PROT_ALL: int = UC_PROT_ALL
+
+
+def reg_id(name: str) -> int:
+    """unicorn's id of an x86-64 register by its name ("rax", "r10", "rip")."""
+    return int(getattr(X, f"UC_X86_REG_{name.upper()}"))
+
+
 PAGE = 4096
 STACK_BASE = 0x7FFF_F000_0000
 STACK_SIZE = 0x10000
@@ -108,8 +136,45 @@ class _RunRecord:
     restart: bool = False
 
 
-class MachineError(Exception):
-    """The machine cannot be built (overlapping trampoline, unmappable segment)."""
+class MachineError(UnsupportedError):
+    """The machine cannot be built (overlapping trampoline, unmappable or malformed segment);
+    the message is one line about the file."""
+
+
+def new_x86_64() -> Any:
+    """A bare unicorn x86-64 machine (no memory, no hooks)."""
+    return _UC.Uc(UC_ARCH_X86, UC_MODE_64)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSegment:
+    """A PT_LOAD as the emulator maps it: pages [lo, hi), `data` written at `address`."""
+
+    address: int
+    memsz: int
+    data: bytes
+    lo: int
+    hi: int
+
+
+def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, ...]:
+    """The PT_LOAD segments of `image` with a memory size, at `load_base` + p_vaddr.
+
+    Raises MachineError for a segment whose file size exceeds its memory size.
+    """
+    out = []
+    for seg in image.segments:
+        if seg.type != PT_LOAD or seg.memsz == 0:
+            continue
+        if seg.filesz > seg.memsz:
+            raise MachineError(f"program header {seg.index} (PT_LOAD at {seg.vaddr:#x}) has "
+                               f"p_filesz {seg.filesz:#x} > p_memsz {seg.memsz:#x}: a malformed "
+                               f"segment the emulator does not load")
+        addr = load_base + seg.vaddr
+        out.append(LoadedSegment(addr, seg.memsz,
+                                 bytes(image.data[seg.offset: seg.offset + seg.filesz]),
+                                 addr & ~(PAGE - 1), (addr + seg.memsz + PAGE - 1) & ~(PAGE - 1)))
+    return tuple(out)
 
 
 class Machine:
@@ -121,18 +186,13 @@ class Machine:
     def __init__(self, image: ElfImage, load_base: int, trampolines: dict[int, bytes]) -> None:
         self.image = image
         self.load_base = load_base
-        self.uc: Any = _UC.Uc(UC_ARCH_X86, UC_MODE_64)
+        self.uc: Any = new_x86_64()
         self._ranges: list[tuple[int, int]] = []
         self._segments: list[tuple[int, bytes]] = []
         pages: list[tuple[int, int]] = []
-        for seg in image.segments:
-            if seg.type != PT_LOAD or seg.memsz == 0:
-                continue
-            lo = (load_base + seg.vaddr) & ~(PAGE - 1)
-            hi = (load_base + seg.vaddr + seg.memsz + PAGE - 1) & ~(PAGE - 1)
-            pages.append((lo, hi))
-            data = image.data[seg.offset: seg.offset + min(seg.filesz, seg.memsz)]
-            self._segments.append((load_base + seg.vaddr, data))
+        for seg in load_segments(image, load_base):
+            pages.append((seg.lo, seg.hi))
+            self._segments.append((seg.address, seg.data))
         for lo, hi in _merge(pages):
             self._map(lo, hi - lo)
         self.trampolines = dict(trampolines)
@@ -174,16 +234,37 @@ class Machine:
             raise MachineError(f"cannot map {size:#x} bytes at {addr:#x}: {exc}") from exc
         self._ranges.append((addr, addr + size))
 
-    def _reset_memory(self) -> None:
-        for lo, hi in self._ranges:
-            if lo != STACK_BASE:
-                self.uc.mem_write(lo, bytes(hi - lo))
-        for addr, data in self._segments:
-            self.uc.mem_write(addr, data)
-        self.uc.mem_write(STACK_BASE, bytes([STACK_FILL]) * STACK_SIZE)
-        for lo, hi in self._ranges:
-            self.uc.ctl_remove_cache(lo, hi)
-        self._site_bytes = {}
+    def _reset_memory(self, written: list[tuple[int, int]] | None = None) -> None:
+        """Put memory back as loaded: the file's bytes, the trampolines, the filled stack.
+
+        `written` (the (address, size) writes of a run): only the pages they touched are
+        restored. None: a fresh machine, whose mapped memory unicorn hands out zeroed, so only
+        the file's bytes are written: a segment's memory beyond its file bytes (a large .bss,
+        or a p_memsz of 4 GiB in a damaged file) is never touched, nor held in memory.
+        """
+        if written is None:
+            for addr, data in self._segments:
+                self.uc.mem_write(addr, data)
+            self.uc.mem_write(STACK_BASE, bytes([STACK_FILL]) * STACK_SIZE)
+            self._site_bytes = {}
+            return
+        pages = sorted({page for addr, size in written
+                        for page in range(addr & ~(PAGE - 1), addr + size, PAGE)
+                        if self.mapped(page)})
+        for page in pages:
+            end = page + PAGE
+            if STACK_BASE <= page < STACK_BASE + STACK_SIZE:
+                self.uc.mem_write(page, bytes([STACK_FILL]) * PAGE)
+            else:
+                self.uc.mem_write(page, bytes(PAGE))
+                for addr, data in self._segments:  # in load order, as the first time
+                    lo, hi = max(addr, page), min(addr + len(data), end)
+                    if lo < hi:
+                        self.uc.mem_write(lo, data[lo - addr: hi - addr])
+            self.uc.ctl_remove_cache(page, end)
+            for site in [a for a, b in self._site_bytes.items()
+                         if a < end and page < a + len(b)]:
+                del self._site_bytes[site]  # its page now holds the file's bytes again
 
     def read(self, address: int, size: int) -> bytes:
         return bytes(self.uc.mem_read(address, size))
@@ -312,7 +393,7 @@ class Machine:
                 else:
                     other.append(a)
         if other or any(not -STACK_WINDOW <= w < STACK_WINDOW for w in stack_writes):
-            self._reset_memory()
+            self._reset_memory(rec.writes)
         elif stack_writes:
             lo = ARRIVAL_RSP - STACK_WINDOW
             uc.mem_write(lo, bytes([STACK_FILL]) * (2 * STACK_WINDOW))
@@ -340,7 +421,7 @@ class Machine:
             rec.fault = f"{exc} at {uc.reg_read(X.UC_X86_REG_RIP):#x}"
         rip = uc.reg_read(X.UC_X86_REG_RIP)
         regs = self._read_regs()
-        self._reset_memory()
+        self._reset_memory(rec.writes)
         return RunResult(rip, regs, tuple(rec.hits), (), (), rec.fault, rip == CALL_RETURN)
 
 

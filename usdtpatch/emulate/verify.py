@@ -12,7 +12,7 @@ trampoline while each state of the unoptimize sequence is written must still ret
 correctly. Writes below rsp are recorded: on the 6.18 nop5 path they are the
 `optimized-call-clobbers-red-zone` hazard; a guarded site must leave [rsp-128, rsp) alone.
 
-The protocol rules are the kernel's (shared/design/kernel-facts.md): int3 first, no byte other
+The protocol rules are the kernel's (docs/plan-verify.md, "Verification"): int3 first, no byte other
 than byte 0 written unless byte 0 is int3, the opcode last, byte 0 always written alone,
 rel32 = trampoline - call end, no page crossing, unoptimize ends on the NOP.
 """
@@ -24,7 +24,50 @@ from dataclasses import dataclass, field
 from itertools import product
 
 from usdtpatch.elf.image import ET_EXEC, ElfImage
-from usdtpatch.emulate.machine import KernelState, Machine, MachineError, RunResult
+from usdtpatch.emulate.machine import (
+    KernelState,
+    Machine,
+    MachineError,
+    RunResult,
+    load_segments,
+)
+from usdtpatch.findings import (
+    ADDRESS_MISMATCH,
+    DETACH_END_NOT_ORIGINAL,
+    DISPLACEMENT_WITHOUT_INT3,
+    GUARDED_SITE_WRITES_RED_ZONE,
+    HIT_REPORTS_WRONG_REGISTERS,
+    KERNEL_CHECK_FAILS,
+    MACHINE_ERROR,
+    NO_INT3_FIRST,
+    OPCODE_BEFORE_DISPLACEMENT,
+    OPTIMIZE_END_NOT_CALL,
+    OPTIMIZED_CALL_CLOBBERS_RED_ZONE,
+    ORIGINAL_MISMATCH,
+    PARKED_THREAD_FAILS,
+    PLAN_FILE_MISMATCH,
+    SEQUENCE_START_MISMATCH,
+    SITE_CROSSES_PAGE,
+    SITE_UNMAPPED,
+    STEP_INCONSISTENT,
+    TOO_MANY_TORN_BYTES,
+    TORN_STATE_CLOBBERS_REGISTERS,
+    TORN_STATE_DOUBLE_HIT,
+    TORN_STATE_FAULTS,
+    TORN_STATE_GOES_ASTRAY,
+    TORN_STATE_MISSES_HIT,
+    TORN_STATE_MOVES_RSP,
+    TORN_STATE_WRITES_MEMORY,
+    TRAMPOLINE_OVERLAPS_FILE,
+    UNOPTIMIZE_END_NOT_NOP,
+    UNOPTIMIZE_LEAVES_CALL,
+    WRITE_OUTSIDE_SITE,
+    WRITE_SPANS_BYTE0,
+    WRONG_REL32,
+    Finding,
+    Severity,
+    lookup,
+)
 from usdtpatch.poke.nop10 import LEA_RSP_MINUS_128, NOP10_HEAD, NOP10_LENGTH, REX_W
 from usdtpatch.poke.plan import Plan, SitePlan, check_plan_matches
 from usdtpatch.poke.sequences import (
@@ -40,8 +83,8 @@ from usdtpatch.poke.sequences import (
     call_target,
 )
 from usdtpatch.poke.trampoline import TRAMPOLINE_NOP5, TRAMPOLINE_NOP10
-from usdtpatch.report.findings import Finding, Severity
-from usdtpatch.x86.nops import RED_ZONE, crosses_page, decode_nop
+from usdtpatch.sites.rules import rule_618, rule_nop10
+from usdtpatch.x86.nops import RED_ZONE, decode_nop
 
 MAX_TORN_BYTES = 12  # 4096 mixtures per transition at most
 TRAMPOLINE_INSNS = 9  # push, push, push, mov, syscall, pop, pop, pop, ret
@@ -53,8 +96,11 @@ SKIP = "skip"
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    code: str
+    code: str  # a registered code (usdtpatch.findings), checked when made
     message: str
+
+    def __post_init__(self) -> None:
+        lookup(self.code)
 
     def to_json(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
@@ -140,7 +186,7 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
     seqs, site = ctx.seqs, ctx.site
     n = len(seqs.original)
     if file_bytes[:n] != seqs.original:
-        ctx.fail("original-mismatch", f"the plan's original bytes {_hx(seqs.original)} are not "
+        ctx.fail(ORIGINAL_MISMATCH.code, f"the plan's original bytes {_hx(seqs.original)} are not "
                                       f"the file's {_hx(file_bytes[:n])}")
     chain: list[tuple[Sequence | None, bytes, str]] = [
         (seqs.attach, seqs.original, "the original bytes"),
@@ -152,78 +198,84 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
         if seq is None:
             continue
         if seq.start != want_start:
-            ctx.fail("sequence-start-mismatch",
+            ctx.fail(SEQUENCE_START_MISMATCH.code,
                      f"{seq.name} starts from {_hx(seq.start)}, expected {what} "
                      f"{_hx(want_start)}")
         if seq.address != seqs.address:
-            ctx.fail("address-mismatch", f"{seq.name} writes at {seq.address:#x}, the site is "
+            ctx.fail(ADDRESS_MISMATCH.code, f"{seq.name} writes at {seq.address:#x}, the site is "
                                          f"at {seqs.address:#x}")
         state = seq.start
         final = seq.steps[-1].after if seq.steps else seq.start
         for i, st in enumerate(seq.steps):
             where = f"{seq.name} step {i + 1}"
             if st.before != state:
-                ctx.fail("step-inconsistent", f"{where}: 'before' is {_hx(st.before)}, the site "
+                ctx.fail(STEP_INCONSISTENT.code, f"{where}: 'before' is {_hx(st.before)}, the site "
                                               f"holds {_hx(state)}")
             try:
                 after = apply_write(state, st.offset, st.data)
             except ValueError as exc:
-                ctx.fail("write-outside-site", f"{where}: {exc}")
+                ctx.fail(WRITE_OUTSIDE_SITE.code, f"{where}: {exc}")
                 return
             if st.after != after:
-                ctx.fail("step-inconsistent", f"{where}: 'after' is {_hx(st.after)}, the write "
+                ctx.fail(STEP_INCONSISTENT.code, f"{where}: 'after' is {_hx(st.after)}, the write "
                                               f"gives {_hx(after)}")
             if st.expect_byte0 is not None and state[0] != st.expect_byte0:
-                ctx.fail("kernel-check-fails",
+                ctx.fail(KERNEL_CHECK_FAILS.code,
                          f"{where}: the kernel expects byte 0 = {st.expect_byte0:02x} before "
                          f"writing, the site holds {state[0]:02x}")
             changed = [j for j in range(n) if after[j] != state[j]]
             if i == 0 and changed and (0 not in changed or after[0] != INT3) and \
                     seq.name in ("attach", "optimize", "unoptimize"):
-                ctx.fail("no-int3-first",
+                ctx.fail(NO_INT3_FIRST.code,
                          f"{where}: the first write changes {_hx(state)} -> {_hx(after)} "
                          f"instead of putting int3 at byte 0")
             if any(j > 0 for j in changed) and state[0] != INT3:
-                ctx.fail("displacement-without-int3",
+                ctx.fail(DISPLACEMENT_WITHOUT_INT3.code,
                          f"{where}: bytes {', '.join(str(j) for j in changed if j)} change "
                          f"while byte 0 is {state[0]:02x}, not int3")
             if st.offset == 0 and len(st.data) > 1 and any(j > 0 for j in changed) \
                     and 0 in changed:
-                ctx.fail("write-spans-byte0",
+                ctx.fail(WRITE_SPANS_BYTE0.code,
                          f"{where}: one {len(st.data)}-byte write changes byte 0 and bytes "
                          f"after it; a concurrent fetch can see any mixture")
             if seq.name == "optimize" and 0 in changed and after[0] == _opcode(seqs) and \
                     after[1:] != final[1:]:
-                ctx.fail("opcode-before-displacement",
+                ctx.fail(OPCODE_BEFORE_DISPLACEMENT.code,
                          f"{where}: opcode {after[0]:02x} written while bytes 1..{n - 1} are "
                          f"{_hx(after[1:])}, not yet {_hx(final[1:])}")
             state = after
     if seqs.optimize is not None and seqs.unoptimize is not None:
-        if crosses_page(site.address, n):
-            ctx.fail("site-crosses-page",
+        # the rule engine check asks: would the kernel optimize this site at all? (64-bit
+        # only reaches here; the trampoline's reach is checked below, as wrong-rel32)
+        rule = rule_nop10 if seqs.protocol == PROTOCOL_NOP10 else rule_618
+        v = rule(seqs.original, site.address)
+        if v.code == SITE_CROSSES_PAGE.code:
+            ctx.fail(SITE_CROSSES_PAGE.code,
                      f"the {n}-byte site at {site.address:#x} crosses a page boundary: the "
                      f"kernel never optimizes it")
+        elif not v.outcome.optimized and v.code is not None:
+            ctx.fail(v.code, f"the plan optimizes a site the kernel does not: {v.reason}")
         target = _call_form(seqs, seqs.optimize.end)
         if target is None:
-            ctx.fail("optimize-end-not-call", f"optimize ends on {_hx(seqs.optimize.end)}, "
+            ctx.fail(OPTIMIZE_END_NOT_CALL.code, f"optimize ends on {_hx(seqs.optimize.end)}, "
                                               f"not a call to the trampoline")
         elif target != seqs.trampoline:
             tr = "none" if seqs.trampoline is None else f"{seqs.trampoline:#x}"
-            ctx.fail("wrong-rel32", f"the optimized call goes to {target:#x}, the trampoline "
+            ctx.fail(WRONG_REL32.code, f"the optimized call goes to {target:#x}, the trampoline "
                                     f"is {tr}")
         end = seqs.unoptimize.end
         if _call_form(seqs, end) is not None or end[0] == _opcode(seqs):
-            ctx.fail("unoptimize-leaves-call", f"unoptimize ends on {_hx(end)}: the call is "
+            ctx.fail(UNOPTIMIZE_LEAVES_CALL.code, f"unoptimize ends on {_hx(end)}: the call is "
                                                f"still there")
         elif seqs.protocol == PROTOCOL_NOP10:
             if end[:5] != NOP10_HEAD:
-                ctx.fail("unoptimize-end-not-nop", f"unoptimize ends on {_hx(end)}, not the "
+                ctx.fail(UNOPTIMIZE_END_NOT_NOP.code, f"unoptimize ends on {_hx(end)}, not the "
                                                    f"10-byte NOP")
         elif end != seqs.original:
-            ctx.fail("unoptimize-end-not-nop", f"unoptimize ends on {_hx(end)}, not the "
+            ctx.fail(UNOPTIMIZE_END_NOT_NOP.code, f"unoptimize ends on {_hx(end)}, not the "
                                                f"original {_hx(seqs.original)}")
     if seqs.detach.end != seqs.original:
-        ctx.fail("detach-end-not-original", f"detach ends on {_hx(seqs.detach.end)}, not "
+        ctx.fail(DETACH_END_NOT_ORIGINAL.code, f"detach ends on {_hx(seqs.detach.end)}, not "
                                             f"{_hx(seqs.original)}")
 
 
@@ -259,43 +311,43 @@ def _judge(ctx: _Ctx, res: RunResult, label: str) -> bool:
     ok = True
     exit_ = ctx.site.exit
     if res.fault is not None:
-        ctx.fail("torn-state-faults", f"{label}: {res.fault}")
+        ctx.fail(TORN_STATE_FAULTS.code, f"{label}: {res.fault}")
         return False
     if res.end_rip != exit_:
-        ctx.fail("torn-state-goes-astray",
+        ctx.fail(TORN_STATE_GOES_ASTRAY.code,
                  f"{label}: the thread did not reach {exit_:#x} (stopped at {res.end_rip:#x}"
                  f"{'' if res.instructions_left else ', instruction budget spent'})")
         return False
     arrival = ctx.machine.arrival
     if res.regs["rsp"] != arrival["rsp"]:
-        ctx.fail("torn-state-moves-rsp", f"{label}: rsp {res.regs['rsp']:#x}, arrived with "
+        ctx.fail(TORN_STATE_MOVES_RSP.code, f"{label}: rsp {res.regs['rsp']:#x}, arrived with "
                                          f"{arrival['rsp']:#x}")
         ok = False
     bad = [n for n, v in res.regs.items() if n not in ("rip", "rsp") and arrival[n] != v]
     if bad:
-        ctx.fail("torn-state-clobbers-registers", f"{label}: {', '.join(bad)} changed")
+        ctx.fail(TORN_STATE_CLOBBERS_REGISTERS.code, f"{label}: {', '.join(bad)} changed")
         ok = False
     if len(res.hits) > 1:
-        ctx.fail("torn-state-double-hit", f"{label}: {len(res.hits)} hits "
+        ctx.fail(TORN_STATE_DOUBLE_HIT.code, f"{label}: {len(res.hits)} hits "
                                           f"({', '.join(h.via for h in res.hits)})")
         ok = False
     want = _expected_at_site(ctx)
     for h in res.hits:
         wrong = [n for n in want if h.regs.get(n) != want[n]]
         if wrong:
-            ctx.fail("hit-reports-wrong-registers",
+            ctx.fail(HIT_REPORTS_WRONG_REGISTERS.code,
                      f"{label}: the {h.via} hit reports {', '.join(wrong)} unlike the thread "
                      f"at the site (" + ", ".join(f"{n}={h.regs[n]:#x}" for n in wrong[:3]) +
                      ")")
             ok = False
     if res.other_writes or any(w >= 0 for w in res.stack_writes):
-        ctx.fail("torn-state-writes-memory", f"{label}: writes at or above rsp or outside the "
+        ctx.fail(TORN_STATE_WRITES_MEMORY.code, f"{label}: writes at or above rsp or outside the "
                                              f"stack")
         ok = False
     below = [w for w in res.stack_writes if -RED_ZONE <= w < 0]
     if below:
         if ctx.site.guarded or ctx.seqs.protocol == PROTOCOL_NOP10:
-            ctx.fail("guarded-site-writes-red-zone",
+            ctx.fail(GUARDED_SITE_WRITES_RED_ZONE.code,
                      f"{label}: writes {_span(below)} inside the red zone of a guarded site")
             ok = False
         else:
@@ -313,7 +365,7 @@ def _run(ctx: _Ctx, state: bytes, kernel: KernelState, label: str) -> bool:
     ok = _judge(ctx, res, label)
     # A thread that meets the int3 or the call while the uprobe exists must be reported.
     if ok and kernel.probe and state[0] in (INT3, _opcode(ctx.seqs)) and not res.hits:
-        ctx.fail("torn-state-misses-hit", f"{label}: the thread passed the probe unreported")
+        ctx.fail(TORN_STATE_MISSES_HIT.code, f"{label}: the thread passed the probe unreported")
         ok = False
     return ok
 
@@ -324,9 +376,11 @@ def _check_torn(ctx: _Ctx) -> None:
         states = seq.states
         for i in range(len(states) - 1):
             a, b = states[i], states[i + 1]
+            if len(a) != ctx.kernel_length or len(b) != ctx.kernel_length:
+                continue  # not the site's length: step-inconsistent or a start mismatch says so
             diff = sum(1 for x, y in zip(a, b, strict=False) if x != y)
             if diff > MAX_TORN_BYTES:
-                ctx.fail("too-many-torn-bytes", f"{seq.name} step {i + 1} changes {diff} "
+                ctx.fail(TOO_MANY_TORN_BYTES.code, f"{seq.name} step {i + 1} changes {diff} "
                                                 f"bytes at once ({1 << diff} mixtures)")
                 continue
             last = i == len(states) - 2 and seq.name in ("unoptimize", "detach")
@@ -364,7 +418,7 @@ def _check_parked(ctx: _Ctx) -> None:
             if len(ctx.failures) > before and not ctx.failures[-1].code.startswith("parked"):
                 f = ctx.failures.pop()
                 ctx.seen_codes.discard(f.code)
-                ctx.fail("parked-thread-fails", f"{f.message} [{f.code}]")
+                ctx.fail(PARKED_THREAD_FAILS.code, f"{f.message} [{f.code}]")
 
 
 def verify_site(machine: Machine, site: SitePlan, image: ElfImage, load_base: int,
@@ -389,23 +443,23 @@ def verify_site(machine: Machine, site: SitePlan, image: ElfImage, load_base: in
     ctx = _Ctx(machine, site, seqs, len(seqs.original), NOP10_LENGTH if nop10 else NOP5_LENGTH,
                RED_ZONE if nop10 else 0)
     if link != site.link_address:
-        ctx.fail("address-mismatch", f"run-time address {site.address:#x} minus the load base "
+        ctx.fail(ADDRESS_MISMATCH.code, f"run-time address {site.address:#x} minus the load base "
                                      f"is {link:#x}, the plan says {site.link_address:#x}")
     if not site.entry <= site.address < site.address + len(seqs.original) <= site.exit or \
             site.exit - site.entry > 64:
-        ctx.fail("address-mismatch", f"the site {site.address:#x}+{len(seqs.original)} is not "
+        ctx.fail(ADDRESS_MISMATCH.code, f"the site {site.address:#x}+{len(seqs.original)} is not "
                                      f"inside its entry..exit {site.entry:#x}..{site.exit:#x}")
         return _verdict(ctx, proto)
     if not all(machine.mapped(a) for a in (site.entry, site.address, site.exit - 1)):
-        ctx.fail("site-unmapped", f"{site.entry:#x}..{site.exit:#x} is not in the file's "
+        ctx.fail(SITE_UNMAPPED.code, f"{site.entry:#x}..{site.exit:#x} is not in the file's "
                                   f"loaded segments")
         return _verdict(ctx, proto)
     _check_rules(ctx, file_bytes)
     if seqs.trampoline is not None and proto != PROTOCOL_INT3 and \
             seqs.trampoline not in mapped_trampolines:
-        ctx.fail("trampoline-overlaps-file", f"trampoline {seqs.trampoline:#x} overlaps the "
+        ctx.fail(TRAMPOLINE_OVERLAPS_FILE.code, f"trampoline {seqs.trampoline:#x} overlaps the "
                                              f"file's mappings or is not page aligned")
-    if "original-mismatch" in ctx.seen_codes or "write-outside-site" in ctx.seen_codes:
+    if ORIGINAL_MISMATCH.code in ctx.seen_codes or WRITE_OUTSIDE_SITE.code in ctx.seen_codes:
         return _verdict(ctx, proto)
     _check_torn(ctx)
     _check_parked(ctx)
@@ -417,7 +471,7 @@ def _verdict(ctx: _Ctx, proto: str) -> SiteVerdict:
     rz = tuple(sorted(ctx.red_zone))
     if rz:
         hazards.append(Finding(
-            "optimized-call-clobbers-red-zone", Severity.WARNING,
+            OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code, Severity.WARNING,
             f"on the optimized path the call and the trampoline's pushes write {len(rz)} bytes "
             f"{_span(rz)} below rsp on every hit",
             "safe only if the function keeps nothing live in its red zone here; guard the "
@@ -437,7 +491,7 @@ def verify_plan(plan: Plan, image: ElfImage) -> VerifyReport:
     t0 = time.perf_counter()
     findings: list[Finding] = []
     for problem in check_plan_matches(plan, image):
-        findings.append(Finding("plan-file-mismatch", Severity.ERROR, problem,
+        findings.append(Finding(PLAN_FILE_MISMATCH.code, Severity.ERROR, problem,
                                 "verify the plan against the file it was made for", ""))
     code = trampoline_code(plan.protocol)
     load_base = 0 if image.type == ET_EXEC else plan.load_base
@@ -447,10 +501,15 @@ def verify_plan(plan: Plan, image: ElfImage) -> VerifyReport:
     probe_machine: Machine | None = None
     if image.is64:
         try:
-            probe_machine = Machine(image, load_base, {})
+            load_segments(image)  # a malformed segment: no load base helps
+            try:
+                probe_machine = Machine(image, load_base, {})
+            except MachineError as exc:
+                findings.append(Finding(MACHINE_ERROR.code, Severity.ERROR, str(exc),
+                                        "the load base puts the file outside user space", ""))
         except MachineError as exc:
-            findings.append(Finding("machine-error", Severity.ERROR, str(exc),
-                                    "the load base puts the file outside user space", ""))
+            findings.append(MACHINE_ERROR.finding(
+                str(exc), "", "the file is malformed; list and check still read it"))
     for t in plan.trampolines:
         if probe_machine is None:
             break
@@ -464,7 +523,7 @@ def verify_plan(plan: Plan, image: ElfImage) -> VerifyReport:
         try:
             machine = Machine(image, load_base, mapped)
         except MachineError as exc:
-            findings.append(Finding("machine-error", Severity.ERROR, str(exc), "", ""))
+            findings.append(Finding(MACHINE_ERROR.code, Severity.ERROR, str(exc), "", ""))
     verdicts = []
     for site in plan.sites:
         if machine is None:

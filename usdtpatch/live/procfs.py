@@ -1,7 +1,7 @@
 """The real kernel's view of a process: /proc/PID/maps, /proc/PID/mem, vm.mmap_min_addr.
 
 Reference: proc(5). /proc/PID/mem reads need ptrace access (root here); the uprobe trampoline
-page itself cannot be read this way (EIO, see shared/design/kernel-facts.md).
+page itself cannot be read this way (EIO, see docs/kernel.md, "The trampoline").
 """
 
 from __future__ import annotations

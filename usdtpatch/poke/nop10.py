@@ -2,7 +2,7 @@
 
 This is unreleased code that no kernel we can test implements; it is kept apart from the 6.18
 protocol (usdtpatch.poke.sequences) so it can change without touching anything else.
-Reference: shared/design/kernel-facts.md, "Upstream":
+Reference: docs/plan-verify.md, "nop10 — EXPERIMENTAL":
 
 - the site is the 10-byte NOP `66 2e 0f 1f 84 <SIB> <disp32>` (any SIB/disp32);
 - optimized it becomes `48 8d 64 24 80 e8 d0 d1 d2 d3`
@@ -15,26 +15,22 @@ Reference: shared/design/kernel-facts.md, "Upstream":
 
 from __future__ import annotations
 
+from usdtpatch.findings import Finding
 from usdtpatch.poke.sequences import (
     INT3,
     PROTOCOL_NOP10,
     SiteSequences,
     build_sequence,
+    refusal_finding,
     rel32_for,
 )
-from usdtpatch.report.findings import Finding, Severity
-from usdtpatch.x86.nops import crosses_page
+from usdtpatch.sites.rules import NOP10_LENGTH, is_nop10, rule_nop10
 
 EXPERIMENTAL = True
-NOP10_LENGTH = 10
+__all__ = ["NOP10_LENGTH", "is_nop10", "nop10_refusal", "nop10_sequences"]
 NOP10_HEAD = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84])  # cs nopw disp32(%rax,<SIB>) head
 LEA_RSP_MINUS_128 = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
 REX_W = 0x48  # the byte 0 the optimize sequence writes last
-
-
-def is_nop10(code: bytes) -> bool:
-    """True when code[0:10] is the 10-byte NOP form the queued series optimizes."""
-    return len(code) >= NOP10_LENGTH and code[:5] == NOP10_HEAD
 
 
 def nop10_optimized(address: int, trampoline: int) -> bytes:
@@ -69,26 +65,9 @@ def nop10_sequences(address: int, original: bytes, trampoline: int) -> SiteSeque
 
 def nop10_refusal(address: int, original: bytes, trampoline: int | None, is64: bool,
                   where: str) -> Finding | None:
-    """Why the queued series would not optimize this site; None when it would."""
-    if not is64:
-        return Finding("site-32-bit", Severity.INFO,
-                       "32-bit (compat) processes are never optimized",
-                       "the site stays on the int3 path", where)
-    if not is_nop10(original):
-        return Finding("site-not-nop10", Severity.INFO,
-                       f"the probe instruction {original[:10].hex(' ')} is not the 10-byte NOP "
-                       f"the queued nop10 series optimizes", "the site stays on the int3 path",
-                       where)
-    if crosses_page(address, NOP10_LENGTH):
-        return Finding("site-crosses-page", Severity.WARNING,
-                       f"the nop10 at {address:#x} crosses a page boundary",
-                       "the kernel would not optimize it; move the site", where)
-    if trampoline is None:
-        return Finding("no-trampoline", Severity.WARNING,
-                       f"no free page within +/-2 GiB of {address + NOP10_LENGTH:#x}",
-                       "the site stays on the int3 path", where)
-    if rel32_for(address, NOP10_LENGTH, trampoline) is None:
-        return Finding("trampoline-out-of-reach", Severity.WARNING,
-                       f"trampoline {trampoline:#x} is more than +/-2 GiB from "
-                       f"{address + NOP10_LENGTH:#x}", "the site stays on the int3 path", where)
-    return None
+    """Why the queued series would not optimize this site; None when it would (the verdict of
+    the rule engine's experimental nop10 rules)."""
+    v = rule_nop10(original, address, is64=is64,
+                   reach=lambda _end: trampoline is not None
+                   and rel32_for(address, NOP10_LENGTH, trampoline) is not None)
+    return refusal_finding(v, address, NOP10_LENGTH, original, trampoline, where)

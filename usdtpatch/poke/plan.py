@@ -1,12 +1,12 @@
 """A plan: every probe site of a file with the kernel's write sequences for it, as data, and
 its versioned JSON form (schema `usdtpatch/plan`, version 1; documented in docs/plan-verify.md).
 
-Which instruction the kernel probes for each site form (shared/design/kernel-facts.md):
+Which instruction the kernel probes for each site form (docs/plan-verify.md):
 - nop5 / other accepted 5-byte NOP at the note pc: that instruction;
 - combo5 (`90` + nop5): the nop5 at pc + 1 (libbpf 1.7 attaches there on kernels with the
   uprobe syscall);
 - red-zone-guarded nop5 (`lea -0x80(%rsp),%rsp; nop5; lea 0x80(%rsp),%rsp` at the pc, the
-  form usdt-and-rewriting.md proposes): the nop5 at pc + 5, verified from pc to the end of
+  form `rewrite` writes, docs/rewrite.md): the nop5 at pc + 5, verified from pc to the end of
   the second lea;
 - nop10 / combo10 under the EXPERIMENTAL nop10 protocol: the nop10 (at pc, or pc + 1);
 - anything else: the instruction at the pc, int3 path only (attach/detach).
@@ -24,7 +24,17 @@ from typing import Any
 from usdtpatch import __version__
 from usdtpatch.elf.image import ET_EXEC, ElfImage
 from usdtpatch.errors import InputError, UnsupportedError
-from usdtpatch.poke.nop10 import NOP10_LENGTH, is_nop10, nop10_refusal, nop10_sequences
+from usdtpatch.findings import (
+    EXPERIMENTAL_PROTOCOL,
+    OPTIMIZED_CALL_CLOBBERS_RED_ZONE,
+    RENAMED,
+    SITE_TRUNCATED,
+    SITE_UNMAPPED,
+    Finding,
+    Severity,
+    is_registered,
+)
+from usdtpatch.poke.nop10 import NOP10_LENGTH, nop10_sequences
 from usdtpatch.poke.sequences import (
     NOP5_LENGTH,
     PROTOCOL_INT3,
@@ -34,9 +44,9 @@ from usdtpatch.poke.sequences import (
     SiteSequences,
     Step,
     int3_sequences,
-    nop5_refusal,
     nop5_sequences,
-    probeable_refusal,
+    refusal_finding,
+    trampoline_reach,
 )
 from usdtpatch.poke.trampoline import (
     TRAMPOLINE_NAME,
@@ -44,8 +54,8 @@ from usdtpatch.poke.trampoline import (
     layout_from_load_base,
     place_trampoline,
 )
-from usdtpatch.report.findings import Finding, Severity
 from usdtpatch.sites.probes import ProbeSet, is_x86
+from usdtpatch.sites.rules import Outcome, rule_618, rule_nop10
 from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, SiteForm, decode_nop, is_guarded_nop5
 
 PLAN_SCHEMA = "usdtpatch/plan"
@@ -145,7 +155,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         tsource = "layout"
         layout = layout_from_load_base(image, load_base, path)
     if protocol == PROTOCOL_NOP10:
-        findings.append(Finding("experimental-protocol", Severity.WARNING,
+        findings.append(Finding(EXPERIMENTAL_PROTOCOL.code, Severity.WARNING,
                                 "the nop10 protocol models a kernel series that is not in any "
                                 "release (queued upstream, July 2026)",
                                 "treat nop10 results as a preview", ""))
@@ -154,7 +164,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
     for probe in order:
         where = probe.probe_id
         if probe.offset is None or not probe.code:
-            findings.append(Finding("site-unmapped", Severity.ERROR,
+            findings.append(Finding(SITE_UNMAPPED.code, Severity.ERROR,
                                     f"probe address {probe.address:#x} is in no loadable "
                                     f"segment", "nothing to plan for this probe", where))
             continue
@@ -163,7 +173,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         off, length, guarded, desc = _kernel_site(probe.site.form, window, before, protocol)
         code = window[off:]
         if len(code) < length:
-            findings.append(Finding("site-truncated", Severity.ERROR,
+            findings.append(Finding(SITE_TRUNCATED.code, Severity.ERROR,
                                     f"only {len(code)} bytes of the site are in the file",
                                     "nothing to plan for this probe", where))
             continue
@@ -173,22 +183,22 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         entry = addr - len(GUARD_ENTER) if guarded else addr
         exit_ = entry + len(GUARDED_NOP5) if guarded else addr + length
         site_findings: list[Finding] = []
-        refusal = probeable_refusal(original, where)
-        if refusal is not None and not (protocol == PROTOCOL_NOP10 and is_nop10(original)):
-            site_findings.append(refusal)
-            sites.append(SitePlan(probe.probe_id, probe.index, link, addr, probe.offset + off,
-                                  entry, exit_, guarded, desc, None, tuple(site_findings)))
-            continue
         call_end = NOP10_LENGTH if protocol == PROTOCOL_NOP10 else NOP5_LENGTH
         tramp = trampoline
         reused = False
         if tramp is None:
             placed = place_trampoline(layout, addr, call_end, mmap_min_addr)
             tramp, reused = placed.address, placed.reused
-        if protocol == PROTOCOL_NOP10:
-            why = nop10_refusal(addr, original, tramp, image.is64, where)
-        else:
-            why = nop5_refusal(addr, original, tramp, image.is64, where)
+        # the rule engine's verdict (the one check asks), worded for the plan
+        rule = rule_nop10 if protocol == PROTOCOL_NOP10 else rule_618
+        verdict = rule(original, addr, is64=image.is64,
+                       reach=trampoline_reach(addr, call_end, tramp))
+        why = refusal_finding(verdict, addr, call_end, original, tramp, where)
+        if verdict.outcome is Outcome.UNPROBEABLE:
+            assert why is not None
+            sites.append(SitePlan(probe.probe_id, probe.index, link, addr, probe.offset + off,
+                                  entry, exit_, guarded, desc, None, (why,)))
+            continue
         if why is not None:
             site_findings.append(why)
             seqs = int3_sequences(addr, original)
@@ -203,7 +213,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                                         TRAMPOLINE_NAME))
         if protocol == PROTOCOL_NOP5 and seqs.protocol == PROTOCOL_NOP5 and not guarded:
             site_findings.append(Finding(
-                "optimized-call-clobbers-red-zone", Severity.WARNING,
+                OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code, Severity.WARNING,
                 "when optimized, the call and the trampoline's pushes write the 32 bytes "
                 "below rsp on every hit (verify measures it)",
                 "safe only if the function keeps nothing live below rsp here; "
@@ -333,15 +343,18 @@ def _sequence_from(r: _Reader, doc: Any, where: str) -> Sequence | None:
     return Sequence(name, address, start, tuple(steps))
 
 
-def _findings_from(raw: Any) -> tuple[Finding, ...]:
+def _findings_from(raw: Any, r: _Reader, where: str) -> tuple[Finding, ...]:
     out = []
-    for f in raw if isinstance(raw, list) else []:
+    for i, f in enumerate(raw if isinstance(raw, list) else []):
         if isinstance(f, dict) and isinstance(f.get("code"), str):
             try:
                 sev = Severity(f.get("severity", "info"))
             except ValueError:
                 sev = Severity.INFO
-            out.append(Finding(f["code"], sev, str(f.get("message", "")), str(f.get("hint", "")),
+            code = RENAMED.get(f["code"], f["code"])  # a plan written by an earlier version
+            if not is_registered(code):
+                raise r.fail(f"{where}[{i}].code", f"unknown finding code {f['code']!r}")
+            out.append(Finding(code, sev, str(f.get("message", "")), str(f.get("hint", "")),
                                str(f.get("where", ""))))
     return tuple(out)
 
@@ -403,10 +416,10 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
         fo = r.int_(sd, "file_offset", w, optional=True)
         sites.append(SitePlan(r.str_(sd, "probe", w), r.int_(sd, "index", w) or 0, link, addr,
                               fo, entry, exit_, guarded, str(sd.get("form", "")), seqs,
-                              _findings_from(sd.get("findings"))))
+                              _findings_from(sd.get("findings"), r, f"{w}.findings")))
     return Plan(str(doc.get("path", "")), elfclass == 64, elf_type, protocol, load_base,
                 str(doc.get("load_base_source", "")), str(doc.get("trampoline_source", "")),
-                tuple(sites), _findings_from(doc.get("findings")))
+                tuple(sites), _findings_from(doc.get("findings"), r, "$.findings"))
 
 
 def with_site(plan: Plan, index: int, site: SitePlan) -> Plan:

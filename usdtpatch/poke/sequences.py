@@ -1,7 +1,7 @@
 """The kernel's write sequences for one uprobe site, as data (Linux 6.18, nop5 protocol).
 
 Reference: the 6.18 kernel's `int3_update` / `set_swbp` / `set_orig_insn` write protocol
-(arch/x86/kernel/uprobes.c) as recorded and measured in shared/design/kernel-facts.md:
+(arch/x86/kernel/uprobes.c) as measured and described in docs/plan-verify.md:
 
 - attach:     byte 0 := cc                               (int3; the kernel checks byte 0 is
                                                           the original opcode)
@@ -12,23 +12,28 @@ Reference: the 6.18 kernel's `int3_update` / `set_swbp` / `set_orig_insn` write 
               byte 0 := original (expects cc)
 - detach:     byte 0 := original (expects cc)
 
-rel32 = trampoline - (site + 5). A site is a candidate only when it is one 5-byte
-instruction the kernel's decoder calls a NOP, it does not cross a 4096-byte page
-(`vaddr % 4096 <= 4091`), the call reaches the trampoline with a signed 32-bit displacement,
-and the process is 64-bit. Everything here is pure: bytes and ints in, frozen dataclasses out.
+rel32 = trampoline - (site + 5). Whether a site is a candidate at all is decided by the rule
+engine (usdtpatch.sites.rules), the same one `check` asks; the refusals here only word its
+verdict for a plan. Everything here is pure: bytes and ints in, frozen dataclasses out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from usdtpatch.report.findings import Finding, Severity
-from usdtpatch.x86.nops import (
-    SEGMENT_PREFIXES_UNPROBEABLE,
-    crosses_page,
-    decode_nop,
-    kernel_optimizable_nop5,
+from usdtpatch.findings import (
+    NO_TRAMPOLINE_REACH,
+    SITE_CROSSES_PAGE,
+    SITE_ELF32,
+    SITE_HINT_NOP,
+    SITE_NOT_NOP5,
+    SITE_NOT_NOP10,
+    SITE_SEGMENT_PREFIX,
+    Finding,
+    lookup,
 )
+from usdtpatch.sites.rules import NOP10_LENGTH, Reach, Verdict, rule_618, unprobeable
+from usdtpatch.x86.nops import decode_nop
 
 INT3 = 0xCC  # int3
 CALL_REL32 = 0xE8  # call rel32
@@ -180,40 +185,69 @@ def nop5_sequences(address: int, original: bytes, trampoline: int) -> SiteSequen
                          unoptimize)
 
 
+def trampoline_reach(address: int, length: int, trampoline: int | None) -> Reach:
+    def reach(_end: int) -> bool:
+        return trampoline is not None and rel32_for(address, length, trampoline) is not None
+    return reach
+
+
+def refusal_finding(verdict: Verdict, address: int, length: int, original: bytes,
+                    trampoline: int | None, where: str) -> Finding | None:
+    """The plan's finding for a verdict of the rule engine (None when the site is optimized).
+
+    The verdict (and so the code) comes from usdtpatch.sites.rules; the wording is the plan's,
+    in terms of the site's bytes and the trampoline it was given.
+    """
+    if verdict.outcome.optimized or verdict.code is None:
+        return None
+    code = lookup(verdict.code)
+    form = "nop10" if length == NOP10_LENGTH else "nop5"
+    if code is SITE_SEGMENT_PREFIX:
+        insn = decode_nop(original[:15])
+        n = insn.length if insn is not None else len(original)
+        return code.finding(f"the probe instruction {original[:n].hex(' ')} has a CS/DS "
+                            f"segment prefix: perf_event_open refuses it (errno 524)", where,
+                            "use a NOP without a 2e/3e prefix")
+    if code is SITE_ELF32:
+        return code.finding("32-bit (compat) processes are never optimized", where,
+                            "the site stays on the int3 path")
+    if code is SITE_NOT_NOP5:
+        return code.finding(f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP "
+                            f"the 6.18 kernel optimizes", where, "the site stays on the int3 "
+                            "path; `usdtpatch rewrite` can make room for a nop5")
+    if code is SITE_HINT_NOP:
+        return code.finding(f"the probe instruction {original[:5].hex(' ')} is a hint NOP "
+                            f"(0f 1f /r with ModRM.reg != 0): the kernel single-steps it", where)
+    if code is SITE_NOT_NOP10:
+        return code.finding(f"the probe instruction {original[:10].hex(' ')} is not the 10-byte "
+                            f"NOP the queued nop10 series optimizes",
+                            where, "the site stays on the int3 path")
+    if code is SITE_CROSSES_PAGE:
+        if length == NOP10_LENGTH:
+            return code.finding(f"the nop10 at {address:#x} crosses a page boundary", where,
+                                "the kernel would not optimize it; move the site")
+        return code.finding(f"the nop5 at {address:#x} crosses a page boundary "
+                            f"({address % PAGE_SIZE:#x} > {PAGE_SIZE - length:#x} into its page)",
+                            where, "the kernel never optimizes it; move the site")
+    if code is NO_TRAMPOLINE_REACH:
+        if trampoline is None:
+            tail = " for the trampoline" if form == "nop5" else ""
+            return code.finding(f"no free page within +/-2 GiB of {address + length:#x}{tail}",
+                                where, "the site stays on the int3 path")
+        return code.finding(f"trampoline {trampoline:#x} is more than +/-2 GiB from "
+                            f"{address + length:#x}", where, "the site stays on the int3 path")
+    return code.finding(verdict.reason, where)
+
+
 def probeable_refusal(original: bytes, where: str) -> Finding | None:
     """A finding when the kernel refuses to probe the instruction at all (CS/DS prefix)."""
-    insn = decode_nop(original[:15])
-    if insn is not None and set(insn.prefixes) & SEGMENT_PREFIXES_UNPROBEABLE:
-        return Finding("site-unprobeable-prefix", Severity.ERROR,
-                       f"the probe instruction {original[:insn.length].hex(' ')} has a CS/DS "
-                       f"segment prefix: perf_event_open refuses it (errno 524)",
-                       "use a NOP without a 2e/3e prefix", where)
-    return None
+    v = unprobeable(original)
+    return None if v is None else refusal_finding(v, 0, len(original), original, None, where)
 
 
 def nop5_refusal(address: int, original: bytes, trampoline: int | None, is64: bool,
                  where: str) -> Finding | None:
     """Why the 6.18 kernel would not optimize this site, as a finding; None when it would."""
-    if not is64:
-        return Finding("site-32-bit", Severity.INFO,
-                       "32-bit (compat) processes are never optimized",
-                       "the site stays on the int3 path", where)
-    if not kernel_optimizable_nop5(original):
-        return Finding("site-not-nop5", Severity.INFO,
-                       f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP the "
-                       f"6.18 kernel optimizes", "the site stays on the int3 path; "
-                       "`usdtpatch rewrite` can make room for a nop5", where)
-    if crosses_page(address, NOP5_LENGTH):
-        return Finding("site-crosses-page", Severity.WARNING,
-                       f"the nop5 at {address:#x} crosses a page boundary "
-                       f"({address % PAGE_SIZE:#x} > {PAGE_SIZE - NOP5_LENGTH:#x} into its page)",
-                       "the kernel never optimizes it; move the site", where)
-    if trampoline is None:
-        return Finding("no-trampoline", Severity.WARNING,
-                       f"no free page within +/-2 GiB of {address + NOP5_LENGTH:#x} for the "
-                       f"trampoline", "the site stays on the int3 path", where)
-    if rel32_for(address, NOP5_LENGTH, trampoline) is None:
-        return Finding("trampoline-out-of-reach", Severity.WARNING,
-                       f"trampoline {trampoline:#x} is more than +/-2 GiB from "
-                       f"{address + NOP5_LENGTH:#x}", "the site stays on the int3 path", where)
-    return None
+    v = rule_618(original, address, is64=is64,
+                 reach=trampoline_reach(address, NOP5_LENGTH, trampoline))
+    return refusal_finding(v, address, NOP5_LENGTH, original, trampoline, where)

@@ -1,7 +1,7 @@
 """The uprobe trampoline: its code, and where the kernel puts it (from /proc/PID/maps or a
 layout predicted from a load base).
 
-Reference: shared/design/kernel-facts.md ("The trampoline"), measured on 6.18.44, and the
+Reference: docs/plan-verify.md ("Trampoline placement"), measured on 6.18.44, and the
 6.18 kernel's find_nearest_trampoline() / vm_unmapped_area(): one `r-xp` page named
 `[uprobes-trampoline]`, created at the first hit of an optimizable site, at the free page
 nearest to site+5 within +/-2 GiB (searching up from site+5 and down from it; the closer

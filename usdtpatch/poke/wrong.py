@@ -9,16 +9,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from usdtpatch.findings import (
+    DISPLACEMENT_WITHOUT_INT3,
+    NO_INT3_FIRST,
+    OPCODE_BEFORE_DISPLACEMENT,
+    SITE_CROSSES_PAGE,
+    UNOPTIMIZE_LEAVES_CALL,
+    WRITE_SPANS_BYTE0,
+    WRONG_REL32,
+)
 from usdtpatch.poke.plan import SitePlan
 from usdtpatch.poke.sequences import (
     CALL_REL32,
     INT3,
-    PAGE_SIZE,
     PROTOCOL_NOP5,
     SiteSequences,
     build_sequence,
     nop5_sequences,
 )
+from usdtpatch.sites.rules import rule_618
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +55,7 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
 
     seq = build_sequence("optimize", a, orig, [(0, opt, orig[0], "call written over the NOP")])
     out.append(WrongSequence(
-        "no-int3-first", "no-int3-first",
+        NO_INT3_FIRST.code, NO_INT3_FIRST.code,
         "optimize writes the 5-byte call straight over the NOP, without int3 first",
         _with(site, replace(s, optimize=seq, unoptimize=replace(s.unoptimize, start=opt)))))
 
@@ -55,7 +64,7 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
         (0, bytes([CALL_REL32]), INT3, "opcode e8 first"),
         (1, disp, CALL_REL32, "then rel32")])
     out.append(WrongSequence(
-        "opcode-before-displacement", "opcode-before-displacement",
+        OPCODE_BEFORE_DISPLACEMENT.code, OPCODE_BEFORE_DISPLACEMENT.code,
         "optimize writes the opcode e8 before the displacement",
         _with(site, replace(s, optimize=seq))))
 
@@ -64,14 +73,14 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
         (0, bytes([INT3]), orig[0], "int3 at byte 0"),
         (0, bytes([CALL_REL32]), INT3, "opcode e8")])
     out.append(WrongSequence(
-        "displacement-without-int3", "displacement-without-int3",
+        DISPLACEMENT_WITHOUT_INT3.code, DISPLACEMENT_WITHOUT_INT3.code,
         "optimize writes the displacement while byte 0 still holds the NOP's opcode",
         _with(site, replace(s, optimize=seq))))
 
     bad = nop5_sequences(a, orig, s.trampoline + 5)  # rel32 measured from the site's start
     bad = replace(bad, trampoline=s.trampoline)
     out.append(WrongSequence(
-        "wrong-rel32", "wrong-rel32",
+        WRONG_REL32.code, WRONG_REL32.code,
         "rel32 computed from the site's start instead of its end (call lands 5 bytes into "
         "the trampoline)", _with(site, bad)))
 
@@ -80,7 +89,7 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
         (1, orig[1:5], INT3, "restore bytes 1..4"),
         (0, bytes([CALL_REL32]), INT3, "byte 0 := e8 (should be the NOP's opcode)")])
     out.append(WrongSequence(
-        "unoptimize-leaves-call", "unoptimize-leaves-call",
+        UNOPTIMIZE_LEAVES_CALL.code, UNOPTIMIZE_LEAVES_CALL.code,
         "unoptimize puts e8 back at byte 0 instead of the NOP's first byte",
         _with(site, replace(s, unoptimize=seq))))
 
@@ -89,7 +98,7 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
         (2, orig[2:5], INT3, "restore bytes 2..4"),
         (0, orig[0:2], INT3, "restore bytes 0..1 in one 2-byte write")])
     out.append(WrongSequence(
-        "write-spans-byte0", "write-spans-byte0",
+        WRITE_SPANS_BYTE0.code, WRITE_SPANS_BYTE0.code,
         "unoptimize restores bytes 0 and 1 with one 2-byte write",
         _with(site, replace(s, unoptimize=seq))))
     return out
@@ -101,8 +110,8 @@ def crossing_site(site: SitePlan, trampoline: int) -> WrongSequence:
     s = site.sequences
     if s is None:
         raise ValueError(f"{site.probe}: no sequences")
-    if site.address % PAGE_SIZE <= PAGE_SIZE - 5:
+    if rule_618(s.original, site.address).code != SITE_CROSSES_PAGE.code:
         raise ValueError(f"{site.probe}: {site.address:#x} does not cross a page")
-    return WrongSequence("site-crosses-page", "site-crosses-page",
+    return WrongSequence(SITE_CROSSES_PAGE.code, SITE_CROSSES_PAGE.code,
                          "a nop5 that crosses a page boundary, optimized anyway",
                          _with(site, nop5_sequences(site.address, s.original, trampoline)))

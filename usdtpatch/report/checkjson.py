@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from usdtpatch import __version__
-from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.findings import Finding, Severity
 from usdtpatch.report.listing import function_label, site_disassembly
 from usdtpatch.sites.check import (
     BACKWARD,
@@ -40,6 +40,9 @@ def window_json(w: PatchWindow) -> dict[str, Any]:
         "replacement": w.replacement.hex() if w.replacement is not None else None,
         "internal_targets": list(w.internal_targets),
         "padding_bytes": w.padding_bytes,
+        "calls": list(w.calls),
+        "retargets": [{"target": r.target, "source": r.source, "how": r.how, "kind": r.kind,
+                       "stub": r.stub} for r in w.retargets],
         "instructions": [
             {"address": i.address, "bytes": w.code[i.address - w.start: i.end - w.start].hex(),
              "text": i.text} for i in w.insns

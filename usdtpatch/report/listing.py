@@ -7,7 +7,7 @@ from typing import Any
 from usdtpatch import __version__
 from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
 from usdtpatch.sites.probes import Probe, ProbeSet
-from usdtpatch.x86.decode import describe
+from usdtpatch.x86.describe import describe
 from usdtpatch.x86.nops import SiteForm
 
 LIST_SCHEMA = "usdtpatch/list"

@@ -14,6 +14,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from usdtpatch.findings import FORM_CHOSEN
+from usdtpatch.report.plain import check_cells, check_summary_line, list_cells
+
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
@@ -47,17 +50,8 @@ def render_list(console: Console, doc: dict[str, Any]) -> None:
             table.add_column("function", overflow="fold", ratio=1)
             table.add_column("arguments", overflow="fold", ratio=1)
             for p in f["probes"]:
-                sem = p["semaphore"]
-                sem_text = "-" if sem is None else (
-                    f"{_hex(sem['address'])} ({sem['section'] or 'no section'})")
-                site = p["site"]["form"]
-                if site == "other":
-                    site = f"other: {p['site']['disassembly']}"
-                cells = (f"{p['provider']}:{p['name']}", _hex(p["address"]),
-                         _hex(p["file_offset"]), sem_text, site, p["function"] or "-",
-                         " ".join(a["raw"] for a in p["arguments"]))
                 # Text, not markup: "[clone .cold]" in a C++ name is not a style tag.
-                table.add_row(*(Text(c) for c in cells))
+                table.add_row(*(Text(c) for c in list_cells(p)))
             console.print(table)
         render_findings(console, f["findings"])
 
@@ -75,32 +69,6 @@ def render_findings(console: Console, findings: list[dict[str, str]]) -> None:
         console.print(line, soft_wrap=True)  # one line each, however long
 
 
-def check_summary_line(f: dict[str, Any]) -> str:
-    """The summary line of one file of a check document."""
-    s = f["summary"]
-    ar = s["after_rewrite"]
-    rewrite = ar["in_place"] + ar["forward"] + ar["backward"]
-    line = (f"{s['sites']} site(s): {s['optimizable']} optimizable as they are; {rewrite} after "
-            f"rewrite ({ar['in_place']} in place, {ar['forward']} forward, {ar['backward']} "
-            f"backward); {s['blocked']} blocked")
-    if s["blocked_by_reason"]:
-        line += " (" + ", ".join(f"{k}: {v}" for k, v in s["blocked_by_reason"].items()) + ")"
-    if s["not_applicable"]:
-        line += f"; {s['not_applicable']} not applicable"
-    return line
-
-
-def _outcome_text(site: dict[str, Any]) -> str:
-    w = site["window"]
-    if site["outcome"] == "blocked":
-        return f"blocked: {site['blocked']['code']}"
-    if w is None:
-        return str(site["outcome"])
-    if w["shape"] == "in-place":
-        return "in place (0 jumps)"
-    return f"{w['shape']} {w['relocated_bytes']}B (+{w['extra_jumps']} jumps)"
-
-
 def render_check(console: Console, doc: dict[str, Any], summary_only: bool = False) -> None:
     """`check`'s table per file, its findings and the summary line."""
     for f in doc["files"]:
@@ -114,13 +82,7 @@ def render_check(console: Console, doc: dict[str, Any], summary_only: bool = Fal
             table.add_column("function", overflow="fold", ratio=1)
             table.add_column("findings", overflow="fold", ratio=1)
             for s in f["sites"]:
-                k = s["kernels"]
-                cells = (f"{s['provider']}:{s['name']}", _hex(s["address"]),
-                         s["site"]["form"], k["6.18"]["outcome"],
-                         k["nop10-series"]["outcome"], _outcome_text(s),
-                         s["function"] or "-",
-                         " ".join(sorted({x["code"] for x in s["findings"]})) or "-")
-                table.add_row(*(Text(c) for c in cells))
+                table.add_row(*(Text(c) for c in check_cells(s)))
             console.print(table)
         if not summary_only:
             render_findings(console, f["findings"])
@@ -181,6 +143,9 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
             "NOT verified (--no-verify)"
         console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
                            f"red-zone guard {f['guard']}; {verified}"))
+        for x in f["findings"]:  # why this form (rewrite --form auto)
+            if x["code"] == FORM_CHOSEN.code:
+                console.print(Text(f"  {x['message']}"))
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 

@@ -13,8 +13,30 @@ from dataclasses import dataclass, field
 
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
+from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
-from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.findings import (
+    ARG_USES_RIP,
+    ARG_USES_RSP,
+    CFI_MALFORMED,
+    FORK_GUARD_UNAVAILABLE,
+    FORK_GUARDED,
+    NO_TRAMPOLINE_REACH,
+    PROCESS_CAN_FORK,
+    RED_ZONE_LIVE,
+    RED_ZONE_REWRITE,
+    SITE_COMBO5_PC1,
+    SITE_CROSSES_PAGE,
+    SITE_ELF32,
+    SITE_HINT_NOP,
+    SITE_IN_RSEQ_CS,
+    SITE_SEGMENT_PREFIX,
+    WINDOW_BRANCH_TARGET,
+    WINDOW_NO_FUNCTION_BOUNDS,
+    Finding,
+    Severity,
+    lookup,
+)
 from usdtpatch.sites.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.sites.functions import FunctionBounds
 from usdtpatch.sites.hazards import (
@@ -22,6 +44,7 @@ from usdtpatch.sites.hazards import (
     FORK_COPIES_MM,
     RedZone,
     RseqCs,
+    StackMemo,
     imported_fork_family,
     red_zone,
     rseq_sections,
@@ -30,6 +53,7 @@ from usdtpatch.sites.hazards import (
 from usdtpatch.sites.probes import Probe, ProbeSet
 from usdtpatch.sites.targets import CodeContext, FunctionCode
 from usdtpatch.sites.windows import WindowResult, WindowShape, find_window
+from usdtpatch.x86.nops import SiteForm
 
 # Site outcomes, in the order the summary lists them.
 OPTIMIZABLE = "optimizable"
@@ -40,26 +64,11 @@ BLOCKED = "blocked"
 NOT_APPLICABLE = "n/a"
 OUTCOMES = (OPTIMIZABLE, IN_PLACE, FORWARD, BACKWARD, BLOCKED, NOT_APPLICABLE)
 
-_SEMAPHORE_SEVERITY = {
-    "semaphore-unmapped": Severity.ERROR,
-    "semaphore-not-writable": Severity.ERROR,
-    "semaphore-misaligned": Severity.ERROR,
-    "semaphore-not-in-probes": Severity.WARNING,
-}
-_BLOCK_HINT = ("the site stays on the int3 path; rebuild with a header that emits a 5-byte NOP "
-               "(usdtpatch's sdt.h, or usdt.h)")
-_KERNEL_FINDINGS: dict[str, tuple[Severity, str]] = {
-    "site-crosses-page": (Severity.WARNING, "a rewrite can move the probe into a detour that "
-                                            "does not cross a page"),
-    "site-segment-prefix": (Severity.ERROR, "uprobes cannot be attached here at all; rewrite the "
-                                            "site to the canonical nop5"),
-    "site-hint-nop": (Severity.WARNING, "the kernel single-steps this NOP (about 15x slower than "
-                                        "the int3 path); rewrite it to the canonical nop5"),
-    "site-elf32": (Severity.INFO, "only 64-bit processes get optimized uprobes"),
-    "no-trampoline-reach": (Severity.WARNING, "the file spans more than 2 GiB"),
-    "site-combo5-pc1": (Severity.INFO, "only libbpf 1.7+ attaches at pc + 1; a note rewrite that "
-                                       "moves pc onto the nop5 serves every tracer"),
-}
+_BLOCK_HINT = WINDOW_BRANCH_TARGET.hint
+# The kernel verdicts check reports as findings (with the registry's severity and hint).
+_KERNEL_FINDINGS = frozenset(c.code for c in (
+    SITE_CROSSES_PAGE, SITE_SEGMENT_PREFIX, SITE_HINT_NOP, SITE_ELF32, NO_TRAMPOLINE_REACH,
+    SITE_COMBO5_PC1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,8 @@ class CheckReport:
     fork_imports: tuple[str, ...]
     cfi_source: str
     cfi_fdes: int
+    # the symbols, CFI and analysed functions check used: `show` and the HTML report reuse them
+    context: CodeContext | None = field(default=None, repr=False, compare=False)
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:
@@ -108,7 +119,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     try:
         cfi = load_cfi(image)
     except CfiError as exc:
-        findings.append(Finding("cfi-malformed", Severity.WARNING,
+        findings.append(Finding(CFI_MALFORMED.code, Severity.WARNING,
                                 f"call frame information unusable: {exc}",
                                 "function bounds come from symbols only", ".eh_frame_hdr"))
         cfi = CfiIndex(image, (), (), "none")
@@ -116,46 +127,74 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
-    sites = tuple(_check_site(ctx, p, rseq) for p in probeset.probes)
+    stacks = StackMemo()
+    sites = tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes)
+    findings.extend(_fork_findings(image, sites, forks))
+    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
+
+
+def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
+                   forks: tuple[str, ...]) -> list[Finding]:
+    """The fork hazard of the file: covered by a fork guard (usdtpatch.forkguard: built with
+    sys/sdt.h's, or added by rewrite), or `process-can-fork`, and whether rewrite could add
+    the guard (docs/fork-guard.md)."""
+    from usdtpatch import forkguard
+
+    out: list[Finding] = []
     exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
-    if forks and exposed:
+    if not exposed:
+        return out
+    optimized = {s.probe.address + (1 if s.probe.site.form is SiteForm.COMBO5 else 0)
+                 for s in sites if s.outcome == OPTIMIZABLE}
+    cov = forkguard.coverage(image)
+    if cov is not None and optimized <= cov.sites:
+        out.append(FORK_GUARDED.finding(
+            f"{len(optimized)} optimizable site(s), every one in the fork guard's table "
+            f"({len(cov.sites)} entries): a forked child puts them back on the int3 path; "
+            f"{cov.how}"))
+        return out
+    if forks:
         now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
         copying = [f for f in forks if f in FORK_COPIES_MM]
         shared = "" if copying else (" (each of these runs the child in the parent's address "
                                      "space until exec: exposed only if the child reaches a "
                                      "site before exec)")
-        findings.append(Finding(
-            "process-can-fork", Severity.ERROR if now and copying else Severity.WARNING,
+        out.append(Finding(
+            PROCESS_CAN_FORK.code, Severity.ERROR if now and copying else Severity.WARNING,
             f"the file uses {', '.join(forks)}{shared}: a child forked while a site is optimized "
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
             f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
-            "do not trace the optimized sites of a forking process on a 6.18 kernel, or keep "
-            "those probes on the int3 path", ""))
-    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi))
+            PROCESS_CAN_FORK.hint, ""))
+        if copying and len(exposed) > now and cov is None:
+            problem = forkguard.hook_problem(image)
+            if problem is not None:
+                out.append(FORK_GUARD_UNAVAILABLE.finding(
+                    f"the file can fork and {len(exposed) - now} site(s) would be "
+                    f"rewritten, but the fork guard cannot be added: {problem}"))
+    return out
 
 
-def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...]) -> SiteCheck:
+def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
+                stacks: StackMemo | None = None) -> SiteCheck:
     image = ctx.image
     where = probe.probe_id
     cand = site_candidacy(probe, image)
     v = cand.kernel_618
     findings: list[Finding] = []
     for problem in semaphore_problems(probe, image):
-        findings.append(Finding(problem.code, _SEMAPHORE_SEVERITY[problem.code], problem.message,
-                                problem.hint, where))
+        findings.append(lookup(problem.code).finding(problem.message, where, problem.hint))
     if v.code in _KERNEL_FINDINGS:
-        sev, hint = _KERNEL_FINDINGS[v.code]
-        findings.append(Finding(v.code, sev, v.reason, hint, where))
+        findings.append(lookup(v.code).finding(v.reason, where))
     if v.outcome is Outcome.NOT_APPLICABLE:
         return SiteCheck(probe, cand, NOT_APPLICABLE, None, None, None, None, tuple(findings))
     bounds = ctx.bounds(probe.address)
     fc: FunctionCode | None = ctx.function(bounds) if bounds is not None else None
-    rz = red_zone(fc, probe)
+    rz = red_zone(fc, probe, stacks)
     outcome = OPTIMIZABLE if v.outcome.optimized else BLOCKED
     cs = next((r for r in rseq if r.start <= probe.address < r.end), None)
     if cs is not None and outcome == OPTIMIZABLE:
         findings.append(Finding(
-            "site-in-rseq-cs", Severity.WARNING,
+            SITE_IN_RSEQ_CS.code, Severity.WARNING,
             f"the optimized site is inside the rseq critical section [{cs.start:#x}, "
             f"{cs.end:#x}): every hit makes the uprobe syscall there (a kernel built with "
             "CONFIG_DEBUG_RSEQ kills a task that makes a syscall in a critical section)",
@@ -163,15 +202,15 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...]) -> Sit
     blocked: str | None = None
     window: WindowResult | None = None
     if outcome != OPTIMIZABLE:
-        if v.code in ("site-elf32", "no-trampoline-reach"):
+        if v.code in (SITE_ELF32.code, NO_TRAMPOLINE_REACH.code):
             blocked = v.code
         elif fc is None or bounds is None:
-            blocked = "window-no-function-bounds"
+            blocked = WINDOW_NO_FUNCTION_BOUNDS.code
             findings.append(Finding(blocked, Severity.WARNING,
                                     f"no FDE and no symbol covers {probe.address:#x}: the "
                                     "function's branch targets are unknown", _BLOCK_HINT, where))
         elif cs is not None:
-            blocked = "site-in-rseq-cs"
+            blocked = SITE_IN_RSEQ_CS.code
             findings.append(Finding(blocked, Severity.WARNING,
                                     f"the site is inside the rseq critical section "
                                     f"[{cs.start:#x}, {cs.end:#x}): its code must not move",
@@ -182,7 +221,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...]) -> Sit
             if window.window is not None:
                 outcome = window.window.shape.value
             else:
-                blocked = window.code or "window-branch-target"
+                blocked = window.code or WINDOW_BRANCH_TARGET.code
                 findings.append(Finding(blocked, Severity.WARNING,
                                         f"no patch window: {window.reason}", _BLOCK_HINT,
                                         where))
@@ -191,14 +230,14 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...]) -> Sit
     # Hazards that depend on the outcome.
     if rz.may_use and outcome == OPTIMIZABLE:
         findings.append(Finding(
-            "red-zone-live", Severity.ERROR,
+            RED_ZONE_LIVE.code, Severity.ERROR,
             f"the site is optimized on 6.18 and its function may keep live data below %rsp: "
             f"{rz.reason}; every optimized hit overwrites the {CLOBBERED} bytes below %rsp",
             "build this code with -mno-red-zone, or rewrite the site with usdtpatch's "
             "red-zone-safe detour", where))
     elif rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
         findings.append(Finding(
-            "red-zone-rewrite", Severity.WARNING,
+            RED_ZONE_REWRITE.code, Severity.WARNING,
             f"the function may keep live data below %rsp: {rz.reason}",
             "the rewrite must wrap the probe in lea -0x80(%rsp),%rsp / lea 0x80(%rsp),%rsp",
             where))
@@ -208,12 +247,12 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...]) -> Sit
         if not isinstance(op, MemOperand):
             continue
         if op.base == "rip" and moved:
-            findings.append(Finding("arg-uses-rip", Severity.INFO,
+            findings.append(Finding(ARG_USES_RIP.code, Severity.INFO,
                                     f"argument {a.raw} is rip-relative: in a detour %rip differs",
                                     "the rewrite must re-express it for the probe's new address",
                                     where))
         if op.base == "rsp" and rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
-            findings.append(Finding("arg-uses-rsp", Severity.INFO,
+            findings.append(Finding(ARG_USES_RSP.code, Severity.INFO,
                                     f"argument {a.raw} is addressed through %rsp: the "
                                     "red-zone-safe detour lowers %rsp by 128 around the probe",
                                     "the rewrite must add 128 to its displacement", where))

@@ -1,6 +1,6 @@
 """Hazards of optimized probe sites, each a Finding.
 
-References (shared/design/kernel-facts.md, "Two hazards of the optimized path"):
+References (docs/findings.md, `red-zone-live` and `process-can-fork`, measured on 6.18):
 - Red zone: the optimized path's `call` and the trampoline's three pushes overwrite the 32
   bytes below %rsp. The x86-64 psABI (section 3.2.2, "The Stack Frame") lets a function keep
   data in the 128 bytes below %rsp. `red_zone` decides conservatively whether the function
@@ -23,13 +23,13 @@ import struct
 from dataclasses import dataclass
 
 from usdtpatch.elf.args import MemOperand
-from usdtpatch.elf.image import (
-    PF_W,
-    PT_LOAD,
-    SHN_UNDEF,
-    SHT_DYNSYM,
-    SHT_SYMTAB,
-    ElfImage,
+from usdtpatch.elf.image import PF_W, PT_LOAD, ElfImage
+from usdtpatch.elf.symbols import symbol_names
+from usdtpatch.findings import (
+    SEMAPHORE_MISALIGNED,
+    SEMAPHORE_NOT_IN_PROBES,
+    SEMAPHORE_NOT_WRITABLE,
+    SEMAPHORE_UNMAPPED,
 )
 from usdtpatch.sites.probes import Probe
 from usdtpatch.sites.targets import CodeContext, FunctionCode
@@ -61,7 +61,32 @@ class RedZone:
 _RSP_COPY = re.compile(r"^%rsp, %(\w+)$")
 
 
-def red_zone(fc: FunctionCode | None, probe: Probe) -> RedZone:
+@dataclass(frozen=True, slots=True)
+class _FunctionStack:
+    """What a function's code says about its stack, whatever probe is in it."""
+
+    below: RedZone | None  # the first access below %rsp (or below the frame), if any
+    frame_at: int | None  # address of `mov %rsp,%rbp`
+    lowered: int  # bytes the prologue reserves below the frame pointer
+
+
+class StackMemo:
+    """The probe-independent part of `red_zone` (what a function's code says about its stack),
+    worked out once per function for one analysis run: pass one to every `red_zone` call of a
+    run (a function with several probes is walked once)."""
+
+    def __init__(self) -> None:
+        self._got: dict[int, tuple[FunctionCode, _FunctionStack]] = {}
+
+    def __call__(self, fc: FunctionCode) -> _FunctionStack:
+        got = self._got.get(id(fc))
+        if got is None or got[0] is not fc:  # the FunctionCode is kept: its id stays its own
+            got = (fc, _function_stack(fc))
+            self._got[id(fc)] = got
+        return got[1]
+
+
+def red_zone(fc: FunctionCode | None, probe: Probe, stacks: StackMemo | None = None) -> RedZone:
     """Conservative red-zone analysis: "may use" unless the code proves otherwise.
 
     Proof obligations, over the function's whole linear disassembly (not path-sensitive):
@@ -85,18 +110,34 @@ def red_zone(fc: FunctionCode | None, probe: Probe) -> RedZone:
     guard = _guarded(fc, probe)
     if guard is not None:
         return RedZone(False, guard, None)
+    stack = _function_stack(fc) if stacks is None else stacks(fc)
+    if stack.below is not None:
+        return stack.below
+    if stack.frame_at is not None:
+        for a in probe.args:
+            op = a.operand
+            if isinstance(op, MemOperand) and op.base == "rbp" and -op.disp > stack.lowered:
+                return RedZone(True, f"argument {a.raw} lies below the reserved frame", None)
+    return RedZone(False, "no access below %rsp in the function", None)
+
+
+def _function_stack(fc: FunctionCode) -> _FunctionStack:
     copies: set[str] = set()
     frame_at: int | None = None
     lowered = 0
     in_prologue = False
     for ins in fc.insns:
         m = ins.mem
-        if _adjusts_rsp(ins):
+        op = ins.op_str
+        if m is None and not in_prologue and not op.startswith("%rsp, %"):
+            continue  # no memory operand, no copy of %rsp, outside the prologue: nothing to see
+        if op.endswith(", %rsp") and ins.base_mnemonic.startswith("lea"):  # _adjusts_rsp
             continue  # lea -N(%rsp),%rsp moves the stack pointer; it reads no memory
         if m is not None and (m.base == "rsp" or m.base in copies) and m.disp < 0:
-            return RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
-                                 f"{-m.disp} bytes below %{m.base}", ins.address)
-        mc = _RSP_COPY.match(ins.op_str)
+            return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
+                                                f"{-m.disp} bytes below %{m.base}",
+                                          ins.address), frame_at, lowered)
+        mc = _RSP_COPY.match(op) if op.startswith("%rsp, %") else None
         if mc is not None and ins.base_mnemonic.startswith("mov"):
             reg = mc.group(1)
             if reg == "rbp" and frame_at is None:
@@ -117,14 +158,11 @@ def red_zone(fc: FunctionCode | None, probe: Probe) -> RedZone:
             m = ins.mem
             if (m is not None and m.base == "rbp" and m.disp < 0 and -m.disp > lowered
                     and ins.address > frame_at):
-                return RedZone(True, f"{ins.text} at {ins.address:#x} addresses {-m.disp} bytes "
-                                     f"below the frame pointer, but only {lowered} bytes were "
-                                     "reserved below it", ins.address)
-        for a in probe.args:
-            op = a.operand
-            if isinstance(op, MemOperand) and op.base == "rbp" and -op.disp > lowered:
-                return RedZone(True, f"argument {a.raw} lies below the reserved frame", None)
-    return RedZone(False, "no access below %rsp in the function", None)
+                return _FunctionStack(
+                    RedZone(True, f"{ins.text} at {ins.address:#x} addresses {-m.disp} bytes "
+                                  f"below the frame pointer, but only {lowered} bytes were "
+                                  "reserved below it", ins.address), frame_at, lowered)
+    return _FunctionStack(None, frame_at, lowered)
 
 
 GUARD_IN_TEXT = "-0x80(%rsp), %rsp"  # 48 8d 64 24 80: lea -0x80(%rsp),%rsp
@@ -170,35 +208,7 @@ def _lowers_rsp(ins: CodeInsn) -> int:
 def imported_fork_family(image: ElfImage) -> tuple[str, ...]:
     """Names of the fork family the file imports (undefined dynamic symbols), or defines
     (a static executable's `.symtab`)."""
-    found: set[str] = set()
-    fmt = image.byteorder + ("IBBHQQ" if image.is64 else "IIIBBH")
-    entsize = struct.calcsize(fmt)
-    has_dynsym = any(s.type == SHT_DYNSYM for s in image.sections)
-    for sec in image.sections:
-        if sec.type not in (SHT_SYMTAB, SHT_DYNSYM) or not sec.size:
-            continue
-        if has_dynsym and sec.type == SHT_SYMTAB:
-            continue  # a dynamic object: its imports are in .dynsym
-        if not 0 < sec.link < len(image.sections):
-            continue
-        strtab = image.sections[sec.link]
-        if sec.offset + sec.size > len(image.data) or strtab.offset + strtab.size > len(
-                image.data):
-            continue
-        names = image.data[strtab.offset: strtab.offset + strtab.size]
-        usable = sec.size - sec.size % entsize
-        for entry in struct.iter_unpack(fmt, image.data[sec.offset: sec.offset + usable]):
-            if image.is64:
-                name_off, _info, _other, shndx, _value, _size = entry
-            else:
-                name_off, _value, _size, _info, _other, shndx = entry
-            if sec.type == SHT_DYNSYM and shndx != SHN_UNDEF:
-                continue
-            end = names.find(b"\0", name_off)
-            name = names[name_off: end if end >= 0 else len(names)].decode("ascii", "replace")
-            name = name.split("@")[0]
-            if name in FORK_FAMILY:
-                found.add(name)
+    found = {name for name in symbol_names(image) if name in FORK_FAMILY}
     return tuple(sorted(found))
 
 
@@ -247,20 +257,20 @@ def semaphore_problems(probe: Probe, image: ElfImage) -> tuple[SemaphoreProblem,
             break
     if seg is None:
         out.append(SemaphoreProblem(
-            "semaphore-unmapped", f"semaphore {sem.address:#x} is in no loadable segment",
+            SEMAPHORE_UNMAPPED.code, f"semaphore {sem.address:#x} is in no loadable segment",
             "the note's semaphore address is wrong; tracers cannot enable this probe"))
     elif not seg.flags & PF_W:
         out.append(SemaphoreProblem(
-            "semaphore-not-writable",
+            SEMAPHORE_NOT_WRITABLE.code,
             f"semaphore {sem.address:#x} is in a read-only segment (program header "
             f"{seg.index})", "the kernel cannot increment it: put it in a writable section"))
     if sem.address % 2:
         out.append(SemaphoreProblem(
-            "semaphore-misaligned", f"semaphore {sem.address:#x} is not 2-byte aligned",
+            SEMAPHORE_MISALIGNED.code, f"semaphore {sem.address:#x} is not 2-byte aligned",
             "the counter is an unsigned short; align it to 2 bytes"))
     if seg is not None and sem.section != ".probes":
         out.append(SemaphoreProblem(
-            "semaphore-not-in-probes",
+            SEMAPHORE_NOT_IN_PROBES.code,
             f"semaphore {sem.address:#x} is in {sem.section or 'no section'}, not .probes",
             "bcc and perf look semaphores up through .probes"))
     return tuple(out)

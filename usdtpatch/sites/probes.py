@@ -1,6 +1,6 @@
 """The probes of an ELF file: notes resolved against the image (one pure function).
 
-What each consumer does with a note is in shared/design/usdt-and-rewriting.md. Here, as in
+What each consumer does with a note is in docs/usdt-format.md. Here, as in
 libbpf and gdb: when the note's `base` and the address of `.stapsdt.base` are both nonzero and
 differ (the file was prelinked or otherwise moved), their difference is added to the pc and to a
 nonzero semaphore address.
@@ -21,7 +21,23 @@ from usdtpatch.elf.image import (
 )
 from usdtpatch.elf.notes import NoteSection, RawNote, SdtNote, parse_notes
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
-from usdtpatch.report.findings import Finding, Severity
+from usdtpatch.findings import (
+    ARG_NO_SIZE,
+    ARG_UNKNOWN_FORM,
+    BIG_ENDIAN,
+    NO_STAPSDT_BASE,
+    NOT_LINKED,
+    NOTE_BASE_MOVED,
+    NOTE_FOREIGN,
+    NOTE_MALFORMED,
+    NOTE_SECTION_TYPE,
+    NOTE_TRUNCATED,
+    PC_OUTSIDE_SEGMENTS,
+    TOO_MANY_ARGS,
+    UNSUPPORTED_ARCH,
+    Finding,
+    Severity,
+)
 from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site
 
 NOTE_SECTION = ".note.stapsdt"
@@ -83,7 +99,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
     if sec is None:
         return ProbeSet(image, None, (), ())
     if sec.type != SHT_NOTE:
-        findings.append(Finding("note-section-type", Severity.WARNING,
+        findings.append(Finding(NOTE_SECTION_TYPE.code, Severity.WARNING,
                                 f"{NOTE_SECTION} has section type {sec.type}, expected "
                                 f"{SHT_NOTE} (SHT_NOTE)", "read anyway", NOTE_SECTION))
     notes = parse_notes(image.section_data(sec), image.word_size, image.byteorder)
@@ -91,29 +107,29 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         if isinstance(raw, RawNote):
             findings.append(_raw_note_finding(raw))
     if notes.trailer:
-        findings.append(Finding("note-truncated", Severity.ERROR,
+        findings.append(Finding(NOTE_TRUNCATED.code, Severity.ERROR,
                                 f"{notes.trailer_reason}; the rest of the section "
                                 f"({len(notes.trailer)} bytes) holds no readable note",
                                 "the section is damaged; the notes before it are listed",
                                 f"{NOTE_SECTION}+{sec.size - len(notes.trailer):#x}"))
     x86 = is_x86(image)
     if not x86:
-        findings.append(Finding("unsupported-arch", Severity.INFO,
+        findings.append(Finding(UNSUPPORTED_ARCH.code, Severity.INFO,
                                 f"{image.machine_name} code: probes are listed, their sites are "
                                 f"not classified", "usdtpatch rewrites x86-64 only", ""))
     elif not image.little_endian:
-        findings.append(Finding("big-endian", Severity.ERROR,
+        findings.append(Finding(BIG_ENDIAN.code, Severity.ERROR,
                                 "big-endian x86 ELF: probes are listed, nothing else is done", "",
                                 ""))
     if image.type not in (ET_EXEC, ET_DYN) and notes.sdt_notes:
-        findings.append(Finding("not-linked", Severity.WARNING,
+        findings.append(Finding(NOT_LINKED.code, Severity.WARNING,
                                 f"ELF type {image.type} is not an executable or shared object: "
                                 f"note addresses are not final", "list the linked file", ""))
 
     base_sec = image.section(BASE_SECTION)
     base_addr = base_sec.addr if base_sec is not None else 0
     if base_sec is None and notes.sdt_notes:
-        findings.append(Finding("no-stapsdt-base", Severity.INFO,
+        findings.append(Finding(NO_STAPSDT_BASE.code, Severity.INFO,
                                 f"no {BASE_SECTION} section: note addresses are used as they are",
                                 "", ""))
     if symbols is None:
@@ -124,7 +140,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         where = f"{note.probe_id}"
         adjust = base_addr - note.base if (base_addr and note.base) else 0
         if adjust and i == 0:
-            findings.append(Finding("note-base-moved", Severity.INFO,
+            findings.append(Finding(NOTE_BASE_MOVED.code, Severity.INFO,
                                     f"note base {note.base:#x} differs from {BASE_SECTION} at "
                                     f"{base_addr:#x}: addresses moved by {adjust:+#x} (prelinked "
                                     f"or relocated file)", "", where))
@@ -136,7 +152,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         else:
             site = classify_site(code)
         if offset is None:
-            findings.append(Finding("pc-outside-segments", Severity.ERROR,
+            findings.append(Finding(PC_OUTSIDE_SEGMENTS.code, Severity.ERROR,
                                     f"probe address {address:#x} is in no loadable segment's "
                                     f"file bytes", "the note or the file is damaged", where))
         sem = None
@@ -147,16 +163,16 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
                             sem_sec.name if sem_sec is not None else None)
         args = parse_args(note.args, x86=x86)
         if len(args) > MAX_ARGS:
-            findings.append(Finding("too-many-args", Severity.WARNING,
+            findings.append(Finding(TOO_MANY_ARGS.code, Severity.WARNING,
                                     f"{len(args)} arguments; sys/sdt.h defines at most {MAX_ARGS}",
                                     "tracers may ignore the arguments past the twelfth", where))
         for a in args:
             if x86 and a.size is None and not isinstance(a.operand, UnknownOperand):
-                findings.append(Finding("arg-no-size", Severity.INFO,
+                findings.append(Finding(ARG_NO_SIZE.code, Severity.INFO,
                                         f"argument {a.raw!r} has no N@ size prefix (old note "
                                         f"style)", "tracers read it as an 8-byte value", where))
             if x86 and isinstance(a.operand, UnknownOperand):
-                findings.append(Finding("arg-unknown-form", Severity.WARNING,
+                findings.append(Finding(ARG_UNKNOWN_FORM.code, Severity.WARNING,
                                         f"argument {a.raw!r}: {a.operand.reason}",
                                         "kept as text; tracers may not read this argument",
                                         where))
@@ -170,8 +186,8 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
 def _raw_note_finding(raw: RawNote) -> Finding:
     where = f"{NOTE_SECTION}+{raw.offset:#x}"
     if raw.foreign:
-        return Finding("note-foreign", Severity.INFO,
+        return Finding(NOTE_FOREIGN.code, Severity.INFO,
                        f"a note that is not an SDT note ({len(raw.data)} bytes) sits in "
                        f"{NOTE_SECTION}", "kept unchanged", where)
-    return Finding("note-malformed", Severity.ERROR, raw.reason,
+    return Finding(NOTE_MALFORMED.code, Severity.ERROR, raw.reason,
                    "this note is skipped; the other notes are listed", where)

@@ -37,14 +37,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
-from usdtpatch.elf.image import PF_X, SHT_PROGBITS, ElfImage
+from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
+from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.sites.functions import FunctionBounds, function_bounds, symbols_inside
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
 from usdtpatch.x86.nops import nop_run_length
 
-R_X86_64_RELATIVE = 8
-SHT_RELA = 4
 MAX_TABLE_ENTRIES = 4096
 MAX_COLD_PARTS = 8  # related parts followed per function
 MAX_FUNCTION_BYTES = 1 << 20  # a function larger than this is not disassembled
@@ -93,6 +92,7 @@ class FunctionCode:
     padding_after: int = 0  # NOP/int3 bytes between the end and the next function (unused code)
     incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
     # every way each target is reached (targets keeps the first, for display)
+    padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
 
     def targets_between(self, lo: int, hi: int) -> list[int]:
         """Addresses of the explicit targets in the open interval (lo, hi), sorted, including
@@ -180,18 +180,7 @@ class CodeContext:
     def relative_relocs(self) -> dict[int, int]:
         """R_X86_64_RELATIVE relocations: place -> addend (what a PIE table entry will hold)."""
         if self._relative is None:
-            out: dict[int, int] = {}
-            img = self.image
-            if img.is64:
-                for sec in img.sections:
-                    if sec.type != SHT_RELA or sec.offset + sec.size > len(img.data):
-                        continue
-                    usable = sec.size - sec.size % 24
-                    raw = memoryview(img.data)[sec.offset: sec.offset + usable]
-                    for off, info, addend in struct.iter_unpack(img.byteorder + "QQq", raw):
-                        if info & 0xFFFFFFFF == R_X86_64_RELATIVE:
-                            out[off] = addend
-            self._relative = out
+            self._relative = relative_relocations(self.image)
         return self._relative
 
     def read_pointer(self, address: int) -> int | None:
@@ -240,8 +229,11 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
         except CfiError as exc:
             unresolved.append(f"its LSDA at {fde.lsda:#x} does not parse: {exc}")
     graph: _Graph | None = None
+    falls_through = Flow.NONE
     for k, ins in enumerate(insns):
         fl = ins.flow
+        if fl is falls_through:
+            continue  # most instructions: nothing to collect
         if fl in (Flow.JMP, Flow.JCC) and ins.target is not None:
             targets.append(Target(ins.target, JUMP, ins.address))
             if not bounds.contains(ins.target):
@@ -329,7 +321,8 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     all_targets = unresolved[0] if unresolved else None
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
                         own.sweep.bad, _padding_after(ctx, bounds),
-                        {a: tuple(v) for a, v in incoming.items()})
+                        {a: tuple(v) for a, v in incoming.items()},
+                        _padding_before(ctx, bounds))
 
 
 def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:
@@ -347,6 +340,29 @@ def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:
     if gap <= 0 or gap > 64:
         return 0
     raw = ctx.image.read_vaddr(bounds.end, gap)
+    if len(raw) < gap:
+        return 0
+    if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
+        return gap
+    return 0
+
+
+def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
+    """Bytes of alignment padding (NOPs, int3, zeros) between the end of the previous FDE's
+    function and `bounds.start`, with no symbol in them (unused code, like `_padding_after`);
+    0 when there is no previous FDE or the gap holds anything else."""
+    starts = ctx.cfi.starts
+    i = bisect_left(starts, bounds.start) - 1
+    if i < 0:
+        return 0
+    try:
+        prev = ctx.cfi.fde_at(i)
+    except CfiError:
+        return 0
+    gap = bounds.start - prev.pc_end
+    if gap <= 0 or gap > 64 or symbols_inside(ctx.symbols, prev.pc_end - 1, bounds.start):
+        return 0
+    raw = ctx.image.read_vaddr(prev.pc_end, gap)
     if len(raw) < gap:
         return 0
     if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
@@ -400,6 +416,9 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
             base = _find_lea(g, k, _regs_alias(mem.base))
             if base is not None:
                 return _table(ctx, bounds, jmp, base, 8, base, prev, _regs_alias(mem.index))
+            loaded = _loaded_code_pointers(ctx, bounds, insns, jmp)
+            if loaded is not None:
+                return loaded
         return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood"
     reg = _regs_alias(jmp.op_str.lstrip("*"))
     # Walk back to the instruction that defines `reg`.
@@ -429,6 +448,9 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
                 table = _find_lea(g, lo + j, _regs_alias(m.base))
                 if table is not None:
                     return _table(ctx, bounds, jmp, table, 8, table, prev, _regs_alias(m.index))
+                loaded = _loaded_code_pointers(ctx, bounds, insns, jmp)
+                if loaded is not None:
+                    return loaded
             if m.scale == 4 and m.base is not None:  # movslq (%rB,%rI,4),%rX; jmp *%rX ?
                 break
         break
@@ -438,6 +460,24 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
             return None  # a tail call through a function pointer
         return JumpTable(jmp.address, 0, 0, len(origin), True, origin)  # goto *&&label
     return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood ({origin})"
+
+
+def _loaded_code_pointers(ctx: CodeContext, bounds: FunctionBounds,
+                          insns: tuple[CodeInsn, ...], jmp: CodeInsn) -> JumpTable | None:
+    """The targets of an indirect jump to a 64-bit value loaded from an indexed table whose
+    base the analysis cannot follow (spilled to the stack, say), in a position-independent
+    file: there every absolute code address held in data is put there by the loader, through
+    an R_X86_64_RELATIVE relocation, or by code that computed it with a rip-relative `lea`.
+    So the jump can land on any relocation addend or `lea` target inside the function, and
+    nowhere else in it: they become targets (an unbounded table of unknown place, which no
+    rewrite edits). None in an executable, whose data holds such addresses without
+    relocations."""
+    if ctx.image.type != ET_DYN:
+        return None
+    labels = {a for a in ctx.relative_relocs().values() if bounds.contains(a)}
+    labels |= {i.rip_target for i in insns if i.rip_target is not None
+               and i.base_mnemonic.startswith("lea") and bounds.contains(i.rip_target)}
+    return JumpTable(jmp.address, 0, 0, len(labels), False, tuple(sorted(labels)))
 
 
 ARG_REGS = frozenset({"rdi", "rsi", "rdx", "rcx", "r8", "r9"})

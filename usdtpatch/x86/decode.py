@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +39,100 @@ def disassemble(code: bytes, address: int, count: int = 0, mode64: bool = True) 
     return out
 
 
-def describe(code: bytes, address: int, count: int = 1, mode64: bool = True) -> str:
-    """A one-line disassembly of the first `count` instructions, `(bad)` when none decodes."""
-    insns = disassemble(code, address, count, mode64)
-    return "; ".join(i.text for i in insns) if insns else "(bad)"
+def disassemble_lite(code: bytes, address: int, mode64: bool = True
+                     ) -> list[tuple[int, int, str, str]]:
+    """(address, size, mnemonic, op_str) of each instruction that decodes from the start of
+    `code`, in AT&T syntax: `disassemble` without the bytes, several times faster."""
+    return _lite_rows(code, address, mode64)
+
+
+# The capstone package loads the Python bindings of every architecture it supports when it is
+# imported (about 35 ms of every `check`, a tenth of the command). The analysis needs one call
+# of its C library, cs_disasm in AT&T syntax without details, so it binds that call itself:
+# the library file the package would load first (LIBCAPSTONE_PATH, else the package's lib/),
+# the same API version check as the package (5.0), the same handle options as `_capstone`.
+# Anything unexpected falls back to the package.
+_CS_ARCH_X86 = 3
+_CS_MODE_32 = 1 << 2
+_CS_MODE_64 = 1 << 3
+_CS_OPT_SYNTAX = 1
+_CS_OPT_SYNTAX_ATT = 2
+_CS_API = (5, 0)
+
+
+@cache
+def _lite(mode64: bool) -> tuple[Any, Any, Any] | None:
+    """(library, handle, cs_insn structure) of capstone's C library, or None."""
+    import ctypes
+    import os
+    from importlib.util import find_spec
+
+    try:
+        where = os.environ.get("LIBCAPSTONE_PATH")
+        if where is None:
+            spec = find_spec("capstone")
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            where = os.path.join(next(iter(spec.submodule_search_locations)), "lib")
+        path = os.path.join(where, "libcapstone.so")
+        if not os.path.exists(path):
+            return None
+        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_DEEPBIND", 0))
+
+        class CsInsn(ctypes.Structure):
+            _fields_ = (("id", ctypes.c_uint), ("address", ctypes.c_uint64),
+                        ("size", ctypes.c_uint16), ("bytes", ctypes.c_ubyte * 24),
+                        ("mnemonic", ctypes.c_char * 32), ("op_str", ctypes.c_char * 160),
+                        ("detail", ctypes.c_void_p))
+
+        lib.cs_version.restype = ctypes.c_int
+        lib.cs_version.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+        lib.cs_open.restype = ctypes.c_int
+        lib.cs_open.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_size_t))
+        lib.cs_option.restype = ctypes.c_int
+        lib.cs_option.argtypes = (ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        lib.cs_disasm.restype = ctypes.c_size_t
+        lib.cs_disasm.argtypes = (ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                                  ctypes.c_uint64, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.POINTER(CsInsn)))
+        lib.cs_errno.restype = ctypes.c_int
+        lib.cs_errno.argtypes = (ctypes.c_size_t,)
+        lib.cs_free.restype = None
+        lib.cs_free.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        lib.cs_version(ctypes.byref(major), ctypes.byref(minor))
+        if (major.value, minor.value) != _CS_API:
+            return None
+        handle = ctypes.c_size_t()
+        if lib.cs_open(_CS_ARCH_X86, _CS_MODE_64 if mode64 else _CS_MODE_32,
+                       ctypes.byref(handle)) != 0:
+            return None
+        if lib.cs_option(handle, _CS_OPT_SYNTAX, _CS_OPT_SYNTAX_ATT) != 0:
+            return None
+        return lib, handle, CsInsn
+    except (OSError, AttributeError, ValueError, TypeError):
+        return None
+
+
+def _lite_rows(code: bytes, address: int, mode64: bool) -> list[tuple[int, int, str, str]]:
+    """What capstone's `Cs.disasm_lite(code, address)` yields (same library, same options)."""
+    lite = _lite(mode64)
+    if lite is None:
+        return list(_capstone(mode64).disasm_lite(code, address))
+    import ctypes
+
+    lib, handle, insn_type = lite
+    first = ctypes.POINTER(insn_type)()
+    count = lib.cs_disasm(handle, bytes(code), len(code), address, 0, ctypes.byref(first))
+    if count <= 0:
+        if lib.cs_errno(handle) == 0:  # CS_ERR_OK: the first bytes do not decode
+            return []
+        return list(_capstone(mode64).disasm_lite(code, address))  # its CsError
+    try:
+        return [(i.address, i.size, i.mnemonic.decode("ascii"), i.op_str.decode("ascii"))
+                for i in first[:count]]
+    finally:
+        lib.cs_free(first, count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,9 +177,11 @@ class MemRef:
     segment: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CodeInsn:
-    """One instruction of a linear sweep, with the facts the site analysis reads."""
+class CodeInsn(NamedTuple):
+    """One instruction of a linear sweep, with the facts the site analysis reads.
+
+    A named tuple rather than a frozen dataclass: a sweep of libjvm.so's probed functions makes
+    37,000 of them, and a tuple is built several times faster."""
 
     address: int
     size: int
@@ -99,6 +191,7 @@ class CodeInsn:
     target: int | None  # direct branch or call target
     mem: MemRef | None  # the memory operand, if any (x86 has at most one)
     rip_target: int | None  # absolute address of a rip-relative memory operand (or lea)
+    base_mnemonic: str = ""  # the mnemonic without prefixes ("jmpq" of "notrack jmpq")
 
     @property
     def end(self) -> int:
@@ -107,11 +200,6 @@ class CodeInsn:
     @property
     def text(self) -> str:
         return f"{self.mnemonic} {self.op_str}".strip()
-
-    @property
-    def base_mnemonic(self) -> str:
-        """The mnemonic without prefixes and without the AT&T size suffix of common ones."""
-        return self.mnemonic.split()[-1]
 
     @property
     def operands(self) -> list[str]:
@@ -195,29 +283,33 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
     Bytes that do not decode are recorded in `bad` and skipped one at a time, so the sweep
     always reaches the end; a caller treats a sweep with bad bytes as not understood.
     """
-    md = _capstone(mode64)
     insns: list[CodeInsn] = []
     bad: list[int] = []
     pos = 0
     end = len(code)
     while pos < end:
-        last = pos
-        for addr, size, mnemonic, op_str in md.disasm_lite(code[pos:], address + pos):
-            insns.append(_make(addr, size, mnemonic, op_str))
-            last = addr - address + size
-        pos = last
+        made = [_make(addr, size, mnemonic, op_str)
+                for addr, size, mnemonic, op_str in _lite_rows(code[pos:], address + pos, mode64)]
+        if made:
+            insns += made
+            pos = made[-1].address - address + made[-1].size
         if pos < end:
             bad.append(address + pos)
             pos += 1
     return Sweep(address, address + end, tuple(insns), tuple(bad))
 
 
-def _make(addr: int, size: int, mnemonic: str, op_str: str) -> CodeInsn:
+_Facts = tuple[str, Flow, int | None, MemRef | None]
+_FACTS: dict[tuple[str, str], _Facts] = {}  # (mnemonic, op_str) -> what _facts says
+_MAX_FACTS = 1 << 16
+
+
+def _facts(mnemonic: str, op_str: str) -> _Facts:
+    """(base mnemonic, flow, direct target, memory operand) of an instruction's text."""
     base = mnemonic.rsplit(maxsplit=1)[-1] if mnemonic else mnemonic
     flow = _flow(base)
     target: int | None = None
     mem: MemRef | None = None
-    rip_target: int | None = None
     if flow in (Flow.JMP, Flow.JCC, Flow.CALL):
         if op_str.startswith("*"):
             flow = Flow.JMP_INDIRECT if flow is Flow.JMP else Flow.CALL_INDIRECT
@@ -229,6 +321,20 @@ def _make(addr: int, size: int, mnemonic: str, op_str: str) -> CodeInsn:
                 flow = Flow.JMP_INDIRECT if flow is Flow.JMP else Flow.CALL_INDIRECT
     elif "(" in op_str or ":" in op_str:
         mem = _parse_mem(op_str)
-    if mem is not None and mem.base == "rip":
-        rip_target = addr + size + mem.disp
-    return CodeInsn(addr, size, mnemonic, op_str, flow, target, mem, rip_target)
+    return base, flow, target, mem
+
+
+def _make(addr: int, size: int, mnemonic: str, op_str: str) -> CodeInsn:
+    key = (mnemonic, op_str)
+    facts = _FACTS.get(key)
+    if facts is None:
+        facts = _facts(mnemonic, op_str)
+        if facts[2] is None and len(_FACTS) < _MAX_FACTS:  # not a direct branch's own target
+            _FACTS[key] = facts
+    base, flow, target, mem = facts
+    rip_target = addr + size + mem.disp if mem is not None and mem.base == "rip" else None
+    return _new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, target, mem, rip_target,
+                                base))
+
+
+_new_insn = tuple.__new__  # CodeInsn(...) without the generated __new__'s extra call

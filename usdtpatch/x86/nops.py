@@ -4,11 +4,11 @@ References:
 - Intel SDM vol. 2, NOP (0x90, and 0F 1F /0 with a ModRM memory operand), and the ModRM/SIB
   displacement rules used to size a 0F 1F instruction.
 - The 6.18 kernel's rule for optimizing a uprobe (arch/x86/kernel/uprobes.c, and measured in
-  shared/design/kernel-facts.md): one instruction of length 5 that its decoder calls a NOP,
+  docs/kernel.md): one instruction of length 5 that its decoder calls a NOP,
   i.e. opcode 90 or 0F 1F with ModRM.reg == 0, in a 64-bit process. `0F 1F /1..7` ("hint"
   NOPs) are not NOPs to it. Instructions with a CS (2E) or DS (3E) segment prefix cannot be
   probed at all (perf_event_open fails with errno 524).
-- The nop10 site of the queued upstream series (unreleased, see kernel-facts.md): the 10-byte
+- The nop10 site of the queued upstream series (unreleased, see docs/kernel.md): the 10-byte
   NOP `66 2e 0f 1f 84 <SIB> <disp32>`; usdt.h emits it behind a 1-byte nop (`combo10`).
 """
 
@@ -24,7 +24,7 @@ COMBO5 = NOP1 + NOP5  # nop; nopl 0x0(%rax,%rax,1)   (what libbpf 1.7 looks for)
 COMBO10 = NOP1 + NOP10  # nop; cs nopw 0x0(%rax,%rax,1)   (usdt.h since May 2026)
 NOP10_PREFIX = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84])  # the kernel series accepts any SIB/disp32
 
-# The red-zone guard around a nop5 site (usdt-and-rewriting.md, "Red-zone-safe nop5"): the note
+# The red-zone guard around a nop5 site (docs/usdt-format.md, "The red-zone-safe nop5"): the note
 # pc is on the nop5, so tracers attach to the NOP the kernel optimizes, and the call's return
 # address and the trampoline's pushes land below the 128-byte red zone. `lea` leaves the flags.
 GUARD_ENTER = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp

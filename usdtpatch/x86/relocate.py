@@ -1,6 +1,6 @@
 """Relocating a patch window into a detour. The only module that imports iced-x86.
 
-Reference: shared/design/usdt-and-rewriting.md ("Patch window", "Encoders and writers").
+Reference: docs/usdt-format.md ("The code around a 1-byte probe", "Encoders and writers").
 iced's BlockEncoder re-encodes instructions at a new address: it fixes rip-relative
 displacements, retargets branches and widens short ones. Its two hazards are checked on every
 output: a branch or rip-relative operand out of +/-2 GiB reach comes out as an absolute
@@ -24,17 +24,26 @@ encoded separately and a retargeted branch may change size, the layout is recomp
 is stable. The output is then decoded back with capstone and compared instruction by
 instruction with the original window: same mnemonics, same branch targets (mapped into the
 detour for the inner ones), same rip-relative targets, same other operands.
+
+A `call` of the window is re-encoded like any other instruction (it then returns into the
+detour), unless its address is in `emulate`: then it becomes `push %rax; lea RET(%rip),%rax;
+xchg %rax,(%rsp); jmp TARGET` (the original return address RET pushed, no register or flag
+changed, then a jump with the call's own operand, an `(%rsp)`-based one adjusted by 8), so the
+callee returns into the original function. Only the window's last instruction can be
+emulated: RET must be the window's end, which keeps its original code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import iced_x86
 
 from usdtpatch.x86.decode import CodeInsn, sweep
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+ADDRESS_LIMIT = 1 << 64
+MAX_DETOUR_BYTES = 4096  # far more than a window's instructions, a site and a jmp
 _LEGACY_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF2, 0xF3, 0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65})
 
 
@@ -66,7 +75,7 @@ def _encode(insns: list[iced_x86.Instruction], address: int) -> bytes:
     enc.add_many(insns)
     try:
         return bytes(enc.encode(address))
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise RelocationError(f"iced could not encode the window at {address:#x}: {exc}") \
             from exc
 
@@ -125,7 +134,7 @@ def _check_part(orig: tuple[CodeInsn, ...], orig_code: bytes, orig_start: int, c
                                   f"reach)")
         want = o
         if inner and o.target is not None and o.target in inner:
-            want = replace(o, target=inner[o.target])  # an inner branch: its target moved
+            want = o._replace(target=inner[o.target])  # an inner branch: its target moved
         diff = _same(want, n)
         if diff:
             raise RelocationError(diff)
@@ -142,7 +151,7 @@ class Replacement:
 
 
 def relocate_window(window_code: bytes, start: int, replacements: list[Replacement],
-                    address: int) -> Detour:
+                    address: int, emulate: frozenset[int] = frozenset()) -> Detour:
     """Relocate the window [start, start + len(window_code)) to `address`.
 
     Each replaced instruction (a probe) is swapped for its site bytes; every other instruction
@@ -151,6 +160,10 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
     original instruction (probes included) to its place in the detour.
     """
     end = start + len(window_code)
+    if not (address >= 0 and address + MAX_DETOUR_BYTES <= ADDRESS_LIMIT
+            and start >= 0 and end <= ADDRESS_LIMIT):
+        raise RelocationError(f"a detour at {address:#x} for the window at {start:#x} would run "
+                              f"past the end of the 64-bit address space")
     original = sweep(window_code, start)
     if original.bad:
         raise RelocationError(f"window bytes at {original.bad[0]:#x} do not decode")
@@ -169,7 +182,7 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
     inner: dict[int, int] = {}
     for _ in range(8):
         detour = _layout(window_code, start, end, original.insns, iced, by_addr, address,
-                         inner)
+                         inner, emulate)
         placed = {o: n for o, n in detour.insn_map if o in inner_targets}
         if placed == inner:
             return detour
@@ -179,7 +192,7 @@ def relocate_window(window_code: bytes, start: int, replacements: list[Replaceme
 
 def _layout(window_code: bytes, start: int, end: int, insns: tuple[CodeInsn, ...],
             iced: list[iced_x86.Instruction], by_addr: dict[int, Replacement], address: int,
-            inner: dict[int, int]) -> Detour:
+            inner: dict[int, int], emulate: frozenset[int] = frozenset()) -> Detour:
     """One layout of the detour, with the inner branches aimed at `inner` (original address
     -> detour address; empty on the first pass)."""
     out = bytearray()
@@ -221,6 +234,12 @@ def _layout(window_code: bytes, start: int, end: int, insns: tuple[CodeInsn, ...
         run_orig.clear()
 
     for ins, orig in zip(iced, insns, strict=True):
+        if ins.ip in emulate:
+            flush_run(False)
+            at = address + len(out)
+            pairs.append((ins.ip, at))
+            out.extend(emulated_call(ins, orig, at, end))
+            continue
         rep = by_addr.get(ins.ip)
         if rep is None:
             run_iced.append(ins)
@@ -237,6 +256,44 @@ def _layout(window_code: bytes, start: int, end: int, insns: tuple[CodeInsn, ...
         raise RelocationError("no probe to replace in the window")
     site_len = len(by_addr[min(by_addr)].site)
     return Detour(address, bytes(out), first_site, site_len, tuple(pairs))
+
+
+def emulated_call(ins: iced_x86.Instruction, orig: CodeInsn, at: int, end: int) -> bytes:
+    """`push %rax; lea RET(%rip),%rax; xchg %rax,(%rsp); jmp TARGET` at `at` for the call
+    `ins`, which must be the window's last instruction (its return address is `end`)."""
+    if orig.end != end:
+        raise RelocationError(f"the call at {orig.address:#x} is not the window's last "
+                              f"instruction: it cannot be emulated")
+    rax, rsp = iced_x86.Register.RAX, iced_x86.Register.RSP
+    seq = [iced_x86.Instruction.create_reg(iced_x86.Code.PUSH_R64, rax),
+           iced_x86.Instruction.create_reg_mem(iced_x86.Code.LEA_R64_M, rax,
+                                               iced_x86.MemoryOperand(iced_x86.Register.RIP,
+                                                                      displ=end)),
+           iced_x86.Instruction.create_mem_reg(iced_x86.Code.XCHG_RM64_R64,
+                                               iced_x86.MemoryOperand(rsp), rax)]
+    if ins.code == iced_x86.Code.CALL_REL32_64:
+        jmp = iced_x86.Instruction.create_branch(iced_x86.Code.JMP_REL32_64, ins.near_branch64)
+    elif ins.code == iced_x86.Code.CALL_RM64:
+        jmp = ins.copy()
+        jmp.code = iced_x86.Code.JMP_RM64
+        if jmp.op0_kind == iced_x86.OpKind.MEMORY:
+            if jmp.memory_index == rsp:
+                raise RelocationError(f"the call at {orig.address:#x} cannot be emulated")
+            if jmp.memory_base == rsp:
+                jmp.memory_displacement = (jmp.memory_displacement + 8) & 0xFFFFFFFFFFFFFFFF
+        elif jmp.op0_register == rsp:
+            raise RelocationError(f"the call at {orig.address:#x} cannot be emulated")
+    else:
+        raise RelocationError(f"the call at {orig.address:#x} ({orig.text}) cannot be "
+                              f"emulated")
+    code = _encode([*seq, jmp], at)
+    got = sweep(code, at)
+    names = [i.base_mnemonic.rstrip("q") for i in got.insns]
+    if got.bad or names != ["push", "lea", "xchg", "jmp"] or got.insns[1].rip_target != end \
+            or (orig.target is not None and got.insns[3].target != orig.target):
+        raise RelocationError(f"the emulated call at {orig.address:#x} did not encode as "
+                              f"expected ({names})")
+    return code
 
 
 def jmp_rel32(source: int, target: int) -> bytes:

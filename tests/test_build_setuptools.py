@@ -1,0 +1,168 @@
+"""The Python build integrations, in a fresh venv with build isolation: pip builds
+examples/setuptools (a C extension) from its sdist, and usdtpatch.build.setuptools.build_ext
+rewrites the module through the Python API; pip builds examples/scikit-build, whose CMake finds
+usdtpatch through the `cmake.root` entry point with no flag.
+
+usdtpatch itself is built into a wheel from a copy of this tree and installed into the fresh
+venv (and found by pip's isolated build environment through --find-links): the wheel must
+carry the build files (CMake config, make include, sys/sdt.h) and the cmake.root entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.test_build_support import (
+    EXAMPLES,
+    ROOT,
+    digest,
+    is_rewritten,
+    need,
+    report_of,
+    run,
+    sha,
+    sites_not_optimized,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cc]
+
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+_IGNORE_BUILT = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fresh venv with usdtpatch installed from a wheel of this tree; (venv, wheelhouse)."""
+    need("gcc")
+    root = tmp_path_factory.mktemp("setuptools")
+    src = root / "usdtpatch-src"
+    src.mkdir()
+    for name in ("usdtpatch", "sdt_headers"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=_IGNORE)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    wheels = root / "wheels"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, src], root)
+    env = root / "venv"
+    run([sys.executable, "-m", "venv", env], root)
+    (wheel,) = wheels.glob("usdtpatch-*.whl")
+    run([env / "bin" / "pip", "install", "-q", wheel], root)
+    return env, wheels
+
+
+def test_wheel_carries_the_build_files(venv: tuple[Path, Path]) -> None:
+    env, wheels = venv
+    (wheel,) = wheels.glob("usdtpatch-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in ("usdtpatch/build/cmake/usdtpatchConfig.cmake",
+              "usdtpatch/build/cmake/usdtpatchConfigVersion.cmake",
+              "usdtpatch/build/make/usdtpatch.mk", "usdtpatch/build/include/sys/sdt.h"):
+        assert f in names
+    py = env / "bin" / "python"
+    script = ("import json; from importlib.metadata import entry_points\n"
+              "(ep,) = entry_points(group='cmake.root', name='usdtpatch')\n"
+              "print(json.dumps([ep.value, ep.load().__path__[0]]))")
+    value, folder = json.loads(run([py, "-c", script], env).stdout)
+    assert value == "usdtpatch.build"
+    assert (Path(folder) / "cmake" / "usdtpatchConfig.cmake").is_file()
+    for flag, name in (("--cmake-dir", "usdtpatchConfig.cmake"), ("--make-include", "")):
+        where = Path(run([env / "bin" / "usdtpatch", flag], env).stdout.strip())
+        assert where.is_relative_to(env) and (where / name).is_file()
+    inc = Path(run([env / "bin" / "usdtpatch", "--include-dir"], env).stdout.strip())
+    assert inc.is_relative_to(env) and not inc.is_symlink()
+    assert (inc / "sys" / "sdt.h").read_bytes() == \
+        (ROOT / "sdt_headers" / "sys" / "sdt.h").read_bytes()
+
+
+def _sdist(env: Path, work: Path) -> Path:
+    example = work / "probedemo"
+    shutil.copytree(EXAMPLES / "setuptools", example, ignore=_IGNORE_BUILT)
+    run([env / "bin" / "python", "-c",
+         "from setuptools.build_meta import build_sdist; build_sdist('dist')"], example)
+    (sdist,) = (example / "dist").glob("probedemo-*.tar.gz")
+    return sdist
+
+
+def test_pip_builds_the_extension_from_its_sdist(venv: tuple[Path, Path],
+                                                  tmp_path: Path) -> None:
+    env, wheels = venv
+    sdist = _sdist(env, tmp_path)
+    proc = run([env / "bin" / "pip", "install", "-v", "--find-links", wheels, sdist], tmp_path)
+    log = proc.stdout + proc.stderr
+    assert "usdtpatch: build/lib" in log and "4 optimized by a 6.18 kernel; rewritten" in log
+    (module,) = (env / "lib").glob("python3*/site-packages/probedemo/_probes*.so")
+    assert is_rewritten(module)
+    assert sites_not_optimized(module) == []
+    out = run([env / "bin" / "python", "-c",
+               "import probedemo; print(probedemo.checksum(b'usdt' * 5000))"], tmp_path).stdout
+    assert int(out) > 0
+    # the rewrite is a function of the linked file: the original given back by `restore`,
+    # rewritten again, is the installed module byte for byte (two pip builds of the sdist
+    # link different files: -g records pip's random build folder)
+    original, again = tmp_path / "original.so", tmp_path / "again.so"
+    run([env / "bin" / "usdtpatch", "restore", module, "-o", original], tmp_path)
+    assert not is_rewritten(original)
+    run([env / "bin" / "usdtpatch", "post-link", original, "-o", again], tmp_path)
+    assert sha(again) == sha(module)
+
+
+def test_build_ext_is_idempotent_and_fails_on_findings(venv: tuple[Path, Path],
+                                                       tmp_path: Path) -> None:
+    env, _ = venv
+    example = tmp_path / "probedemo"
+    shutil.copytree(EXAMPLES / "setuptools", example, ignore=_IGNORE_BUILT)
+    py = env / "bin" / "python"
+    run([py, "setup.py", "-q", "build_ext"], example)
+    (module,) = (example / "build").glob("lib*/probedemo/_probes*.so")
+    (report,) = (example / "build").glob("temp*/usdtpatch/probedemo._probes.json")
+    assert report_of(report)["changed"] is True
+    assert sites_not_optimized(module) == []
+    first = digest([module])
+    run([py, "setup.py", "-q", "build_ext"], example)  # up to date: skipped, then left alone
+    assert digest([module]) == first
+    run([py, "setup.py", "-q", "build_ext", "--force"], example)  # relinked, rewritten again
+    assert sha(module) == first[module.name][0]
+
+    # told not to guard the red-zone leaf and to fail on errors: the build stops
+    pyproject = example / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('guard = "auto"', 'guard = "never"')
+                         .replace('fail_on = "warning"', 'fail_on = "error"'))
+    proc = run([py, "setup.py", "-q", "build_ext", "--force"], example, ok=False)
+    assert proc.returncode != 0
+    assert "error [red-zone-live] probedemo:mix: the site is optimized" in proc.stderr
+    assert "usdtpatch stopped the build of probedemo._probes" in proc.stderr
+    assert not module.exists()
+    # a wrong [tool.usdtpatch] is one clear error naming the file
+    pyproject.write_text(pyproject.read_text().replace('guard = "never"', 'guard = "maybe"'))
+    proc = run([py, "setup.py", "-q", "build_ext", "--force"], example, ok=False)
+    assert proc.returncode != 0
+    assert f"usdtpatch: {Path('pyproject.toml')}: [tool.usdtpatch] redzone_guard must be" \
+        in proc.stderr
+
+
+def test_scikit_build_core_finds_usdtpatch_with_no_flag(venv: tuple[Path, Path],
+                                                        tmp_path: Path) -> None:
+    need("cmake")
+    env, wheels = venv
+    example = tmp_path / "skb"
+    shutil.copytree(EXAMPLES / "scikit-build", example, ignore=_IGNORE_BUILT)
+    proc = run([env / "bin" / "pip", "install", "-v", "--find-links", wheels, example],
+               tmp_path)
+    log = proc.stdout + proc.stderr
+    code = [line for line in (example / "CMakeLists.txt").read_text().splitlines()
+            if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "usdtpatch_DIR" in line or "PREFIX_PATH" in line]
+    assert "4 optimized by a 6.18 kernel; rewritten (4 detour)" in log
+    (module,) = (env / "lib").glob("python3*/site-packages/probedemo_cmake/_probes*.so")
+    assert is_rewritten(module)
+    assert sites_not_optimized(module) == []
+    out = run([env / "bin" / "python", "-c",
+               "from probedemo_cmake import _probes; print(_probes.checksum(b'x' * 9000))"],
+              tmp_path).stdout
+    assert int(out) > 0

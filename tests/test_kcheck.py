@@ -1,0 +1,429 @@
+"""`usdtpatch kcheck` on the running kernel: every nop5 site of a header-built program and of a
+rewritten one is optimized as `plan` predicts and restored by detach; a program that forks
+while its site is optimized loses its child to SIGSEGV at the site unless the fork guard is
+in (header -DUSDTPATCH_FORK_GUARD=0 / rewrite --fork-guard never vs the defaults); --pid
+watches a running process and leaves it running and unprobed, also when kcheck is
+interrupted; and the one-line refusals where kcheck cannot run (these need no kernel).
+
+Every program started here is stopped by pid; kcheck closes its perf events itself, and the
+tests check the site bytes afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import StartProcess, runtime_address
+from usdtpatch import api
+from usdtpatch.cli import main
+from usdtpatch.live import kcheck as kmod
+from usdtpatch.live import perf
+from usdtpatch.live.procfs import read_mem
+from usdtpatch.x86.nops import NOP5
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "fixtures" / "src"
+SDT_INCLUDE = ROOT / "sdt_headers"
+SYSTEMTAP_SDT = Path("/usr/include/x86_64-linux-gnu/sys/sdt.h")  # Debian multiarch path
+
+LOOP_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/sdt.h>
+__attribute__((noipa)) long work(long x) { DTRACE_PROBE1(loop, tick, x); return x * 3 + 1; }
+int main(void) {
+    long s = 0;
+    for (long i = 0; i < 10; i++) s += work(i);
+    printf("ready %ld\n", s);
+    fflush(stdout);
+    for (;;) { s += work(s); usleep(1000); }
+}
+"""
+
+THREADS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/sdt.h>
+#define THREADS 4
+#define HITS 1000
+static long total[THREADS];
+__attribute__((noipa)) long work(long x) { DTRACE_PROBE1(mt, tick, x); return x + 1; }
+static void *run(void *arg) {
+    long *t = arg;
+    for (long i = 0; i < HITS; i++) *t += work(i);
+    return NULL;
+}
+int main(void) {
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++) pthread_create(&th[i], NULL, run, &total[i]);
+    for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+    work(0);
+    printf("threads done\n");
+    return 0;
+}
+"""
+
+
+def _cc(args: list[str]) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    proc = subprocess.run(["gcc", *args], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """forms.c (3 probes) and fork.c (1 probe, forks): header-built with usdtpatch's sys/sdt.h
+    (guard on / off) and rewritten from the systemtap 1-byte build (guard auto / never)."""
+    if not SYSTEMTAP_SDT.exists():
+        pytest.skip(f"{SYSTEMTAP_SDT} (systemtap-sdt-dev) is not installed")
+    d = tmp_path_factory.mktemp("kcheck")
+    out: dict[str, Path] = {}
+    hdr = ["-O2", f"-I{SDT_INCLUDE}"]
+    _cc([*hdr, str(SRC / "forms.c"), "-o", str(d / "forms-hdr")])
+    _cc(["-O2", str(SRC / "forms.c"), "-o", str(d / "forms-stap")])
+    _cc([*hdr, "-DUSE_FORK", str(SRC / "fork.c"), "-o", str(d / "fork-hdr")])
+    _cc([*hdr, "-DUSE_FORK", "-DUSDTPATCH_FORK_GUARD=0", str(SRC / "fork.c"), "-o",
+         str(d / "fork-hdr-noguard")])
+    _cc(["-O2", "-DUSE_FORK", str(SRC / "fork.c"), "-o", str(d / "fork-stap")])
+    for name, src, guard in [("forms-rw", "forms-stap", "auto"), ("fork-rw", "fork-stap", "auto"),
+                             ("fork-rw-noguard", "fork-stap", "never")]:
+        outcome = api.rewrite(d / src, d / name, fork_guard=guard)
+        assert outcome.changed and not outcome.failed
+        out[name] = d / name
+    for name in ("forms-hdr", "forms-stap", "fork-hdr", "fork-hdr-noguard", "fork-stap"):
+        out[name] = d / name
+    return out
+
+
+def _kcheck_json(args: list[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["kcheck", "--json", "--settle", "0.5", *args], out, err)
+    doc = json.loads(out.getvalue()) if out.getvalue() else {}
+    return rc, doc, err.getvalue()
+
+
+# --- live: sites optimized as planned, restored ---------------------------------------------
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+@pytest.mark.parametrize("name", ["forms-hdr", "forms-rw"])
+def test_every_nop5_site_optimized_as_planned_and_restored(built: dict[str, Path],
+                                                           name: str) -> None:
+    binary = built[name]
+    rc, doc, err = _kcheck_json([str(binary), "--", str(binary)])
+    assert rc == 0, (err, doc.get("problems"))
+    assert doc["schema"] == "usdtpatch/kcheck" and doc["ok"] and doc["problems"] == []
+    (proc,) = doc["processes"]
+    assert proc["kind"] == "command" and proc["exit_code"] == 0 and proc["inspected"]
+    assert len(proc["trampolines"]) == 1
+    probes = {s["probe"] for s in proc["sites"]}
+    assert probes == {"forms:entry", "forms:mid", "forms:loop"}
+    for s in proc["sites"]:
+        assert s["hits"] == 25, s
+        assert s["original"] == NOP5.hex()
+        assert s["optimized"] and s["attached"][:2] == "e8", s
+        assert s["call_target"] == proc["trampolines"][0]
+        assert s["planned_protocol"] == "nop5" and s["planned_trampoline"] == s["call_target"]
+        assert s["matches_plan"] is True and s["attached"] == s["planned"]
+        assert s["restored"] is True and s["detached"] == NOP5.hex()
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_probe_filter_and_options_after_file(built: dict[str, Path]) -> None:
+    binary = built["forms-hdr"]
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["kcheck", str(binary), "--probe", "forms:l*", "--settle", "0.2", "--json",
+               "--", str(binary)], out, err)
+    assert rc == 0, err.getvalue()
+    (proc,) = json.loads(out.getvalue())["processes"]
+    assert [s["probe"] for s in proc["sites"]] == ["forms:loop"]
+    assert proc["sites"][0]["optimized"] and proc["sites"][0]["restored"]
+    text = _refusal([str(binary), "--probe", "nothing:*", "--", str(binary)])
+    assert "no USDT probe sites matching nothing:*" in text
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_a_1_byte_site_stays_on_the_int3_path_as_planned(built: dict[str, Path]) -> None:
+    binary = built["forms-stap"]
+    rc, doc, err = _kcheck_json([str(binary), "--", str(binary)])
+    assert rc == 0, err
+    for s in doc["processes"][0]["sites"]:
+        assert s["hits"] == 25 and not s["optimized"]
+        assert s["planned_protocol"] == "int3" and s["attached"] == "cc"
+        assert s["matches_plan"] is True and s["restored"] is True and s["detached"] == "90"
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_threads_are_followed(tmp_path: Path) -> None:
+    (tmp_path / "mt.c").write_text(THREADS_C)
+    binary = tmp_path / "mt"
+    _cc(["-O2", "-pthread", f"-I{SDT_INCLUDE}", str(tmp_path / "mt.c"), "-o", str(binary)])
+    rc, doc, err = _kcheck_json([str(binary), "--", str(binary)])
+    assert rc == 0, (err, doc.get("problems"))
+    (proc,) = doc["processes"]
+    assert proc["threads"] == 5
+    (s,) = proc["sites"]
+    assert s["hits"] == 4 * 1000 + 1  # every thread's hits, the threads' own events
+    assert s["optimized"] and s["matches_plan"] and s["restored"]
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_a_rewritten_library_in_the_process(tmp_path: Path) -> None:
+    """FILE is a library the command maps: fixtures/bin/uses-shared loads libprobes.so from
+    its own directory ($ORIGIN): both are copied next to a rewritten libprobes.so."""
+    bindir = ROOT / "fixtures" / "bin"
+    shutil.copy2(bindir / "uses-shared", tmp_path / "uses-shared")
+    lib = tmp_path / "libprobes.so"
+    outcome = api.rewrite(bindir / "libprobes.so", lib)
+    assert outcome.changed and not outcome.failed
+    rc, doc, err = _kcheck_json([str(lib), "--", str(tmp_path / "uses-shared")])
+    assert rc == 0, (err, doc.get("problems"))
+    (proc,) = doc["processes"]
+    assert proc["exit_code"] == 0
+    hit = [s for s in proc["sites"] if s["hits"]]
+    assert hit, proc["sites"]
+    for s in hit:
+        assert s["optimized"] and s["matches_plan"] and s["restored"], s
+
+
+# --- live: the fork hazard, observed ---------------------------------------------------------
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+@pytest.mark.parametrize(("name", "survives"), [
+    ("fork-hdr", True), ("fork-hdr-noguard", False), ("fork-rw", True),
+    ("fork-rw-noguard", False)])
+def test_fork_while_optimized(built: dict[str, Path], name: str, survives: bool) -> None:
+    binary = built[name]
+    rc, doc, err = _kcheck_json([str(binary), "--", str(binary)])
+    procs = {p["kind"]: p for p in doc["processes"]}
+    parent, child = procs["command"], procs["fork"]
+    assert child["parent"] == parent["pid"]
+    assert child["optimized_at_fork"] == 1  # the site was the call when the parent forked
+    (site,) = parent["sites"]
+    assert site["optimized"] and site["matches_plan"] and site["restored"]
+    if survives:
+        assert rc == 0, (err, doc["problems"])
+        assert child["exit_code"] == 0 and doc["faults"] == []
+        assert parent["exit_code"] == 0
+    else:
+        assert rc == 1
+        assert child["exit_signal_name"] == "SIGSEGV"
+        (fault,) = doc["faults"]
+        assert fault["pid"] == child["pid"] and fault["signal_name"] == "SIGSEGV"
+        assert fault["site"] == "fork:tick" and fault["in_trampoline"]
+        assert fault["rip"] == parent["trampolines"][0]
+        assert fault["return_address"] == site["address"] + 5
+        assert any("SIGSEGV" in p and "fork:tick" in p for p in doc["problems"])
+        assert parent["exit_code"] == 1  # fork.c reports its child's death
+
+
+# --- live: --pid, and interrupted --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loop_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("kcheck-loop")
+    (d / "loop.c").write_text(LOOP_C)
+    _cc(["-O2", f"-I{SDT_INCLUDE}", str(d / "loop.c"), "-o", str(d / "loop")])
+    return d / "loop"
+
+
+def _start_loop(start_process: StartProcess, binary: Path) -> tuple[int, int]:
+    proc = start_process([binary], stdout=subprocess.PIPE)
+    line = proc.line(10)
+    assert line is not None and line.startswith("ready"), line
+    probe = api.load(binary).probes[0]
+    assert probe.offset is not None
+    return proc.pid, runtime_address(proc.pid, binary, probe.offset)
+
+
+def _running(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    return state in ("R", "S")
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_pid_mode_leaves_the_process_running_and_unprobed(
+        loop_binary: Path, start_process: StartProcess) -> None:
+    pid, site = _start_loop(start_process, loop_binary)
+    rc, doc, err = _kcheck_json([str(loop_binary), "--pid", str(pid), "--duration", "0.5"])
+    assert rc == 0, (err, doc.get("problems"))
+    (proc,) = doc["processes"]
+    assert proc["kind"] == "pid" and proc["pid"] == pid
+    (s,) = proc["sites"]
+    assert s["hits"] > 10 and s["optimized"] and s["matches_plan"] and s["restored"]
+    assert read_mem(pid, site, 5) == NOP5
+    time.sleep(0.05)
+    assert _running(pid)  # detached: not stopped, not traced
+    with open(f"/proc/{pid}/status") as f:
+        assert "TracerPid:\t0" in f.read()
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_interrupted_kcheck_leaves_no_probe(loop_binary: Path,
+                                            start_process: StartProcess) -> None:
+    pid, site = _start_loop(start_process, loop_binary)
+    kc = start_process([sys.executable, "-m", "usdtpatch", "kcheck", str(loop_binary),
+                        "--pid", str(pid), "--duration", "60"], stderr=subprocess.PIPE,
+                       cwd=ROOT)
+    deadline = time.monotonic() + 20
+    while read_mem(pid, site, 1) != b"\xe8":  # attached and hit: the site is the call
+        assert time.monotonic() < deadline, "the site was never optimized under kcheck"
+        time.sleep(0.02)
+    kc.signal(signal.SIGINT)
+    assert kc.proc.wait(timeout=30) == 130
+    assert read_mem(pid, site, 5) == NOP5
+    with open(f"/proc/{pid}/status") as f:
+        assert "TracerPid:\t0" in f.read()
+    assert _running(pid)
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_interrupted_kcheck_stops_its_command(loop_binary: Path,
+                                              start_process: StartProcess) -> None:
+    kc = start_process([sys.executable, "-m", "usdtpatch", "kcheck", str(loop_binary), "--",
+                        str(loop_binary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=ROOT)
+    line = kc.line(20)  # the command's "ready", through kcheck's stdout
+    assert line is not None and line.startswith("ready"), line
+    with open(f"/proc/{kc.pid}/task/{kc.pid}/children") as f:
+        (command,) = (int(w) for w in f.read().split())
+    kc.signal(signal.SIGINT)
+    assert kc.proc.wait(timeout=30) == 130
+    assert not os.path.exists(f"/proc/{command}")  # killed and reaped by kcheck
+
+
+@pytest.mark.live
+def test_descendants_left_running_are_detached_not_killed() -> None:
+    fixture = ROOT / "fixtures" / "bin" / "nop5"  # not mapped by sh: nothing to inspect
+    rc, doc, err = _kcheck_json([str(fixture), "--", "/bin/sh", "-c", "sleep 30 &"])
+    left = [p["pid"] for p in doc["processes"] if p["exit_code"] is None
+            and p["exit_signal"] is None]
+    try:
+        assert rc == 0, err
+        (command,) = [p for p in doc["processes"] if p["kind"] == "command"]
+        assert command["exit_code"] == 0
+        assert len(left) == 1  # the sleep, still running after --settle
+        with open(f"/proc/{left[0]}/status") as f:
+            assert "TracerPid:\t0" in f.read()
+        assert all(s["address"] is None for s in command["sites"])
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.live
+def test_a_command_that_cannot_run_is_one_line(tmp_path: Path) -> None:
+    fixture = ROOT / "fixtures" / "bin" / "nop5"
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["kcheck", str(fixture), "--", str(tmp_path / "missing")], out, err)
+    assert rc == 2 and out.getvalue() == ""
+    assert err.getvalue().count("\n") == 1 and "cannot run" in err.getvalue()
+
+
+# --- refusals (no kernel needed) ---------------------------------------------------------------
+
+
+def _refusal(args: list[str]) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["kcheck", *args], out, err)
+    assert rc == 2 and out.getvalue() == ""
+    text = err.getvalue()
+    assert text.count("\n") == 1 and "Traceback" not in text, text
+    return text
+
+
+FIXTURE = str(ROOT / "fixtures" / "bin" / "nop5")
+
+
+def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "needs root" in _refusal([FIXTURE, "--", "/bin/true"])
+
+
+def test_refuses_without_the_uprobe_pmu(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(perf, "UPROBE_TYPE_PATH", str(tmp_path / "no-such-pmu"))
+    assert "no uprobe PMU" in _refusal([FIXTURE, "--", "/bin/true"])
+
+
+def test_refuses_without_the_uprobe_syscall(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    pmu = tmp_path / "type"
+    pmu.write_text("9\n")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(perf, "UPROBE_TYPE_PATH", str(pmu))
+    monkeypatch.setattr(kmod, "has_uprobe_syscall", lambda: False)
+    text = _refusal([FIXTURE, "--", "/bin/true"])
+    assert "no uprobe syscall" in text and "int3 path" in text
+
+
+def test_usage_needs_exactly_one_of_command_and_pid() -> None:
+    assert "give a command" in _refusal([FIXTURE])
+    err = io.StringIO()
+    rc = main(["kcheck", FIXTURE, "--pid", str(os.getpid()), "--", "/bin/true"], io.StringIO(),
+              err)
+    assert rc == 2 and "Traceback" not in err.getvalue()
+
+
+def test_a_file_without_probes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmod, "kernel_support", lambda: None)
+    text = _refusal([str(ROOT / "fixtures" / "bin" / "noprobes"), "--", "/bin/true"])
+    assert "noprobes" in text and "no USDT probe sites" in text
+
+
+def test_a_pid_that_does_not_map_the_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("reading another process's maps needs root")
+    monkeypatch.setattr(kmod, "kernel_support", lambda: None)
+    text = _refusal([FIXTURE, "--pid", str(os.getpid())])
+    assert "not mapped in pid" in text
+
+
+@pytest.mark.live
+@pytest.mark.slow
+def test_rewritten_libjvm_in_a_java_run(tmp_path: Path) -> None:
+    """A real workload: a copy of OpenJDK 17 with its libjvm rewritten (usdtpatch bench's
+    preparation; the system JDK is never modified) runs Bench.java with its method probes."""
+    from usdtpatch.benchkit import runner
+
+    if not (runner.SYSTEM_JDK / "lib" / "server" / "libjvm.so").exists():
+        pytest.skip(f"no OpenJDK 17 at {runner.SYSTEM_JDK}")
+    _orig, rw = runner.build_jvm(tmp_path)
+    java = [str(rw.program), "-XX:+ExtendedDTraceProbes", "-cp", str(tmp_path / "classes"),
+            "Bench", "20000"]
+    rc, doc, err = _kcheck_json([str(rw.probed), "--probe", "hotspot:method__*", "--",
+                                 *java])
+    assert rc == 0, (err, doc.get("problems"))
+    (proc,) = [p for p in doc["processes"] if p["kind"] == "command"]
+    assert proc["exit_code"] == 0 and proc["threads"] > 5
+    sites = {s["probe"]: s for s in proc["sites"]}
+    for name in ("hotspot:method__entry", "hotspot:method__return"):
+        s = sites[name]
+        assert s["hits"] >= 20000 and s["optimized"] and s["matches_plan"] and s["restored"]

@@ -1,0 +1,114 @@
+"""What the fast paths of `list` and `check` rely on: a small import graph for `list`, the API
+bound lazily on the package (`usdtpatch.rewrite` is the function; the rewriter is the
+subpackage usdtpatch.rewriter), the cyclic
+collector paused only while a read-only command runs, and the same answers as the API."""
+
+from __future__ import annotations
+
+import gc
+import io
+import subprocess
+import sys
+from typing import Any, cast
+
+import pytest
+
+from tests.helpers import ROOT, fixture
+from usdtpatch import api, cli
+from usdtpatch.cli import common
+
+
+def _python(code: str) -> str:
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=False, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_list_imports_neither_the_api_nor_the_rewriter_nor_capstone() -> None:
+    got = _python("import sys, usdtpatch.cli.cmd_list, usdtpatch.report.plain\n"
+                  "print(sorted(m for m in sys.modules if m in ('usdtpatch.api', 'capstone')"
+                  " or m.startswith('usdtpatch.rewrite')))")
+    assert got == "[]"
+
+
+@pytest.mark.parametrize("first", ["import usdtpatch.rewriter.plan",
+                                   "from usdtpatch.rewriter import forms",
+                                   "import usdtpatch.api", "pass"])
+def test_the_package_attribute_rewrite_is_the_function(first: str) -> None:
+    # whatever was imported first, usdtpatch.rewrite is api.rewrite (as when bound eagerly):
+    # the rewriter's subpackage has another name, so importing it cannot rebind the attribute
+    got = _python(f"{first}\nimport usdtpatch\nfrom usdtpatch import api, rewrite\n"
+                  "import usdtpatch.rewriter.build\n"
+                  "print(usdtpatch.rewrite is api.rewrite is rewrite, usdtpatch.load is api.load,"
+                  " callable(usdtpatch.check))")
+    assert got == "True True True"
+
+
+def test_an_unknown_package_attribute_is_an_attribute_error() -> None:
+    import usdtpatch
+
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = usdtpatch.no_such_name
+
+
+def test_cli_load_gives_what_api_load_gives() -> None:
+    for name in ("pie", "cxx-throw", "forms-mixed", "libprobes.so"):
+        assert common.load(fixture(name)) == api.load(fixture(name)), name
+
+
+@pytest.mark.parametrize(("command", "paused"), [(["list"], True), (["check"], True),
+                                                 (["show", "--probe", "a:b"], True),
+                                                 (["rewrite", "--dry-run"], False)])
+def test_cycle_collection_is_paused_only_while_a_read_only_command_runs(
+        monkeypatch: pytest.MonkeyPatch, command: list[str], paused: bool) -> None:
+    seen: list[bool] = []
+
+    def fake(args: Any, out: Any, err: Any) -> int:
+        seen.append(gc.isenabled())
+        raise RuntimeError("boom")  # the collector comes back on the error path too
+
+    real = cli.build_parser
+
+    def parser(argv: list[str] | None = None) -> Any:
+        p = real(argv)
+        for action in p._subparsers._group_actions:  # type: ignore[union-attr]
+            for sub in cast(dict[str, Any], action.choices).values():
+                sub.set_defaults(func=fake)
+        return p
+
+    monkeypatch.setattr(cli, "build_parser", parser)
+    assert gc.isenabled()
+    rc = cli.main([*command, str(fixture("pie"))], io.StringIO(), io.StringIO())
+    assert rc == 3 and seen == [not paused] and gc.isenabled()
+
+
+def test_the_sweep_binding_decodes_as_the_capstone_package() -> None:
+    import capstone
+
+    from usdtpatch.elf.image import parse_elf
+    from usdtpatch.x86 import decode
+
+    assert decode._lite(True) is not None and decode._lite(False) is not None
+    for name in ("pie", "i386", "cxx-throw", "static"):
+        image = parse_elf(fixture(name).read_bytes())
+        for sec in image.sections:
+            if sec.name not in (".text", ".rodata") or not sec.size:
+                continue
+            code = image.data[sec.offset : sec.offset + min(sec.size, 20000)]
+            for mode64 in (True, False):
+                md = capstone.Cs(capstone.CS_ARCH_X86,
+                                 capstone.CS_MODE_64 if mode64 else capstone.CS_MODE_32)
+                md.syntax = capstone.CS_OPT_SYNTAX_ATT
+                for skip in (0, 1, 2):  # also from inside instructions, and junk (.rodata)
+                    want = list(md.disasm_lite(code[skip:], sec.addr + skip))
+                    assert decode._lite_rows(code[skip:], sec.addr + skip, mode64) == want
+    assert decode._lite_rows(b"\x06\x90", 0x1000, True) == []  # first byte does not decode
+    assert decode._lite_rows(b"", 0x1000, True) == []
+
+
+def test_check_of_a_nop_file_does_not_import_the_capstone_package() -> None:
+    got = _python("import io, sys\nfrom usdtpatch.cli import main\n"
+                  f"main(['check', '--fail-on', 'never', {str(fixture('pie'))!r}], io.StringIO(),"
+                  " io.StringIO())\nprint('capstone' in sys.modules)")
+    assert got == "False"

@@ -1,0 +1,1 @@
+"""Developer tools run from the Makefile (`make fuzz`); not part of the installed package."""

@@ -1,0 +1,473 @@
+"""The usdtpatch library: every command of the CLI as a function.
+
+    import usdtpatch
+
+    probes = usdtpatch.load("prog")                     # the probes of a file
+    result = usdtpatch.check("prog")                    # findings per site and file
+    out = usdtpatch.rewrite("prog", "prog.nop5")        # verified, atomic, keeps the mode
+    if out.failed: ...                                  # a site could not be rewritten
+    usdtpatch.restore("prog.nop5", "prog.orig")         # the original, byte for byte
+
+Options are keyword-only; enums (`Form`, `Guard`, `ForkGuard`) or their string values are
+accepted. A file that cannot be used raises a `UsdtpatchError` (InputError, ElfFormatError,
+UnsupportedError, OutputError) whose message says what is wrong; a problem with one site is
+a finding in the result, never an exception. Inputs are only read; an output is written
+through a temporary file and one rename, and an output that is an input is refused unless
+`in_place=True`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.errors import InputError, UnsupportedError
+from usdtpatch.io import StrPath, check_output, input_mode, read_input, write_atomic
+from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
+
+if TYPE_CHECKING:  # imported where used: each command pays only for what it uses
+    from usdtpatch.emulate.verify import VerifyReport
+    from usdtpatch.findings import Finding
+    from usdtpatch.poke.plan import Plan
+    from usdtpatch.rewriter.kernel import FormChoice
+    from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Verifier
+    from usdtpatch.sites.check import CheckReport
+    from usdtpatch.sites.probes import ProbeSet
+
+__all__ = [
+    "CheckResult",
+    "ForkGuard",
+    "Form",
+    "Guard",
+    "RestoreOutcome",
+    "RewriteOutcome",
+    "check",
+    "dtrace_header",
+    "load",
+    "plan",
+    "read_plan",
+    "restore",
+    "rewrite",
+    "rewrite_plan",
+    "verify",
+]
+
+E = TypeVar("E", bound=Enum)
+
+
+def _enum(kind: type[E], value: E | str, option: str) -> E:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in kind)
+        raise ValueError(f"{option}={value!r}: expected one of {choices}") from None
+
+
+def _image(path: StrPath) -> ElfImage:
+    return parse_elf(read_input(path))
+
+
+def load(path: StrPath) -> ProbeSet:
+    """Read and parse one file into its probes (raises UsdtpatchError when unusable)."""
+    from usdtpatch.sites.probes import read_probes
+
+    return read_probes(_image(path))
+
+
+# ---------------------------------------------------------------------------------- check
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """`check`'s verdict on one file: `report` per site, `findings` all of them."""
+
+    path: str
+    report: CheckReport = field(repr=False)
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        """The file's findings, then every site's."""
+        return self.report.all_findings
+
+    def to_json(self, names: dict[str, str] | None = None) -> dict[str, Any]:
+        """The file's entry of the check document (docs/check-json.md). `names`: demangled
+        function names (looked up here when not given)."""
+        from usdtpatch.report.checkjson import check_file_json
+
+        if names is None:
+            from usdtpatch.elf.demangle import demangle
+
+            names = demangle([s.probe.function for s in self.report.sites
+                              if s.probe.function])
+        return check_file_json(self.path, self.report, names)
+
+
+def check(path: StrPath) -> CheckResult:
+    """Judge every probe site of one file as a candidate for the kernel's optimized uprobes."""
+    from usdtpatch.sites.check import check as check_probes
+
+    return CheckResult(os.fspath(path), check_probes(load(path)))
+
+
+# -------------------------------------------------------------------------------- rewrite
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteOutcome:
+    """What `rewrite` did to one file.
+
+    `changed`: the output differs from the input. `failed`: a site that should have been
+    rewritten could not be (its detour failed verification or relocation); the output is
+    still written, with that site as it was. `note` is set when the input was already
+    rewritten (nothing decided; the output, if any, is a copy of the input).
+    """
+
+    path: str
+    output: str | None
+    form: Form | None  # None: --form auto found a kernel that optimizes nothing
+    guard: Guard
+    fork_guard: ForkGuard
+    verified: bool
+    changed: bool
+    sites: tuple[SiteDecision, ...]
+    findings: tuple[Finding, ...]
+    note: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        from usdtpatch.rewriter.plan import Status
+
+        return any(s.status is Status.FAILED for s in self.sites)
+
+    @property
+    def already_rewritten(self) -> bool:
+        return self.note is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's entry of the rewrite document (docs/json-schema.md)."""
+        from usdtpatch.rewriter.report import result_json
+
+        return result_json(self.path, self.output,
+                           "auto" if self.form is None else self.form.value, self.guard.value,
+                           self.verified, self.changed, self.sites, self.findings, self.note)
+
+
+def _validate(data: bytes, original: ElfImage) -> None:
+    """Check a rewrite's output before it is renamed into place (usdtpatch.elf.validate,
+    when this build has it); raises OutputError."""
+    try:
+        validate: Any = importlib.import_module("usdtpatch.elf.validate")
+    except ModuleNotFoundError as exc:
+        if exc.name != "usdtpatch.elf.validate":
+            raise
+        return
+    validate.validate_output(data, original)
+
+
+def _verifier(enabled: bool) -> Verifier | None:
+    """A new verifier for one call (its emulator machines die with it), or None."""
+    if not enabled:
+        return None
+    from usdtpatch.emulate.equivalence import DetourVerifier
+
+    return DetourVerifier()
+
+
+def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
+            **options: Any) -> RewritePlan:
+    """plan_rewrite with every detour verified (when `verify`), by `jobs` processes
+    (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this process may use)."""
+    from usdtpatch.rewriter.plan import plan_rewrite
+
+    if not verify:
+        return plan_rewrite(image, verify=None, **options)
+    from usdtpatch.elf.notes import parse_notes
+    from usdtpatch.emulate.equivalence import plan_verified
+    from usdtpatch.sites.check import check
+    from usdtpatch.sites.probes import read_probes
+
+    sec = image.section(".note.stapsdt")
+    expected = 0
+    if sec is not None and image.is64 and image.little_endian:
+        expected = len(parse_notes(image.section_data(sec), 8, "<").sdt_notes)
+    report: list[Any] = []
+
+    def plan(verifier: Verifier) -> RewritePlan:
+        if not report:  # once: later passes take the same analysis
+            from usdtpatch.rewriter.plan import check_rewritable
+
+            check_rewritable(image)
+            ps = read_probes(image)
+            report.append(check(ps) if ps.notes is not None and ps.probes else None)
+        return plan_rewrite(image, verify=verifier, report=report[0], **options)
+
+    return plan_verified(image, plan, jobs=jobs, expected=expected)
+
+
+def _sound_rewritten(image: ElfImage) -> None:
+    """Refuse (ElfFormatError) a file with a marker whose probes `list` could not read: it
+    would otherwise be copied as "already rewritten"."""
+    from usdtpatch.sites.probes import read_probes
+
+    read_probes(image)
+
+
+def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
+    """The form of a rewrite: `form`, or for "auto" the kernel's (usdtpatch.rewriter.kernel);
+    ValueError for a value that is neither."""
+    from usdtpatch.rewriter.kernel import AUTO, Kernel, choose_form
+
+    return choose_form(form if form == AUTO else _enum(Form, form, "form"),
+                       None if kernel is None else _enum(Kernel, kernel, "kernel"))
+
+
+def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
+            guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+            verify: bool = True, in_place: bool = False,
+            progress: Callable[[int, int], None] | None = None,
+            calls: str = "auto", jobs: int | None = None,
+            kernel: str | None = None) -> RewriteOutcome:
+    """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
+
+    The output goes to `out` (a new regular file, or an existing one replaced atomically,
+    with the input's permission bits), or over `path` with `in_place=True`; with neither,
+    nothing is written (a dry run: the decisions only). `verify` (default on) runs every
+    detour against the original in the emulator first; a site that fails stays as it was
+    and the outcome says `failed`. An input rewritten before is an outcome with `note` set,
+    copied to `out` unchanged. Raises UsdtpatchError when the file cannot be used or the
+    output cannot be written (an output that is the input, or not a regular file).
+    `calls` (auto | move | emulate): how calls inside a patch window go along
+    (docs/rewrite.md, "Windows that hold a call"). `jobs`: processes verifying detours in
+    parallel (None: one per CPU; the decisions do not depend on it). `form` "auto" (the
+    default) takes the form the kernel optimizes: the running kernel's (usdtpatch.rewriter.
+    kernel), or the generation `kernel` names ("6.18" or "nop10-series"); the outcome's
+    findings say which and why, and where the kernel optimizes nothing the file is left as it
+    is (copied to `out`).
+    """
+    choice = _form_choice(form, kernel)
+    g = _enum(Guard, guard, "guard")
+    fg = _enum(ForkGuard, fork_guard, "fork_guard")
+    src = os.fspath(path)
+    if in_place and out is not None and os.fspath(out) != src:
+        raise ValueError("rewrite: give `out` or in_place=True, not both")
+    target = src if in_place else (os.fspath(out) if out is not None else None)
+    if target is not None:
+        check_output(target, [src], in_place=in_place)
+    mode = input_mode(src)
+    data = read_input(src)
+    image = parse_elf(data)
+    from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING
+    from usdtpatch.rewriter.marker import AlreadyRewritten
+
+    f = choice.form
+    said = (FORM_CHOSEN.finding(choice.why),) if choice.detected or choice.kernel else ()
+
+    def outcome(changed: bool, sites: tuple[SiteDecision, ...] = (),
+                findings: tuple[Finding, ...] = (), note: str | None = None) -> RewriteOutcome:
+        return RewriteOutcome(src, target, f, g, fg, verify, changed, sites,
+                              findings if note is not None else said + findings, note)
+
+    if f is None:  # a kernel that optimizes nothing: the file stays as it is
+        if target is not None and not in_place:
+            write_atomic(target, data, mode)
+        return RewriteOutcome(src, target, None, g, fg, verify, False, (),
+                              (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),))
+    try:
+        rp = _decide(image, verify=verify, jobs=jobs, form=f, guard=g, fork_guard=fg,
+                     progress=progress, calls=calls)
+    except AlreadyRewritten as exc:
+        _sound_rewritten(image)
+        if target is not None and not in_place:
+            write_atomic(target, data, mode)
+        return outcome(False, note=str(exc))
+    if target is None:
+        return outcome(rp.changed, rp.sites, rp.findings)
+    findings = rp.findings
+    result = data
+    if rp.changed:
+        from usdtpatch.rewriter.build import build_rewrite
+
+        built = build_rewrite(rp)
+        _validate(built.data, image)
+        result, findings = built.data, findings + built.findings
+        from usdtpatch.findings import FORK_GUARDED, PROCESS_CAN_FORK
+
+        if any(f.code == FORK_GUARDED.code for f in built.findings):
+            # the input's fork hazard is covered in the output
+            findings = tuple(f for f in findings if f.code != PROCESS_CAN_FORK.code)
+    write_atomic(target, result, mode)
+    return outcome(rp.changed, rp.sites, findings)
+
+
+def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
+                 guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+                 verify: bool = True, calls: str = "auto", jobs: int | None = None,
+                 kernel: str | None = None) -> RewritePlan:
+    """The decisions a rewrite of `path` would take (frozen data), without building a file.
+
+    `form` "auto" and `kernel` as for `rewrite`; UnsupportedError when "auto" finds a
+    kernel that optimizes nothing. Raises usdtpatch.rewriter.marker.AlreadyRewritten for a
+    file rewritten before."""
+    choice = _form_choice(form, kernel)
+    if choice.form is None:
+        raise UnsupportedError(choice.why)
+    return _decide(_image(path), verify=verify, jobs=jobs, form=choice.form,
+                   guard=_enum(Guard, guard, "guard"),
+                   fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
+
+
+# -------------------------------------------------------------------------------- restore
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreOutcome:
+    """What `restore` gave back: the original's bytes (written to `output` unless None)."""
+
+    path: str
+    output: str | None
+    data: bytes = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+def restore(path: StrPath, out: StrPath | None = None, *,
+            in_place: bool = False) -> RestoreOutcome:
+    """The original of a rewritten file, byte for byte (checked against its sha256), written
+    atomically to `out` or over `path` with `in_place=True` (neither: returned only)."""
+    from usdtpatch.rewriter.marker import restore_image
+
+    src = os.fspath(path)
+    if in_place and out is not None and os.fspath(out) != src:
+        raise ValueError("restore: give `out` or in_place=True, not both")
+    target = src if in_place else (os.fspath(out) if out is not None else None)
+    if target is not None:
+        check_output(target, [src], in_place=in_place)
+    mode = input_mode(src)
+    original = restore_image(_image(src))
+    if target is not None:
+        write_atomic(target, original, mode)
+    return RestoreOutcome(src, target, original)
+
+
+# ------------------------------------------------------------------------- plan and verify
+
+
+def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
+             trampoline: int | None, maps: StrPath | None, pid: int | None) -> Plan:
+    from usdtpatch.poke.plan import build_plan
+    from usdtpatch.poke.trampoline import (
+        check_load_base,
+        default_load_base,
+        load_base_from_maps,
+    )
+
+    entries = None
+    mmap_min = 4096
+    source_name = ""
+    if maps is not None or pid is not None:
+        from usdtpatch.live import procfs
+
+        if maps is not None:
+            entries = procfs.read_maps_file(os.fspath(maps))
+            source_name = os.fspath(maps)
+        else:
+            assert pid is not None
+            entries = procfs.read_maps(pid)
+            source_name = f"pid {pid}"
+            mmap_min = procfs.mmap_min_addr()
+    source = "option"
+    if load_base is None and entries is not None:
+        load_base = load_base_from_maps(ps.image, entries, path)
+        source = "maps"
+        if load_base is None:
+            raise InputError(f"{path}: not mapped in {source_name} (no mapping of the file's "
+                             f"first segment)")
+    if load_base is None:
+        load_base = default_load_base(ps.image)
+        source = "default"
+    check_load_base(ps.image, load_base)
+    return build_plan(ps, path, form, load_base, source, entries, trampoline, mmap_min)
+
+
+def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) -> None:
+    if sum(x is not None for x in (trampoline, maps, pid)) > 1:
+        raise ValueError("give at most one of trampoline, maps, pid")
+
+
+def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
+         trampoline: int | None = None, maps: StrPath | None = None,
+         pid: int | None = None) -> Plan:
+    """The kernel's write sequences for every probe site of `path` (`form`: "nop5", the
+    Linux 6.18 protocol, or "nop10", experimental). The trampoline page comes from
+    `trampoline`, a /proc/PID/maps snapshot `maps`, a live process `pid`, or the loader's
+    layout at `load_base` (default: 0x555555554000 for PIE, 0 otherwise)."""
+    _placement(trampoline, maps, pid)
+    src = os.fspath(path)
+    return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
+
+
+def read_plan(path: StrPath) -> Plan:
+    """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
+    from usdtpatch.poke.plan import plan_from_json
+
+    src = os.fspath(path)
+    try:
+        doc = json.loads(read_input(src))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{src}: not a JSON document: {exc}") from exc
+    return plan_from_json(doc, src)
+
+
+def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "nop5",
+           load_base: int | None = None, trampoline: int | None = None,
+           maps: StrPath | None = None, pid: int | None = None) -> VerifyReport:
+    """Run every torn state of every write sequence for `path` in the emulator: `plan` (a
+    Plan, or the path of a plan document), else the plan made with the placement options."""
+    from usdtpatch.emulate.verify import verify_plan
+    from usdtpatch.poke.plan import Plan as PlanType
+
+    src = os.fspath(path)
+    ps = load(src)
+    if isinstance(plan, PlanType):
+        the_plan = plan
+    elif plan is not None:
+        the_plan = read_plan(plan)
+    else:
+        _placement(trampoline, maps, pid)
+        the_plan = _plan_of(ps, src, form, load_base, trampoline, maps, pid)
+    rep = verify_plan(the_plan, ps.image)
+    # fork (docs/fork-guard.md): the child of a process whose nop5 sites are optimized
+    from dataclasses import replace as _replace
+
+    from usdtpatch.emulate.fork import fork_findings
+
+    optimized = tuple(s.link_address for s in the_plan.sites
+                      if s.sequences is not None and s.sequences.protocol == "nop5"
+                      and s.sequences.optimize is not None)
+    return _replace(rep, findings=rep.findings + fork_findings(ps.image, optimized,
+                                                                the_plan.load_base))
+
+
+# --------------------------------------------------------------------------------- dtrace
+
+
+def dtrace_header(script: StrPath, *, cpp: bool = False, includes: Sequence[str] = (),
+                  defines: Sequence[str] = (), semaphores: bool = True) -> str:
+    """The probe header systemtap's `dtrace -h -s SCRIPT` would write, over usdtpatch's
+    sys/sdt.h (`cpp`: run the C preprocessor over the script first, with `includes` and
+    `defines`)."""
+    from usdtpatch.dtrace.header import render_header
+    from usdtpatch.dtrace.script import load_script
+
+    return render_header(load_script(os.fspath(script), cpp, list(includes), list(defines)),
+                         semaphores)

@@ -1,0 +1,18 @@
+# Version of the usdtpatch CMake package: the Python package's version (a test keeps the two
+# equal). Compatible when the major version matches and the found version is not older.
+set(PACKAGE_VERSION "0.1.0")
+if(PACKAGE_FIND_VERSION)
+  string(REGEX MATCH "^[0-9]+" _usdtpatch_major "${PACKAGE_VERSION}")
+  if(PACKAGE_FIND_VERSION VERSION_GREATER PACKAGE_VERSION)
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+  elseif(NOT PACKAGE_FIND_VERSION_MAJOR STREQUAL _usdtpatch_major)
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+  else()
+    set(PACKAGE_VERSION_COMPATIBLE TRUE)
+    if(PACKAGE_FIND_VERSION VERSION_EQUAL PACKAGE_VERSION)
+      set(PACKAGE_VERSION_EXACT TRUE)
+    endif()
+  endif()
+else()
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+endif()

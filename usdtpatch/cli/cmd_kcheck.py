@@ -1,0 +1,150 @@
+"""`usdtpatch kcheck FILE [--json] -- COMMAND...` or `usdtpatch kcheck FILE --pid PID
+[--duration S]`: attach a uprobe to every USDT site of FILE in the process, let it run, and
+report what the running kernel did with each site (usdtpatch.live.kcheck). Exit 0 when every
+site is as the plan predicts, detach restored it and no process died at a site; 1 otherwise;
+2 when kcheck cannot run here (not root, no uprobe PMU, no uprobe syscall) or on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from typing import IO, Any
+
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
+from usdtpatch.errors import UsdtpatchError
+from usdtpatch.live.kcheck import KcheckReport, ProcessResult, kcheck
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "kcheck", help="attach uprobes to FILE's sites in a process and report what the "
+                       "running kernel did (root; exit 1 if a site is not as planned)",
+        description="Attach a counting uprobe to every USDT site of FILE in COMMAND (started "
+                    "here: `usdtpatch kcheck FILE -- COMMAND ARGS...`) or in a running process "
+                    "(--pid), follow its threads and forks, and report per site: hits, "
+                    "optimized or not, bytes and trampoline against `usdtpatch plan`, and the "
+                    "bytes after detach. Children that die with SIGSEGV at a site are reported.")
+    p.add_argument("file", metavar="FILE", help="the executable or library holding the probes")
+    _options(p)
+    # dest "argv": "command" is the main parser's name for the subcommand
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="the program to run (after --)")
+    p.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pid", type=int, metavar="PID", help="a running process that maps FILE")
+    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
+                   help="only the probes whose provider:name matches this shell pattern "
+                        "(repeatable; default: every probe of FILE)")
+    p.add_argument("--duration", type=float, default=5.0, metavar="SECONDS",
+                   help="with --pid: how long to watch (default 5)")
+    p.add_argument("--settle", type=float, default=2.0, metavar="SECONDS",
+                   help="after COMMAND exits, how long its remaining children are watched "
+                        "(default 2)")
+    p.add_argument("--json", action="store_true", help="print a versioned JSON document")
+
+
+def _split(args: argparse.Namespace, err: IO[str]) -> list[str] | None:
+    """The command after `--`; options between FILE and `--` are parsed here (argparse's
+    REMAINDER takes everything after FILE). None after a usage error."""
+    rest = list(args.argv)
+    if not rest or not rest[0].startswith("-"):
+        return rest  # argparse dropped the `--` right after FILE (or there was none)
+    i = rest.index("--") if "--" in rest else len(rest)
+    head, command = rest[:i], rest[i + 1:]
+    if head:
+        again = argparse.ArgumentParser(prog="usdtpatch kcheck", add_help=False)
+        _options(again)
+        try:
+            again.parse_args(head, namespace=args)
+        except SystemExit:
+            return None
+    return command
+
+
+def _hx(b: bytes | None) -> str:
+    return "-" if b is None else b.hex(" ")
+
+
+def _proc_line(p: ProcessResult) -> str:
+    if p.exit_signal is not None:
+        end = f"killed by {signal.Signals(p.exit_signal).name}"
+    elif p.exit_code is not None:
+        end = f"exit {p.exit_code}"
+    else:
+        end = p.note or "running"
+    parent = f", child of {p.parent}" if p.parent else ""
+    extra = ""
+    if p.kind == "fork" and p.optimized_at_fork is not None:
+        extra = f", forked with {p.optimized_at_fork} site(s) optimized"
+    return f"pid {p.pid} ({p.kind}{parent}, {p.threads} thread(s){extra}): {end}"
+
+
+def render(rep: KcheckReport) -> str:
+    lines = [f"{rep.path} on Linux {rep.kernel}"]
+    for p in rep.processes:
+        lines.append(_proc_line(p))
+        if p.kind == "fork":
+            continue
+        if p.trampolines:
+            lines.append("  [uprobes-trampoline] at " + ", ".join(f"{t:#x}" for t in p.trampolines))
+        for s in p.sites:
+            head = f"  {s.probe} +{s.file_offset:#x}"
+            if s.attach_error:
+                lines.append(f"{head}: not attached: {s.attach_error}")
+                continue
+            if not p.inspected:
+                lines.append(f"{head}: {s.hits} hit(s), not inspected")
+                continue
+            state = "optimized" if s.optimized else "int3 path"
+            addr = "unmapped" if s.address is None else f"{s.address:#x}"
+            lines.append(f"{head} at {addr}: {s.hits} hit(s), {state} [{_hx(s.attached)}]")
+            if s.matches_plan is not None:
+                verdict = "as planned" if s.matches_plan else f"NOT as planned: plan says " \
+                                                               f"{_hx(s.planned)}"
+                tr = ("" if s.planned_trampoline is None
+                      else f", trampoline {s.planned_trampoline:#x}")
+                lines.append(f"      plan ({s.planned_protocol}{tr}): {verdict}")
+            if s.restored is not None:
+                lines.append(f"      after detach: {_hx(s.detached)} "
+                             f"({'restored' if s.restored else 'NOT restored'})")
+    for f in rep.faults:
+        if f.site is None and not f.in_trampoline:
+            continue  # summarized per process below
+        where = f" called from {f.site} (return address {f.return_address:#x})" \
+            if f.site and f.return_address is not None else ""
+        tramp = " (the parent's trampoline page: not mapped in this child)" \
+            if f.in_trampoline else ""
+        lines.append(f"pid {f.pid}: {signal.Signals(f.signal).name} at {f.rip:#x}{tramp}{where}")
+    for p in rep.processes:
+        if p.other_faults:
+            lines.append(f"pid {p.pid}: {p.other_faults} fault signal(s) not at a site "
+                         f"(handled by the program or fatal elsewhere; --json lists them)")
+    problems = rep.problems
+    lines.append(f"{len(problems)} problem(s)" + "".join(f"\n  {p}" for p in problems))
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    command = _split(args, err)
+    if command is None:
+        return EXIT_UNUSABLE
+    if (args.pid is None) == (not command):
+        print("usdtpatch: kcheck: give a command after -- or --pid PID (one of them)",
+              file=err)
+        return EXIT_UNUSABLE
+    try:
+        rep = kcheck(args.file, command=command or None, pid=args.pid,
+                     duration=args.duration, settle=args.settle, probes=args.probe)
+    except UsdtpatchError as exc:
+        error_line(args.file, exc, err)
+        return EXIT_UNUSABLE
+    if args.json:
+        json.dump(rep.to_json(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render(rep))
+    return EXIT_FAIL if rep.problems else EXIT_OK

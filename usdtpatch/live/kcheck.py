@@ -1,0 +1,759 @@
+"""kcheck: the running kernel, asked. Attach a counting uprobe to every USDT site of a file in
+a process (a command started here, or a running pid), let it run, and report per site what
+the kernel did: hits, whether the site became the optimized `call` into the process's
+[uprobes-trampoline] page, whether its bytes and trampoline are the ones `usdtpatch plan`
+predicts for that process's mappings, and whether detaching restored the original bytes.
+
+How (docs/kcheck.md; docs/kernel.md has the kernel facts):
+- uprobes: perf_event_open on the uprobe PMU, one counting event per site and per thread of
+  the process (pid = the thread's id, so the count is the process's own and no other process
+  on the machine is touched); a site's semaphore is raised through ref_ctr_offset.
+- threads and forks: ptrace (PTRACE_SEIZE with fork/vfork/clone/exec/exit events). A new
+  thread gets its own events while it is stopped at birth. A forked child gets NO events: it
+  inherits the parent's site bytes (the optimized `call` included) but not its trampoline
+  mapping, exactly as under any tracer on Linux 6.18, and registering a probe in the child
+  would re-arm its sites with int3 and hide what happens. Its signals are watched instead: a
+  child stopped with SIGSEGV has its fault address, rip and the return address at [rsp] read
+  (a `call` into a missing trampoline pushes site + 5), then the signal is delivered as it
+  would have been. A child that execs a new program becomes a target of its own.
+- the sites are read through /proc/PID/mem at the target's exit (the PTRACE_EVENT_EXIT stop of
+  its main thread, where its memory is still there) or at the end of --duration for --pid;
+  its events are closed right there and the bytes read again.
+
+Nothing stays attached: every perf fd is closed in a finally block (the kernel removes a perf
+uprobe when its last fd closes), a started command is killed by pid, a --pid process is
+detached. The uprobe trampoline page itself stays mapped in the process (the kernel never
+unmaps it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import resource
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from usdtpatch.errors import InputError, UnsupportedError
+from usdtpatch.live import ptrace
+from usdtpatch.live.perf import Uprobe, has_uprobe_syscall, open_uprobe, uprobe_pmu_type
+from usdtpatch.live.procfs import read_maps
+from usdtpatch.poke.plan import Plan, SitePlan
+from usdtpatch.poke.sequences import CALL_REL32, INT3, PROTOCOL_NOP5
+from usdtpatch.poke.trampoline import TRAMPOLINE_NAME, MapEntry
+
+KCHECK_SCHEMA = "usdtpatch/kcheck"
+KCHECK_SCHEMA_VERSION = 1
+
+_OPTIONS = (ptrace.O_TRACEFORK | ptrace.O_TRACEVFORK | ptrace.O_TRACECLONE
+            | ptrace.O_TRACEEXEC | ptrace.O_TRACEEXIT)
+_STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+_FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGTRAP}
+MAX_OTHER_FAULTS = 20  # per process, faults not at a site that are analysed and listed
+
+
+def kernel_support() -> None:
+    """Raise UnsupportedError (one sentence) unless kcheck can run here."""
+    if os.geteuid() != 0:
+        raise UnsupportedError("kcheck needs root (perf_event_open uprobes in another "
+                               "process, ptrace, /proc/PID/mem)")
+    uprobe_pmu_type()  # raises: no uprobe PMU
+    if not has_uprobe_syscall():
+        raise UnsupportedError(
+            f"the kernel ({platform.release()}) has no uprobe syscall (336): no site is ever "
+            f"optimized here, every site takes the int3 path (Linux 6.18+ optimizes nop5 "
+            f"sites)")
+
+
+# ------------------------------------------------------------------------------ results
+
+
+@dataclass
+class SiteResult:
+    probe: str
+    index: int
+    file_offset: int
+    address: int | None = None  # run-time address in the process
+    original: bytes = b""
+    semaphore_offset: int = 0
+    attach_error: str = ""  # why perf_event_open refused the site
+    hits: int = 0
+    attached: bytes | None = None  # the site's bytes while attached (at the end of the run)
+    optimized: bool = False  # e8 whose target lies in a [uprobes-trampoline] mapping
+    call_target: int | None = None
+    planned_protocol: str = ""  # nop5 | int3 (the plan for this process's mappings)
+    planned: bytes | None = None  # the bytes the plan predicts after the run's hits
+    planned_trampoline: int | None = None
+    matches_plan: bool | None = None
+    detached: bytes | None = None  # after the events were closed
+    restored: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def hx(b: bytes | None) -> str | None:
+            return None if b is None else b.hex()
+        return {"probe": self.probe, "index": self.index, "file_offset": self.file_offset,
+                "address": self.address, "original": self.original.hex(),
+                "semaphore_offset": self.semaphore_offset or None,
+                "attach_error": self.attach_error or None, "hits": self.hits,
+                "attached": hx(self.attached), "optimized": self.optimized,
+                "call_target": self.call_target, "planned_protocol": self.planned_protocol,
+                "planned": hx(self.planned), "planned_trampoline": self.planned_trampoline,
+                "matches_plan": self.matches_plan, "detached": hx(self.detached),
+                "restored": self.restored}
+
+
+@dataclass
+class Fault:
+    pid: int
+    tid: int
+    signal: int
+    address: int  # si_addr
+    rip: int
+    return_address: int | None  # the 8 bytes at rsp
+    site: str | None  # the probe whose site + 5 is the return address
+    in_trampoline: bool  # rip inside the parent's [uprobes-trampoline] page
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "tid": self.tid, "signal": self.signal,
+                "signal_name": signal.Signals(self.signal).name, "address": self.address,
+                "rip": self.rip, "return_address": self.return_address, "site": self.site,
+                "in_trampoline": self.in_trampoline}
+
+
+@dataclass
+class ProcessResult:
+    pid: int
+    kind: str  # command | pid | exec | fork
+    parent: int | None = None
+    threads: int = 1
+    sites: list[SiteResult] = field(default_factory=list)
+    trampolines: list[int] = field(default_factory=list)
+    optimized_at_fork: int | None = None  # fork children: parent's sites optimized then
+    other_faults: int = 0  # faults not at a site (the first MAX_OTHER_FAULTS are in faults)
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    inspected: bool = False
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "kind": self.kind, "parent": self.parent,
+                "threads": self.threads, "trampolines": self.trampolines,
+                "optimized_at_fork": self.optimized_at_fork, "other_faults": self.other_faults,
+                "exit_code": self.exit_code,
+                "exit_signal": self.exit_signal,
+                "exit_signal_name": (None if self.exit_signal is None
+                                     else signal.Signals(self.exit_signal).name),
+                "inspected": self.inspected, "note": self.note or None,
+                "sites": [s.to_json() for s in self.sites]}
+
+
+@dataclass
+class KcheckReport:
+    path: str
+    command: list[str] | None
+    pid: int | None
+    kernel: str
+    processes: list[ProcessResult]
+    faults: list[Fault]
+    seconds: float
+    interrupted: bool = False
+
+    @property
+    def targets(self) -> list[ProcessResult]:
+        return [p for p in self.processes if p.kind != "fork"]
+
+    @property
+    def site_faults(self) -> list[Fault]:
+        return [f for f in self.faults if f.site is not None or f.in_trampoline]
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes kcheck exit 1: a site the plan says the kernel optimizes that it did not
+        (or the other way), bytes unlike the plan's, a detach that left bytes behind, a
+        process dying at a site."""
+        out = []
+        for p in self.targets:
+            for s in p.sites:
+                if s.matches_plan is False:
+                    out.append(f"pid {p.pid} {s.probe}: bytes {_hx(s.attached)} are not the "
+                               f"plan's {_hx(s.planned)}")
+                if s.restored is False:
+                    out.append(f"pid {p.pid} {s.probe}: detach left {_hx(s.detached)}, not "
+                               f"{_hx(s.original)}")
+        for f in self.site_faults:
+            out.append(f"pid {f.pid} died with {signal.Signals(f.signal).name} at "
+                       f"{f.rip:#x}" + (f" called from {f.site}" if f.site else ""))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": KCHECK_SCHEMA, "schema_version": KCHECK_SCHEMA_VERSION,
+                "path": self.path, "command": self.command, "pid": self.pid,
+                "kernel": self.kernel, "seconds": round(self.seconds, 3),
+                "interrupted": self.interrupted, "ok": not self.problems,
+                "problems": self.problems,
+                "processes": [p.to_json() for p in self.processes],
+                "faults": [f.to_json() for f in self.faults]}
+
+
+def _hx(b: bytes | None) -> str:
+    return "-" if b is None else b.hex(" ")
+
+
+# ------------------------------------------------------------------------------ the sites
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSpec:
+    probe: str
+    index: int
+    file_offset: int
+    length: int
+    semaphore_offset: int
+    unprobeable: str  # non-empty: the plan's reason the kernel refuses the site
+
+
+def site_specs(path: str, probes: Sequence[str] = ()) -> list[SiteSpec]:
+    """The instruction the kernel probes for every USDT site of `path` (the plan's choice:
+    combo5 -> the nop5 at pc + 1, a guarded nop5 -> the nop5, else the pc); with `probes`,
+    only the sites whose provider:name matches one of these shell patterns."""
+    import fnmatch
+
+    from usdtpatch import api
+
+    ps = api.load(path)
+    sems = {p.index: (p.semaphore.offset or 0) if p.semaphore is not None else 0
+            for p in ps.probes}
+    plan = api.plan(path)
+    out = []
+    for s in plan.sites:
+        if s.file_offset is None:
+            continue
+        if probes and not any(fnmatch.fnmatchcase(s.probe, p) for p in probes):
+            continue
+        length = len(s.sequences.original) if s.sequences is not None else 1
+        why = "" if s.sequences is not None else (
+            s.findings[0].message if s.findings else "the kernel cannot probe this site")
+        out.append(SiteSpec(s.probe, s.index, s.file_offset, length, sems.get(s.index, 0), why))
+    if not out:
+        what = f" matching {', '.join(probes)}" if probes else ""
+        raise InputError(f"{path}: no USDT probe sites{what} to attach to")
+    return out
+
+
+def _runtime(maps: Sequence[MapEntry], real: str, offset: int) -> int | None:
+    for m in maps:
+        if m.path == real and m.offset <= offset < m.offset + (m.end - m.start):
+            return m.start + offset - m.offset
+    return None
+
+
+def _read(pid: int, address: int, size: int) -> bytes | None:
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, size, address)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == size else None
+
+
+def _plan_for(path: str, maps: Sequence[MapEntry]) -> Plan | None:
+    """`usdtpatch plan` for this process, from its mappings without the trampoline pages
+    (a prediction: where would the kernel put the trampoline, what would it write)."""
+    from usdtpatch import api
+    from usdtpatch.errors import UsdtpatchError
+
+    lines = [f"{m.start:x}-{m.end:x} {m.perms} {m.offset:08x} 00:00 {m.inode} {m.path}"
+             for m in maps if m.path != TRAMPOLINE_NAME]
+    with tempfile.NamedTemporaryFile("w", prefix="usdtpatch-kcheck-", suffix=".maps") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        try:
+            return api.plan(path, maps=f.name)
+        except UsdtpatchError:
+            return None
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+class _Target:
+    """A process whose own threads carry the events."""
+
+    def __init__(self, result: ProcessResult, specs: list[SiteSpec]) -> None:
+        self.result = result
+        self.specs = specs
+        self.events: dict[int, list[Uprobe | None]] = {}  # tid -> one per spec
+        self.errors: dict[int, str] = {}
+
+    def attach_thread(self, path: str, tid: int) -> None:
+        evs: list[Uprobe | None] = []
+        self.events[tid] = evs
+        for i, spec in enumerate(self.specs):
+            if spec.unprobeable:
+                evs.append(None)
+                continue
+            try:
+                evs.append(open_uprobe(path, spec.file_offset, pid=tid,
+                                       ref_ctr_offset=spec.semaphore_offset))
+            except OSError as exc:
+                evs.append(None)
+                self.errors.setdefault(i, exc.strerror or str(exc))
+
+    def hits(self, i: int) -> int:
+        total = 0
+        for evs in self.events.values():
+            ev = evs[i]
+            if ev is not None and ev.fd >= 0:
+                with contextlib.suppress(OSError):
+                    total += ev.count()
+        return total
+
+    def close(self) -> None:
+        for evs in self.events.values():
+            for ev in evs:
+                if ev is not None:
+                    ev.close()
+
+
+class Kcheck:
+    """One run. `run_command(argv)` or `run_pid(pid, duration)`, then `.report`."""
+
+    def __init__(self, path: str, *, settle: float = 2.0, probes: Sequence[str] = (),
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.path = path
+        self.real = os.path.realpath(path)
+        self.specs = site_specs(path, probes)
+        self.settle = settle
+        self.progress = progress
+        self.processes: dict[int, ProcessResult] = {}
+        self.targets: dict[int, _Target] = {}
+        self.faults: list[Fault] = []
+        self.tids: dict[int, int] = {}  # traced tid -> its process (tgid)
+        self.newborn: set[int] = set()  # tids whose first stop is their birth stop
+        self.command: list[str] | None = None
+        self.pid: int | None = None
+        self.t0 = time.monotonic()
+        self.interrupted = False
+        self._tramps: dict[int, list[int]] = {}  # pid -> trampolines its site calls may reach
+
+    # -- bookkeeping
+
+    def _tgid(self, tid: int) -> int:
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("Tgid:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return self.tids.get(tid, tid)
+
+    def _make_target(self, pid: int, kind: str, parent: int | None) -> _Target:
+        res = ProcessResult(pid, kind, parent)
+        res.sites = [SiteResult(s.probe, s.index, s.file_offset,
+                                semaphore_offset=s.semaphore_offset) for s in self.specs]
+        self.processes[pid] = res
+        t = _Target(res, self.specs)
+        self.targets[pid] = t
+        return t
+
+    def _attach_target(self, t: _Target, tids: list[int]) -> None:
+        for tid in tids:
+            t.attach_thread(self.path, tid)
+        for i, err in t.errors.items():
+            t.result.sites[i].attach_error = err
+        for i, spec in enumerate(self.specs):
+            if spec.unprobeable:
+                t.result.sites[i].attach_error = f"not probeable: {spec.unprobeable}"
+
+    # -- inspection
+
+    def _state(self, pid: int) -> tuple[list[MapEntry], list[int]]:
+        try:
+            maps = list(read_maps(pid))
+        except InputError:
+            return [], []
+        return maps, [m.start for m in maps if m.path == TRAMPOLINE_NAME]
+
+    def _inspect(self, pid: int) -> None:
+        """Read the sites while attached, close the events, read them again."""
+        t = self.targets.get(pid)
+        if t is None or t.result.inspected:
+            return
+        res = t.result
+        res.inspected = True
+        maps, tramps = self._state(pid)
+        res.trampolines = tramps
+        tranges = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
+        res.threads = max(res.threads, len(t.events))
+        plan = _plan_for(self.path, maps) if maps else None
+        planned: dict[int, SitePlan] = {s.index: s for s in plan.sites} if plan else {}
+        for i, (spec, site) in enumerate(zip(self.specs, res.sites, strict=True)):
+            site.hits = t.hits(i)
+            site.address = _runtime(maps, self.real, spec.file_offset)
+            if site.address is None:
+                continue
+            site.attached = _read(pid, site.address, spec.length)
+            if site.attached is not None and site.attached[0] == CALL_REL32 and spec.length >= 5:
+                site.call_target = (site.address + 5
+                                    + int.from_bytes(site.attached[1:5], "little", signed=True))
+                site.optimized = any(a <= site.call_target < b for a, b in tranges)
+            ps = planned.get(spec.index)
+            seqs = ps.sequences if ps is not None else None
+            if seqs is not None:
+                site.original = seqs.original
+                site.planned_protocol = seqs.protocol
+                site.planned_trampoline = seqs.trampoline
+                if site.attach_error:
+                    site.planned = None
+                elif seqs.protocol == PROTOCOL_NOP5 and seqs.optimized is not None and site.hits:
+                    site.planned = seqs.optimized
+                else:
+                    site.planned = seqs.attach.end  # int3 at byte 0
+                if site.planned is not None and site.attached is not None:
+                    site.matches_plan = site.attached == site.planned
+        t.close()
+        for spec, site in zip(self.specs, res.sites, strict=True):
+            if site.address is None or site.attach_error:
+                continue
+            site.detached = _read(pid, site.address, spec.length)
+            if site.original and site.detached is not None:
+                site.restored = site.detached == site.original
+        if self.progress:
+            n = sum(1 for s in res.sites if s.optimized)
+            self.progress(f"pid {pid}: {n} of {len(res.sites)} site(s) optimized, detached")
+
+    def _optimized_now(self, pid: int) -> int:
+        t = self.targets.get(pid)
+        if t is None:
+            return 0
+        maps, _ = self._state(pid)
+        tr = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
+        n = 0
+        for spec in self.specs:
+            a = _runtime(maps, self.real, spec.file_offset)
+            b = _read(pid, a, 5) if a is not None else None
+            if a is not None and b is not None and b[0] == CALL_REL32:
+                dest = a + 5 + int.from_bytes(b[1:5], "little", signed=True)
+                n += any(x <= dest < y for x, y in tr)
+        return n
+
+    def _fault(self, tid: int, info: ptrace.SigInfo) -> None:
+        pid = self.tids.get(tid, tid)
+        res = self.processes.get(pid)
+        if res is not None and res.other_faults >= MAX_OTHER_FAULTS:
+            res.other_faults += 1  # a runtime that faults on purpose (a JVM): count the rest
+            return
+        try:
+            regs = ptrace.registers(tid)
+        except OSError:
+            return
+        raw = _read(tid, regs["rsp"], 8)
+        ret = int.from_bytes(raw, "little") if raw is not None else None
+        # a fork child has its parent's layout: its sites are where the parent's are
+        maps, _ = self._state(tid)
+        site = None
+        for spec in self.specs:
+            a = _runtime(maps, self.real, spec.file_offset)
+            if a is not None and ret is not None and ret == a + 5:
+                site = spec.probe
+        in_tramp = any(a <= regs["rip"] < a + 4096 for a in self._tramps.get(pid, []))
+        if site is None and not in_tramp and res is not None:
+            res.other_faults += 1
+        self.faults.append(Fault(pid, tid, info.signo, info.addr, regs["rip"], ret, site,
+                                 in_tramp))
+        if self.progress:
+            where = f" called from {site}" if site else ""
+            self.progress(f"pid {pid}: {signal.Signals(info.signo).name} at "
+                          f"{regs['rip']:#x}{where}")
+
+    # -- the event loop
+
+    def _handle(self, tid: int, status: int) -> None:
+        pid = self.tids.get(tid, tid)
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            self.tids.pop(tid, None)
+            res = self.processes.get(pid)
+            if res is not None and tid == pid:
+                if os.WIFEXITED(status):
+                    res.exit_code = os.WEXITSTATUS(status)
+                else:
+                    res.exit_signal = os.WTERMSIG(status)
+            return
+        if not os.WIFSTOPPED(status):
+            return
+        sig = os.WSTOPSIG(status)
+        event = status >> 16
+        if event in (ptrace.EVENT_FORK, ptrace.EVENT_VFORK, ptrace.EVENT_CLONE):
+            new = ptrace.event_message(tid)
+            self.newborn.add(new)
+            if event == ptrace.EVENT_CLONE and self._tgid(new) == pid:
+                self.tids[new] = pid
+                t = self.targets.get(pid)
+                if t is not None:
+                    t.attach_thread(self.path, new)
+                    for i, err in t.errors.items():
+                        t.result.sites[i].attach_error = err
+                    t.result.threads += 1
+            else:
+                self.tids[new] = new
+                child = ProcessResult(new, "fork", pid)
+                child.optimized_at_fork = self._optimized_now(pid)
+                self.processes[new] = child
+                if pid in self.targets or pid in self._tramps:
+                    self._tramps[new] = self._state(pid)[1] or self._tramps.get(pid, [])
+                else:
+                    self._tramps[new] = []
+            ptrace.cont(tid)
+            return
+        if event == ptrace.EVENT_EXEC:
+            res = self.processes.get(pid)
+            if res is not None and res.kind == "fork":
+                res.kind = "exec"  # a new program: a target of its own
+                t = _Target(res, self.specs)
+                res.sites = [SiteResult(s.probe, s.index, s.file_offset,
+                                        semaphore_offset=s.semaphore_offset)
+                             for s in self.specs]
+                self.targets[pid] = t
+                self._attach_target(t, [pid])
+            ptrace.cont(tid)
+            return
+        if event == ptrace.EVENT_EXIT:
+            if tid == pid and pid in self.targets:
+                self._inspect(pid)
+            ptrace.cont(tid)
+            return
+        if event == ptrace.EVENT_STOP:
+            if tid in self.newborn or sig not in _STOP_SIGNALS:
+                self.newborn.discard(tid)
+                ptrace.cont(tid)
+            else:
+                ptrace.listen(tid)  # a group-stop: stay stopped until SIGCONT
+            return
+        # a signal-delivery-stop: look, then deliver the signal as it would have been
+        if sig in _FAULTS:
+            info = ptrace.siginfo(tid)
+            if info is not None and info.signo == sig:
+                self._fault(tid, info)
+        ptrace.cont(tid, sig)
+
+    def _poll(self) -> bool:
+        """Handle every pending stop of the traced tids; True when something happened."""
+        any_ = False
+        for tid in list(self.tids):
+            try:
+                got, status = os.waitpid(tid, ptrace.WALL | os.WNOHANG)
+            except ChildProcessError:
+                self.tids.pop(tid, None)
+                continue
+            if got == 0:
+                continue
+            any_ = True
+            try:
+                self._handle(got, status)
+            except OSError as exc:
+                if exc.errno != 3:  # ESRCH: it died meanwhile
+                    raise
+        return any_
+
+    def _loop(self, until: Callable[[], bool]) -> None:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
+            while self.tids and not until():
+                if not self._poll():
+                    signal.sigtimedwait({signal.SIGCHLD}, 0.02)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def _release(self, kill: bool) -> None:
+        """Close every event; kill (command) or detach (pid) every traced task."""
+        for t in self.targets.values():
+            t.close()
+        if kill:
+            for tid in list(self.tids):
+                with contextlib.suppress(OSError):
+                    os.kill(tid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while self.tids and time.monotonic() < deadline:
+                if not self._poll():
+                    time.sleep(0.005)
+            return
+        for tid in list(self.tids):
+            with contextlib.suppress(OSError):
+                ptrace.interrupt(tid)
+        deadline = time.monotonic() + 5
+        while self.tids and time.monotonic() < deadline:
+            progressed = False
+            for tid in list(self.tids):
+                try:
+                    got, status = os.waitpid(tid, ptrace.WALL | os.WNOHANG)
+                except ChildProcessError:
+                    self.tids.pop(tid, None)
+                    continue
+                if got == 0:
+                    continue
+                progressed = True
+                if os.WIFSTOPPED(status):
+                    sig = os.WSTOPSIG(status)
+                    event = status >> 16
+                    pending = sig if event == 0 and sig not in (signal.SIGTRAP,) else 0
+                    with contextlib.suppress(OSError):
+                        ptrace.detach(tid, pending)
+                self.tids.pop(tid, None)
+            if not progressed:
+                time.sleep(0.005)
+
+    def run_command(self, argv: list[str]) -> KcheckReport:
+        """Start `argv`, held before exec until it is traced, and follow it to its end."""
+        self.command = list(argv)
+        _raise_nofile()
+        gate_r, gate_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: wait for the tracer, then become the command
+            try:
+                os.close(gate_w)
+                os.read(gate_r, 1)
+                os.close(gate_r)
+                os.execvp(argv[0], argv)
+            except BaseException:
+                pass
+            os._exit(127)
+        os.close(gate_r)
+        self.tids[pid] = pid
+        main = self._make_target(pid, "command", None)
+        self._tramps[pid] = []
+        done = False
+        try:
+            try:
+                ptrace.seize(pid, _OPTIONS | ptrace.O_EXITKILL)
+            finally:
+                os.write(gate_w, b"g")
+                os.close(gate_w)
+            # the first stop of interest is the exec of the command: attach there
+            exec_seen = False
+            deadline = time.monotonic() + 10
+
+            def execed() -> bool:
+                return exec_seen or time.monotonic() > deadline
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            try:
+                while not exec_seen and self.tids and time.monotonic() < deadline:
+                    try:
+                        got, status = os.waitpid(pid, ptrace.WALL | os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if got == 0:
+                        signal.sigtimedwait({signal.SIGCHLD}, 0.02)
+                        continue
+                    if os.WIFSTOPPED(status) and status >> 16 == ptrace.EVENT_EXEC:
+                        exec_seen = True
+                        self._attach_target(main, [pid])
+                        ptrace.cont(pid)
+                    elif os.WIFSTOPPED(status):
+                        sig = os.WSTOPSIG(status)
+                        ptrace.cont(pid, 0 if status >> 16 else sig)
+                    else:
+                        self._handle(pid, status)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            if not exec_seen:
+                code = main.result.exit_code
+                raise InputError(f"cannot run {argv[0]!r}" + (
+                    " (not found or not executable)" if code == 127 else ""))
+            self._loop(lambda: main.result.exit_code is not None
+                       or main.result.exit_signal is not None)
+            # the command is gone; its remaining descendants get `settle` seconds, then are
+            # left to run, detached
+            end = time.monotonic() + self.settle
+            self._loop(lambda: time.monotonic() > end)
+            done = True
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
+        finally:
+            self._release(kill=not done)
+            if not done and main.result.exit_code is None:
+                main.result.note = "stopped by kcheck"
+        return self._report()
+
+    def run_pid(self, pid: int, duration: float) -> KcheckReport:
+        """Trace the running process `pid` for `duration` seconds."""
+        self.pid = pid
+        _raise_nofile()
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except OSError as exc:
+            raise InputError(f"pid {pid}: no such process") from exc
+        if self._tgid(pid) != pid:
+            raise InputError(f"pid {pid} is a thread, not a process: give its process id "
+                             f"{self._tgid(pid)}")
+        maps, tr = self._state(pid)
+        if not any(m.path == self.real for m in maps):
+            raise InputError(f"{self.path}: not mapped in pid {pid}")
+        self._tramps = {pid: tr}
+        main = self._make_target(pid, "pid", None)
+        try:
+            for tid in tids:
+                try:
+                    ptrace.seize(tid, _OPTIONS)
+                except OSError as exc:
+                    if exc.errno == 3:
+                        continue
+                    raise UnsupportedError(f"pid {pid}: cannot trace thread {tid}: "
+                                           f"{exc.strerror} (is a debugger attached?)") from exc
+                self.tids[tid] = pid
+            self._attach_target(main, list(self.tids))
+            main.result.threads = len(self.tids)
+            end = time.monotonic() + duration
+            self._loop(lambda: time.monotonic() > end or pid not in self.tids)
+            if pid in self.tids:
+                self._inspect(pid)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
+        finally:
+            self._release(kill=False)
+        return self._report()
+
+    def _report(self) -> KcheckReport:
+        return KcheckReport(self.path, self.command, self.pid, platform.release(),
+                            sorted(self.processes.values(), key=lambda p: p.pid), self.faults,
+                            time.monotonic() - self.t0, self.interrupted)
+
+
+def _raise_nofile() -> None:
+    """One perf fd per site and thread: lift the soft fd limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def kcheck(path: str, *, command: Sequence[str] | None = None, pid: int | None = None,
+           duration: float = 5.0, settle: float = 2.0, probes: Sequence[str] = (),
+           progress: Callable[[str], None] | None = None) -> KcheckReport:
+    """Run kcheck on `path` in a started `command` or in the running process `pid`."""
+    if (command is None) == (pid is None):
+        raise ValueError("give a command or a pid")
+    kernel_support()
+    k = Kcheck(os.fspath(path), settle=settle, probes=probes, progress=progress)
+    if command is not None:
+        if not command:
+            raise InputError("no command given after --")
+        return k.run_command(list(command))
+    assert pid is not None
+    return k.run_pid(pid, duration)
+
+
+__all__ = ["INT3", "Fault", "KcheckReport", "ProcessResult", "SiteResult", "kcheck",
+           "kernel_support"]

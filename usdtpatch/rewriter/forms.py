@@ -1,0 +1,114 @@
+"""The site forms a rewrite can emit, the red-zone guard, and the note argument fix-up.
+
+Linux 6.18 optimizes a uprobe only on a 5-byte NOP, and its optimized call clobbers the 32
+bytes below %rsp on every hit: docs/rewrite.md ("Site forms", "The red-zone guard") says why
+each form and the guard look the way they do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from usdtpatch.elf.args import MemOperand, RegOperand, SdtArg
+from usdtpatch.x86.nops import (
+    COMBO5,
+    COMBO10,
+    GUARD_ENTER,
+    GUARD_LEAVE,
+    NOP5,
+    RED_ZONE,
+)
+
+
+class Form(Enum):
+    NOP5 = "nop5"  # note pc on the nop5
+    COMBO5 = "combo5"  # 90 + nop5, note pc on the 90 (libbpf 1.7 attaches at pc + 1)
+    COMBO10 = "combo10"  # 90 + 10-byte NOP (kernels with the queued nop10 series)
+
+    @property
+    def bytes(self) -> bytes:
+        return {Form.NOP5: NOP5, Form.COMBO5: COMBO5, Form.COMBO10: COMBO10}[self]
+
+    @property
+    def optimized_offset(self) -> int:
+        """Offset of the instruction the kernel optimizes, from the note pc."""
+        return 0 if self is Form.NOP5 else 1
+
+    @property
+    def optimized_length(self) -> int:
+        return 10 if self is Form.COMBO10 else 5
+
+
+class Guard(Enum):
+    """The red-zone guard (`lea -128(%rsp),%rsp` ... `lea 128(%rsp),%rsp` around a site)."""
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+class ForkGuard(Enum):
+    """The fork guard: code that restores the optimized sites in a forked child.
+
+    auto: where the builder can add it and the file needs it; always: refuse a file it cannot
+    cover; never: no guard.
+    """
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+@dataclass(frozen=True, slots=True)
+class SiteBytes:
+    """The bytes a site gets and where the note's pc goes within them."""
+
+    code: bytes
+    pc_offset: int
+    guarded: bool
+
+    @property
+    def optimized_offset(self) -> int:
+        """Offset of the NOP the kernel optimizes (nop5, or the nop10 of combo10)."""
+        return self.pc_offset + (0 if self.code[self.pc_offset] != 0x90 else 1)
+
+
+def site_bytes(form: Form, guarded: bool) -> SiteBytes:
+    if guarded:
+        return SiteBytes(GUARD_ENTER + form.bytes + GUARD_LEAVE, len(GUARD_ENTER), True)
+    return SiteBytes(form.bytes, 0, False)
+
+
+_RSP_DISP = re.compile(r"^(?P<head>-?\d+f?@)(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?\(%rsp\)$")
+
+
+def guard_args(args: tuple[SdtArg, ...]) -> tuple[str, str | None]:
+    """The argument string for a guarded site (every `disp(%rsp)` gets disp + 128), or the
+    reason there is none (an argument that is %rsp itself or indexes with it)."""
+    out: list[str] = []
+    for a in args:
+        op = a.operand
+        if isinstance(op, RegOperand) and op.reg in ("rsp", "esp", "sp", "spl"):
+            return "", f"argument {a.raw!r} is the stack pointer itself"
+        if isinstance(op, MemOperand) and op.base == "rsp":
+            m = _RSP_DISP.match(a.raw)
+            if m is None:
+                return "", f"argument {a.raw!r} addresses the stack in a form not rewritten"
+            disp = int(m["disp"], 0) if m["disp"] else 0
+            out.append(f"{m['head']}{disp + RED_ZONE}(%rsp)")
+            continue
+        if isinstance(op, MemOperand) and op.index == "rsp":
+            return "", f"argument {a.raw!r} indexes with the stack pointer"
+        out.append(a.raw)
+    return " ".join(out), None
+
+
+def uses_numeric_rip(args: tuple[SdtArg, ...]) -> str | None:
+    """An argument read relative to rip with a number (no symbol) moves with the site."""
+    for a in args:
+        op = a.operand
+        if isinstance(op, MemOperand) and op.base == "rip" and op.symbol is None:
+            return a.raw
+    return None

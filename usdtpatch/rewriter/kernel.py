@@ -1,0 +1,114 @@
+"""`rewrite --form auto`: the site form the kernel that will run the binary optimizes.
+
+Two generations of x86-64 kernels optimize uprobes (docs/kernel.md):
+
+- Linux 6.18 to 7.2 optimize a uprobe on a 5-byte NOP into a call to a trampoline: form
+  `nop5`, with the red-zone guard where the site needs it (`--redzone-guard auto`).
+- The queued upstream "nop10" series (not in a release yet) optimizes only the 10-byte NOP
+  `66 2e 0f 1f 84 00 00 00 00 00` (red-zone safe) and no longer the nop5: form `combo10`.
+- A kernel without the uprobe syscall optimizes no uprobe: every site stays on the int3 path
+  whatever its form, so `auto` leaves the file as it is (a named form still rewrites it).
+
+The generation is told by the uprobe syscall (336), called from outside a trampoline: ENOSYS
+means no uprobe syscall, ENXIO 6.18..7.2, EPROTO the nop10 series (the test libbpf's kernel
+tree uses). `--kernel 6.18|nop10-series` names the generation instead, for a binary built to
+run on another machine. The detector is a parameter so that tests can fake its answer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from usdtpatch.rewriter.forms import Form
+
+UPROBE_SYSCALL = 336  # x86-64 syscall number
+AUTO = "auto"
+
+
+class Kernel(Enum):
+    """A kernel generation `--kernel` can name."""
+
+    K618 = "6.18"  # 6.18 .. 7.2: nop5 optimized
+    NOP10_SERIES = "nop10-series"  # the queued series: only the 10-byte NOP optimized
+
+
+FORM_OF = {Kernel.K618: Form.NOP5, Kernel.NOP10_SERIES: Form.COMBO10}
+
+
+def uprobe_syscall_errno() -> int | None:
+    """errno of the uprobe syscall called from here (outside any trampoline); None when this
+    is not x86-64 Linux (336 is another syscall elsewhere) or the call returned 0."""
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ctypes.set_errno(0)
+    rc = libc.syscall(ctypes.c_long(UPROBE_SYSCALL))
+    return ctypes.get_errno() if rc == -1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class FormChoice:
+    """The form a rewrite uses (None: none, the file stays as it is) and why."""
+
+    form: Form | None
+    kernel: Kernel | None  # the generation it is for (None: one that optimizes nothing)
+    why: str
+    detected: bool  # from the running kernel (not named by --form or --kernel)
+
+
+def detect_kernel(errno_of: Callable[[], int | None] | None = None
+                  ) -> tuple[Kernel | None, str]:
+    """The running kernel's generation (None: it optimizes no uprobe) and how it was told.
+    `errno_of` (default `uprobe_syscall_errno`, looked up when called) answers for the
+    kernel."""
+    e = (errno_of or uprobe_syscall_errno)()
+    if e == errno.ENXIO:
+        return Kernel.K618, "the uprobe syscall answers ENXIO (Linux 6.18 to 7.2)"
+    if e == errno.EPROTO:
+        return Kernel.NOP10_SERIES, "the uprobe syscall answers EPROTO (the nop10 series)"
+    if e is None:
+        return None, "not an x86-64 Linux kernel with the uprobe syscall"
+    if e == errno.ENOSYS:
+        return None, "the kernel has no uprobe syscall (ENOSYS): it optimizes no uprobe"
+    name = errno.errorcode.get(e, str(e))
+    return None, f"the uprobe syscall answers {name}, which no known kernel generation does"
+
+
+def choose_form(form: Form | str, kernel: Kernel | str | None = None,
+                errno_of: Callable[[], int | None] | None = None) -> FormChoice:
+    """The form for `form` (a Form, its value, or "auto") and `kernel` (a generation named for
+    another machine, or None: the running kernel's, when the form is auto)."""
+    k = None if kernel is None else kernel if isinstance(kernel, Kernel) else _kernel(kernel)
+    if form != AUTO:
+        f = form if isinstance(form, Form) else Form(form)
+        return FormChoice(f, k, f"--form {f.value}", False)
+    if k is not None:
+        f = FORM_OF[k]
+        return FormChoice(f, k, f"--form auto for --kernel {k.value}: {_fast(k)}", False)
+    gen, how = detect_kernel(errno_of)
+    if gen is None:
+        return FormChoice(None, None, f"--form auto: {how}; the sites are kept as they are "
+                                      f"(name a form, or --kernel, to rewrite for another "
+                                      f"kernel)", True)
+    return FormChoice(FORM_OF[gen], gen, f"--form auto: this kernel: {how}; {_fast(gen)}", True)
+
+
+def _kernel(value: str) -> Kernel:
+    try:
+        return Kernel(value)
+    except ValueError:
+        raise ValueError(f"kernel must be one of {', '.join(k.value for k in Kernel)}, "
+                         f"not {value!r}") from None
+
+
+def _fast(k: Kernel) -> str:
+    if k is Kernel.K618:
+        return "it optimizes 5-byte NOPs (form nop5, red-zone guard where needed)"
+    return "it optimizes only the 10-byte NOP (form combo10)"

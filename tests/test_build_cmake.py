@@ -145,9 +145,10 @@ def test_config_rejects_bad_arguments(tmp_path: Path) -> None:
     assert "considered but not accepted" in log and "version: 0.1.0" in log
 
 
-def test_cmake_debug_split_before_the_rewrite(tmp_path: Path) -> None:
-    """The documented order: objcopy/strip first, the rewrite last; the program runs, its
-    sites are optimized, and the split debug file has the rewritten program's build-id."""
+def test_cmake_debug_split_after_the_rewrite(tmp_path: Path) -> None:
+    """The documented order: the rewrite first, then objcopy/strip; the stripped program is
+    still the rewritten one, runs, its sites are optimized, and the split debug file has the
+    program's build-id."""
     need("cmake", "gcc", "objcopy", "readelf")
     src = copy_examples(tmp_path) / "cmake"
     out = tmp_path / "build"

@@ -12,11 +12,10 @@
 # `cmake.root` entry point). See docs/build-integration.md in the usdtpatch sources.
 #
 # usdtpatch_rewrite and usdtpatch_check add a POST_BUILD step to <target>. POST_BUILD steps run
-# in the order they were added. The rewrite must be the LAST step that changes the file: add
-# any strip or debug-info split step (strip, objcopy --only-keep-debug/--add-gnu-debuglink) to
-# the target BEFORE calling usdtpatch_rewrite, and do not strip at install time (no
-# `cmake --install --strip`; scikit-build-core: install.strip = false). binutils' strip and
-# objcopy do not keep the segment a rewrite adds, and the program they write crashes.
+# in the order they were added: call usdtpatch_rewrite right after the target is defined, so
+# that it runs before any strip or debug-info split step the project adds (strip,
+# objcopy --only-keep-debug/--add-gnu-debuglink) and before `cmake --install --strip`. A
+# rewritten file survives those tools; a rewrite after them works too.
 
 if(CMAKE_VERSION VERSION_LESS 3.16)
   set(usdtpatch_FOUND FALSE)

@@ -112,3 +112,47 @@ def test_check_of_a_nop_file_does_not_import_the_capstone_package() -> None:
                   f"main(['check', '--fail-on', 'never', {str(fixture('pie'))!r}], io.StringIO(),"
                   " io.StringIO())\nprint('capstone' in sys.modules)")
     assert got == "False"
+
+
+@pytest.mark.parametrize(("command", "paused"), [(["check"], True), (["list"], True),
+                                                 (["rewrite", "--dry-run"], False)])
+def test_cycle_collection_is_paused_while_a_read_only_command_module_is_imported(
+        monkeypatch: pytest.MonkeyPatch, command: list[str], paused: bool) -> None:
+    seen: list[bool] = []
+    real = cli.build_parser
+
+    def parser(argv: list[str] | None = None) -> Any:
+        seen.append(gc.isenabled())
+        return real(argv)
+
+    monkeypatch.setattr(cli, "build_parser", parser)
+    assert gc.isenabled()
+    cli.main([*command, str(fixture("pie"))], io.StringIO(), io.StringIO())
+    assert seen == [not paused] and gc.isenabled()
+
+
+@pytest.mark.parametrize("argv", [["--version", "check"], ["check", "--no-such-option"],
+                                  ["check"]])
+def test_the_collector_is_back_on_when_a_read_only_command_stops_at_parsing(
+        argv: list[str]) -> None:
+    assert gc.isenabled()
+    rc = cli.main(argv, io.StringIO(), io.StringIO())
+    assert gc.isenabled() and rc == (0 if argv[0] == "--version" else 2)
+
+
+def test_the_check_table_does_not_import_json() -> None:
+    code = ("import io, sys\nfrom usdtpatch.cli import main\n"
+            "main(['check', '--fail-on', 'never', {flags}{path!r}], io.StringIO(), io.StringIO())\n"
+            "print('json' in sys.modules)")
+    path = str(fixture("pie"))
+    assert _python(code.format(flags="", path=path)) == "False"
+    assert _python(code.format(flags="'--json', ", path=path)) == "True"
+
+
+def test_python_m_usdtpatch_prints_what_main_prints() -> None:
+    path = str(fixture("pie"))
+    res = subprocess.run([sys.executable, "-m", "usdtpatch", "check", "--fail-on", "never", path],
+                         capture_output=True, text=True, cwd=ROOT, check=False, timeout=60)
+    out = io.StringIO()
+    assert cli.main(["check", "--fail-on", "never", path], out, io.StringIO()) == res.returncode
+    assert res.stdout == out.getvalue() and res.stdout

@@ -19,7 +19,6 @@ through a temporary file and one rename, and an output that is an input is refus
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -418,6 +417,8 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
 
 def read_plan(path: StrPath) -> Plan:
     """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
+    import json  # here, not at the top: `check` and `list` do not pay for it
+
     from usdtpatch.poke.plan import plan_from_json
 
     src = os.fspath(path)

@@ -211,8 +211,10 @@ ARG_USES_RSP = _code("arg-uses-rsp", _I, "an argument addressed through %rsp",
 ARG_USES_RIP = _code("arg-uses-rip", _I, "a rip-relative argument of a site that moves",
                      "the rewrite must re-express it for the probe's new address")
 PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites are optimized",
-                         "do not trace the optimized sites of a forking process on a 6.18 "
-                         "kernel, or keep those probes on the int3 path")
+                         "usdtpatch rewrite adds a fork guard (--fork-guard auto, the "
+                         "default), and usdtpatch's sys/sdt.h builds one in "
+                         "(USDTPATCH_FORK_GUARD); without one, keep these probes on the int3 "
+                         "path in processes that fork")
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
 FORK_GUARD_FAILED = _code("fork-guard-failed", _E,

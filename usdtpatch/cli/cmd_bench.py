@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from usdtpatch.benchkit.runner import JVM_REFERENCE, REFERENCE, SYSTEM_JDK, BenchReport, Row
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE
@@ -51,32 +51,26 @@ def register(sub: Any) -> None:
 
 
 def _table(title: str, rows: list[Row], jvm: bool, out: IO[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from usdtpatch.report.render import render_table
 
-    t = Table(title=title, title_justify="left")
-    for col in ("variant", "site bytes", "hits", "M hits/s traced", "x ref (rounds)"):
-        t.add_column(col, justify="left" if col in ("variant", "site bytes") else "right")
-    if jvm:
-        t.add_column("wall s traced", justify="right")
-        t.add_column("wall s untraced", justify="right")
-        t.add_column("x ref untraced", justify="right")
-    else:
-        t.add_column("ns/hit traced", justify="right")
-        t.add_column("ns/pass untraced", justify="right")
-        t.add_column("x ref untraced", justify="right")
+    names = ["variant", "site bytes", "hits", "M hits/s traced", "x ref (rounds)"]
+    names += (["wall s traced", "wall s untraced", "x ref untraced"] if jvm else
+              ["ns/hit traced", "ns/pass untraced", "x ref untraced"])
+    columns: list[tuple[str, Literal["left", "right"]]] = [
+        (n, "left" if n in ("variant", "site bytes") else "right") for n in names]
+    cells: list[list[str]] = []
     for r in rows:
         lo, hi = r.ratio_traced_range
-        cells = [r.name, r.site, str(r.hits), f"{r.traced_hits_per_s / 1e6:.3f}",
-                 f"{r.ratio_traced:.2f} ({lo:.2f}-{hi:.2f})"]
+        row = [r.name, r.site, str(r.hits), f"{r.traced_hits_per_s / 1e6:.3f}",
+               f"{r.ratio_traced:.2f} ({lo:.2f}-{hi:.2f})"]
         if jvm:
-            cells += [f"{r.traced_wall_s or 0:.2f}", f"{r.untraced_wall_s or 0:.2f}",
-                      f"{r.ratio_untraced:.2f}"]
+            row += [f"{r.traced_wall_s or 0:.2f}", f"{r.untraced_wall_s or 0:.2f}",
+                    f"{r.ratio_untraced:.2f}"]
         else:
-            cells += [f"{r.traced_ns_per_hit:.1f}", f"{r.untraced_ns_per_pass:.2f}",
-                      f"{r.ratio_untraced:.2f}"]
-        t.add_row(*cells)
-    Console(file=out, width=140, no_color=True).print(t)
+            row += [f"{r.traced_ns_per_hit:.1f}", f"{r.untraced_ns_per_pass:.2f}",
+                    f"{r.ratio_untraced:.2f}"]
+        cells.append(row)
+    render_table(out, title, columns, cells)
 
 
 def render(rep: BenchReport, out: IO[str]) -> None:

@@ -7,7 +7,6 @@ input is unusable (not ELF, unreadable) or the usage is wrong.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import IO, Any
 
 from usdtpatch import api
@@ -102,9 +101,12 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     views: list[list[dict[str, Any]]] | None = [] if args.html is not None else None
     doc = build_document(args.files, err, args.fail_on, views)
     if args.json:
-        json.dump(doc, out, indent=2)
-        out.write("\n")
+        import json  # here: the table form does not pay for importing it
+
+        out.write(json.dumps(doc, indent=2) + "\n")  # one write, not one per token
     elif args.sarif is not None:
+        import json
+
         from usdtpatch.report.sarif import sarif_document
 
         _emit(json.dumps(sarif_document(doc), indent=2) + "\n", args.sarif, out)

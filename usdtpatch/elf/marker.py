@@ -9,8 +9,6 @@ check).
 
 from __future__ import annotations
 
-import json
-
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.notes import first_note, make_note
 from usdtpatch.errors import UnsupportedError
@@ -31,6 +29,8 @@ def marker_of(image: ElfImage) -> dict[str, object] | None:
     note = first_note(data)
     if note is None or note.owner != MARKER_OWNER or note.type != MARKER_TYPE:
         raise UnsupportedError(f"{MARKER_SECTION} is not a usdtpatch marker")
+    import json  # only a rewritten file has the note: `check` of others does not import it
+
     try:
         doc = json.loads(note.desc.rstrip(b"\0"))
     except ValueError as exc:
@@ -42,6 +42,8 @@ def marker_of(image: ElfImage) -> dict[str, object] | None:
 
 def marker_note(doc: dict[str, object]) -> bytes:
     """The marker note's bytes for `doc`."""
+    import json
+
     desc = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     desc += b"\0" * ((-len(desc)) % 4)  # descsz counts the padding (as it always has)
     return make_note(MARKER_OWNER, MARKER_TYPE, desc)

@@ -26,6 +26,12 @@ _WORD = re.compile(r"\s*\S+\s*")
 _TRAILING_SPACE = re.compile(r"\s+$")
 
 
+def error_entry_line(e: dict[str, str]) -> str:
+    """One unusable input of a document's `errors`, naming its file once."""
+    path, text = e["path"], e["error"]
+    return text if text.startswith(f"{path}:") else f"{path}: {text}"
+
+
 def _hex(v: int | None) -> str:
     return "-" if v is None else f"{v:#x}"
 
@@ -268,7 +274,7 @@ def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
                 out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]]
             out += _page_lines(check_summary_line(f))
         for e in doc["errors"]:
-            out += _page_lines(f"{e['path']}: {e['error']}")
+            out += _page_lines(error_entry_line(e))
         return "".join(line + "\n" for line in out)
     except _Unsupported:
         return None

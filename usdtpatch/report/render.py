@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from usdtpatch.findings import FORM_CHOSEN
-from usdtpatch.report.plain import check_cells, check_summary_line, list_cells
+from usdtpatch.report.plain import check_cells, check_summary_line, error_entry_line, list_cells
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
@@ -90,7 +90,7 @@ def render_check(console: Console, doc: dict[str, Any], summary_only: bool = Fal
                 render_findings(console, s["findings"])
         console.print(Text(check_summary_line(f)))
     for e in doc["errors"]:
-        console.print(Text(f"{e['path']}: {e['error']}", style="bold red"))
+        console.print(Text(error_entry_line(e), style="bold red"))
 
 
 def render_show(console: Console, doc: dict[str, Any]) -> None:
@@ -186,3 +186,14 @@ def site_progress(console: Console, after: float = 1.0
     finally:
         if live:
             bar.stop()
+
+
+def render_table(out: IO[str], title: str, columns: list[tuple[str, Literal["left", "right"]]],
+                 rows: list[list[str]], width: int = 140) -> None:
+    """A titled table of ready-made cells, columns as (name, justify): bench's tables."""
+    t = Table(title=title, title_justify="left")
+    for name, justify in columns:
+        t.add_column(name, justify=justify)
+    for cells in rows:
+        t.add_row(*cells)
+    Console(file=out, width=width, no_color=True).print(t)

@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 # Debian packages the tests use as tools (readelf/gdb/tplist/bpftrace as independent readers
 # and tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests;
 # cmake, meson and ninja build the examples/ projects of the build-integration tests;
-# chromium opens the HTML reports headless in tests/test_report_html*.py).
+# chromium opens the HTML reports headless in tests/test_report_html*.py; ruby runs a
+# rewritten libruby; elfutils' eu-strip and linux-perf's perf read rewritten files).
 # Installed with apt-get when missing, and only when that upgrades no installed package.
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
-	cmake meson ninja-build chromium ruby
+	cmake meson ninja-build chromium ruby elfutils linux-perf
 # Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
 # never installed: installing them pins their companion to the same version, so apt would
 # upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless

@@ -6,10 +6,12 @@ BIN := $(VENV)/bin
 # and tracers, systemtap's sys/sdt.h and dtrace to build fixtures, clang for header tests;
 # cmake, meson and ninja build the examples/ projects of the build-integration tests;
 # chromium opens the HTML reports headless in tests/test_report_html*.py; ruby runs a
-# rewritten libruby; elfutils' eu-strip and linux-perf's perf read rewritten files).
+# rewritten libruby; elfutils' eu-strip and linux-perf's perf read rewritten files; the JRE
+# and libpython3.11 are real binaries the tests copy and rewrite).
 # Installed with apt-get when missing, and only when that upgrades no installed package.
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
-	cmake meson ninja-build chromium ruby elfutils linux-perf
+	cmake meson ninja-build chromium ruby elfutils linux-perf openjdk-17-jre-headless \
+	libpython3.11
 # Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
 # never installed: installing them pins their companion to the same version, so apt would
 # upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless
@@ -30,8 +32,13 @@ DEB_CACHE := build/cache
 
 .PHONY: demo test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz clean
 
+# Debian's python3 makes a venv only with python3-venv: installed here when missing (as root).
 $(BIN)/.runtime: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) 2>/dev/null || { rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing python3-venv"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade python3-venv >/dev/null; \
+	  fi; $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
 	touch $@
 

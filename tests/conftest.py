@@ -143,6 +143,26 @@ def runtime_address(pid: int, path: str | os.PathLike[str], offset: int) -> int:
     raise AssertionError(f"file offset {offset:#x} of {path} is not mapped in {pid}")
 
 
+def assert_optimized_after_hits(pid: int, addresses: dict[str, int], probes: Sequence[Any],
+                                hits: int = 3, timeout: float = 20.0) -> None:
+    """Wait until every probe (usdtpatch.live.perf uprobes) counted `hits`, then check that each
+    site of `addresses` (name -> runtime address) reads `e8 rel32` into [uprobes-trampoline]."""
+    from usdtpatch.live.procfs import read_maps, read_mem
+    from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
+
+    deadline = time.monotonic() + timeout
+    while min(p.count() for p in probes) < hits and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert min(p.count() for p in probes) >= hits, [p.count() for p in probes]
+    tramps = [m for m in read_maps(pid) if m.path == TRAMPOLINE_NAME]
+    assert tramps, f"no {TRAMPOLINE_NAME} mapping after the hits"
+    for name, a in addresses.items():
+        code = read_mem(pid, a, 5)
+        assert code[0] == 0xE8, f"{name}: not optimized: {code.hex()}"
+        dest = a + 5 + int.from_bytes(code[1:5], "little", signed=True)
+        assert any(m.start <= dest < m.end for m in tramps), f"{name}: call {dest:#x}"
+
+
 def pinned_to_cpu0() -> None:
     """preexec_fn for a program that must run on CPU 0 (where a per-CPU probe is opened)."""
     os.sched_setaffinity(0, {0})

@@ -427,3 +427,45 @@ def test_rewritten_libjvm_in_a_java_run(tmp_path: Path) -> None:
     for name in ("hotspot:method__entry", "hotspot:method__return"):
         s = sites[name]
         assert s["hits"] >= 20000 and s["optimized"] and s["matches_plan"] and s["restored"]
+
+
+# --- the checker shown bad runs -------------------------------------------------------------
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan that predicts other bytes than the kernel writes (its rel32 off by one page)
+    makes every optimized site a problem and kcheck exit 1."""
+    real = kmod._plan_for
+
+    def wrong(path: str, maps: Any) -> Any:
+        plan = real(path, maps)
+        assert plan is not None
+        (t,) = {s.sequences.trampoline for s in plan.sites
+                if s.sequences is not None and s.sequences.trampoline is not None}
+        return api.plan(path, load_base=plan.load_base, trampoline=t - 0x1000)
+
+    monkeypatch.setattr(kmod, "_plan_for", wrong)
+    binary = built["forms-hdr"]
+    rc, doc, err = _kcheck_json([str(binary), "--", str(binary)])
+    assert rc == 1 and not doc["ok"], err
+    (proc,) = doc["processes"]
+    assert all(s["optimized"] and s["matches_plan"] is False for s in proc["sites"])
+    assert len(doc["problems"]) == len(proc["sites"])
+    assert all("are not the plan's" in p for p in doc["problems"])
+
+
+def test_a_detach_that_left_bytes_is_a_problem() -> None:
+    site = kmod.SiteResult(probe="p:n", index=0, file_offset=0x1000, address=0x401000,
+                           original=NOP5, attached=b"\xcc" + NOP5[1:],
+                           planned=b"\xcc" + NOP5[1:], matches_plan=True,
+                           detached=b"\xcc" + NOP5[1:], restored=False)
+    proc = kmod.ProcessResult(pid=7, kind="command", sites=[site])
+    rep = kmod.KcheckReport(path="x", command=["x"], pid=None, kernel="6.18", processes=[proc],
+                            faults=[], seconds=0.0)
+    assert rep.problems == ["pid 7 p:n: detach left cc 1f 44 00 00, not 0f 1f 44 00 00"]
+    assert not rep.to_json()["ok"]
+    site.restored = True
+    assert rep.problems == [] and rep.to_json()["ok"]

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import keystone  # noqa: F401  (a dependency: missing is a broken install, not a skip)
 import pytest
 
 from usdtpatch import api
@@ -26,8 +27,6 @@ from usdtpatch.poke.protocols import (
     shipped,
 )
 from usdtpatch.poke.wrong import wrong_sequences
-
-pytest.importorskip("keystone")
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "fixtures" / "bin"

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import runtime_address, started
+from tests.conftest import assert_optimized_after_hits, runtime_address, started
 from tests.helpers import fixture
 from usdtpatch import api
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
-from usdtpatch.live.procfs import read_maps, read_mem
-from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
+from usdtpatch.live.procfs import read_mem
 from usdtpatch.rewriter.plan import Status
 from usdtpatch.x86.nops import NOP5
 
@@ -65,17 +64,7 @@ def test_every_rewritten_site_is_optimized_once_probed(name: str, calls: str, ar
             assert proc.line(10) == "ready"
             addr = {n: runtime_address(proc.pid, out, o) for n, o in offsets.items()}
             probes = [open_uprobe(str(out), o, pid=proc.pid) for o in offsets.values()]
-            deadline = time.monotonic() + 20
-            while min(p.count() for p in probes) < 3 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert min(p.count() for p in probes) >= 3, [p.count() for p in probes]
-            tramps = [m for m in read_maps(proc.pid) if m.path == TRAMPOLINE_NAME]
-            assert tramps, f"no {TRAMPOLINE_NAME} mapping after the hits"
-            for n, a in addr.items():
-                code = read_mem(proc.pid, a, 5)
-                assert code[0] == 0xE8, f"{n}: not optimized: {code.hex()}"
-                dest = a + 5 + int.from_bytes(code[1:5], "little", signed=True)
-                assert any(m.start <= dest < m.end for m in tramps), f"{n}: call {dest:#x}"
+            assert_optimized_after_hits(proc.pid, addr, probes)
             time.sleep(0.2)  # keep running optimized for a while
         finally:
             for p in probes:

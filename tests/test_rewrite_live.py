@@ -17,17 +17,22 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import cpu0_reason, pinned_to_cpu0, runtime_address, started
+from tests.conftest import (
+    assert_optimized_after_hits,
+    cpu0_reason,
+    pinned_to_cpu0,
+    runtime_address,
+    started,
+)
 from tests.helpers import fixture, readelf_sdt_notes, run_cli
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
-from usdtpatch.live.procfs import read_maps, read_mem
+from usdtpatch.live.procfs import read_mem
 from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
 from usdtpatch.rewriter.forms import Form
 from usdtpatch.x86.nops import NOP5
@@ -133,17 +138,7 @@ def test_rewritten_sites_become_calls_into_the_trampoline(loop_program: Path, fo
                 sem = sems[n]
                 assert sem is not None
                 probes.append(open_uprobe(str(out), o, pid=proc.pid, ref_ctr_offset=sem))
-            deadline = time.monotonic() + 20
-            while min(p.count() for p in probes) < 3 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert min(p.count() for p in probes) >= 3, [p.count() for p in probes]
-            tramps = [m for m in read_maps(proc.pid) if m.path == TRAMPOLINE]
-            assert tramps, f"no {TRAMPOLINE} mapping after the hits"
-            for n, a in addr.items():
-                code = read_mem(proc.pid, a, 5)
-                assert code[0] == 0xE8, f"{n}: not optimized: {code.hex()}"
-                dest = a + 5 + int.from_bytes(code[1:5], "little", signed=True)
-                assert any(m.start <= dest < m.end for m in tramps), f"{n}: call {dest:#x}"
+            assert_optimized_after_hits(proc.pid, addr, probes)
         finally:
             for p in probes:
                 p.close()

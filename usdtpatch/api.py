@@ -18,7 +18,6 @@ through a temporary file and one rename, and an output that is an input is refus
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -160,15 +159,10 @@ class RewriteOutcome:
 
 
 def _validate(data: bytes, original: ElfImage) -> None:
-    """Check a rewrite's output before it is renamed into place (usdtpatch.elf.validate,
-    when this build has it); raises OutputError."""
-    try:
-        validate: Any = importlib.import_module("usdtpatch.elf.validate")
-    except ModuleNotFoundError as exc:
-        if exc.name != "usdtpatch.elf.validate":
-            raise
-        return
-    validate.validate_output(data, original)
+    """Check a rewrite's output before it is renamed into place; raises OutputError."""
+    from usdtpatch.elf.validate import validate_output  # here: pyelftools only when writing
+
+    validate_output(data, original)
 
 
 def _verifier(enabled: bool) -> Verifier | None:
@@ -193,6 +187,8 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
     from usdtpatch.sites.check import check
     from usdtpatch.sites.probes import read_probes
 
+    # Only the notes are counted here: plan_verified forks its workers before the analysis
+    # (read_probes loads the symbol tables), while this process is still small.
     sec = image.section(".note.stapsdt")
     expected = 0
     if sec is not None and image.is64 and image.little_endian:

@@ -32,6 +32,11 @@ DEB_CACHE := build/cache
 
 .PHONY: demo test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz clean
 
+# The development install links the source tree by a plain path in a .pth file (setuptools'
+# "compat" editable mode), as an installed package is found: the default editable mode adds an
+# import hook that imports pathlib, re and urllib at every interpreter start (~8 ms, 4x
+# readelf's whole run; docs/performance.md), which `list` and `check` would be timed with.
+PIP_EDITABLE := -q --disable-pip-version-check --config-settings editable_mode=compat -e
 # Debian's python3 makes a venv only with python3-venv: installed here when missing (as root).
 $(BIN)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV) 2>/dev/null || { rm -rf $(VENV); \
@@ -39,11 +44,11 @@ $(BIN)/.runtime: pyproject.toml
 	    echo "installing python3-venv"; apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade python3-venv >/dev/null; \
 	  fi; $(PYTHON) -m venv $(VENV); }
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+	$(BIN)/python -m pip install $(PIP_EDITABLE) .
 	touch $@
 
 $(BIN)/.test: pyproject.toml $(BIN)/.runtime
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install $(PIP_EDITABLE) '.[test]'
 	touch $@
 
 # The main job on the bundled fixture (list, check, rewrite, plan + verify, restore), then the
@@ -133,7 +138,7 @@ bench: $(BIN)/.test
 # Tracing speed on this machine (root; docs/performance.md "Tracing speed"): the trigger
 # program in every site form and OpenJDK 17 original vs rewritten, with a chart.
 bench-tracing: $(BIN)/.test
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[chart]'
+	$(BIN)/python -m pip install $(PIP_EDITABLE) '.[chart]'
 	mkdir -p build
 	$(BIN)/python -m usdtpatch bench --chart build/bench-tracing.png
 

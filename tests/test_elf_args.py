@@ -28,6 +28,11 @@ CASES = [
     ("8@sym(%rip)", 8, False, MemOperand(0, "sym", "rip", None, 1)),
     ("8@sym+8(%rip)", 8, False, MemOperand(8, "sym", "rip", None, 1)),
     ("8@sym-0x10(%rip)", 8, False, MemOperand(-16, "sym", "rip", None, 1)),
+    # GCC writes a constant offset before the symbol too (PostgreSQL 15's checkpoint__done)
+    ("-4@44+ckpt_stats(%rip)", 4, True, MemOperand(44, "ckpt_stats", "rip", None, 1)),
+    ("8@-0x8+sym(%rip)", 8, False, MemOperand(-8, "sym", "rip", None, 1)),
+    ("8@$12+sym", 8, False, ImmOperand(12, "sym")),
+    ("8@16+counter", 8, False, MemOperand(16, "counter", None, None, 1)),
     ("4@(%rax,%rbx,4)", 4, False, MemOperand(0, None, "rax", "rbx", 4)),
     ("4@8(,%rcx,8)", 4, False, MemOperand(8, None, None, "rcx", 8)),
     ("4@(%rax,%rbx)", 4, False, MemOperand(0, None, "rax", "rbx", 1)),
@@ -49,9 +54,11 @@ def test_bare_register_of_old_notes() -> None:
 
 
 @pytest.mark.parametrize("raw", ["8@%fs:0x28", "8@%foo", "3@%rax", "8@(%rax,%rbx,3)",
-                                 "8@()", "8@", "8@&x", "bar", "8@sym(%notareg)"],
+                                 "8@()", "8@", "8@&x", "bar", "8@sym(%notareg)",
+                                 "8@44-sym(%rip)", "8@44+(%rip)", "8@4+5(%rip)"],
                          ids=["segment", "bad-reg", "bad-size", "bad-scale", "empty-mem",
-                              "empty", "junk", "no-size", "bad-base"])
+                              "empty", "junk", "no-size", "bad-base", "minus-symbol",
+                              "plus-nothing", "two-numbers"])
 def test_unknown_forms_are_kept_with_a_reason(raw: str) -> None:
     arg = parse_arg(raw)
     assert isinstance(arg.operand, UnknownOperand) and arg.operand.reason

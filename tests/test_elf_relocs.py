@@ -56,5 +56,12 @@ def test_rela_table_by_column_answers_as_the_tuples(path: Path) -> None:
         assert list(table) == rows and len(table) == len(rows)
         assert table.self_relative() == [r for _o, r, t, a in rows
                                           if t == R_X86_64_RELATIVE and a == r]
-        for place in {r for _o, r, _t, _a in rows[:50]} | {0, 1}:
+        places = {r for _o, r, _t, _a in rows[:50]} | {0, 1}
+        for place in places:
             assert table.at(place) == [(o, t, a) for o, r, t, a in rows if r == place]
+        if rows:  # once in_range has built its index, `at` answers from it: the same
+            lo = min(r for _o, r, _t, _a in rows)
+            assert table.in_range(lo, lo + 64) == [(r, t, a) for _o, r, t, a in rows
+                                                   if r in range(lo, lo + 64, 8)]
+            for place in places:
+                assert table.at(place) == [(o, t, a) for o, r, t, a in rows if r == place]

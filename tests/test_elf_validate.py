@@ -210,7 +210,7 @@ def test_input_header_past_its_end() -> None:
     comment = image.section(".comment")
     assert comment is not None
     size = len(image.data) - comment.offset + 16
-    bad = parse_elf(_set_shdr(image.data, comment.index, size=size))
+    bad = parse_elf(_set_shdr(bytes(image.data), comment.index, size=size))
     _rejects(data, "the input's section", ".comment", original=bad)
 
 

@@ -141,7 +141,9 @@ def test_cli_verify_bad_plan(tmp_path: Path, content: str) -> None:
     path = tmp_path / "plan.json"
     path.write_text(content)
     r = run_cli("verify", fixture("nop5"), "--plan", path)
-    assert r.rc == 2 and str(path) in r.err and "Traceback" not in r.err
+    assert r.rc == 2 and "Traceback" not in r.err and r.err.count("\n") == 1
+    # the line names the plan file, the one that is wrong, not FILE
+    assert r.err.startswith(f"usdtpatch: {path}: ") and str(fixture("nop5")) not in r.err
 
 
 def test_plan_for_another_file_is_rejected(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from tests.helpers import ROOT, fixture, run_cli
 from usdtpatch.cli.common import EXIT_INTERRUPTED, EXIT_UNUSABLE
 from usdtpatch.errors import InputError, OutputError
-from usdtpatch.io import check_output, read_input, write_atomic
+from usdtpatch.io import check_output, map_input, read_input, write_atomic
 
 
 def _sha(p: Path) -> str:
@@ -191,6 +191,39 @@ def test_read_input_reads_regular_files_only(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="FIFO"):
         os.mkfifo(tmp_path / "q")
         read_input(tmp_path / "q")
+
+
+def test_map_input_maps_regular_files_only_read_only(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"abc")
+    mapped = map_input(p)
+    assert not isinstance(mapped, bytes)
+    assert mapped[:] == b"abc" and mapped.find(b"c") == 2 and len(mapped) == 3
+    with pytest.raises(TypeError):
+        mapped[0] = 1
+    (tmp_path / "empty").write_bytes(b"")
+    assert map_input(tmp_path / "empty") == b""  # mmap refuses empty files; nothing to map
+    os.mkfifo(tmp_path / "q")
+    for bad, what in ((tmp_path / "q", "FIFO"), (tmp_path, "directory"),
+                      (tmp_path / "none", "no such file")):
+        with pytest.raises(InputError, match=what):
+            map_input(bad)
+
+
+def test_list_keeps_no_file_open() -> None:
+    """`list` maps each file (a mapping holds a descriptor) and releases it before the next:
+    600 files list under a limit of 64 descriptors."""
+    code = textwrap.dedent(f"""
+        import resource, sys
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        from usdtpatch.cli import main
+        sys.exit(main(["list", "--json"] + [{str(fixture("pie"))!r}] * 600))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count('"path"') == 600
 
 
 # --------------------------------------------------------------------------------- Ctrl-C

@@ -3,7 +3,8 @@ rewritten one is optimized as `plan` predicts and restored by detach; a program 
 while its site is optimized loses its child to SIGSEGV at the site unless the fork guard is
 in (header -DUSDTPATCH_FORK_GUARD=0 / rewrite --fork-guard never vs the defaults); --pid
 watches a running process and leaves it running and unprobed, also when kcheck is
-interrupted; and the one-line refusals where kcheck cannot run (these need no kernel).
+interrupted; the one-line refusals where kcheck cannot run (these need no kernel); and the
+library function usdtpatch.kcheck the command is built on (its report, its refusals).
 
 Every program started here is stopped by pid; kcheck closes its perf events itself, and the
 tests check the site bytes afterwards.
@@ -28,6 +29,7 @@ import pytest
 from tests.conftest import StartProcess, runtime_address
 from usdtpatch import api
 from usdtpatch.cli import main
+from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.live import kcheck as kmod
 from usdtpatch.live import perf
 from usdtpatch.live.procfs import read_mem
@@ -469,3 +471,133 @@ def test_a_detach_that_left_bytes_is_a_problem() -> None:
     assert not rep.to_json()["ok"]
     site.restored = True
     assert rep.problems == [] and rep.to_json()["ok"]
+
+
+# --- the library function: usdtpatch.kcheck ---------------------------------------------------
+
+
+def test_the_package_exports_kcheck() -> None:
+    import usdtpatch
+
+    assert "kcheck" in usdtpatch.__all__ and usdtpatch.kcheck is api.kcheck
+
+
+@pytest.mark.live
+def test_api_kcheck_runs_a_command_and_returns_the_report() -> None:
+    told: list[str] = []
+    rep = api.kcheck(Path(FIXTURE), command=[FIXTURE], settle=0.2, progress=told.append)
+    assert isinstance(rep, kmod.KcheckReport)
+    assert rep.path == FIXTURE and rep.command == [FIXTURE] and rep.pid is None
+    assert rep.problems == [] and rep.to_json()["ok"]
+    (proc,) = rep.processes
+    assert proc.kind == "command" and proc.exit_code == 0 and proc.inspected
+    assert {s.probe for s in proc.sites} == {"forms:entry", "forms:mid", "forms:loop"}
+    for s in proc.sites:
+        assert s.hits == 25 and s.optimized and s.matches_plan and s.restored, s
+    assert any("site(s) optimized, detached" in line for line in told), told
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_api_kcheck_watches_a_running_process_and_leaves_it_running(
+        loop_binary: Path, start_process: StartProcess) -> None:
+    pid, site = _start_loop(start_process, loop_binary)
+    rep = api.kcheck(loop_binary, pid=pid, duration=0.3, probes=["loop:*"])
+    assert rep.pid == pid and rep.command is None and rep.problems == []
+    (proc,) = rep.processes
+    (s,) = proc.sites
+    assert proc.kind == "pid" and s.probe == "loop:tick"
+    assert s.hits > 0 and s.optimized and s.matches_plan and s.restored
+    assert read_mem(pid, site, 5) == NOP5
+    time.sleep(0.05)
+    assert _running(pid)
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({}, "give `command` or `pid`"),
+    ({"command": ["/bin/true"], "pid": 1}, "give `command` or `pid`"),
+    ({"command": []}, "`command` is empty"),
+    ({"command": "/bin/true"}, "not a string"),
+    ({"command": ["/bin/true"], "probes": "forms:*"}, "not a string"),
+    ({"pid": 1, "duration": 0}, r"duration=0: expected seconds > 0"),
+    ({"pid": 1, "duration": float("nan")}, r"duration=nan"),
+    ({"command": ["/bin/true"], "settle": -1}, r"settle=-1: expected seconds >= 0"),
+])
+def test_api_kcheck_refuses_arguments_that_do_not_fit(
+        monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], says: str) -> None:
+    asked: list[bool] = []
+    monkeypatch.setattr(kmod, "kernel_support", lambda: asked.append(True))
+    with pytest.raises(ValueError, match=says):
+        api.kcheck(FIXTURE, **kwargs)
+    assert asked == []  # refused before the kernel or any process is touched
+
+
+def test_api_kcheck_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UnsupportedError, match=r"^kcheck needs root"):
+        api.kcheck(FIXTURE, command=["/bin/true"])
+
+
+def test_api_kcheck_refuses_a_file_without_sites_or_no_file(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    monkeypatch.setattr(kmod, "kernel_support", lambda: None)
+    noprobes = str(ROOT / "fixtures" / "bin" / "noprobes")
+    with pytest.raises(InputError, match=r"noprobes: no USDT probe sites to attach to$"):
+        api.kcheck(noprobes, command=["/bin/true"])
+    with pytest.raises(InputError, match="missing"):
+        api.kcheck(tmp_path / "missing", pid=os.getpid())
+
+
+def _report(restored: bool) -> kmod.KcheckReport:
+    site = kmod.SiteResult(probe="forms:loop", index=0, file_offset=0x107D, address=0x401000,
+                           original=NOP5, hits=3, attached=b"\xe8" + bytes(4), optimized=True,
+                           planned_protocol="nop5", planned=b"\xe8" + bytes(4),
+                           matches_plan=True, detached=NOP5 if restored else b"\xcc" + NOP5[1:],
+                           restored=restored)
+    proc = kmod.ProcessResult(pid=7, kind="command", sites=[site], exit_code=0, inspected=True)
+    return kmod.KcheckReport(path=FIXTURE, command=["prog", "-x"], pid=None, kernel="6.18",
+                             processes=[proc], faults=[], seconds=0.25)
+
+
+def test_the_command_parses_calls_the_library_and_renders(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    from usdtpatch.cli.cmd_kcheck import render
+
+    calls: list[dict[str, Any]] = []
+    reports = [_report(restored=True), _report(restored=False)]
+
+    def library(path: str, **options: Any) -> kmod.KcheckReport:
+        calls.append({"path": path, **options})
+        return reports[len(calls) - 1]
+
+    monkeypatch.setattr(api, "kcheck", library)
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["kcheck", FIXTURE, "--probe", "forms:*", "--settle", "0.3", "--", "prog", "-x"],
+              out, err)
+    assert (rc, err.getvalue()) == (0, "")
+    assert calls[0] == {"path": FIXTURE, "command": ["prog", "-x"], "pid": None,
+                        "probes": ["forms:*"], "duration": 5.0, "settle": 0.3}
+    assert out.getvalue() == render(reports[0])
+    out = io.StringIO()
+    rc = main(["kcheck", "--json", FIXTURE, "--pid", "42", "--duration", "1.5"], out, err)
+    assert rc == 1  # the second report's detach left a byte
+    assert calls[1] == {"path": FIXTURE, "command": None, "pid": 42, "probes": [],
+                        "duration": 1.5, "settle": 2.0}
+    assert json.loads(out.getvalue()) == reports[1].to_json()
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    (["--duration", "0"], "'0': expected seconds > 0"),
+    (["--duration", "soon"], "'soon' is not a number of seconds"),
+    (["--settle", "-1"], "'-1': expected seconds >= 0"),
+])
+def test_the_command_refuses_bad_seconds(option: list[str], says: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Before FILE (the main parser) and after it (kcheck's own parsing of the options
+    between FILE and --): argparse's usage error on stderr, exit 2."""
+    for args in ([*option, FIXTURE, "--pid", "1"], [FIXTURE, *option, "--pid", "1"]):
+        out = io.StringIO()
+        assert main(["kcheck", *args], out, io.StringIO()) == 2
+        printed = capsys.readouterr()
+        assert out.getvalue() == "" and printed.out == ""
+        assert f"argument --{option[0][2:]}: {says}" in printed.err, printed.err

@@ -187,7 +187,7 @@ def test_malformed_protocol_files_are_one_line(tmp_path: Path, old: str, new: st
                                                says: str) -> None:
     p = _variant(tmp_path, old, new)
     text = _refused([str(BIN / "nop5"), "--protocol", str(p)])
-    assert says in text and str(p) in text
+    assert says in text and text.startswith(f"usdtpatch: {p}: ")
 
 
 def test_missing_protocol_file_and_plan_with_protocol(tmp_path: Path) -> None:
@@ -197,3 +197,25 @@ def test_missing_protocol_file_and_plan_with_protocol(tmp_path: Path) -> None:
     plan.write_text("{}")
     assert "not both" in _refused([str(BIN / "nop5"), "--plan", str(plan), "--protocol",
                                    str(shipped("nop5"))])
+
+
+def test_each_error_line_names_the_file_it_is_about(tmp_path: Path) -> None:
+    """The protocol file for its own errors (read, or assembled at FILE's sites), FILE for
+    FILE's: never `usdtpatch: FILE: PROTOCOL: ...`."""
+    elf = str(BIN / "nop5")
+
+    def about(path: Path, args: list[str]) -> str:
+        text = _refused(args)
+        assert text.startswith(f"usdtpatch: {path}: "), text
+        assert text.count(str(path)) == 1 and elf not in text, text
+        return text
+
+    broken = _variant(tmp_path, 'name = "nop5"', 'name = "nop5', "broken.toml")
+    assert "not a TOML protocol file" in about(broken, [elf, "--protocol", str(broken)])
+    missing = tmp_path / "none.toml"
+    assert about(missing, [elf, "--protocol", str(missing)]).endswith(": no such file\n")
+    short = _variant(tmp_path, 'int3 = "int3; {site[1:5]}"', 'int3 = "int3"', "short.toml")
+    assert "the site is 5" in about(short, [elf, "--protocol", str(short)])
+    prog = tmp_path / "prog"  # FILE missing, the protocol fine: FILE's error
+    text = about(prog, [str(prog), "--protocol", str(shipped("nop5"))])
+    assert "nop5.toml" not in text

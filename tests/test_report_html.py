@@ -295,3 +295,20 @@ def test_rewrite_report_refusals(tmp_path: Path) -> None:
     d.mkdir()
     res = run_cli("rewrite", "--dry-run", "--report", d, src)
     assert res.rc == EXIT_UNUSABLE and res.err.count("\n") == 1
+
+
+def test_both_pages_start_a_site_row_with_the_same_cells(tmp_path: Path) -> None:
+    """The probe and address cells of a site (one helper for both pages) are the same markup
+    on the check page and on the rewrite page, for every site of the file."""
+    files = [fixture("forms-mixed"), fixture("retarget")]
+    check_page, _doc = _check_pair(tmp_path, *files)
+    rewrite_page = tmp_path / "rw.html"
+    assert run_cli("rewrite", "--dry-run", "--report", rewrite_page, *files).rc == EXIT_OK
+    first = re.compile(r'<details class="site" id="(site-\d+-\d+)"[^>]*><summary class="grid">'
+                       r'(<div class="cell " data-col="probe">.*?</div>'
+                       r'<div class="cell " data-col="address" data-sort="\d+">.*?</div>)')
+    in_check = first.findall(check_page)
+    in_rewrite = first.findall(rewrite_page.read_text())
+    assert len(in_check) == len(in_rewrite) == len(re.findall(r'<details class="site"',
+                                                              check_page)) > 3
+    assert sorted(in_check) == sorted(in_rewrite)

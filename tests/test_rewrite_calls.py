@@ -193,10 +193,10 @@ def _verify(plan: RewritePlan, name: str, detour: Detour | None = None,
             patches: tuple[tuple[int, bytes], ...] | None = None) -> str | None:
     d = _site(plan, name)
     assert d.window is not None and d.detour is not None
-    from usdtpatch.rewriter.plan import _entries, _retarget_patches
+    from usdtpatch.rewriter.plan import Relocations, _entries, _retarget_patches
 
     det = detour or d.detour
-    ways = _retarget_patches(plan.image, d.window, d.detour, [])
+    ways = _retarget_patches(plan.image, d.window, d.detour, [], Relocations(plan.image))
     got = patches if patches is not None else tuple((a, b) for a, _o, b, _w in ways)
     return verify_detour(plan.image, d.window, det, (d.probe.address,), runs=16,
                          patches=got, entries=_entries(d.window, d.detour))
@@ -238,9 +238,10 @@ def test_verifier_rejects_a_way_in_aimed_at_the_wrong_copy() -> None:
         assert _verify(plan, name) is None
         d = _site(plan, name)
         assert d.window is not None and d.detour is not None
-        from usdtpatch.rewriter.plan import _retarget_patches
+        from usdtpatch.rewriter.plan import Relocations, _retarget_patches
 
-        ways = _retarget_patches(plan.image, d.window, d.detour, [])
+        ways = _retarget_patches(plan.image, d.window, d.detour, [],
+                                 Relocations(plan.image))
         bad = []
         for a, _o, b, _w in ways:
             n = int.from_bytes(b, "little", signed=True)

@@ -53,8 +53,16 @@ def test_an_unknown_package_attribute_is_an_attribute_error() -> None:
 
 
 def test_cli_load_gives_what_api_load_gives() -> None:
+    """`list` maps its files, the API reads them: the same probes, findings and headers."""
     for name in ("pie", "cxx-throw", "forms-mixed", "libprobes.so"):
-        assert common.load(fixture(name)) == api.load(fixture(name)), name
+        mapped, read = common.load(fixture(name)), api.load(fixture(name))
+        assert not isinstance(mapped.image.data, bytes), name
+        assert isinstance(read.image.data, bytes), name
+        assert bytes(mapped.image.data) == read.image.data, name
+        assert (mapped.probes, mapped.findings, mapped.notes) == \
+            (read.probes, read.findings, read.notes), name
+        assert (mapped.image.sections, mapped.image.segments) == \
+            (read.image.sections, read.image.segments), name
 
 
 @pytest.mark.parametrize(("command", "paused"), [(["list"], True), (["check"], True),

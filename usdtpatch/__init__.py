@@ -1,7 +1,8 @@
 """usdtpatch: read, check and rewrite USDT probe sites for Linux optimized uprobes.
 
 The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `restore`,
-`plan`, `verify`, `dtrace_header`. The command line (`usdtpatch.cli`) is built on it.
+`plan`, `verify`, `kcheck`, `dtrace_header`. The command line (`usdtpatch.cli`) is built on
+it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         RewriteOutcome,
         check,
         dtrace_header,
+        kcheck,
         load,
         plan,
         read_plan,
@@ -53,6 +55,7 @@ __all__ = [
     "__version__",
     "check",
     "dtrace_header",
+    "kcheck",
     "load",
     "plan",
     "read_plan",

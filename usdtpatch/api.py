@@ -32,6 +32,7 @@ from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 if TYPE_CHECKING:  # imported where used: each command pays only for what it uses
     from usdtpatch.emulate.verify import VerifyReport
     from usdtpatch.findings import Finding
+    from usdtpatch.live.kcheck import KcheckReport
     from usdtpatch.poke.plan import Plan
     from usdtpatch.rewriter.kernel import FormChoice
     from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Verifier
@@ -47,6 +48,7 @@ __all__ = [
     "RewriteOutcome",
     "check",
     "dtrace_header",
+    "kcheck",
     "load",
     "plan",
     "read_plan",
@@ -288,16 +290,11 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     findings = rp.findings
     result = data
     if rp.changed:
-        from usdtpatch.rewriter.build import build_rewrite
+        from usdtpatch.rewriter.build import build_rewrite, output_findings
 
         built = build_rewrite(rp)
         _validate(built.data, image)
-        result, findings = built.data, findings + built.findings
-        from usdtpatch.findings import FORK_GUARDED, PROCESS_CAN_FORK
-
-        if any(f.code == FORK_GUARDED.code for f in built.findings):
-            # the input's fork hazard is covered in the output
-            findings = tuple(f for f in findings if f.code != PROCESS_CAN_FORK.code)
+        result, findings = built.data, output_findings(rp, built)
     write_atomic(target, result, mode)
     return outcome(rp.changed, rp.sites, findings)
 
@@ -453,6 +450,48 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
                       and s.sequences.optimize is not None)
     return _replace(rep, findings=rep.findings + fork_findings(ps.image, optimized,
                                                                 the_plan.load_base))
+
+
+# --------------------------------------------------------------------------------- kcheck
+
+
+def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | None = None,
+           probes: Sequence[str] = (), duration: float = 5.0, settle: float = 2.0,
+           progress: Callable[[str], None] | None = None) -> KcheckReport:
+    """What the running kernel does with the probe sites of `path` (an executable, or a
+    library the process maps; docs/kcheck.md). A counting uprobe goes on every site (with
+    `probes`, on those whose provider:name matches one of these shell patterns) in one
+    process: `command`, an argv list started here and followed with its threads and forks to
+    its end (its remaining children for `settle` seconds more), or the running process
+    `pid`, watched for `duration` seconds and then detached (it keeps running). Nothing stays
+    attached. `progress` gets a line for each step worth telling.
+
+    The report (usdtpatch.live.kcheck.KcheckReport, `.to_json()` is the `kcheck --json`
+    document) has per process and site the hits, the bytes while attached and after detach
+    and what `plan` predicts; `.problems` lists what did not go as planned. Raises
+    UnsupportedError where kcheck cannot run (not root, no uprobe PMU, no uprobe syscall),
+    InputError for a file without probe sites, a command that cannot be run or a pid that is
+    no process or does not map `path`, ValueError for arguments that do not fit (neither or
+    both of `command` and `pid`, an empty command, a string where a list is expected, a
+    `duration` that is not positive or a negative `settle`)."""
+    if (command is None) == (pid is None):
+        raise ValueError("kcheck: give `command` or `pid`, one of them")
+    if isinstance(command, str) or isinstance(probes, str):
+        raise ValueError("kcheck: `command` and `probes` are lists of strings, not a string")
+    if command is not None and not command:
+        raise ValueError("kcheck: `command` is empty")
+    if not duration > 0:
+        raise ValueError(f"kcheck: duration={duration!r}: expected seconds > 0")
+    if not settle >= 0:
+        raise ValueError(f"kcheck: settle={settle!r}: expected seconds >= 0")
+    from usdtpatch.live import kcheck as live
+
+    live.kernel_support()
+    run = live.Kcheck(os.fspath(path), settle=settle, probes=probes, progress=progress)
+    if command is not None:
+        return run.run_command(list(command))
+    assert pid is not None  # one of the two, checked above
+    return run.run_pid(pid, duration)
 
 
 # --------------------------------------------------------------------------------- dtrace

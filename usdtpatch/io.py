@@ -3,20 +3,20 @@
 What usdtpatch promises (README, "Inputs and outputs"): an input is only read, never
 executed or changed (unless --in-place names it as the output); only regular files are read
 (a FIFO, a device or a socket is refused before it is opened, and a file is read up to the
-size it had when it was opened); an output is a new regular file put in place by one rename,
-so that either the whole new content is there or the old file is untouched; an existing
-output that is not a regular file (a device such as /dev/null, a FIFO, a socket, a
-directory) is refused, never written through; an output that is an input (the same file, by
-any spelling or link) is refused unless --in-place.
+size it had when it was opened; `list` maps its files instead, see map_input); an output is
+a new regular file put in place by one rename, so that either the whole new content is there
+or the old file is untouched; an existing output that is not a regular file (a device such
+as /dev/null, a FIFO, a socket, a directory) is refused, never written through; an output
+that is an input (the same file, by any spelling or link) is refused unless --in-place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import stat
 from collections.abc import Iterable
-from pathlib import Path
 
 from usdtpatch.errors import InputError, OutputError
 
@@ -42,7 +42,7 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _stat_input(p: Path) -> os.stat_result:
+def _stat_input(p: str) -> os.stat_result:
     try:
         return os.stat(p)
     except (FileNotFoundError, NotADirectoryError) as exc:
@@ -53,21 +53,16 @@ def _stat_input(p: Path) -> os.stat_result:
         raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
 
 
-def _refuse_kind(p: Path, mode: int) -> None:
+def _refuse_kind(p: str, mode: int) -> None:
     if stat.S_ISDIR(mode):
         raise InputError(f"{p}: is a directory, not an ELF file")
     if not stat.S_ISREG(mode):
         raise InputError(f"{p}: is {file_kind(mode)}, not a regular file")
 
 
-def read_input(path: StrPath) -> bytes:
-    """Read a whole input file, or raise InputError with one clear sentence.
-
-    Only regular files: the kind is checked before the file is opened, the file is opened
-    without blocking (a FIFO swapped in meanwhile cannot hang the read) and checked again,
-    and at most its size is read.
-    """
-    p = Path(path)
+def _open_input(p: str) -> tuple[int, int]:
+    """Open a regular input file without blocking (a FIFO swapped in after the first check
+    cannot hang the open) and check its kind again: (descriptor, size)."""
     _refuse_kind(p, _stat_input(p).st_mode)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -82,8 +77,22 @@ def read_input(path: StrPath) -> bytes:
     try:
         st = os.fstat(fd)
         _refuse_kind(p, st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_input(path: StrPath) -> bytes:
+    """Read a whole input file, or raise InputError with one clear sentence.
+
+    Only regular files: the kind is checked before the file is opened and again after, and at
+    most the size it had when it was opened is read.
+    """
+    p = os.fspath(path)
+    fd, left = _open_input(p)
+    try:
         chunks: list[bytes] = []
-        left = st.st_size
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 30))  # one read, one copy, for any real file
             if not chunk:
@@ -97,9 +106,34 @@ def read_input(path: StrPath) -> bytes:
         os.close(fd)
 
 
+def map_input(path: StrPath) -> bytes | mmap.mmap:
+    """An input file mapped read-only (bytes for an empty file), with read_input's checks.
+
+    Nothing is copied: a command that reads a few parts of a large file (`list` reads the
+    notes, the symbol tables and 16 bytes at each probe of a 24 MB libjvm.so) pays only for
+    the pages it touches; a fresh process spends ~11 ms reading libjvm.so into memory.
+    The price, as for any mapped input (LLVM's tools map theirs too): the mapping holds a
+    descriptor while it is alive, and a file truncated by another program while it is read
+    ends the process with SIGBUS (docs/reliability.md). Commands that write an output read
+    their input with read_input instead.
+    """
+    p = os.fspath(path)
+    fd, size = _open_input(p)
+    try:
+        if size == 0:
+            return b""
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except ValueError as exc:  # mmap's own check: the file shrank since it was opened
+        raise InputError(f"{p}: cannot read: the file changed while it was opened") from exc
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
 def input_mode(path: StrPath) -> int:
     """The permission bits of an input (for its output)."""
-    return stat.S_IMODE(_stat_input(Path(path)).st_mode)
+    return stat.S_IMODE(_stat_input(os.fspath(path)).st_mode)
 
 
 def umask_mode(base: int = 0o666) -> int:
@@ -126,7 +160,7 @@ def same_file(a: StrPath, b: StrPath) -> bool:
     try:
         return os.path.samestat(os.stat(a), os.stat(b))
     except OSError:
-        return Path(a).resolve() == Path(b).resolve()
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_output(target: StrPath, inputs: Iterable[StrPath] = (), *,
@@ -137,15 +171,15 @@ def check_output(target: StrPath, inputs: Iterable[StrPath] = (), *,
     socket; followed through a symbolic link), and a target that is one of `inputs` (unless
     `in_place`; `can_in_place` says whether the message may suggest --in-place).
     """
-    t = Path(target)
+    t = os.fspath(target)
     try:
         st: os.stat_result | None = os.stat(t)
     except (FileNotFoundError, NotADirectoryError):
         st = None  # a new file (or a dangling link, which the rename replaces)
     except OSError as exc:
         raise OutputError(f"{t}: cannot write: {exc.strerror or exc}") from exc
-    folder = t.parent if str(t.parent) else Path(".")
-    if st is None and not folder.is_dir():
+    folder = os.path.dirname(t) or "."
+    if st is None and not os.path.isdir(folder):
         raise OutputError(f"{t}: cannot write: {folder} is not a folder")
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{t}: is a directory; name the output file")
@@ -169,13 +203,13 @@ def write_atomic(path: StrPath, data: bytes, mode: int | None = None) -> None:
     the temporary file's 0600. An existing `path` that is not a regular file is refused
     (check_output).
     """
-    p = Path(path)
+    p = os.fspath(path)
     check_output(p, in_place=True)
-    folder = p.parent if str(p.parent) else Path(".")
+    folder = os.path.dirname(p) or "."
     try:
         import tempfile  # only a command that writes pays for it
 
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from exc
     try:

@@ -1,6 +1,6 @@
 """`usdtpatch kcheck FILE [--json] -- COMMAND...` or `usdtpatch kcheck FILE --pid PID
 [--duration S]`: attach a uprobe to every USDT site of FILE in the process, let it run, and
-report what the running kernel did with each site (usdtpatch.live.kcheck). Exit 0 when every
+report what the running kernel did with each site (usdtpatch.api.kcheck). Exit 0 when every
 site is as the plan predicts, detach restored it and no process died at a site; 1 otherwise;
 2 when kcheck cannot run here (not root, no uprobe PMU, no uprobe syscall) or on bad input.
 """
@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+from collections.abc import Callable
 from typing import IO, Any
 
+from usdtpatch import api
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.live.kcheck import KcheckReport, ProcessResult, kcheck
+from usdtpatch.live.kcheck import KcheckReport, ProcessResult
 
 
 def register(sub: Any) -> None:
@@ -34,14 +36,28 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _seconds(minimum: float, strict: bool) -> Callable[[str], float]:
+    """An argparse type: a number of seconds > minimum (strict) or >= minimum."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (value > minimum if strict else value >= minimum):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected seconds {'>' if strict else '>='} {minimum:g}")
+        return value
+    return parse
+
+
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, metavar="PID", help="a running process that maps FILE")
     p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
                    help="only the probes whose provider:name matches this shell pattern "
                         "(repeatable; default: every probe of FILE)")
-    p.add_argument("--duration", type=float, default=5.0, metavar="SECONDS",
+    p.add_argument("--duration", type=_seconds(0, strict=True), default=5.0, metavar="SECONDS",
                    help="with --pid: how long to watch (default 5)")
-    p.add_argument("--settle", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--settle", type=_seconds(0, strict=False), default=2.0, metavar="SECONDS",
                    help="after COMMAND exits, how long its remaining children are watched "
                         "(default 2)")
     p.add_argument("--json", action="store_true", help="print a versioned JSON document")
@@ -137,8 +153,8 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
               file=err)
         return EXIT_UNUSABLE
     try:
-        rep = kcheck(args.file, command=command or None, pid=args.pid,
-                     duration=args.duration, settle=args.settle, probes=args.probe)
+        rep = api.kcheck(args.file, command=command or None, pid=args.pid,
+                         probes=args.probe, duration=args.duration, settle=args.settle)
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE

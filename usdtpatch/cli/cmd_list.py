@@ -6,10 +6,11 @@ import argparse
 import json
 from typing import IO, Any
 
-from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, function_names, load
+from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load
+from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.report.listing import file_json, list_document
-from usdtpatch.sites.probes import ProbeSet
+from usdtpatch.report.listing import file_json, list_document, relabel, selected
+from usdtpatch.sites.probes import Probe
 
 
 def register(sub: Any) -> None:
@@ -23,17 +24,28 @@ def register(sub: Any) -> None:
 
 def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = False,
                provider: str | None = None, probe: str | None = None) -> int:
-    """Print the probes of `files` (a table, or the JSON document); the exit status."""
-    loaded: list[tuple[str, ProbeSet]] = []
+    """Print the probes of `files` (a table, or the JSON document); the exit status.
+
+    Each file is read and released before the next (mapped, see `load`: a listing of
+    thousands of files keeps none of them open); the function names of all of them are
+    demangled in one batch at the end."""
+    docs: list[dict[str, Any]] = []
+    shown: list[list[Probe]] = []
     errors: list[dict[str, str]] = []
     for path in files:
         try:
-            loaded.append((path, load(path)))
+            ps = load(path)
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": str(exc)})
             error_line(path, exc, err)
-    names = function_names([ps for _, ps in loaded])
-    doc = list_document([file_json(p, ps, names, provider, probe) for p, ps in loaded], errors)
+            continue
+        docs.append(file_json(path, ps, {}, provider, probe))
+        shown.append(selected(ps, provider, probe))
+        del ps  # the last reference to the file's mapping
+    names = demangle([p.function for probes in shown for p in probes if p.function])
+    for doc, probes in zip(docs, shown, strict=True):
+        relabel(doc, probes, names)
+    doc = list_document(docs, errors)
     if as_json:
         out.write(json.dumps(doc) + "\n")  # one write: the C encoder, not per-token writes
     else:

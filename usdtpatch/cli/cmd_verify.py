@@ -1,5 +1,6 @@
-"""`usdtpatch verify FILE [--plan PLAN.json] [--json]`: run every torn state of every write
-sequence in the bundled emulator; a verdict per site, exit 1 if any site fails.
+"""`usdtpatch verify FILE [--plan PLAN.json | --protocol PROTOCOL.toml] [--json]`: run every
+torn state of every write sequence in the bundled emulator; a verdict per site, exit 1 if any
+site fails.
 
 `summarize(path)` is what `usdtpatch demo` calls: plan + verify one file, rendered as text.
 """
@@ -8,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from usdtpatch import api
 from usdtpatch.cli.cmd_plan import add_placement_args, placement
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.emulate.verify import FAIL, PASS, SKIP, VerifyReport
 from usdtpatch.errors import UsdtpatchError
+
+if TYPE_CHECKING:
+    from usdtpatch.poke.plan import Plan
+    from usdtpatch.poke.protocols import Protocol
 
 VERIFY_SCHEMA = "usdtpatch/verify"
 VERIFY_SCHEMA_VERSION = 1
@@ -72,20 +77,36 @@ def render_verify(rep: VerifyReport) -> str:
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    if args.plan and args.protocol:
+        print("usdtpatch: verify: give --plan or --protocol, not both", file=err)
+        return EXIT_UNUSABLE
+    # An error line names the file it is about: the plan or protocol file for its own errors
+    # (a protocol's statements are assembled at FILE's sites: still the protocol's), FILE for
+    # the rest.
+    plan: Plan | None = None
+    proto: Protocol | None = None
     try:
-        if args.plan and args.protocol:
-            print("usdtpatch: verify: give --plan or --protocol, not both", file=err)
-            return EXIT_UNUSABLE
         if args.plan:
-            rep = api.verify(args.file, plan=args.plan)
+            plan = api.read_plan(args.plan)
         elif args.protocol:
-            from usdtpatch.poke.protocols import apply_protocol, load_protocol
+            from usdtpatch.poke.protocols import load_protocol
 
             proto = load_protocol(args.protocol)
-            where = {**placement(args), "form": proto.model}
-            rep = api.verify(args.file, plan=apply_protocol(api.plan(args.file, **where), proto))
-        else:
-            rep = api.verify(args.file, **placement(args))
+    except UsdtpatchError as exc:
+        error_line(args.plan or args.protocol, exc, err)
+        return EXIT_UNUSABLE
+    try:
+        if proto is not None:
+            from usdtpatch.poke.protocols import ProtocolError, apply_protocol
+
+            model_plan = api.plan(args.file, **{**placement(args), "form": proto.model})
+            try:
+                plan = apply_protocol(model_plan, proto)
+            except ProtocolError as exc:
+                error_line(args.protocol, exc, err)
+                return EXIT_UNUSABLE
+        rep = (api.verify(args.file, plan=plan) if plan is not None
+               else api.verify(args.file, **placement(args)))
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE

@@ -1,13 +1,12 @@
-"""What several subcommands share: exit codes, error lines, demangled names."""
+"""What several subcommands share: exit codes, error lines, loading a file for `list`."""
 
 from __future__ import annotations
 
 from typing import IO
 
-from usdtpatch.elf.demangle import demangle
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import StrPath, read_input
+from usdtpatch.io import StrPath, map_input
 from usdtpatch.sites.probes import ProbeSet, read_probes
 
 __all__ = [
@@ -17,7 +16,6 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNUSABLE",
     "error_line",
-    "function_names",
     "load",
     "printable",
 ]
@@ -30,9 +28,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def load(path: StrPath) -> ProbeSet:
-    """`usdtpatch.api.load` (the same steps), without importing the whole API: `list` imports
-    only the modules it uses."""
-    return read_probes(parse_elf(read_input(path)))
+    """`usdtpatch.api.load`'s steps, without importing the whole API (`list` imports only the
+    modules it uses), on the file mapped rather than read (usdtpatch.io.map_input: `list`
+    touches a few parts of each file; it releases each ProbeSet before the next file)."""
+    return read_probes(parse_elf(map_input(path)))
 
 
 # control characters (C0, DEL, C1) and the other characters str.splitlines breaks at
@@ -51,8 +50,3 @@ def error_line(path: str, exc: UsdtpatchError, err: IO[str]) -> None:
     text = str(exc)
     line = f"usdtpatch: {text}" if text.startswith(path) else f"usdtpatch: {path}: {text}"
     print(printable(line), file=err)
-
-
-def function_names(sets: list[ProbeSet]) -> dict[str, str]:
-    """Demangled names of every function that holds a probe, in one batch."""
-    return demangle([p.function for ps in sets for p in ps.probes if p.function])

@@ -26,7 +26,9 @@ X86_REGISTERS = frozenset(_REG64 + _REG32 + _REG16 + _REG8 + _VEC)
 _SIZED = re.compile(r"^(-?)(\d+)(f?)@(.*)$", re.DOTALL)
 _NUM = r"[-+]?(?:0[xX][0-9a-fA-F]+|\d+)"
 _SYM = r"[A-Za-z_.$][\w.$@]*"
-_DISP = re.compile(rf"^(?:(?P<sym>{_SYM})(?P<off>[-+](?:0[xX][0-9a-fA-F]+|\d+))?|(?P<num>{_NUM}))$")
+# a displacement: `sym`, `sym+8`, `sym-8`, `8+sym` (as GCC writes some: `44+ckpt_stats`) or a number
+_DISP = re.compile(rf"^(?:(?P<sym>{_SYM})(?P<off>[-+](?:0[xX][0-9a-fA-F]+|\d+))?"
+                   rf"|(?P<lead>{_NUM})\+(?P<lsym>{_SYM})|(?P<num>{_NUM}))$")
 _MEM = re.compile(r"^(?P<disp>[^()]*)\((?P<inner>[^()]*)\)$")
 
 
@@ -138,6 +140,15 @@ def parse_arg(tok: str, x86: bool = True) -> SdtArg:
     return SdtArg(tok, None, False, False, op)
 
 
+def _disp_of(d: re.Match[str]) -> tuple[int, str | None]:
+    """(number, symbol or None) of a _DISP match."""
+    if d.group("num") is not None:
+        return _parse_int(d.group("num")), None
+    if d.group("lsym") is not None:
+        return _parse_int(d.group("lead")), d.group("lsym")
+    return (_parse_int(d.group("off")) if d.group("off") else 0), d.group("sym")
+
+
 def _parse_int(text: str) -> int:
     return int(text, 0) if not re.fullmatch(r"[-+]?0\d+", text) else int(text, 10)
 
@@ -163,8 +174,9 @@ def parse_operand(text: str) -> Operand:
         if re.fullmatch(_NUM, body):
             return ImmOperand(_parse_int(body))
         d = _DISP.match(body)
-        if d and d.group("sym"):
-            return ImmOperand(_parse_int(d.group("off")) if d.group("off") else 0, d.group("sym"))
+        if d and d.group("num") is None:
+            value, sym = _disp_of(d)
+            return ImmOperand(value, sym)
         return UnknownOperand(text, "immediate is not a number or symbol")
     m = _MEM.match(text)
     if m:
@@ -174,11 +186,7 @@ def parse_operand(text: str) -> Operand:
             d = _DISP.match(disp_text)
             if not d:
                 return UnknownOperand(text, f"displacement {disp_text!r} is not understood")
-            if d.group("num") is not None:
-                disp = _parse_int(d.group("num"))
-            else:
-                sym = d.group("sym")
-                disp = _parse_int(d.group("off")) if d.group("off") else 0
+            disp, sym = _disp_of(d)
         parts = [p.strip() for p in inner.split(",")]
         if len(parts) > 3:
             return UnknownOperand(text, "more than base, index and scale")
@@ -200,9 +208,7 @@ def parse_operand(text: str) -> Operand:
             return UnknownOperand(text, "memory operand without base or index")
         return MemOperand(disp, sym, base, index, scale)
     d = _DISP.match(text)
-    if d:  # a bare absolute address: `sym`, `sym+8` or a number
-        if d.group("num") is not None:
-            return MemOperand(_parse_int(d.group("num")), None, None, None, 1)
-        off = _parse_int(d.group("off")) if d.group("off") else 0
-        return MemOperand(off, d.group("sym"), None, None, 1)
+    if d:  # a bare absolute address: `sym`, `sym+8`, `8+sym` or a number
+        disp, sym = _disp_of(d)
+        return MemOperand(disp, sym, None, None, 1)
     return UnknownOperand(text, "not a register, immediate or memory operand")

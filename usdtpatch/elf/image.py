@@ -11,6 +11,7 @@ value found and what was expected.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ SHT_DYNSYM = 11
 SHF_WRITE = 0x1
 SHF_ALLOC = 0x2
 SHF_EXECINSTR = 0x4
+SHF_COMPRESSED = 0x800
 
 SHN_UNDEF = 0
 SHN_XINDEX = 0xFFFF
@@ -74,6 +76,10 @@ MACHINE_NAMES: dict[int, str] = {
 }
 
 _IDENT_SIZE = 16
+
+# The bytes of a whole file: read into memory, or mapped read-only (usdtpatch.io.map_input).
+# Both slice to bytes, search with find() and unpack with struct.
+FileBytes = bytes | mmap.mmap
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +126,7 @@ class Section:
 class ElfImage:
     """A parsed ELF file. `data` is the whole file; everything else is derived from it."""
 
-    data: bytes = field(repr=False)
+    data: FileBytes = field(repr=False)
     elfclass: int
     byteorder: str  # struct prefix: "<" or ">"
     osabi: int
@@ -200,7 +206,7 @@ class ElfImage:
         return None
 
 
-def _unpack(fmt: str, data: bytes, offset: int, what: str) -> tuple[int, ...]:
+def _unpack(fmt: str, data: FileBytes, offset: int, what: str) -> tuple[int, ...]:
     size = struct.calcsize(fmt)
     if offset < 0 or offset + size > len(data):
         raise ElfFormatError(
@@ -210,7 +216,7 @@ def _unpack(fmt: str, data: bytes, offset: int, what: str) -> tuple[int, ...]:
     return struct.unpack_from(fmt, data, offset)
 
 
-def parse_elf(data: bytes) -> ElfImage:
+def parse_elf(data: FileBytes) -> ElfImage:
     """Parse the headers of an ELF file held in memory."""
     if len(data) < 4 or data[:4] != b"\x7fELF":
         found = data[:4].hex(" ") if data else "an empty file"
@@ -263,7 +269,7 @@ def parse_elf(data: bytes) -> ElfImage:
 
 
 def _parse_segments(
-    data: bytes, bo: str, is64: bool, phoff: int, phentsize: int, phnum: int
+    data: FileBytes, bo: str, is64: bool, phoff: int, phentsize: int, phnum: int
 ) -> tuple[Segment, ...]:
     if phnum == 0:
         return ()
@@ -284,7 +290,7 @@ def _parse_segments(
 
 
 def _parse_sections(
-    data: bytes, bo: str, is64: bool, shoff: int, shentsize: int, shnum: int, shstrndx: int
+    data: FileBytes, bo: str, is64: bool, shoff: int, shentsize: int, shnum: int, shstrndx: int
 ) -> tuple[Section, ...]:
     if shoff == 0:
         return ()

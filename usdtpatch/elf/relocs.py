@@ -60,8 +60,9 @@ def rela_table(image: ElfImage, offset: int, size: int) -> list[tuple[int, int, 
 class RelaTable:
     """A DT_RELA table read by column: the same entries as `rela_table`, but without a tuple
     per entry; the questions a caller asks of one place (`at`: a byte search for the packed
-    r_offset) or of the whole table (`self_relative`: map/compress over the columns) are
-    answered without unpacking every entry. Iterating yields the `rela_table` tuples."""
+    r_offset, or a look-up in the index of places once `in_range` has built it) or of the
+    whole table (`self_relative`: map/compress over the columns) are answered without
+    unpacking every entry. Iterating yields the `rela_table` tuples."""
 
     __slots__ = ("_addends", "_data", "_end", "_fmt", "_infos", "_native", "_offsets", "_raw",
                  "_where", "offset")
@@ -109,6 +110,13 @@ class RelaTable:
     def at(self, place: int) -> list[tuple[int, int, int]]:
         """(file offset of the entry, type, addend) of each entry whose r_offset is `place`,
         in table order."""
+        where = self._where
+        if where is not None and len(where) == len(self):  # in_range's index; places unique
+            i = where.get(place)
+            if i is None:
+                return []
+            info, addend = struct.unpack_from(self._fmt + "Qq", self._raw, RELA64_SIZE * i + 8)
+            return [(self.offset + RELA64_SIZE * i, info & 0xFFFFFFFF, addend)]
         if not self._native:
             infos, addends = self._columns()
             hits = compress(range(len(self)), map(place.__eq__, self.r_offsets))

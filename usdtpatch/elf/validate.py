@@ -39,6 +39,7 @@ from usdtpatch.elf.image import (
     SHT_NOBITS,
     SHT_NULL,
     ElfImage,
+    FileBytes,
     Section,
     parse_elf,
 )
@@ -101,7 +102,7 @@ def _check_layout(image: ElfImage) -> None:
                         f"the file ({size:#x})")
 
 
-def _pyelftools_headers(data: bytes
+def _pyelftools_headers(data: FileBytes
                         ) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
     """Program headers and (name, section header) pairs as pyelftools reads them, with the
     enumerated fields turned back into numbers."""
@@ -256,7 +257,7 @@ __all__ = ["MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "SDT_NOTE_SECTION",
            "validate_output"]
 
 
-def _replayed_sha256(data: bytes, marker: dict[str, Any]) -> str | None:
+def _replayed_sha256(data: FileBytes, marker: dict[str, Any]) -> str | None:
     """The sha256 of what the marker's recipe gives back from `data` (the first `size` bytes,
     the ELF header and the patches written over them), hashed piece by piece without a copy
     of the file; None when the recipe would not give `size` bytes."""

@@ -29,6 +29,7 @@ unmaps it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import platform
 import resource
@@ -547,8 +548,9 @@ class Kcheck:
                 self._fault(tid, info)
         ptrace.cont(tid, sig)
 
-    def _poll(self) -> bool:
-        """Handle every pending stop of the traced tids; True when something happened."""
+    def _reap(self, handle: Callable[[int, int], None]) -> bool:
+        """Give every pending wait status of the traced tids to `handle(tid, status)`; a tid
+        that is no longer a child of ours is forgotten. True when there was a status."""
         any_ = False
         for tid in list(self.tids):
             try:
@@ -559,12 +561,38 @@ class Kcheck:
             if got == 0:
                 continue
             any_ = True
-            try:
-                self._handle(got, status)
-            except OSError as exc:
-                if exc.errno != 3:  # ESRCH: it died meanwhile
-                    raise
+            handle(got, status)
         return any_
+
+    def _handle_live(self, tid: int, status: int) -> None:
+        """`_handle`, for a task that may have died since it stopped."""
+        try:
+            self._handle(tid, status)
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:
+                raise
+
+    def _poll(self) -> bool:
+        """Handle every pending stop of the traced tids; True when something happened."""
+        return self._reap(self._handle_live)
+
+    def _detach_stopped(self, tid: int, status: int) -> None:
+        """Detach a task stopped by `ptrace.interrupt` (a signal it stopped for is delivered
+        on the way out) and forget it."""
+        if os.WIFSTOPPED(status):
+            sig = os.WSTOPSIG(status)
+            event = status >> 16
+            pending = sig if event == 0 and sig != signal.SIGTRAP else 0
+            with contextlib.suppress(OSError):
+                ptrace.detach(tid, pending)
+        self.tids.pop(tid, None)
+
+    def _drain(self, handle: Callable[[int, int], None], seconds: float = 5.0) -> None:
+        """`_reap` with `handle` until no tid is traced, for at most `seconds`."""
+        deadline = time.monotonic() + seconds
+        while self.tids and time.monotonic() < deadline:
+            if not self._reap(handle):
+                time.sleep(0.005)
 
     def _loop(self, until: Callable[[], bool]) -> None:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
@@ -579,39 +607,13 @@ class Kcheck:
         """Close every event; kill (command) or detach (pid) every traced task."""
         for t in self.targets.values():
             t.close()
-        if kill:
-            for tid in list(self.tids):
-                with contextlib.suppress(OSError):
-                    os.kill(tid, signal.SIGKILL)
-            deadline = time.monotonic() + 5
-            while self.tids and time.monotonic() < deadline:
-                if not self._poll():
-                    time.sleep(0.005)
-            return
         for tid in list(self.tids):
             with contextlib.suppress(OSError):
-                ptrace.interrupt(tid)
-        deadline = time.monotonic() + 5
-        while self.tids and time.monotonic() < deadline:
-            progressed = False
-            for tid in list(self.tids):
-                try:
-                    got, status = os.waitpid(tid, ptrace.WALL | os.WNOHANG)
-                except ChildProcessError:
-                    self.tids.pop(tid, None)
-                    continue
-                if got == 0:
-                    continue
-                progressed = True
-                if os.WIFSTOPPED(status):
-                    sig = os.WSTOPSIG(status)
-                    event = status >> 16
-                    pending = sig if event == 0 and sig not in (signal.SIGTRAP,) else 0
-                    with contextlib.suppress(OSError):
-                        ptrace.detach(tid, pending)
-                self.tids.pop(tid, None)
-            if not progressed:
-                time.sleep(0.005)
+                if kill:
+                    os.kill(tid, signal.SIGKILL)
+                else:
+                    ptrace.interrupt(tid)
+        self._drain(self._handle_live if kill else self._detach_stopped)
 
     def run_command(self, argv: list[str]) -> KcheckReport:
         """Start `argv`, held before exec until it is traced, and follow it to its end."""
@@ -739,21 +741,5 @@ def _raise_nofile() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def kcheck(path: str, *, command: Sequence[str] | None = None, pid: int | None = None,
-           duration: float = 5.0, settle: float = 2.0, probes: Sequence[str] = (),
-           progress: Callable[[str], None] | None = None) -> KcheckReport:
-    """Run kcheck on `path` in a started `command` or in the running process `pid`."""
-    if (command is None) == (pid is None):
-        raise ValueError("give a command or a pid")
-    kernel_support()
-    k = Kcheck(os.fspath(path), settle=settle, probes=probes, progress=progress)
-    if command is not None:
-        if not command:
-            raise InputError("no command given after --")
-        return k.run_command(list(command))
-    assert pid is not None
-    return k.run_pid(pid, duration)
-
-
-__all__ = ["INT3", "Fault", "KcheckReport", "ProcessResult", "SiteResult", "kcheck",
-           "kernel_support"]
+__all__ = ["INT3", "Fault", "Kcheck", "KcheckReport", "ProcessResult", "SiteResult",
+           "kernel_support", "site_specs"]

@@ -229,6 +229,28 @@ def _pill(outcome: str, text: str | None = None) -> str:
     return f'<span class="pill {cls}">{_e(text or outcome)}</span>'
 
 
+def _probe_cells(s: dict[str, Any]) -> list[str]:
+    """The first cells of a site's row, the same on both pages: the probe (provider:name)
+    and its address (sorted by the number)."""
+    return [_cell("probe", f"<code>{_e(s['provider'])}:{_e(s['name'])}</code>"),
+            _cell("address", f"<code>{_hex(s['address'])}</code>", s["address"])]
+
+
+def _facts(facts: Sequence[tuple[str, object]]) -> str:
+    """A site's facts: one `label: value` line each."""
+    return '<div class="facts">' + "".join(
+        f'<div><span class="muted">{_e(a)}:</span> {_e(b)}</div>' for a, b in facts) + "</div>"
+
+
+def _site_row(fi: int, si: int, data: dict[str, str], cells: Sequence[str], body: str) -> str:
+    """Site `si` of file `fi`: a <details> whose summary is the row of `cells` and whose body
+    is `body`; `data` becomes its data-* attributes (what the page's filters read)."""
+    attrs = "".join(f' data-{k}="{_e(v)}"' for k, v in data.items())
+    return (f'<details class="site" id="site-{fi}-{si}"{attrs}>'
+            f'<summary class="grid">{"".join(cells)}</summary><div class="view">{body}</div>'
+            "</details>")
+
+
 def _findings_list(findings: Sequence[dict[str, str]]) -> str:
     if not findings:
         return ""
@@ -289,8 +311,7 @@ def _site_facts(s: dict[str, Any]) -> str:
                       + s["red_zone"]["reason"]))
     if s["blocked"] is not None:
         facts.append(("blocked", f"{s['blocked']['code']}: {s['blocked']['reason']}"))
-    return '<div class="facts">' + "".join(
-        f'<div><span class="muted">{_e(a)}:</span> {_e(b)}</div>' for a, b in facts) + "</div>"
+    return _facts(facts)
 
 
 CHECK_COLUMNS = (
@@ -319,11 +340,9 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
         wtext, wsort = "-", 0
     codes = sorted({x["code"] for x in s["findings"]} |
                    ({s["blocked"]["code"]} if s["blocked"] else set()))
-    provider = s["provider"]
     k = s["kernels"]["6.18"]
     cells = [
-        _cell("probe", f"<code>{_e(provider)}:{_e(s['name'])}</code>"),
-        _cell("address", f"<code>{_hex(s['address'])}</code>", s["address"]),
+        *_probe_cells(s),
         _cell("form", _e(s["site"]["form"])),
         _cell("k618", f'<span title="{_e(k["reason"])}">{_e(k["outcome"])}</span>'),
         _cell("outcome", _pill(s["outcome"]), OUTCOME_ORDER.index(s["outcome"])
@@ -339,10 +358,8 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
     else:
         body += _show_view({"attempts": s["window_attempts"], "window": w, "rows": []})
     body += _findings_list(s["findings"])
-    return (f'<details class="site" id="site-{fi}-{si}" data-outcome="{_e(s["outcome"])}" '
-            f'data-provider="{_e(provider)}" data-finding="{_e(" ".join(codes))}">'
-            f'<summary class="grid">{"".join(cells)}</summary><div class="view">{body}</div>'
-            "</details>")
+    return _site_row(fi, si, {"outcome": s["outcome"], "provider": s["provider"],
+                              "finding": " ".join(codes)}, cells, body)
 
 
 # ------------------------------------------------------------------------------ pages
@@ -550,8 +567,7 @@ def _rewrite_site(fi: int, si: int, s: dict[str, Any], failures: frozenset[str],
     detail = _e(s["reason"]) if s["code"] is None else \
         f'<span class="tag">{_e(s["code"])}</span> {_e(s["reason"])}'
     cells = [
-        _cell("probe", f"<code>{_e(s['provider'])}:{_e(s['name'])}</code>"),
-        _cell("address", f"<code>{_hex(s['address'])}</code>", s["address"]),
+        *_probe_cells(s),
         _cell("action", _pill(state, action if state == action else "failed"),
               ACTION_ORDER.index(state)),
         _cell("newpc", f"<code>{_hex(s['new_pc'])}</code>",
@@ -572,14 +588,11 @@ def _rewrite_site(fi: int, si: int, s: dict[str, Any], failures: frozenset[str],
     facts.append(("new pc", _hex(s["new_pc"])))
     facts.append(("red-zone guard", "lea -128(%rsp) around the site" if s["guarded"]
                   else "none"))
-    body = '<div class="facts">' + "".join(
-        f'<div><span class="muted">{_e(a)}:</span> {_e(b)}</div>' for a, b in facts) + "</div>"
+    body = _facts(facts)
     if view is not None:
         body += _show_view(view)
-    return (f'<details class="site" id="site-{fi}-{si}" data-action="{_e(state)}" '
-            f'data-provider="{_e(s["provider"])}" data-code="{_e(s["code"] or "")}">'
-            f'<summary class="grid">{"".join(cells)}</summary><div class="view">{body}</div>'
-            "</details>")
+    return _site_row(fi, si, {"action": state, "provider": s["provider"],
+                              "code": s["code"] or ""}, cells, body)
 
 
 def _size(n: int | None) -> str:

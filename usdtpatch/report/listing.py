@@ -64,21 +64,33 @@ def probe_json(probe: Probe, names: dict[str, str], mode64: bool) -> dict[str, A
     }
 
 
+def selected(ps: ProbeSet, provider: str | None = None,
+             probe_name: str | None = None) -> list[Probe]:
+    """The probes of `ps` a listing shows (all, or those of a provider and/or name)."""
+    return [p for p in ps.probes
+            if (provider is None or p.provider == provider)
+            and (probe_name is None or p.name == probe_name)]
+
+
 def file_json(path: str, ps: ProbeSet, names: dict[str, str],
               provider: str | None = None, probe_name: str | None = None) -> dict[str, Any]:
     img = ps.image
-    probes = [p for p in ps.probes
-              if (provider is None or p.provider == provider)
-              and (probe_name is None or p.name == probe_name)]
     return {
         "path": path,
         "elf": {"class": 64 if img.is64 else 32,
                 "byteorder": "little" if img.little_endian else "big",
                 "machine": img.machine_name, "type": img.type},
         "probe_count": len(ps.probes),
-        "probes": [probe_json(p, names, img.is64) for p in probes],
+        "probes": [probe_json(p, names, img.is64) for p in selected(ps, provider, probe_name)],
         "findings": [f.to_json() for f in ps.findings],
     }
+
+
+def relabel(doc: dict[str, Any], probes: list[Probe], names: dict[str, str]) -> None:
+    """Set the function labels of a file_json document (whose `probes` are `probes`) from
+    demangled `names` found after it was made."""
+    for entry, probe in zip(doc["probes"], probes, strict=True):
+        entry["function"] = function_label(probe, names)
 
 
 def list_document(files: list[dict[str, Any]], errors: list[dict[str, str]]) -> dict[str, Any]:

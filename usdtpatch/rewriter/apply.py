@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.findings import Finding
-from usdtpatch.rewriter.build import TEXT_SECTION, build_rewrite
+from usdtpatch.rewriter.build import TEXT_SECTION, build_rewrite, output_findings
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 from usdtpatch.rewriter.marker import (
     MARKER_OWNER,
@@ -67,4 +67,4 @@ def rewrite_image(image: ElfImage, form: Form = Form.NOP5, guard: Guard = Guard.
     if not plan.changed:
         return RewriteResult(None, plan.sites, plan.findings, form, guard)
     built = build_rewrite(plan)
-    return RewriteResult(built.data, plan.sites, plan.findings + built.findings, form, guard)
+    return RewriteResult(built.data, plan.sites, output_findings(plan, built), form, guard)

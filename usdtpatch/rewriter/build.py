@@ -25,6 +25,7 @@ from usdtpatch.elf.ehframe import (
 from usdtpatch.elf.image import (
     PT_GNU_EH_FRAME,
     SHF_ALLOC,
+    SHF_COMPRESSED,
     SHF_EXECINSTR,
     SHT_NOTE,
     SHT_PROGBITS,
@@ -36,16 +37,14 @@ from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_in_place, symtab_with_functions
 from usdtpatch.elf.writer import AllocSection, Rewrite, TailSection, in_place_regions, write
 from usdtpatch.errors import UnsupportedError
-from usdtpatch.findings import SITE_ALREADY_5_BYTE, Finding
+from usdtpatch.findings import PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter.forms import ForkGuard
 from usdtpatch.rewriter.marker import MARKER_SECTION, marker_note
-from usdtpatch.rewriter.plan import Action, RewritePlan, Status
+from usdtpatch.rewriter.plan import Action, RewritePlan, Status, existing_nop5_sites
 from usdtpatch.sites.probes import NOTE_SECTION
-from usdtpatch.x86.nops import SiteForm
 
 TEXT_SECTION = ".usdtpatch.text"
 EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs
-SHF_COMPRESSED = 0x800
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +53,18 @@ class Built:
 
     data: bytes
     findings: tuple[Finding, ...] = ()
+    fork_guarded: bool = False  # the output carries the fork guard
+
+
+def output_findings(plan: RewritePlan, built: Built) -> tuple[Finding, ...]:
+    """What a rewrite says about its output: the plan's findings (the input's check and the
+    decisions) and the builder's; where the output carries the fork guard, the input's
+    `process-can-fork` hazard is covered there and left out (`fork-guarded` says so). Every
+    caller that builds a plan reports these, so the question is decided here only."""
+    said = plan.findings + built.findings
+    if built.fork_guarded:
+        said = tuple(f for f in said if f.code != PROCESS_CAN_FORK.code)
+    return said
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,18 +85,10 @@ def guard_sites(plan: RewritePlan) -> tuple[tuple[int, bytes], ...]:
     The rewritten sites (at their new pc) and the sites that already were 5-byte NOPs.
     """
     form = plan.form
-    out: list[tuple[int, bytes]] = []
-    for s in plan.sites:
-        if s.status is Status.REWRITTEN and s.new_pc is not None:
-            off = form.optimized_offset
-            out.append((s.new_pc + off, form.bytes[off : off + form.optimized_length]))
-        elif s.action is Action.SKIPPED and s.code == SITE_ALREADY_5_BYTE.code:
-            site = s.probe.site.form
-            if site in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
-                at = s.probe.address + (1 if site is SiteForm.COMBO5 else 0)
-                raw = plan.image.read_vaddr(at, 5)
-                if raw is not None:
-                    out.append((at, bytes(raw)))
+    off = form.optimized_offset
+    out = [(s.new_pc + off, form.bytes[off : off + form.optimized_length])
+           for s in plan.sites if s.status is Status.REWRITTEN and s.new_pc is not None]
+    out += existing_nop5_sites(plan.image, plan.sites)
     return tuple(sorted(out))
 
 
@@ -149,8 +152,8 @@ def _unwind_tables(plan: RewritePlan, eh_frame_addr: int, end: int
     blob += b"\0\0\0\0"  # terminator
     hdr_addr = (blob_addr + len(blob) + 3) & ~3
     hdr = build_eh_frame_hdr(hdr_addr, eh_frame_addr, table)
-    alloc = [AllocSection(EH_FRAME_SECTION, SHT_PROGBITS, 0x2, blob_addr, bytes(blob), 8),
-             AllocSection(".eh_frame_hdr", SHT_PROGBITS, 0x2, hdr_addr, hdr, 4)]
+    alloc = [AllocSection(EH_FRAME_SECTION, SHT_PROGBITS, SHF_ALLOC, blob_addr, bytes(blob), 8),
+             AllocSection(".eh_frame_hdr", SHT_PROGBITS, SHF_ALLOC, hdr_addr, hdr, 4)]
     old = image.section(".debug_frame")
     debug_frame = None
     if old is None or (old.type == SHT_PROGBITS and not old.flags & (SHF_ALLOC
@@ -204,7 +207,7 @@ def build_rewrite(plan: RewritePlan) -> Built:
     if fork is not None:
         text += b"\xcc" * (fork.address - (text_addr + len(text))) + fork.text
         patches += fork.patches
-    alloc = [AllocSection(TEXT_SECTION, SHT_PROGBITS, 0x2 | SHF_EXECINSTR, text_addr, text)]
+    alloc = [AllocSection(TEXT_SECTION, SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, text_addr, text)]
     renames: dict[str, str] = {}
     hdr_addr: int | None = None
     unwind_tail: list[TailSection] = []
@@ -280,4 +283,4 @@ def build_rewrite(plan: RewritePlan) -> Built:
         said = (FORK_GUARDED.finding(
             f"fork guard added for {count} site(s): a forked child puts them back on the int3 "
             f"path; the output registers it when it loads, through {entry.get('hook')}"),)
-    return Built(write(image, rw), said)
+    return Built(write(image, rw), said, fork is not None)

@@ -30,9 +30,9 @@ from usdtpatch.elf.ehframe import (
     personality_of,
     rows_at,
 )
-from usdtpatch.elf.image import EM_X86_64, SHT_RELA, ElfImage
+from usdtpatch.elf.image import EM_X86_64, SHT_RELA, ElfImage, Section
 from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
-from usdtpatch.elf.relocs import R_X86_64_RELATIVE, rela_table, relative_relocations
+from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
@@ -243,6 +243,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     found: list[Finding] = list(rep.findings)
     cfi = load_cfi(image)
     shstk = shadow_stack_marked(image)
+    relocs = Relocations(image)  # read on the first question (few plans ask one)
     # every site at each address (two notes may name one pc)
     by_address: dict[int, list[SiteCheck]] = {}
     for sc in rep.sites:
@@ -353,7 +354,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
             if detour is None:
                 raise RelocationError("the new site would cross a page")
             jmp = jmp_rel32(win.start, detour.address)
-            ways = _retarget_patches(image, win, detour, claimed)
+            ways = _retarget_patches(image, win, detour, claimed, relocs)
         except _WayIn as exc:
             decided[p.index] = _skip(sc, findings.WINDOW_WAY_IN.code, str(exc))
             continue
@@ -446,14 +447,21 @@ def _guard_only(image: ElfImage, sites: tuple[SiteDecision, ...], fork_guard: Fo
         return False
     if fork_guard is ForkGuard.AUTO and forkguard.fork_exposure(image) is None:
         return False
-    existing = []
+    return bool(forkguard.guarded_sites(existing_nop5_sites(image, sites)))
+
+
+def existing_nop5_sites(image: ElfImage, sites: tuple[SiteDecision, ...]
+                        ) -> list[tuple[int, bytes]]:
+    """(vaddr, bytes) of the 5-byte NOP of every site left as it is because it already is a
+    nop5, nop5-alt or combo5 site (combo5's NOP is one byte in), in the order of `sites`."""
+    out: list[tuple[int, bytes]] = []
     for s in sites:
         form = s.probe.site.form
         if s.action is Action.SKIPPED and s.code == findings.SITE_ALREADY_5_BYTE.code and \
                 form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
             at = s.probe.address + (1 if form is SiteForm.COMBO5 else 0)
-            existing.append((at, image.read_vaddr(at, 5)))
-    return bool(forkguard.guarded_sites(existing))
+            out.append((at, bytes(image.read_vaddr(at, 5))))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,7 +592,8 @@ def _entries(win: PatchWindow, detour: Detour) -> tuple[tuple[int, int], ...]:
 
 
 def _retarget_patches(image: ElfImage, win: PatchWindow, detour: Detour,
-                      claimed: list[tuple[int, int]]) -> list[tuple[int, int, bytes, str]]:
+                      claimed: list[tuple[int, int]], relocs: Relocations
+                      ) -> list[tuple[int, int, bytes, str]]:
     """The edits that aim every way into the window from outside at the detour's copy:
     (vaddr, file offset, new bytes, description). RelocationError says why one cannot be."""
     mapping = dict(detour.insn_map)
@@ -594,7 +603,7 @@ def _retarget_patches(image: ElfImage, win: PatchWindow, detour: Detour,
         copy = mapping.get(r.target)
         if copy is None:
             raise RelocationError(f"{r.target:#x} has no copy in the detour")
-        for a, b, what in _one_retarget(image, r, copy, stubs):
+        for a, b, what in _one_retarget(image, r, copy, stubs, relocs):
             if any(a < e and s < a + len(b) for s, e in claimed) or \
                     any(a < x + len(y) and x < a + len(b) for x, _o, y, _w in out):
                 raise _WayIn(f"the way in at {r.source:#x} lies in another rewritten site's "
@@ -606,8 +615,8 @@ def _retarget_patches(image: ElfImage, win: PatchWindow, detour: Detour,
     return out
 
 
-def _one_retarget(image: ElfImage, r: Retarget, copy: int, stubs: dict[int, int]
-                  ) -> list[tuple[int, bytes, str]]:
+def _one_retarget(image: ElfImage, r: Retarget, copy: int, stubs: dict[int, int],
+                  relocs: Relocations) -> list[tuple[int, bytes, str]]:
     src = r.source
     if r.how in (REL32, REL8_STUB):
         raw = bytes(image.read_vaddr(src, 8))
@@ -653,13 +662,13 @@ def _one_retarget(image: ElfImage, r: Retarget, copy: int, stubs: dict[int, int]
                  f"jump-table entry at {src:#x}")]
     if r.how == TABLE8:
         old = int.from_bytes(bytes(image.read_vaddr(src, 8)), "little")
-        relocs = relative_relocations(image)
-        if src in relocs:
+        pic = relocs.relative(src)
+        if pic is not None:
             # a position-independent table: the loader stores base + addend there; the
             # addend is rewritten, and the file's own bytes too (what the emulator reads)
-            if relocs[src] != r.target:
+            addend, at = pic
+            if addend != r.target:
                 raise _WayIn(f"the jump-table entry at {src:#x} does not hold {r.target:#x}")
-            at = _rela_addend_vaddr(image, src)
             if at is None:
                 raise _WayIn(f"the relocation of the jump-table entry at {src:#x} is not in "
                              f"a loaded SHT_RELA table")
@@ -672,16 +681,49 @@ def _one_retarget(image: ElfImage, r: Retarget, copy: int, stubs: dict[int, int]
     raise RelocationError(f"unknown way in {r.how!r}")
 
 
-def _rela_addend_vaddr(image: ElfImage, place: int) -> int | None:
-    """The link-time address of the addend of the R_X86_64_RELATIVE relocation at `place`,
-    in an allocated SHT_RELA section (the one the loader applies), or None."""
-    for sec in image.sections:
-        if sec.type != SHT_RELA or not sec.allocated or not sec.addr:
-            continue
-        for off, r_offset, rtype, _addend in rela_table(image, sec.offset, sec.size):
-            if r_offset == place and rtype == R_X86_64_RELATIVE:
-                return sec.addr + (off - sec.offset) + 16
-    return None
+class Relocations:
+    """The SHT_RELA tables of one file, for one plan: each table is read once, on the first
+    question (usdtpatch.elf.relocs.RelaTable; a plan that asks nothing reads nothing), and
+    every place is then looked up in the tables' index rather than by decoding them again.
+    One per `plan_rewrite` call: nothing is kept between calls."""
+
+    __slots__ = ("_image", "_tables")
+
+    def __init__(self, image: ElfImage) -> None:
+        self._image = image
+        self._tables: list[tuple[Section, RelaTable]] | None = None
+
+    def tables(self) -> list[tuple[Section, RelaTable]]:
+        """Every SHT_RELA section with its table, in section order."""
+        if self._tables is None:
+            self._tables = [(sec, RelaTable(self._image, sec.offset, sec.size))
+                            for sec in self._image.sections if sec.type == SHT_RELA]
+        return self._tables
+
+    def relative(self, place: int) -> tuple[int, int | None] | None:
+        """The R_X86_64_RELATIVE relocation of the 8-byte word at `place`, or None when no
+        table has one: (the addend the loader stores there, the link-time address of that
+        addend's field in an allocated SHT_RELA table, the one the loader applies, or None).
+
+        The addend is the last such entry of the tables that lie inside the file (applied in
+        order, the last one stays); the field is the first in an allocated table."""
+        addend: int | None = None
+        size = len(self._image.data)
+        for sec, table in self.tables():
+            if sec.offset + sec.size > size:
+                continue
+            for _r_offset, rtype, value in table.in_range(place, place + 8):
+                if rtype == R_X86_64_RELATIVE:
+                    addend = value
+        if addend is None:
+            return None
+        for sec, table in self.tables():
+            if not sec.allocated or not sec.addr:
+                continue
+            for entry, rtype, _value in table.at(place):
+                if rtype == R_X86_64_RELATIVE:
+                    return addend, sec.addr + (entry - sec.offset) + 16  # r_addend's field
+        return addend, None
 
 
 def _page_crossing_window(p: Probe) -> PatchWindow:

@@ -202,6 +202,11 @@ REPRODUCERS = [
           "seed 7 #789: .dynsym past the input's end covered the appended data"),
     _kept("note-past-end.stripped", "basic:compute",
           "seed 7 #1178: .note.ABI-tag past the input's end covered the appended data"),
+    _kept("phdr-vaddr-top.riprel-after", "riprel:load",
+          "seed 4242 #32: a p_vaddr of 2^64-1 put a moved header past 64 bits (exit 3)"),
+    _kept("filesz-no-memsz.odd-note", "odd:good2",
+          "seed 99 #2427: a PT_LOAD with file bytes and p_memsz 0 was not loaded in the "
+          "emulator, which then wrote a window there (exit 3)"),
 ]
 
 

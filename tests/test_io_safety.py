@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,6 +209,28 @@ def test_map_input_maps_regular_files_only_read_only(tmp_path: Path) -> None:
                       (tmp_path / "none", "no such file")):
         with pytest.raises(InputError, match=what):
             map_input(bad)
+
+
+def test_map_input_reads_what_it_cannot_map(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system that maps no file (ENODEV) still gives the file, read; out of
+    descriptors or memory is one clear refusal, not a read attempt."""
+    import errno
+    import mmap
+
+    p = tmp_path / "f"
+    p.write_bytes(b"\x7fELF" + bytes(60))
+
+    def refuse(code: int) -> Any:
+        def fake(*args: object, **kwargs: object) -> mmap.mmap:
+            raise OSError(code, os.strerror(code))
+        return fake
+
+    monkeypatch.setattr(mmap, "mmap", refuse(errno.ENODEV))
+    assert map_input(p) == p.read_bytes()
+    monkeypatch.setattr(mmap, "mmap", refuse(errno.EMFILE))
+    with pytest.raises(InputError, match="Too many open files"):
+        map_input(p)
 
 
 def test_list_keeps_no_file_open() -> None:

@@ -18,8 +18,8 @@ from usdtpatch import api, cli
 from usdtpatch.cli import common
 
 
-def _python(code: str) -> str:
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def _python(code: str, *flags: str) -> str:
+    res = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=False, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
@@ -30,6 +30,26 @@ def test_list_imports_neither_the_api_nor_the_rewriter_nor_capstone() -> None:
                   "print(sorted(m for m in sys.modules if m in ('usdtpatch.api', 'capstone')"
                   " or m.startswith('usdtpatch.rewrite')))")
     assert got == "[]"
+
+
+def test_a_list_run_imports_neither_pathlib_nor_shutil() -> None:
+    """pathlib (with urllib and ipaddress) and shutil (with bz2 and lzma, through argparse's
+    help formatter) cost `list` ~4 ms of start-up; docs/performance.md. (-S: whatever the
+    venv's .pth files import is not usdtpatch's doing; `list` needs no installed package.)"""
+    got = _python("import io, sys\nfrom usdtpatch.cli import main\n"
+                  f"main(['list', '--json', {str(fixture('pie'))!r}], io.StringIO())\n"
+                  "print(sorted(m for m in ('pathlib', 'shutil') if m in sys.modules))", "-S")
+    assert got == "[]"
+
+
+def test_help_is_as_wide_as_argparse_would_make_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from usdtpatch.cli import _help_width
+
+    for columns in ("100", "57", "0", "junk"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert _help_width() == shutil.get_terminal_size().columns - 2, columns
 
 
 @pytest.mark.parametrize("first", ["import usdtpatch.rewriter.plan",

@@ -13,6 +13,7 @@ that is an input (the same file, by any spelling or link) is refused unless --in
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
@@ -90,7 +91,14 @@ def read_input(path: StrPath) -> bytes:
     most the size it had when it was opened is read.
     """
     p = os.fspath(path)
-    fd, left = _open_input(p)
+    fd, size = _open_input(p)
+    try:
+        return _read_all(p, fd, size)
+    finally:
+        os.close(fd)
+
+
+def _read_all(p: str, fd: int, left: int) -> bytes:
     try:
         chunks: list[bytes] = []
         while left > 0:
@@ -102,31 +110,33 @@ def read_input(path: StrPath) -> bytes:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except OSError as exc:
         raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
 
 
 def map_input(path: StrPath) -> bytes | mmap.mmap:
-    """An input file mapped read-only (bytes for an empty file), with read_input's checks.
+    """An input file mapped read-only, with read_input's checks; read into memory instead
+    where it cannot be mapped (an empty file; a file system that does not map files).
 
     Nothing is copied: a command that reads a few parts of a large file (`list` reads the
     notes, the symbol tables and 16 bytes at each probe of a 24 MB libjvm.so) pays only for
     the pages it touches; a fresh process spends ~11 ms reading libjvm.so into memory.
     The price, as for any mapped input (LLVM's tools map theirs too): the mapping holds a
     descriptor while it is alive, and a file truncated by another program while it is read
-    ends the process with SIGBUS (docs/reliability.md). Commands that write an output read
-    their input with read_input instead.
+    ends the process with SIGBUS (README, "Inputs and outputs"). Commands that write an
+    output read their input with read_input instead.
     """
     p = os.fspath(path)
     fd, size = _open_input(p)
     try:
         if size == 0:
             return b""
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        try:
+            return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+            return _read_all(p, fd, size)  # e.g. ENODEV: this file system maps no file
     except ValueError as exc:  # mmap's own check: the file shrank since it was opened
         raise InputError(f"{p}: cannot read: the file changed while it was opened") from exc
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
 

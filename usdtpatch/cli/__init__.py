@@ -76,8 +76,9 @@ def _help_width() -> int:
         columns = 0
     if columns <= 0:
         try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns \
+                if sys.__stdout__ is not None else 80
+        except (AttributeError, ValueError, OSError):  # not a terminal, or closed
             columns = 80
     return max(columns - 2, 11)
 

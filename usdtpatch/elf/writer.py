@@ -374,6 +374,12 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     phdrs.insert(last_load + 1, [PT_LOAD, PF_R | PF_X, lay.offset + seg_start,
                                  lay.vaddr + seg_start, lay.vaddr + seg_start,
                                  seg_size - seg_start, seg_size - seg_start, PAGE])
+    fields = ("p_offset", "p_vaddr", "p_paddr", "p_filesz", "p_memsz", "p_align")
+    for i, p in enumerate(phdrs):
+        for name, value in zip(fields, p[2:], strict=True):
+            if not 0 <= value < ADDRESS_LIMIT:  # a hostile header moved past 64 bits
+                raise ElfFormatError(f"program header {i}: {name} would be {value:#x} in the "
+                                     f"rewritten file, past 64 bits")
     table = b"".join(_PHDR.pack(*p) for p in phdrs)
 
     edits: list[tuple[int, bytes]] = []

@@ -160,16 +160,19 @@ class LoadedSegment:
 def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, ...]:
     """The PT_LOAD segments of `image` with a memory size, at `load_base` + p_vaddr.
 
-    Raises MachineError for a segment whose file size exceeds its memory size.
+    Raises MachineError for a segment whose file size exceeds its memory size (also one with
+    file bytes and no memory: the file's bytes there would be read but never loaded).
     """
     out = []
     for seg in image.segments:
-        if seg.type != PT_LOAD or seg.memsz == 0:
+        if seg.type != PT_LOAD:
             continue
         if seg.filesz > seg.memsz:
             raise MachineError(f"program header {seg.index} (PT_LOAD at {seg.vaddr:#x}) has "
                                f"p_filesz {seg.filesz:#x} > p_memsz {seg.memsz:#x}: a malformed "
                                f"segment the emulator does not load")
+        if seg.memsz == 0:
+            continue
         addr = load_base + seg.vaddr
         out.append(LoadedSegment(addr, seg.memsz,
                                  bytes(image.data[seg.offset: seg.offset + seg.filesz]),

@@ -283,10 +283,17 @@ def test_pid_mode_leaves_the_process_running_and_unprobed(
         assert "TracerPid:\t0" in f.read()
 
 
+# Ctrl-C, and `timeout`'s or a closed terminal's signal: the same cleanup, 128 + the signal
+STOPS = [pytest.param(signal.SIGINT, 130, id="SIGINT"),
+         pytest.param(signal.SIGTERM, 143, id="SIGTERM"),
+         pytest.param(signal.SIGHUP, 129, id="SIGHUP")]
+
+
 @pytest.mark.live
 @pytest.mark.needs_cc
-def test_interrupted_kcheck_leaves_no_probe(loop_binary: Path,
-                                            start_process: StartProcess) -> None:
+@pytest.mark.parametrize(("stop", "status"), STOPS)
+def test_interrupted_kcheck_leaves_no_probe(loop_binary: Path, start_process: StartProcess,
+                                            stop: signal.Signals, status: int) -> None:
     pid, site = _start_loop(start_process, loop_binary)
     kc = start_process([sys.executable, "-m", "usdtpatch", "kcheck", str(loop_binary),
                         "--pid", str(pid), "--duration", "60"], stderr=subprocess.PIPE,
@@ -295,8 +302,8 @@ def test_interrupted_kcheck_leaves_no_probe(loop_binary: Path,
     while read_mem(pid, site, 1) != b"\xe8":  # attached and hit: the site is the call
         assert time.monotonic() < deadline, "the site was never optimized under kcheck"
         time.sleep(0.02)
-    kc.signal(signal.SIGINT)
-    assert kc.proc.wait(timeout=30) == 130
+    kc.signal(stop)
+    assert kc.proc.wait(timeout=30) == status
     assert read_mem(pid, site, 5) == NOP5
     with open(f"/proc/{pid}/status") as f:
         assert "TracerPid:\t0" in f.read()
@@ -305,8 +312,9 @@ def test_interrupted_kcheck_leaves_no_probe(loop_binary: Path,
 
 @pytest.mark.live
 @pytest.mark.needs_cc
-def test_interrupted_kcheck_stops_its_command(loop_binary: Path,
-                                              start_process: StartProcess) -> None:
+@pytest.mark.parametrize(("stop", "status"), STOPS)
+def test_interrupted_kcheck_stops_its_command(loop_binary: Path, start_process: StartProcess,
+                                              stop: signal.Signals, status: int) -> None:
     kc = start_process([sys.executable, "-m", "usdtpatch", "kcheck", str(loop_binary), "--",
                         str(loop_binary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        cwd=ROOT)
@@ -314,8 +322,8 @@ def test_interrupted_kcheck_stops_its_command(loop_binary: Path,
     assert line is not None and line.startswith("ready"), line
     with open(f"/proc/{kc.pid}/task/{kc.pid}/children") as f:
         (command,) = (int(w) for w in f.read().split())
-    kc.signal(signal.SIGINT)
-    assert kc.proc.wait(timeout=30) == 130
+    kc.signal(stop)
+    assert kc.proc.wait(timeout=30) == status
     assert not os.path.exists(f"/proc/{command}")  # killed and reaped by kcheck
 
 

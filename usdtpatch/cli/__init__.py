@@ -125,11 +125,14 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
     err = err if err is not None else sys.stderr
     try:
         return _main(argv, out, err)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # outputs are written through a temporary file and one rename: nothing partial stays
         with contextlib.suppress(Exception):
             print("usdtpatch: interrupted", file=err)
-        return EXIT_INTERRUPTED
+        # 128 + the signal, as shells report it (130 for Ctrl-C; a command that turns another
+        # signal into this exception says which: cmd_kcheck.Terminated)
+        status: int = getattr(exc, "exit_status", EXIT_INTERRUPTED)
+        return status
 
 
 def _main(argv: list[str] | None, out: IO[str], err: IO[str]) -> int:

@@ -2,12 +2,14 @@
 [--duration S]`: attach a uprobe to every USDT site of FILE in the process, let it run, and
 report what the running kernel did with each site (usdtpatch.api.kcheck). Exit 0 when every
 site is as the plan predicts, detach restored it and no process died at a site; 1 otherwise;
-2 when kcheck cannot run here (not root, no uprobe PMU, no uprobe syscall) or on bad input.
+2 when kcheck cannot run here (not root, no uprobe PMU, no uprobe syscall) or on bad input;
+128 + the signal after Ctrl-C, SIGTERM or SIGHUP (the same cleanup for all three).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 from collections.abc import Callable
@@ -144,6 +146,20 @@ def render(rep: KcheckReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while kcheck runs, raised like Ctrl-C's KeyboardInterrupt so that the
+    same cleanup runs (the started command killed by pid, a --pid process detached, every
+    probe closed) instead of the process ending where it stands; exit 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.exit_status = 128 + signum
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     command = _split(args, err)
     if command is None:
@@ -152,12 +168,19 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print("usdtpatch: kcheck: give a command after -- or --pid PID (one of them)",
               file=err)
         return EXIT_UNUSABLE
+    previous: dict[signal.Signals, Any] = {}
     try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError):  # not the main thread: left as they are
+                previous[sig] = signal.signal(sig, _terminated)
         rep = api.kcheck(args.file, command=command or None, pid=args.pid,
                          probes=args.probe, duration=args.duration, settle=args.settle)
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if args.json:
         json.dump(rep.to_json(), out, indent=2)
         out.write("\n")

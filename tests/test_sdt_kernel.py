@@ -118,7 +118,9 @@ def test_bpftrace_reads_args_on_the_optimized_site(tmp_path: Path, start_process
     reader.join(timeout=10)
     assert tracer.stderr is not None
     err = tracer.stderr.read()
-    assert got == expected, err[-2000:]
+    # every event with the values the program passed; in any order (bpftrace prints each
+    # CPU's buffer in turn: a thread that moves between CPUs may be printed out of order)
+    assert sorted(got) == sorted(expected), err[-2000:]
     # bpftrace is gone: the sites are nop5 again
     for name, addr in sites.items():
         assert read_mem(target.pid, addr, 5) == NOP5, name

@@ -47,7 +47,7 @@ def test_help_is_as_wide_as_argparse_would_make_it(monkeypatch: pytest.MonkeyPat
 
     from usdtpatch.cli import _help_width
 
-    for columns in ("100", "57", "0", "junk"):
+    for columns in ("100", "57", "5", "0", "junk"):
         monkeypatch.setenv("COLUMNS", columns)
         assert _help_width() == shutil.get_terminal_size().columns - 2, columns
 

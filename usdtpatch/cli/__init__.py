@@ -80,7 +80,7 @@ def _help_width() -> int:
                 if sys.__stdout__ is not None else 80
         except (AttributeError, ValueError, OSError):  # not a terminal, or closed
             columns = 80
-    return max(columns - 2, 11)
+    return columns - 2
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:

@@ -176,10 +176,12 @@ def _verifier(enabled: bool) -> Verifier | None:
     return DetourVerifier()
 
 
-def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
+def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = True,
             **options: Any) -> RewritePlan:
-    """plan_rewrite with every detour verified (when `verify`), by `jobs` processes
-    (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this process may use)."""
+    """plan_rewrite with every detour verified (when `verify`): proved where the prover can
+    (usdtpatch.prove.verifier, in this process, `prove` on), the others by the emulator in
+    `jobs` processes (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this
+    process may use)."""
     from usdtpatch.rewriter.plan import plan_rewrite
 
     if not verify:
@@ -196,6 +198,11 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
     if sec is not None and image.is64 and image.little_endian:
         expected = len(parse_notes(image.section_data(sec), 8, "<").sdt_notes)
     report: list[Any] = []
+    prover: Any = None
+    if prove:
+        from usdtpatch.prove.prover import Prover
+
+        prover = Prover()  # one for every pass of the planner: its answers are kept
 
     def plan(verifier: Verifier) -> RewritePlan:
         if not report:  # once: later passes take the same analysis
@@ -204,6 +211,10 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
             check_rewritable(image)
             ps = read_probes(image)
             report.append(check(ps) if ps.notes is not None and ps.probes else None)
+        if prover is not None:
+            from usdtpatch.prove.verifier import ProvingVerifier
+
+            verifier = ProvingVerifier(verifier, prover)
         return plan_rewrite(image, verify=verifier, report=report[0], **options)
 
     return plan_verified(image, plan, jobs=jobs, expected=expected)
@@ -231,16 +242,18 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
             verify: bool = True, in_place: bool = False,
             progress: Callable[[int, int], None] | None = None,
             calls: str = "auto", jobs: int | None = None,
-            kernel: str | None = None) -> RewriteOutcome:
+            kernel: str | None = None, prove: bool = True) -> RewriteOutcome:
     """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
 
     The output goes to `out` (a new regular file, or an existing one replaced atomically,
     with the input's permission bits), or over `path` with `in_place=True`; with neither,
     nothing is written (a dry run: the decisions only). `verify` (default on) runs every
-    detour against the original in the emulator first; a site that fails stays as it was
-    and the outcome says `failed`. An input rewritten before is an outcome with `note` set,
-    copied to `out` unchanged. Raises UsdtpatchError when the file cannot be used or the
-    output cannot be written (an output that is the input, or not a regular file).
+    detour against the original first (proved equivalent where the prover can, with `prove`
+    on, else in the emulator; each site's `verification` says which); a site that fails
+    stays as it was and the outcome says `failed`. An input rewritten before is an outcome
+    with `note` set, copied to `out` unchanged. Raises UsdtpatchError when the file cannot be
+    used or the output cannot be written (an output that is the input, or not a regular
+    file).
     `calls` (auto | move | emulate): how calls inside a patch window go along
     (docs/rewrite.md, "Windows that hold a call"). `jobs`: processes verifying detours in
     parallel (None: one per CPU; the decisions do not depend on it). `form` "auto" (the
@@ -278,8 +291,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
         return RewriteOutcome(src, target, None, g, fg, verify, False, (),
                               (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),))
     try:
-        rp = _decide(image, verify=verify, jobs=jobs, form=f, guard=g, fork_guard=fg,
-                     progress=progress, calls=calls)
+        rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
+                     fork_guard=fg, progress=progress, calls=calls)
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         if target is not None and not in_place:
@@ -302,7 +315,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
                  guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
                  verify: bool = True, calls: str = "auto", jobs: int | None = None,
-                 kernel: str | None = None) -> RewritePlan:
+                 kernel: str | None = None, prove: bool = True) -> RewritePlan:
     """The decisions a rewrite of `path` would take (frozen data), without building a file.
 
     `form` "auto" and `kernel` as for `rewrite`; UnsupportedError when "auto" finds a
@@ -311,7 +324,7 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
-    return _decide(_image(path), verify=verify, jobs=jobs, form=choice.form,
+    return _decide(_image(path), verify=verify, jobs=jobs, prove=prove, form=choice.form,
                    guard=_enum(Guard, guard, "guard"),
                    fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
 

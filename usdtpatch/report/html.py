@@ -24,7 +24,7 @@ from usdtpatch.findings import (
     PROCESS_CAN_FORK,
 )
 from usdtpatch.report.html_assets import CSS, SCRIPT
-from usdtpatch.report.plain import check_summary_line
+from usdtpatch.report.plain import check_summary_line, verification_text
 
 # One `show` document per site of each file, in the order of the check document.
 Views = Sequence[Sequence[dict[str, Any]]]
@@ -588,6 +588,7 @@ def _rewrite_site(fi: int, si: int, s: dict[str, Any], failures: frozenset[str],
     facts.append(("new pc", _hex(s["new_pc"])))
     facts.append(("red-zone guard", "lea -128(%rsp) around the site" if s["guarded"]
                   else "none"))
+    facts.append(("verification", s.get("verification") or "-"))
     body = _facts(facts)
     if view is not None:
         body += _show_view(view)
@@ -629,8 +630,7 @@ def rewrite_html_page(doc: dict[str, Any], views: Views | None = None) -> str:
         overview.append(FileRow(anchor, f["path"], total, segs, _hazard_counts(f["findings"])))
         dest = f["output"] or ("(dry run: nothing written)" if f.get("changed") is not None
                                else "-")
-        verified = ("each detour verified in the emulator" if f.get("verified")
-                    else "detours NOT verified (--no-verify)")
+        verified = verification_text(f)
         before, after = f.get("size_before"), f.get("size_after")
         grew = (f" (+{after - before} bytes)" if isinstance(before, int)
                 and isinstance(after, int) else "")

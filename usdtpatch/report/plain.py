@@ -243,6 +243,20 @@ def list_text(doc: dict[str, Any]) -> str | None:
         return None
 
 
+# how a rewritten site was verified (usdtpatch.rewriter.plan.VERIFICATIONS, repeated: report/
+# reads documents, not the rewriter; a test checks they agree)
+VERIFICATIONS = ("proved", "emulated", "not verified")
+
+
+def verification_text(entry: dict[str, Any]) -> str:
+    """The verification of one file of a rewrite document: how many sites were proved,
+    emulated and not verified (from the entry's `verification` counts)."""
+    if not entry.get("verified"):
+        return "detours NOT verified (--no-verify)"
+    counts = entry.get("verification") or {}
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in VERIFICATIONS)
+
+
 def check_summary_line(f: dict[str, Any]) -> str:
     """The summary line of one file of a check document."""
     s = f["summary"]

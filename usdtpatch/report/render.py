@@ -15,7 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from usdtpatch.findings import FORM_CHOSEN
-from usdtpatch.report.plain import check_cells, check_summary_line, error_entry_line, list_cells
+from usdtpatch.report.plain import (
+    check_cells,
+    check_summary_line,
+    error_entry_line,
+    list_cells,
+    verification_text,
+)
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
@@ -128,7 +134,7 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
             console.print(Text(f"  {f['note']}"))
             continue
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for col in ("probe", "address", "action", "new pc", "guard", "cost"):
+        for col in ("probe", "address", "action", "new pc", "guard", "cost", "verified"):
             table.add_column(col, no_wrap=True)
         table.add_column("detail", overflow="fold", ratio=1)
         for s in f["sites"]:
@@ -136,13 +142,13 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
             detail = s["reason"] if s["code"] is None else f"[{s['code']}] {s['reason']}"
             table.add_row(*(Text(c) for c in (
                 f"{s['provider']}:{s['name']}", _hex(s["address"]), s["action"],
-                _hex(s["new_pc"]), "lea -128" if s["guarded"] else "-", cost, detail)))
+                _hex(s["new_pc"]), "lea -128" if s["guarded"] else "-", cost,
+                s.get("verification") or "-", detail)))
         console.print(table)
         counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
-        verified = "each detour verified in the emulator" if f["verified"] else \
-            "NOT verified (--no-verify)"
         console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
-                           f"red-zone guard {f['guard']}; {verified}"))
+                           f"red-zone guard {f['guard']}; verification: "
+                           f"{verification_text(f)}"))
         for x in f["findings"]:  # why this form (rewrite --form auto)
             if x["code"] == FORM_CHOSEN.code:
                 console.print(Text(f"  {x['message']}"))

@@ -109,6 +109,9 @@ class SiteDecision:
     # "emulated" (push the original return address, jmp); None without a call
     calls: str | None = None
     retargeted: tuple[str, ...] = ()  # the ways in aimed at the detour, described
+    # how the detour was verified: "proved" (usdtpatch.prove), "emulated", "not verified"
+    # (no verifier, or nothing moved: in place); None for a site skipped before any detour
+    verification: str | None = None
 
     @property
     def status(self) -> Status:
@@ -140,6 +143,10 @@ CALLS_EMULATE = "emulate"  # emulate where possible (never in a SHSTK-marked fil
 CALL_CHOICES = (CALLS_AUTO, CALLS_MOVE, CALLS_EMULATE)
 MOVED = "moved"
 EMULATED = "emulated"
+# SiteDecision.verification (EMULATED also names the emulator's check there)
+PROVED = "proved"
+NOT_VERIFIED = "not verified"
+VERIFICATIONS = (PROVED, EMULATED, NOT_VERIFIED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +337,8 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
             claimed.append((win.start, win.end))
             decided[p.index] = SiteDecision(p, Action.IN_PLACE, None,
                                             f"{form.value} written over {win.size} bytes of NOPs",
-                                            p.address + sb.pc_offset, win, None, guarded, 0)
+                                            p.address + sb.pc_offset, win, None, guarded, 0,
+                                            verification=NOT_VERIFIED)
             continue
 
         # the probe instruction's real length (a hint-NOP or DS-prefixed nop5 site is 5 bytes;
@@ -368,9 +376,15 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                 extra = {"patches": tuple((a, b) for a, _o, b, _w in ways),
                          "entries": entries}
             why = verify(image, win, detour, tuple(r.address for r in reps), **extra)
+            verification = getattr(verify, "last_method", EMULATED)
             if why is not None:
-                decided[p.index] = _skip(sc, findings.VERIFICATION_FAILED.code, why)
+                decided[p.index] = SiteDecision(p, Action.SKIPPED,
+                                                findings.VERIFICATION_FAILED.code, why, None,
+                                                None, None, False, 0,
+                                                verification=verification)
                 continue
+        else:
+            verification = NOT_VERIFIED
         rows = _detour_rows(cfi, win, detour, guarded, emulate)
         lsda_at: int | None = None
         lsda_bytes = b""
@@ -420,7 +434,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                 + (", with the detour's own LSDA" if eh is not None else "")
                 + (f"; {len(ways)} way(s) in retargeted" if ways else ""),
                 new_pc, win, detour, guarded, 2, technique,
-                tuple(w for _a, _o, _b, w in ways))
+                tuple(w for _a, _o, _b, w in ways), verification)
 
     ordered = tuple(decided[p.index] for p in ps.probes)
     if not patches:

@@ -7,7 +7,7 @@ from typing import Any
 
 from usdtpatch import __version__
 from usdtpatch.findings import Finding
-from usdtpatch.rewriter.plan import SiteDecision
+from usdtpatch.rewriter.plan import VERIFICATIONS, SiteDecision
 
 REWRITE_SCHEMA = "usdtpatch/rewrite"
 REWRITE_SCHEMA_VERSION = 1
@@ -22,8 +22,18 @@ def site_json(o: SiteDecision) -> dict[str, Any]:
             "start": o.window.start, "end": o.window.end, "shape": o.window.shape.value},
         "detour": None if o.detour is None else {
             "address": o.detour.address, "size": len(o.detour.code)},
-        "calls": o.calls, "retargeted": list(o.retargeted),
+        "calls": o.calls, "retargeted": list(o.retargeted), "verification": o.verification,
     }
+
+
+def verification_counts(sites: Sequence[SiteDecision]) -> dict[str, int]:
+    """How many sites were proved, emulated, not verified (each site decided with a detour
+    or in place, and each rejected by its check; the other skipped sites are not counted)."""
+    counts = dict.fromkeys(VERIFICATIONS, 0)
+    for o in sites:
+        if o.verification is not None:
+            counts[o.verification] = counts.get(o.verification, 0) + 1
+    return counts
 
 
 def result_json(path: str, output: str | None, form: str, guard: str, verified: bool,
@@ -39,6 +49,7 @@ def result_json(path: str, output: str | None, form: str, guard: str, verified: 
         counts[o.action.value] = counts.get(o.action.value, 0) + 1
     return {"path": path, "output": output, "form": form, "guard": guard,
             "verified": verified, "changed": changed, "counts": counts,
+            "verification": verification_counts(sites),
             "sites": [site_json(o) for o in sites], "findings": [f.to_json() for f in findings]}
 
 

@@ -1,0 +1,203 @@
+"""A counterexample of the prover (usdtpatch.prove) run in the emulator: the window and the
+detour from one concrete initial state, and what differs between them (None: nothing).
+
+The state is the solver's model: the general registers, the status flags, xmm0-15, and the
+initial memory, every byte of which is the model's value (its default byte where it names
+none), except the window's and the detour's own code. Each side runs from its entry until
+control leaves its code (the window's start counts as leaving, as in the proof); the
+rewritten side also gets the writes of a traced 6.18 hit at each optimized NOP when the model
+says the probe is traced (the call's return address, rcx, r11, rax below rsp; the
+trampoline's pops give the registers back). Compared: the exit, the registers, the flags,
+every byte either side wrote outside the tracer's bytes below the guard, the probe hits and
+their registers, and a fault on one side only. Pages are mapped as they are touched, so a
+replay costs a few pages whatever the size of the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from usdtpatch.emulate.machine import (
+    GPR_NAMES,
+    HOOK_CODE,
+    HOOK_MEM_UNMAPPED,
+    HOOK_MEM_WRITE,
+    RegReader,
+    RegWriter,
+    UcError,
+    new_x86_64,
+)
+
+PAGE = 4096
+MAX_INSNS = 1000
+_STATUS_FLAGS = 0x8D5
+TRAMPOLINE_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """A concrete initial state."""
+
+    gprs: dict[str, int]
+    xmm: tuple[int, ...]  # xmm0-15
+    rflags: int
+    memory: dict[int, int]  # address -> byte
+    default_byte: int
+    traced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side's code and how it runs: [lo, hi) holds `code`; `probes` are where the tracer
+    reads the registers; `tracer` the NOPs where a traced hit writes below rsp."""
+
+    lo: int
+    code: bytes
+    entry: int
+    probes: frozenset[int]
+    tracer: frozenset[int] = frozenset()
+    stops: frozenset[int] = frozenset()
+
+    @property
+    def hi(self) -> int:
+        return self.lo + len(self.code)
+
+
+@dataclass
+class _Run:
+    exit: int | None = None
+    fault: str | None = None
+    hits: list[tuple[int, ...]] = field(default_factory=list)
+    probe_rsp: list[int] = field(default_factory=list)
+    written: set[int] = field(default_factory=set)
+    steps: int = 0
+
+
+def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tuple[
+        _Run, tuple[int, ...], Callable[[int], int]]:
+    """One side run from `state`: the run, the registers at its end, and a reader of its
+    memory's bytes (pages it never touched read as the initial state)."""
+    uc = new_x86_64()
+    mapped: set[int] = set()
+
+    def fill(page: int) -> None:
+        data = bytearray([state.default_byte]) * PAGE
+        for a in range(page, page + PAGE):
+            v = state.memory.get(a)
+            if v is not None:
+                data[a - page] = v
+        for lo, code in code_ranges:
+            for a in range(max(lo, page), min(lo + len(code), page + PAGE)):
+                data[a - page] = code[a - lo]
+        uc.mem_map(page, PAGE)
+        uc.mem_write(page, bytes(data))
+        mapped.add(page)
+
+    run = _Run()
+    reader = RegReader(uc)
+
+    def regs() -> tuple[int, ...]:
+        r = reader.read()
+        return (*(r[n] for n in GPR_NAMES), r["rflags"] & _STATUS_FLAGS,
+                *(r[f"xmm{i}"] for i in range(16)))
+
+    def on_unmapped(uc: Any, _access: int, address: int, _size: int, _value: int,
+                    _user: Any) -> bool:
+        page = address // PAGE * PAGE
+        if page >= 1 << 47:
+            return False
+        for p in (page, page + PAGE):  # an access may straddle two pages
+            if p not in mapped and p < 1 << 47:
+                fill(p)
+        return True
+
+    def on_write(uc: Any, _access: int, address: int, size: int, _value: int,
+                 _user: Any) -> None:
+        run.written.update(range(address, address + size))
+
+    def on_code(uc: Any, address: int, _size: int, _user: Any) -> None:
+        run.steps += 1
+        if not side.lo <= address < side.hi or (run.steps > 1 and address in side.stops):
+            run.exit = address
+            uc.emu_stop()
+            return
+        if run.steps > MAX_INSNS:
+            run.fault = "too many instructions"
+            uc.emu_stop()
+            return
+        if address in side.probes:
+            run.hits.append(regs())
+            run.probe_rsp.append(reader.read()["rsp"])
+        if address in side.tracer and state.traced:
+            r = reader.read()
+            rsp = r["rsp"]
+            for k, v in enumerate((address + 5, r["rcx"], r["r11"], r["rax"])):
+                at = rsp - 8 * (k + 1)
+                for p in (at // PAGE * PAGE, (at + 7) // PAGE * PAGE):
+                    if p not in mapped:
+                        fill(p)
+                uc.mem_write(at, v.to_bytes(8, "little"))
+                run.written.update(range(at, at + 8))
+
+    uc.hook_add(HOOK_MEM_UNMAPPED, on_unmapped)
+    uc.hook_add(HOOK_MEM_WRITE, on_write)
+    uc.hook_add(HOOK_CODE, on_code)
+    RegWriter(uc).write([state.gprs[n] for n in GPR_NAMES], state.rflags | 0x2,
+                        list(state.xmm))
+    for lo, code in code_ranges:
+        for page in range(lo // PAGE * PAGE, lo + len(code), PAGE):
+            if page not in mapped:
+                fill(page)
+    try:
+        uc.emu_start(side.entry, 0, count=MAX_INSNS + 2)
+    except UcError as exc:
+        if run.exit is None:
+            run.fault = str(exc)
+
+    def peek(address: int) -> int:
+        if address // PAGE * PAGE not in mapped:
+            fill(address // PAGE * PAGE)
+        return int(bytes(uc.mem_read(address, 1))[0])
+
+    return run, regs(), peek
+
+
+def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | None
+           ) -> str | None:
+    """What differs between the two sides run from `state`, or None. `dead_skip`: the
+    tracer's bytes [rsp - skip - 32, rsp - skip) at the original's probe are not compared
+    (None: no tracer writes are modelled)."""
+    codes = [(original.lo, original.code), (rewritten.lo, rewritten.code)]
+    a, a_regs, a_peek = _run(original, state, codes)
+    b, b_regs, b_peek = _run(rewritten, state, codes)
+    if a.fault is not None or b.fault is not None:
+        if a.fault is not None and b.fault is not None:
+            return None
+        return (f"the original faults ({a.fault})" if a.fault is not None else
+                f"the detour faults ({b.fault})") + " and the other does not"
+    if a.exit != b.exit:
+        return f"leaves to {b.exit or 0:#x} instead of {a.exit or 0:#x}"
+    if len(a.hits) != len(b.hits):
+        return f"reaches the probe {len(b.hits)} times instead of {len(a.hits)}"
+    names = [*GPR_NAMES, "rflags", *(f"xmm{i}" for i in range(16))]
+    for i, (ha, hb) in enumerate(zip(a.hits, b.hits, strict=True)):
+        if ha != hb:
+            return f"registers at probe hit {i} differ: {_diff(names, ha, hb)}"
+    if a_regs != b_regs:
+        return f"registers at the exit differ: {_diff(names, a_regs, b_regs)}"
+    dead: set[int] = set()
+    if dead_skip is not None:
+        for rsp in a.probe_rsp:
+            dead.update(range(rsp - dead_skip - TRAMPOLINE_BYTES, rsp - dead_skip))
+    for addr in sorted((a.written | b.written) - dead):
+        x, y = a_peek(addr), b_peek(addr)
+        if x != y:
+            return f"the byte at {addr:#x} is {y:#04x} instead of {x:#04x}"
+    return None
+
+
+def _diff(names: list[str], a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    return ", ".join(f"{n} {x:#x} != {y:#x}" for n, x, y in zip(names, a, b, strict=True)
+                     if x != y)

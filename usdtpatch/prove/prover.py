@@ -1,0 +1,207 @@
+"""The equivalence proof of one detour: proved, differs (a candidate counterexample), or not
+provable. Neither engine is imported here (usdtpatch.prove.vex lifts, usdtpatch.prove.smt
+executes and asks z3).
+
+What is proved, for every entry pair (the window's start and the detour's; each moved
+call's return site and its copy; the ways in the rewriter lists): on every pair of paths of
+the window and the detour whose conditions can hold together, from one shared symbolic
+state (registers, flags, vector registers, memory):
+- both leave to the same address (the window's exits are original addresses, so are the
+  detour's; a call's pushed return address may be the detour's copy of the original one);
+- the guest state they wrote is equal (every general and vector register, the status flags,
+  the direction flag), rip aside;
+- every byte either wrote holds the same value, except the tracer's 32 bytes below the
+  guard (docs/rewrite.md, "Proved, not sampled": the assumption);
+- the probe is reached as often, with the same registers;
+- each original instruction accesses the same bytes in both (the copy of an instruction
+  faults exactly where the original does: the exit map of faults).
+
+The answers are kept per `Prover` (one per rewrite) by the position-independent form of the
+window and the detour: a detour moved to another address (a rejected one before it freed
+its place) is the same question.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from usdtpatch.prove.smt import (
+    Dead,
+    Machine,
+    Model,
+    NotLiftable,
+    Region,
+    Shared,
+    Unprovable,
+    differences,
+    plausible,
+    solve,
+)
+from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.x86.decode import sweep
+from usdtpatch.x86.nops import GUARD_ENTER, NOP5, RED_ZONE
+from usdtpatch.x86.relocate import Detour
+
+PROVED = "proved"
+DIFFERS = "differs"  # a counterexample the caller replays before calling it not equivalent
+NOT_PROVABLE = "not-provable"
+# z3's deterministic resource limit per site: about 100 ms of solving on the reference
+# machine (docs/performance.md); a site that needs more is left to the emulator
+RLIMIT = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """The prover's answer for one detour."""
+
+    outcome: str  # PROVED, DIFFERS, NOT_PROVABLE
+    reason: str  # why not provable, or what differs
+    model: Model | None = None  # the counterexample (DIFFERS)
+    entry: tuple[int, int] | None = None  # (window entry, detour entry) it concerns
+    ms: float = 0.0
+
+
+def tracer_nops(detour: Detour, probes: tuple[int, ...]) -> tuple[frozenset[int], int]:
+    """The addresses of the detour's optimized NOPs (where the 6.18 trampoline writes below
+    rsp when traced) and the bytes the guard skips (128 when guarded, else 0). A site whose
+    bytes are not nop5 (combo10's nop10 is another kernel's design) gets no writes."""
+    mapping = dict(detour.insn_map)
+    out: set[int] = set()
+    skip = 0
+    for p in probes:
+        at = mapping[p]
+        code = detour.code[at - detour.address : at - detour.address + 16]
+        if code.startswith(GUARD_ENTER):
+            skip = RED_ZONE
+            code = code[len(GUARD_ENTER):]
+            at += len(GUARD_ENTER)
+        if code.startswith(b"\x90" + NOP5):  # combo5: libbpf attaches at the nop5
+            out.add(at + 1)
+        elif code.startswith(NOP5):
+            out.add(at)
+    return frozenset(out), skip
+
+
+class _Back:
+    """Detour address -> the original instruction its bytes copy."""
+
+    def __init__(self, detour: Detour) -> None:
+        pairs = sorted((new, orig) for orig, new in detour.insn_map)
+        self.news = [n for n, _o in pairs]
+        self.origs = [o for _n, o in pairs]
+
+    def __call__(self, address: int) -> int:
+        i = bisect_right(self.news, address) - 1
+        return self.origs[i] if i >= 0 else address
+
+
+def _pi_detour(detour: Detour) -> tuple[object, ...] | None:
+    """The detour as position-independent data: each instruction's bytes with its branch or
+    rip-relative field cut out, and what the field names (an absolute original address, or
+    an offset into the detour); None when a field cannot be found unambiguously."""
+    got = sweep(detour.code, detour.address)
+    if got.bad:
+        return None
+    lo, hi = detour.address, detour.end
+    out: list[object] = []
+    for ins in got.insns:
+        raw = detour.code[ins.address - lo : ins.end - lo]
+        target = ins.target if ins.target is not None else ins.rip_target
+        if target is None:
+            out.append(raw)
+            continue
+        rel = target - ins.end
+        cut = None
+        for width in (4, 1):
+            if not -(1 << (8 * width - 1)) <= rel < 1 << (8 * width - 1):
+                continue
+            field_ = rel.to_bytes(width, "little", signed=True)
+            if raw.count(field_) == 1:
+                cut = (raw.index(field_), width)
+                break
+        if cut is None:
+            return None
+        at, width = cut
+        where = ("in", target - lo) if lo <= target < hi else ("abs", target)
+        out.append((raw[:at] + raw[at + width:], at, width, where))
+    return tuple(out)
+
+
+class Prover:
+    """Proves detours of one rewrite, keeping every answer by the question's
+    position-independent form."""
+
+    def __init__(self, rlimit: int = RLIMIT) -> None:
+        self.rlimit = rlimit
+        self.cache: dict[object, Proof] = {}
+        self.hits = 0
+
+    def prove(self, window: PatchWindow, code: bytes, detour: Detour,
+              probes: tuple[int, ...], *, entries: tuple[tuple[int, int], ...] = (),
+              patches: tuple[tuple[int, bytes], ...] = ()) -> Proof:
+        """Whether `detour` does what the window `code` (at window.start) does."""
+        t0 = time.perf_counter()
+        if patches:
+            return Proof(NOT_PROVABLE, "ways into the window from outside it (retargeted "
+                         "branches) are left to the emulator")
+        pi = _pi_detour(detour)
+        a = detour.address
+        key: object = (window.start, code, probes, tuple(sorted(window.calls)),
+                       pi if pi is not None else (detour.code, a),
+                       tuple((o, n - a) for o, n in detour.insn_map), detour.probe_address - a,
+                       tuple((x, y - a) for x, y in entries))
+        got = self.cache.get(key)
+        if got is not None:
+            self.hits += 1
+            return got
+        try:
+            proof = self._prove(window, code, detour, probes, entries)
+        except (NotLiftable, Unprovable) as exc:
+            proof = Proof(NOT_PROVABLE, str(exc))
+        proof = Proof(proof.outcome, proof.reason, proof.model, proof.entry,
+                      (time.perf_counter() - t0) * 1000)
+        self.cache[key] = proof
+        return proof
+
+    def _prove(self, window: PatchWindow, code: bytes, detour: Detour,
+               probes: tuple[int, ...], entries: tuple[tuple[int, int], ...]) -> Proof:
+        mapping = dict(detour.insn_map)
+        if any(p not in mapping for p in probes):
+            return Proof(NOT_PROVABLE, "a probe has no place in the detour")
+        sites = frozenset(mapping[p] for p in probes)
+        tracer, skip = tracer_nops(detour, probes)
+        w_region = Region(window.start, window.start + len(code), code,
+                          stops=frozenset({window.start}), marks=frozenset(probes))
+        d_region = Region(detour.address, detour.end, detour.code,
+                          marks=sites | tracer)
+        calls = set(window.calls)
+        returns = {i.end: mapping[i.end] for i in window.insns
+                   if i.address in calls and i.end in mapping}
+        pairs = [(window.start, detour.address), *entries,
+                 *((r, c) for r, c in sorted(returns.items()) if (r, c) not in entries)]
+        back = _Back(detour)
+        code_ranges = [(window.start, window.start + len(code)), (detour.address, detour.end)]
+        used = 0
+        for e_w, e_d in pairs:
+            shared = Shared()
+            m_w = Machine(shared, w_region, hits=frozenset(probes), tracer=frozenset(),
+                          origin=lambda x: x)
+            m_d = Machine(shared, d_region, hits=sites, tracer=tracer, origin=back)
+            w_paths = m_w.run(e_w)
+            d_paths = m_d.run(e_d)
+            questions = []
+            for pw in w_paths:
+                for pd in d_paths:
+                    diffs = differences(pw, pd, m_w, m_d, shared, returns,
+                                        Dead(skip) if tracer else None)
+                    questions.append(([*pw.cond, *pd.cond], diffs, [*pw.loads, *pd.loads],
+                                      plausible(pw, pd, code_ranges)))
+            verdict, model, spent = solve(questions, shared, self.rlimit - used)
+            used += spent
+            if verdict == "unknown" or used >= self.rlimit:
+                return Proof(NOT_PROVABLE, "the solver's budget was exceeded")
+            if verdict == "differs" and model is not None:
+                return Proof(DIFFERS, model.what, model, (e_w, e_d))
+        return Proof(PROVED, "equivalent on every path")

@@ -1,0 +1,749 @@
+"""Symbolic execution of lifted code, and the equivalence query. The only module that imports
+z3-solver.
+
+Both sides (the window and the detour) start from one shared symbolic state: every 8 bytes
+of VEX's guest state are a 64-bit variable (the status flags one more, as VEX's COPY thunk),
+memory is an uninterpreted function `m0` from address to byte. A side's memory is `m0` and the
+list of bytes it wrote, in order: a load of a byte is the newest write whose address equals
+it (an if-then-else chain; an address that is a register plus a constant is decided without
+the solver against another such address of the same register), else `m0` of it. No z3 array
+is built (they made the query take seconds).
+
+Integer operations are modelled bit for bit; every other pure VEX operation (floating
+point, most vector operations, the flag helpers) is an uninterpreted function of its
+operands: both sides applying it to equal operands get equal results, which is all an
+equivalence needs (a difference the solver finds through such a function is only a
+candidate: the prover replays it in the emulator before calling the detour wrong). Division
+is refused (its query does not finish in the budget).
+
+`run(...)` gives every path of one side from one entry: its condition, the guest state at
+the exit, the bytes written, the memory accesses grouped by (original) instruction, the
+registers at each probe hit, and the exit address. `differences(a, b, ...)` lists what may
+differ between two paths; `solve(...)` asks z3, under a deterministic resource limit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from usdtpatch.prove.vex import Block, NotLiftable, lift_block
+
+Z = Any  # z3 expressions (the binding is untyped)
+
+RSP = 48
+RIP = 184
+CC_OP, CC_DEP1, CC_DEP2, CC_NDEP = 144, 152, 160, 168
+GPRS = (("rax", 16), ("rcx", 24), ("rdx", 32), ("rbx", 40), ("rsp", 48), ("rbp", 56),
+        ("rsi", 64), ("rdi", 72), *((f"r{i}", 16 + 8 * i) for i in range(8, 16)))
+YMM0 = 224  # ymm0..ymm15, 32 bytes each
+STATUS_FLAGS = 0x8D5  # CF PF AF ZF SF OF
+# guest state not compared at the exit: rip (the exit is compared instead), the flag thunk
+# (the flags it describes are), VEX's emulation notes and the syscall pseudo-registers
+_NOT_STATE = (range(184, 192), range(144, 176), range(992, 1032), range(1040, 1048))
+MEMORY = "the memory byte at"
+ACCESSES = ("the memory accessed at", "the instructions that access memory")
+TRAMPOLINE_BYTES = 32  # 6.18's optimized hit: call (8) + push rcx, r11, rax (24) below rsp
+
+
+class Unprovable(Exception):
+    """Outside what the prover models (or the path/step limits); the message says what."""
+
+
+@dataclass
+class Region:
+    """Code one side runs: [lo, hi) with its bytes; `stops` are addresses inside it that end
+    a path anyway (the window's start, which the detour reaches as an exit)."""
+
+    lo: int
+    hi: int
+    code: bytes
+    stops: frozenset[int] = frozenset()
+    # the instruction boundaries where a path is observed (probe hits, the tracer's writes)
+    marks: frozenset[int] = frozenset()
+    blocks: dict[int, Block] = field(default_factory=dict)
+
+    def block(self, at: int) -> Block:
+        got = self.blocks.get(at)
+        if got is None:
+            stop = min((m for m in (*self.marks, *self.stops) if m > at), default=self.hi)
+            got = lift_block(self.code[at - self.lo : stop - self.lo], at)
+            self.blocks[at] = got
+        return got
+
+
+class Shared:
+    """The initial state both sides start from."""
+
+    def __init__(self) -> None:
+        self.m0 = z3.Function("m0", z3.BitVecSort(64), z3.BitVecSort(8))
+        self.chunks: dict[int, Z] = {}
+        self.flags = z3.BitVec("rflags", 64)
+        self.traced = z3.Bool("traced")  # the probe is attached (the tracer's writes happen)
+        self.funcs: dict[tuple[Any, ...], Z] = {}
+        self.fresh = 0
+
+    def chunk(self, q: int) -> Z:
+        v = self.chunks.get(q)
+        if v is None:
+            if q in (CC_OP, CC_DEP2, CC_NDEP):
+                v = z3.BitVecVal(0, 64)  # VEX's COPY thunk: the flags are cc_dep1
+            elif q == CC_DEP1:
+                v = self.flags
+            else:
+                v = z3.BitVec(f"g{q}", 64)
+            self.chunks[q] = v
+        return v
+
+    def func(self, name: str, args: tuple[int, ...], result: int) -> Z:
+        key = (name, args, result)
+        f = self.funcs.get(key)
+        if f is None:
+            f = z3.Function(f"{name}_{'_'.join(map(str, args))}_{result}",
+                            *(z3.BitVecSort(b) for b in args), z3.BitVecSort(result))
+            self.funcs[key] = f
+        return f
+
+
+@dataclass
+class Path:
+    """One path of one side."""
+
+    regs: dict[int, tuple[int, int, Z]] = field(default_factory=dict)  # byte -> slot
+    written: set[int] = field(default_factory=set)  # guest-state bytes written
+    # (address, byte, seen by loads), in order; the tracer's writes are not seen (the
+    # assumption: nothing reads them)
+    writes: list[tuple[Z, Z, bool]] = field(default_factory=list)
+    loads: list[Z] = field(default_factory=list)  # byte addresses read from m0
+    # (original instruction, [(address, size)]) in order: where a fault would happen
+    access: list[tuple[int, list[tuple[Z, int]]]] = field(default_factory=list)
+    hits: list[tuple[Z, ...]] = field(default_factory=list)
+    cond: list[Z] = field(default_factory=list)
+    exit: Z = None
+    jumpkind: str = ""
+    last_insn: int = 0  # the original instruction control left from
+    probe_rsp: list[Z] = field(default_factory=list)  # rsp at each probe hit
+    steps: int = 0
+
+    def fork(self) -> Path:
+        return Path(dict(self.regs), set(self.written), list(self.writes), list(self.loads),
+                    [(a, list(g)) for a, g in self.access], list(self.hits), list(self.cond),
+                    self.exit, self.jumpkind, self.last_insn, list(self.probe_rsp), self.steps)
+
+
+MAX_STEPS = 256
+MAX_PATHS = 16
+
+
+def _bv(v: int, bits: int) -> Z:
+    return z3.BitVecVal(v, bits)
+
+
+def _is_value(e: Z) -> bool:
+    return bool(z3.is_bv_value(e))
+
+
+def _split(e: Z) -> tuple[Z, int]:
+    """e as (base, constant): `base + c`, or (None, c) for a constant."""
+    if z3.is_bv_value(e):
+        return None, e.as_long()
+    if z3.is_app_of(e, z3.Z3_OP_BADD) and e.num_args() == 2:
+        a, b = e.arg(0), e.arg(1)
+        if z3.is_bv_value(a):
+            return b, a.as_long()
+        if z3.is_bv_value(b):
+            return a, b.as_long()
+    return e, 0
+
+
+def _add_const(e: Z, c: int) -> Z:
+    base, k = _split(e)
+    total = (k + c) & ((1 << e.size()) - 1)
+    if base is None:
+        return _bv(total, e.size())
+    return base if total == 0 else base + _bv(total, e.size())
+
+
+class Addr:
+    """A 64-bit address as `base + k`, split once: two addresses of one base (a register
+    plus constants, a constant) are compared without the solver."""
+
+    __slots__ = ("base", "bid", "e", "k")
+
+    def __init__(self, e: Z, base: Z = None, bid: int = -2, k: int = 0) -> None:
+        if bid == -2:
+            base, k = _split(e)
+            bid = -1 if base is None else base.get_id()
+        self.e, self.base, self.bid, self.k = e, base, bid, k
+
+    def plus(self, c: int) -> Addr:
+        if c == 0:
+            return self
+        k = (self.k + c) & 0xFFFFFFFFFFFFFFFF
+        e = _bv(k, 64) if self.base is None else (self.base if k == 0 else
+                                                 self.base + _bv(k, 64))
+        return Addr(e, self.base, self.bid, k)
+
+
+def same_address(a: Addr, b: Addr) -> bool | None:
+    """True/False when decided without the solver, else None."""
+    if a.bid == b.bid:
+        return a.k == b.k
+    return None
+
+
+_SIZE = re.compile(r"^Iop_([A-Za-z]+?)(8|16|32|64)([SU]?)$")
+_CAST = re.compile(r"^Iop_(\d+)(U|S|HI|to|HL)(?:to)?(\d+)$")
+
+
+class Machine:
+    """Runs one side from one entry, forking at conditions the solver cannot fold."""
+
+    def __init__(self, shared: Shared, region: Region, *, hits: frozenset[int],
+                 tracer: frozenset[int], origin: Callable[[int], int]) -> None:
+        self.s = shared
+        self.region = region
+        self.hit_at = hits  # addresses where the tracer reads the registers
+        self.tracer = tracer  # the detour's optimized NOPs: the trampoline's writes happen
+        self.origin = origin  # instruction address -> the original instruction it copies
+
+    # ---- guest state
+    def get(self, p: Path, off: int, nbytes: int) -> Z:
+        slot = p.regs.get(off)
+        if slot is not None and slot[0] == off and slot[1] == nbytes:
+            return slot[2]
+        if off % 8 == 0 and nbytes % 8 == 0 and all(off + k not in p.regs
+                                                    for k in range(nbytes)):
+            if nbytes == 8:
+                return self.s.chunk(off)
+            return z3.Concat(*(self.s.chunk(q) for q in range(off + nbytes - 8, off - 8, -8)))
+        parts = []
+        for b in range(off + nbytes - 1, off - 1, -1):
+            sl = p.regs.get(b)
+            if sl is None:
+                q = b - b % 8
+                parts.append(z3.Extract(8 * (b - q) + 7, 8 * (b - q), self.s.chunk(q)))
+            else:
+                start, _n, v = sl
+                parts.append(z3.Extract(8 * (b - start) + 7, 8 * (b - start), v))
+        out = parts[0] if len(parts) == 1 else z3.Concat(*parts)
+        return z3.simplify(out)
+
+    def put(self, p: Path, off: int, value: Z) -> None:
+        n = max(1, value.size() // 8)
+        if value.size() < 8:
+            value = z3.ZeroExt(8 - value.size(), value)
+        old = {p.regs[b] for b in range(off, off + n) if b in p.regs}
+        for start, size, v in old:
+            if start < off or start + size > off + n:
+                for b in range(start, start + size):
+                    if not off <= b < off + n:
+                        p.regs[b] = (b, 1, z3.Extract(8 * (b - start) + 7, 8 * (b - start), v))
+        slot = (off, n, value)
+        for b in range(off, off + n):
+            p.regs[b] = slot
+            p.written.add(b)
+
+    # ---- memory
+    def load_byte(self, p: Path, a: Addr) -> Z:
+        out = None
+        chain: list[tuple[Addr, Z]] = []
+        for wa, wv, seen in reversed(p.writes):
+            if not seen:
+                continue
+            same = same_address(a, wa)
+            if same is True:
+                out = wv
+                break
+            if same is None:
+                chain.append((wa, wv))
+        if out is None:
+            out = self.s.m0(a.e)
+            p.loads.append(a.e)
+        for wa, wv in reversed(chain):
+            out = z3.If(a.e == wa.e, wv, out)
+        return out
+
+    def load(self, p: Path, addr_e: Z, bits: int, insn: int) -> Z:
+        n = max(1, bits // 8)
+        addr = Addr(addr_e)
+        self._access(p, insn, addr, n)
+        parts = [self.load_byte(p, addr.plus(k)) for k in range(n - 1, -1, -1)]
+        return parts[0] if n == 1 else z3.Concat(*parts)
+
+    def store(self, p: Path, addr_e: Z, value: Z, insn: int) -> None:
+        n = max(1, value.size() // 8)
+        addr = Addr(addr_e)
+        self._access(p, insn, addr, n)
+        for k in range(n):
+            p.writes.append((addr.plus(k), z3.Extract(8 * k + 7, 8 * k, value), True))
+
+    def _access(self, p: Path, insn: int, addr: Addr, n: int) -> None:
+        orig = self.origin(insn)
+        if not p.access or p.access[-1][0] != orig:
+            p.access.append((orig, []))
+        group = p.access[-1][1]
+        if not any(size == n and same_address(addr, a) is True for a, size in group):
+            group.append((addr, n))
+
+    # ---- expressions
+    def expr(self, p: Path, tmps: dict[int, Z], e: tuple[Any, ...], insn: int) -> Z:
+        kind = e[0]
+        if kind == "t":
+            return tmps[e[1]]
+        if kind == "c":
+            return _bv(e[1], e[2])
+        if kind == "g":
+            return self.get(p, e[1], max(1, e[2] // 8)) if e[2] >= 8 else \
+                z3.Extract(e[2] - 1, 0, self.get(p, e[1], 1))
+        if kind == "ld":
+            return self.load(p, self.expr(p, tmps, e[1], insn), e[2], insn)
+        if kind == "ite":
+            c = self.expr(p, tmps, e[1], insn)
+            t = self.expr(p, tmps, e[2], insn)
+            f = self.expr(p, tmps, e[3], insn)
+            if _is_value(c):
+                return t if c.as_long() else f
+            return z3.If(c == 1, t, f)
+        if kind == "op":
+            args = [self.expr(p, tmps, a, insn) for a in e[2]]
+            out = self.op(e[1], args, e[3], e[4])
+            if all(_is_value(a) for a in args):
+                out = z3.simplify(out)
+            return out
+        if kind == "cc":
+            args = [self.expr(p, tmps, a, insn) for a in e[2]]
+            return self.ccall(e[1], args, e[3])
+        raise Unprovable(f"expression {kind}")
+
+    def ccall(self, name: str, args: list[Z], bits: int) -> Z:
+        if name == "amd64g_calculate_condition" and _is_value(args[0]):
+            # cond codes come in pairs (O/NO, B/NB, ...): the odd one is the even one negated
+            c = args[0].as_long()
+            if _is_value(args[1]) and args[1].as_long() == 0:
+                v = _condition(c & ~1, args[2])  # COPY: the flags are cc_dep1
+            else:
+                base = self.s.func(f"{name}{c & ~1}", tuple(a.size() for a in args[1:]), 1)
+                v = base(*args[1:])
+            return z3.ZeroExt(bits - 1, ~v if c & 1 else v)
+        return self.s.func(name, tuple(a.size() for a in args), bits)(*args)
+
+    def op(self, name: str, a: list[Z], bits: int, arg_bits: tuple[int, ...]) -> Z:
+        if "Div" in name:
+            raise Unprovable("division (its query does not finish in the budget)")
+        m = _SIZE.match(name)
+        if m is not None:
+            base, signed = m.group(1), m.group(3)
+            w = int(m.group(2))
+            simple = {"Add": lambda: a[0] + a[1], "Sub": lambda: a[0] - a[1],
+                      "Mul": lambda: a[0] * a[1], "And": lambda: a[0] & a[1],
+                      "Or": lambda: a[0] | a[1], "Xor": lambda: a[0] ^ a[1],
+                      "Not": lambda: ~a[0]}
+            if base in simple and not signed:
+                if base in ("Add", "Sub") and _is_value(a[1]) and not _is_value(a[0]):
+                    k = a[1].as_long()
+                    return _add_const(a[0], k if base == "Add" else -k)
+                if base == "Add" and _is_value(a[0]) and not _is_value(a[1]):
+                    return _add_const(a[1], a[0].as_long())
+                return simple[base]()
+            if base in ("Shl", "Shr", "Sar"):
+                amount = z3.ZeroExt(w - 8, a[1]) if w > 8 else a[1]
+                if base == "Shl":
+                    return a[0] << amount
+                return z3.LShR(a[0], amount) if base == "Shr" else a[0] >> amount
+            cmp = {"CmpEQ": lambda: a[0] == a[1], "CasCmpEQ": lambda: a[0] == a[1],
+                   "CmpNE": lambda: a[0] != a[1], "CasCmpNE": lambda: a[0] != a[1],
+                   "ExpCmpNE": lambda: a[0] != a[1]}
+            if base in cmp and not signed:
+                return _bool(cmp[base]())
+            if base == "CmpLT":
+                return _bool(a[0] < a[1] if signed == "S" else z3.ULT(a[0], a[1]))
+            if base == "CmpLE":
+                return _bool(a[0] <= a[1] if signed == "S" else z3.ULE(a[0], a[1]))
+            if base == "CmpNEZ":
+                return _bool(a[0] != 0)
+            if base in ("MullU", "MullS"):
+                ext = z3.SignExt if base == "MullS" else z3.ZeroExt
+                return ext(w, a[0]) * ext(w, a[1])
+        m = _CAST.match(name)
+        if m is not None:
+            src, how, dst = int(m.group(1)), m.group(2), int(m.group(3))
+            x = a[0]
+            if how == "U" and dst > src:
+                return z3.ZeroExt(dst - src, x)
+            if how == "S" and dst > src:
+                return z3.SignExt(dst - src, x)
+            if how == "to" and dst < src:
+                return z3.Extract(dst - 1, 0, x)
+            if how == "HI" and dst * 2 == src:
+                return z3.Extract(src - 1, dst, x)
+            if how == "HL" and dst == 2 * src:
+                return z3.Concat(a[0], a[1])
+        bitwise = {"Iop_AndV128": "&", "Iop_OrV128": "|", "Iop_XorV128": "^",
+                   "Iop_AndV256": "&", "Iop_OrV256": "|", "Iop_XorV256": "^"}
+        if name in bitwise:
+            o = bitwise[name]
+            return a[0] & a[1] if o == "&" else (a[0] | a[1] if o == "|" else a[0] ^ a[1])
+        if name in ("Iop_NotV128", "Iop_NotV256", "Iop_Not1"):
+            return ~a[0]
+        if name in ("Iop_And1", "Iop_Or1"):
+            return a[0] & a[1] if name == "Iop_And1" else a[0] | a[1]
+        if name.startswith("Iop_Reinterp"):
+            return a[0]
+        vec = {"Iop_V128to64": lambda: z3.Extract(63, 0, a[0]),
+               "Iop_V128HIto64": lambda: z3.Extract(127, 64, a[0]),
+               "Iop_V128to32": lambda: z3.Extract(31, 0, a[0]),
+               "Iop_64HLtoV128": lambda: z3.Concat(a[0], a[1]),
+               "Iop_32UtoV128": lambda: z3.ZeroExt(96, a[0]),
+               "Iop_64UtoV128": lambda: z3.ZeroExt(64, a[0]),
+               "Iop_SetV128lo64": lambda: z3.Concat(z3.Extract(127, 64, a[0]), a[1]),
+               "Iop_SetV128lo32": lambda: z3.Concat(z3.Extract(127, 32, a[0]), a[1]),
+               "Iop_V256toV128_0": lambda: z3.Extract(127, 0, a[0]),
+               "Iop_V256toV128_1": lambda: z3.Extract(255, 128, a[0]),
+               "Iop_V128HLtoV256": lambda: z3.Concat(a[0], a[1])}
+        if name in vec:
+            return vec[name]()
+        # any other pure operation: a function of its operands
+        return self.s.func(name, arg_bits, bits)(*a)
+
+    # ---- statements
+    def snapshot(self, p: Path) -> tuple[Z, ...]:
+        regs = [self.get(p, off, 8) for _n, off in GPRS]
+        regs += [self.get(p, YMM0 + 32 * i, 16) for i in range(16)]
+        return (*regs, self.flags(p))
+
+    def flags(self, p: Path) -> Z:
+        thunk = [self.get(p, o, 8) for o in (CC_OP, CC_DEP1, CC_DEP2, CC_NDEP)]
+        if _is_value(thunk[0]) and thunk[0].as_long() == 0:
+            return thunk[1] & STATUS_FLAGS  # COPY: the flags are cc_dep1
+        return self.s.func("amd64g_calculate_rflags_all", (64, 64, 64, 64), 64)(*thunk) \
+            & STATUS_FLAGS
+
+    def tracer_writes(self, p: Path, at: int) -> None:
+        """The optimized hit at the detour's NOP: `call` pushes at+5, the trampoline pushes
+        rcx, r11, rax, below rsp (only when traced; registers come back unchanged)."""
+        rsp = Addr(self.get(p, RSP, 8))
+        values = [_bv(at + 5, 64), self.get(p, 24, 8), self.get(p, 104, 8),
+                  self.get(p, 16, 8)]
+        for k, v in enumerate(values):
+            for b in range(8):
+                p.writes.append((rsp.plus(-8 * (k + 1) + b), z3.Extract(8 * b + 7, 8 * b, v),
+                                 False))
+
+    def run(self, entry: int) -> list[Path]:
+        done: list[Path] = []
+        if not self.region.lo <= entry < self.region.hi:  # e.g. a call's return at the end
+            return [Path(exit=_bv(entry, 64), jumpkind="Ijk_Boring")]
+        work: list[tuple[Path, int]] = [(Path(), entry)]
+        while work:
+            p, at = work.pop()
+            while True:
+                if len(done) + len(work) > MAX_PATHS:
+                    raise Unprovable(f"more than {MAX_PATHS} paths")
+                blk = self.region.block(at)
+                tmps: dict[int, Z] = {}
+                nxt = None
+                insn = at
+                for st in blk.stmts:
+                    kind = st[0]
+                    if kind == "im":
+                        insn = st[1]
+                        p.steps += 1
+                        p.last_insn = insn
+                        if p.steps > MAX_STEPS:
+                            raise Unprovable(f"the code runs more than {MAX_STEPS} "
+                                             f"instructions (a loop, or a rep prefix)")
+                        if insn in self.hit_at:
+                            p.hits.append(self.snapshot(p))
+                            p.probe_rsp.append(self.get(p, RSP, 8))
+                        if insn in self.tracer:
+                            self.tracer_writes(p, insn)
+                    elif kind == "wr":
+                        tmps[st[1]] = self.expr(p, tmps, st[2], insn)
+                    elif kind == "put":
+                        self.put(p, st[1], self.expr(p, tmps, st[2], insn))
+                    elif kind == "st":
+                        self.store(p, self.expr(p, tmps, st[1], insn),
+                                   self.expr(p, tmps, st[2], insn), insn)
+                    elif kind == "exit":
+                        g = z3.simplify(self.expr(p, tmps, st[1], insn))
+                        if _is_value(g) and g.as_long() == 0:
+                            continue
+                        target = _bv(st[2], 64)
+                        if _is_value(g):
+                            nxt = (target, st[3])
+                            break
+                        other = p.fork()
+                        other.cond.append(g == 1)
+                        p.cond.append(g == 0)
+                        self._continue(other, target, st[3], work, done)
+                    elif kind == "cas":
+                        _k, old, addr_e, expd_e, new_e, bits = st
+                        addr = self.expr(p, tmps, addr_e, insn)
+                        expd = self.expr(p, tmps, expd_e, insn)
+                        new = self.expr(p, tmps, new_e, insn)
+                        cur = self.load(p, addr, bits, insn)
+                        tmps[old] = cur
+                        self.store(p, addr, z3.If(cur == expd, new, cur), insn)
+                    elif kind == "ldg":
+                        _k, dst, addr_e, alt_e, guard_e, cvt, lbits = st
+                        g = z3.simplify(self.expr(p, tmps, guard_e, insn))
+                        alt = self.expr(p, tmps, alt_e, insn)
+                        if cvt is not None or not _is_value(g):
+                            raise Unprovable("a guarded load with a symbolic guard")
+                        tmps[dst] = self.load(p, self.expr(p, tmps, addr_e, insn), lbits,
+                                              insn) if g.as_long() else alt
+                    elif kind == "stg":
+                        g = z3.simplify(self.expr(p, tmps, st[3], insn))
+                        if not _is_value(g):
+                            raise Unprovable("a guarded store with a symbolic guard")
+                        if g.as_long():
+                            self.store(p, self.expr(p, tmps, st[1], insn),
+                                       self.expr(p, tmps, st[2], insn), insn)
+                if nxt is None:
+                    nxt = (z3.simplify(self.expr(p, tmps, blk.next, insn)), blk.jumpkind)
+                target, jk = nxt
+                if self._inside(target):
+                    at = target.as_long()
+                    continue
+                p.exit, p.jumpkind = target, jk
+                done.append(p)
+                break
+        return done
+
+    def _inside(self, target: Z) -> bool:
+        if not _is_value(target):
+            return False
+        t = target.as_long()
+        return self.region.lo <= t < self.region.hi and t not in self.region.stops
+
+    def _continue(self, p: Path, target: Z, jk: str, work: list[tuple[Path, int]],
+                  done: list[Path]) -> None:
+        if self._inside(target):
+            work.append((p, target.as_long()))
+        else:
+            p.exit, p.jumpkind = target, jk
+            done.append(p)
+
+
+def _condition(even: int, flags: Z) -> Z:
+    """x86 condition `even` (O, B, Z, BE, S, P, L, LE: 0, 2, ..., 14) of an rflags value, as
+    one bit."""
+    def bit(n: int) -> Z:
+        return z3.Extract(n, n, flags)
+
+    cf, pf, zf, sf, of = bit(0), bit(2), bit(6), bit(7), bit(11)
+    return {0: of, 2: cf, 4: zf, 6: cf | zf, 8: sf, 10: pf, 12: sf ^ of,
+            14: (sf ^ of) | zf}[even]
+
+
+def _bool(b: Z) -> Z:
+    return z3.If(b, _bv(1, 1), _bv(0, 1))
+
+
+def _final_byte(path: Path, a: Addr, shared: Shared) -> Z:
+    out = shared.m0(a.e)
+    for wa, wv, seen in path.writes:
+        same = same_address(a, wa)
+        if same is False:
+            continue
+        new = wv if seen else z3.If(shared.traced, wv, out)
+        out = new if same is True else z3.If(a.e == wa.e, new, out)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """The tracer's bytes, assumed dead: [rsp - skip - 32, rsp - skip) with rsp the window's
+    at its probe (skip 128 under the red-zone guard, 0 where the red zone is unused)."""
+
+    skip: int
+
+
+def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
+                returns: dict[int, int], dead: Dead | None) -> list[tuple[str, Z, Z]]:
+    """What may differ between a window path and a detour path: (what, condition, the
+    address of a memory byte or None)."""
+    out: list[tuple[str, Z, Z]] = []
+    # the exit; a call's pushed return address may be the detour's copy of it (a moved call,
+    # whose return site is proved as an entry of its own)
+    slot: tuple[Z, int, int] | None = None
+    if w.jumpkind == "Ijk_Call":
+        rsp = m_w.get(w, RSP, 8)
+        ret = z3.simplify(m_w.load(w.fork(), rsp, 64, 0))
+        if _is_value(ret) and ret.as_long() in returns:
+            slot = (rsp, ret.as_long(), returns[ret.as_long()])
+    out.append(("the exit", w.exit != d.exit, None))
+    # registers: every 8 bytes of guest state either side wrote
+    chunks = sorted({b - b % 8 for b in w.written | d.written
+                     if not any(b in r for r in _NOT_STATE)})
+    for q in chunks:
+        a, b = m_w.get(w, q, 8), m_d.get(d, q, 8)
+        if not a.eq(b):
+            out.append((_reg_name(q), a != b, None))
+    fw, fd = m_w.flags(w), m_d.flags(d)
+    if not fw.eq(fd):
+        out.append(("the flags", fw != fd, None))
+    # memory: each byte either side wrote
+    seen: set[tuple[int, int]] = set()
+    for a, _v, _seen in (*w.writes, *d.writes):
+        if (a.bid, a.k) in seen:
+            continue
+        seen.add((a.bid, a.k))
+        vw, vd = _final_byte(w, a, shared), _final_byte(d, a, shared)
+        if vw.eq(vd):
+            continue
+        differ = vw != vd
+        if slot is not None:
+            rsp, ret, copy = slot
+            r = Addr(rsp)
+            k = (a.k - r.k) & 0xFFFFFFFFFFFFFFFF if a.bid == r.bid else None
+            if k is not None and 0 <= k < 8:
+                differ = z3.And(vd != _bv((ret >> 8 * k) & 0xFF, 8),
+                                vd != _bv((copy >> 8 * k) & 0xFF, 8))
+        if dead is not None:
+            for rsp in w.probe_rsp:
+                low = Addr(rsp).plus(-dead.skip - TRAMPOLINE_BYTES)
+                if low.bid == a.bid:
+                    if (a.k - low.k) & 0xFFFFFFFFFFFFFFFF < TRAMPOLINE_BYTES:
+                        differ = z3.BoolVal(False)
+                else:
+                    differ = z3.And(differ, z3.UGE(a.e - low.e, TRAMPOLINE_BYTES))
+        out.append((MEMORY, differ, a.e))
+    # the probe: reached as often, with the same registers
+    if len(w.hits) != len(d.hits):
+        out.append((f"the probe reached {len(d.hits)} times, not {len(w.hits)}",
+                    z3.BoolVal(True), None))
+    else:
+        for i, (hw, hd) in enumerate(zip(w.hits, d.hits, strict=True)):
+            ne = [x != y for x, y in zip(hw, hd, strict=True) if not x.eq(y)]
+            if ne:
+                out.append((f"the registers at probe hit {i}", z3.Or(*ne), None))
+    # faults: the same accesses, instruction by instruction
+    if [g for g, _ in w.access] != [g for g, _ in d.access]:
+        out.append(("the instructions that access memory", z3.BoolVal(True), None))
+    else:
+        for (insn, gw), (_i, gd) in zip(w.access, d.access, strict=True):
+            same = z3.And(*(z3.Or(*(a.e == b.e for b, n in gd if n == size)) if
+                            any(n == size for _b, n in gd) else z3.BoolVal(False)
+                            for a, size in gw),
+                          *(z3.Or(*(a.e == b.e for b, n in gw if n == size)) if
+                            any(n == size for _b, n in gw) else z3.BoolVal(False)
+                            for a, size in gd))
+            s = z3.simplify(same)
+            if not z3.is_true(s):
+                out.append((f"the memory accessed at {insn:#x}", z3.Not(s), None))
+    return out
+
+
+def _reg_name(q: int) -> str:
+    for name, off in GPRS:
+        if off == q:
+            return name
+    if YMM0 <= q < YMM0 + 16 * 32:
+        return f"ymm{(q - YMM0) // 32}"
+    return f"guest state at {q}"
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A counterexample: the initial state (plain integers)."""
+
+    gprs: dict[str, int]
+    ymm: tuple[int, ...]  # ymm0-15, 256 bits each
+    rflags: int
+    memory: dict[int, int]  # address -> byte of the initial memory the paths read
+    default_byte: int
+    traced: bool
+    what: str
+
+
+def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
+    """What a state the emulator can replay needs: every access in user space above page
+    zero and outside the window's and the detour's own code. A state where the window faults
+    is the accesses' question (both fault at the same instruction), not the others'."""
+    out: list[Z] = []
+    for path in (w, d):
+        for _insn, group in path.access:
+            for a, n in group:
+                if a.base is None:
+                    continue
+                e = a.e
+                out.append(z3.UGE(e, 0x10000))
+                out.append(z3.ULE(e, (1 << 47) - n))
+                out += [z3.Or(z3.ULE(e + n, lo), z3.UGE(e, hi)) for lo, hi in code]
+    return out
+
+
+def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z]]],
+          shared: Shared,
+          rlimit: int) -> tuple[str, Model | None, int]:
+    """Each (path conditions, differences, addresses read, what a shown difference assumes)
+    pair asked in turn: ("proved",
+    None), ("differs", counterexample) or ("unknown", None); and the resource units used."""
+    used = 0
+    for cond, diffs, reads, assume in pairs:
+        live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
+        # what a run shows first (the exit, registers, memory, probe hits), then where it
+        # would fault: a model of the first kind is one the emulator can confirm
+        shown = [d for d in live if not d[0].startswith(ACCESSES)]
+        hidden = [d for d in live if d[0].startswith(ACCESSES)]
+        for group in (shown, hidden):
+            if not group:
+                continue
+            s = z3.Solver()
+            s.set("rlimit", rlimit - used if rlimit > used else 1)
+            s.add(*cond)
+            if group is shown:
+                s.add(*assume)
+            s.add(z3.Or(*(c for _w, c, _x in group)))
+            res = s.check()
+            stats = s.statistics()
+            used += int(stats.get_key_value("rlimit count")) \
+                if "rlimit count" in stats.keys() else 0  # noqa: SIM118 (a z3 Statistics)
+            if res == z3.unsat:
+                continue
+            if res != z3.sat:
+                return "unknown", None, used
+            return "differs", _model(s.model(), shared, group, reads), used
+    return "proved", None, used
+
+
+def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -> Model:
+    def val(e: Z) -> int:
+        return int(m.eval(e, model_completion=True).as_long())
+
+    gprs = {name: val(shared.chunk(off)) for name, off in GPRS}
+    ymm = tuple(sum(val(shared.chunk(YMM0 + 32 * i + 8 * k)) << (64 * k) for k in range(4))
+                for i in range(16))
+    memory: dict[int, int] = {}
+    for a in reads:
+        memory[val(a)] = val(shared.m0(a))
+    default = 0
+    try:
+        interp = m[shared.m0]
+        els = interp.else_value() if interp is not None else None
+        if els is not None and z3.is_bv_value(els):
+            default = els.as_long()
+        for i in range(interp.num_entries() if interp is not None else 0):
+            ent = interp.entry(i)
+            k, v = ent.arg_value(0), ent.value()
+            if z3.is_bv_value(k) and z3.is_bv_value(v):
+                memory.setdefault(k.as_long(), v.as_long())
+    except z3.Z3Exception:  # m0 not in the model (no memory read matters)
+        pass
+    what = live[0][0]
+    for w, c, x in live:
+        if z3.is_true(m.eval(c, model_completion=True)):
+            what = w if x is None else f"{w} {val(x):#x}"
+            break
+    return Model(gprs, ymm, val(shared.flags) & STATUS_FLAGS, memory, default,
+                 z3.is_true(m.eval(shared.traced, model_completion=True)), what)
+
+
+__all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",
+           "Unprovable", "differences", "plausible", "solve"]

@@ -21,6 +21,7 @@ Every "bits" is the width of the value (1 for VEX's Ity_I1).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,12 @@ class _Converter:
         if kind == "RdTmp":
             return ("t", e.tmp)
         if kind == "Const":
-            return ("c", int(e.con.value), _bits(e.con.type))
+            ty = str(e.con.type)
+            if ty in ("Ity_F64", "Ity_F32"):  # a float constant: its bits
+                fmt = "<d" if ty == "Ity_F64" else "<f"
+                raw = struct.pack(fmt, float(e.con.value))
+                return ("c", int.from_bytes(raw, "little"), _bits(ty))
+            return ("c", int(e.con.value), _bits(ty))
         if kind == "Get":
             return ("g", int(e.offset), _bits(e.ty))
         if kind == "Load":

@@ -20,7 +20,8 @@ from usdtpatch.sites.check import (
     CheckReport,
     SiteCheck,
 )
-from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.prove.support import provable
+from usdtpatch.sites.windows import PatchWindow, WindowShape
 
 CHECK_SCHEMA = "usdtpatch/check"
 CHECK_SCHEMA_VERSION = 1
@@ -70,6 +71,7 @@ def site_json(s: SiteCheck, names: dict[str, str], mode64: bool) -> dict[str, An
             "code": s.blocked, "reason": wr.reason if wr is not None and wr.window is None
             else next((f.message for f in s.findings if f.code == s.blocked), s.blocked)},
         "window": None if wr is None or wr.window is None else window_json(wr.window),
+        "provable": None if wr is None or wr.window is None else _provable_json(wr.window),
         "window_attempts": list(wr.tried) if wr is not None else [],
         "red_zone": None if s.red_zone is None else {
             "may_use": s.red_zone.may_use, "reason": s.red_zone.reason},
@@ -77,8 +79,17 @@ def site_json(s: SiteCheck, names: dict[str, str], mode64: bool) -> dict[str, An
     }
 
 
+def _provable_json(w: PatchWindow) -> dict[str, Any]:
+    """Whether a rewrite is expected to prove the window's detour (usdtpatch.prove.support)."""
+    why = provable(w)
+    return {"expected": why is None, "reason": why}
+
+
 def summary_json(r: CheckReport) -> dict[str, Any]:
     oc = r.outcome_counts()
+    moving = [s.window.window for s in r.sites if s.window is not None
+              and s.window.window is not None and s.window.window.shape is not
+              WindowShape.IN_PLACE]
     return {
         "sites": len(r.sites),
         "optimizable": oc[OPTIMIZABLE],
@@ -87,6 +98,9 @@ def summary_json(r: CheckReport) -> dict[str, Any]:
         "blocked": oc[BLOCKED],
         "blocked_by_reason": r.blocked_counts(),
         "not_applicable": oc[NOT_APPLICABLE],
+        # of the sites whose window moves to a detour: how many a rewrite should prove
+        "detours": len(moving),
+        "provable": sum(1 for w in moving if provable(w) is None),
     }
 
 

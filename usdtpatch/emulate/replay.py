@@ -72,6 +72,7 @@ class _Run:
     hits: list[tuple[int, ...]] = field(default_factory=list)
     probe_rsp: list[int] = field(default_factory=list)
     written: set[int] = field(default_factory=set)
+    clobbered: set[int] = field(default_factory=set)  # written last by a traced hit
     steps: int = 0
 
 
@@ -116,6 +117,7 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
     def on_write(uc: Any, _access: int, address: int, size: int, _value: int,
                  _user: Any) -> None:
         run.written.update(range(address, address + size))
+        run.clobbered.difference_update(range(address, address + size))
 
     def on_code(uc: Any, address: int, _size: int, _user: Any) -> None:
         run.steps += 1
@@ -140,6 +142,7 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
                         fill(p)
                 uc.mem_write(at, v.to_bytes(8, "little"))
                 run.written.update(range(at, at + 8))
+                run.clobbered.update(range(at, at + 8))
 
     uc.hook_add(HOOK_MEM_UNMAPPED, on_unmapped)
     uc.hook_add(HOOK_MEM_WRITE, on_write)
@@ -166,9 +169,9 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
 
 def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | None
            ) -> str | None:
-    """What differs between the two sides run from `state`, or None. `dead_skip`: the
-    tracer's bytes [rsp - skip - 32, rsp - skip) at the original's probe are not compared
-    (None: no tracer writes are modelled)."""
+    """What differs between the two sides run from `state`, or None. `dead_skip`: a byte
+    the traced hit wrote last is not compared when it lies in [rsp - skip - 32, rsp - skip)
+    of the original's rsp at its probe (None: no tracer writes are modelled)."""
     codes = [(original.lo, original.code), (rewritten.lo, rewritten.code)]
     a, a_regs, a_peek = _run(original, state, codes)
     b, b_regs, b_peek = _run(rewritten, state, codes)
@@ -187,10 +190,11 @@ def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | No
             return f"registers at probe hit {i} differ: {_diff(names, ha, hb)}"
     if a_regs != b_regs:
         return f"registers at the exit differ: {_diff(names, a_regs, b_regs)}"
-    dead: set[int] = set()
+    dead: set[int] = set()  # bytes the traced hit wrote last, where nothing reads them
     if dead_skip is not None:
         for rsp in a.probe_rsp:
             dead.update(range(rsp - dead_skip - TRAMPOLINE_BYTES, rsp - dead_skip))
+        dead &= b.clobbered
     for addr in sorted((a.written | b.written) - dead):
         x, y = a_peek(addr), b_peek(addr)
         if x != y:

@@ -41,7 +41,7 @@ from usdtpatch.prove.smt import (
 )
 from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import GUARD_ENTER, NOP5, RED_ZONE
+from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, RED_ZONE
 from usdtpatch.x86.relocate import Detour
 
 PROVED = "proved"
@@ -64,24 +64,20 @@ class Proof:
 
 
 def tracer_nops(detour: Detour, probes: tuple[int, ...]) -> tuple[frozenset[int], int]:
-    """The addresses of the detour's optimized NOPs (where the 6.18 trampoline writes below
-    rsp when traced) and the bytes the guard skips (128 when guarded, else 0). A site whose
-    bytes are not nop5 (combo10's nop10 is another kernel's design) gets no writes."""
+    """The addresses of the detour's nop5s in its new sites (where the 6.18 trampoline writes
+    32 bytes below rsp when traced) and the bytes the guard is meant to skip (128 for a
+    guarded site, from the site's length, not its bytes: a guard that skips less is then a
+    difference; 0 without one). combo10's nop10 holds no nop5: another kernel's design,
+    no writes modelled."""
     mapping = dict(detour.insn_map)
     out: set[int] = set()
-    skip = 0
     for p in probes:
-        at = mapping[p]
-        code = detour.code[at - detour.address : at - detour.address + 16]
-        if code.startswith(GUARD_ENTER):
-            skip = RED_ZONE
-            code = code[len(GUARD_ENTER):]
-            at += len(GUARD_ENTER)
-        if code.startswith(b"\x90" + NOP5):  # combo5: libbpf attaches at the nop5
-            out.add(at + 1)
-        elif code.startswith(NOP5):
-            out.add(at)
-    return frozenset(out), skip
+        at = mapping[p] - detour.address
+        i = detour.code[at : at + detour.site_length].find(NOP5)
+        if i >= 0:
+            out.add(detour.address + at + i)
+    guarded = detour.site_length >= len(GUARD_ENTER) + len(NOP5) + len(GUARD_LEAVE)
+    return frozenset(out), RED_ZONE if guarded else 0
 
 
 class _Back:

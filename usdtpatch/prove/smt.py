@@ -31,7 +31,7 @@ from typing import Any
 
 import z3
 
-from usdtpatch.prove.vex import Block, NotLiftable, lift_block
+from usdtpatch.prove.vex import FAULTS, Block, NotLiftable, Undecodable, lift_block
 
 Z = Any  # z3 expressions (the binding is untyped)
 
@@ -45,6 +45,7 @@ STATUS_FLAGS = 0x8D5  # CF PF AF ZF SF OF
 # guest state not compared at the exit: rip (the exit is compared instead), the flag thunk
 # (the flags it describes are), VEX's emulation notes and the syscall pseudo-registers
 _NOT_STATE = (range(184, 192), range(144, 176), range(992, 1032), range(1040, 1048))
+FAULT = "fault"  # a path's jumpkind when it ends in a fault (its exit: the instruction's)
 MEMORY = "the memory byte at"
 ACCESSES = ("the memory accessed at", "the instructions that access memory")
 TRAMPOLINE_BYTES = 32  # 6.18's optimized hit: call (8) + push rcx, r11, rax (24) below rsp
@@ -128,13 +129,14 @@ class Path:
     last_insn: int = 0  # the original instruction control left from
     probe_rsp: list[Z] = field(default_factory=list)  # rsp at each probe hit
     tracer_rsp: list[Z] = field(default_factory=list)  # rsp at each traced NOP
+    tracer_at: list[int] = field(default_factory=list)  # where in `writes` its bytes start
     steps: int = 0
 
     def fork(self) -> Path:
         return Path(dict(self.regs), set(self.written), list(self.writes), list(self.loads),
                     [(a, list(g)) for a, g in self.access], list(self.hits), list(self.cond),
                     self.exit, self.jumpkind, self.last_insn, list(self.probe_rsp),
-                    list(self.tracer_rsp), self.steps)
+                    list(self.tracer_rsp), list(self.tracer_at), self.steps)
 
 
 MAX_STEPS = 256
@@ -430,6 +432,7 @@ class Machine:
         rcx, r11, rax, below rsp (only when traced; registers come back unchanged)."""
         rsp = Addr(self.get(p, RSP, 8))
         p.tracer_rsp.append(rsp.e)
+        p.tracer_at.append(len(p.writes))
         values = [_bv(at + 5, 64), self.get(p, 24, 8), self.get(p, 104, 8),
                   self.get(p, 16, 8)]
         for k, v in enumerate(values):
@@ -447,7 +450,12 @@ class Machine:
             while True:
                 if len(done) + len(work) > MAX_PATHS:
                     raise Unprovable(f"more than {MAX_PATHS} paths")
-                blk = self.region.block(at)
+                try:
+                    blk = self.region.block(at)
+                except Undecodable:  # SIGILL there: the path ends in a fault
+                    p.exit, p.jumpkind = _bv(self.origin(at), 64), FAULT
+                    done.append(p)
+                    break
                 tmps: dict[int, Z] = {}
                 nxt = None
                 insn = at
@@ -477,13 +485,17 @@ class Machine:
                         if _is_value(g) and g.as_long() == 0:
                             continue
                         target = _bv(st[2], 64)
+                        if st[3] in FAULTS:  # the instruction faults: the path ends at it
+                            target, jk = _bv(self.origin(insn), 64), FAULT
+                        else:
+                            jk = st[3]
                         if _is_value(g):
-                            nxt = (target, st[3])
+                            nxt = (target, jk)
                             break
                         other = p.fork()
                         other.cond.append(g == 1)
                         p.cond.append(g == 0)
-                        self._continue(other, target, st[3], work, done)
+                        self._continue(other, target, jk, work, done)
                     elif kind == "cas":
                         _k, old, addr_e, expd_e, new_e, bits = st
                         addr = self.expr(p, tmps, addr_e, insn)
@@ -510,7 +522,7 @@ class Machine:
                 if nxt is None:
                     nxt = (z3.simplify(self.expr(p, tmps, blk.next, insn)), blk.jumpkind)
                 target, jk = nxt
-                if self._inside(target):
+                if self._inside(target, jk):
                     at = target.as_long()
                     continue
                 p.exit, p.jumpkind = target, jk
@@ -518,7 +530,9 @@ class Machine:
                 break
         return done
 
-    def _inside(self, target: Z) -> bool:
+    def _inside(self, target: Z, jk: str = "") -> bool:
+        if jk == FAULT:
+            return False
         if not _is_value(target):
             return False
         t = target.as_long()
@@ -526,7 +540,7 @@ class Machine:
 
     def _continue(self, p: Path, target: Z, jk: str, work: list[tuple[Path, int]],
                   done: list[Path]) -> None:
-        if self._inside(target):
+        if self._inside(target, jk):
             work.append((p, target.as_long()))
         else:
             p.exit, p.jumpkind = target, jk
@@ -582,7 +596,10 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
         ret = z3.simplify(m_w.load(w.fork(), rsp, 64, 0))
         if _is_value(ret) and ret.as_long() in returns:
             slot = (rsp, ret.as_long(), returns[ret.as_long()])
-    out.append(("the exit", w.exit != d.exit, None))
+    if (w.jumpkind == FAULT) != (d.jumpkind == FAULT):
+        out.append(("a fault on one side only", z3.BoolVal(True), None))
+    out.append(("the exit" if w.jumpkind != FAULT else "the faulting instruction",
+                w.exit != d.exit, None))
     # registers: every 8 bytes of guest state either side wrote
     chunks = sorted({b - b % 8 for b in w.written | d.written
                      if not any(b in r for r in _NOT_STATE)})
@@ -606,10 +623,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
         if (a.bid, a.k) in seen:
             continue
         seen.add((a.bid, a.k))
-        vw, vd = _final_byte(w, a, shared), _final_byte(d, a, shared, not contained)
-        if vw.eq(vd):
-            continue
-        differ = vw != vd
+        vw, vd = _final_byte(w, a, shared), _final_byte(d, a, shared, hidden=False)
         if slot is not None:
             rsp, ret, copy = slot
             r = Addr(rsp)
@@ -617,14 +631,23 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
             if k is not None and 0 <= k < 8:
                 differ = z3.And(vd != _bv((ret >> 8 * k) & 0xFF, 8),
                                 vd != _bv((copy >> 8 * k) & 0xFF, 8))
-        if dead is not None:
-            for rsp in w.probe_rsp:
-                low = Addr(rsp).plus(-dead.skip - TRAMPOLINE_BYTES)
-                if low.bid == a.bid:
-                    if (a.k - low.k) & 0xFFFFFFFFFFFFFFFF < TRAMPOLINE_BYTES:
-                        differ = z3.BoolVal(False)
+            else:
+                differ = _ne(vw, vd)
+        else:
+            differ = _ne(vw, vd)
+        if d.tracer_at and not (contained and z3.is_false(differ)):
+            # a byte the traced hit wrote last: not compared when it lies in the dead bytes
+            # (the assumption), a difference (if its value differs) when it does not
+            clobbered = _clobbered(d, a, shared)
+            if not z3.is_false(clobbered):
+                dead_here = _in_dead(a, w, dead)
+                if contained:  # the tracer's bytes are the dead ones
+                    differ = z3.And(z3.Not(clobbered), differ)
                 else:
-                    differ = z3.And(differ, z3.UGE(a.e - low.e, TRAMPOLINE_BYTES))
+                    full = _final_byte(d, a, shared)
+                    differ = z3.If(clobbered, z3.And(z3.Not(dead_here), vw != full), differ)
+        if z3.is_false(differ):
+            continue
         out.append((MEMORY, differ, a.e))
     # the probe: reached as often, with the same registers
     if len(w.hits) != len(d.hits):
@@ -650,6 +673,51 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
             if not z3.is_true(s):
                 out.append((f"the memory accessed at {insn:#x}", z3.Not(s), None))
     return out
+
+
+def _ne(a: Z, b: Z) -> Z:
+    return z3.BoolVal(False) if a.eq(b) else a != b
+
+
+def _in_dead(a: Addr, w: Path, dead: Dead | None) -> Z:
+    """Whether byte `a` lies in the dead bytes below a probe hit of the window."""
+    if dead is None:
+        return z3.BoolVal(False)
+    out = []
+    for rsp in w.probe_rsp:
+        low = Addr(rsp).plus(-dead.skip - TRAMPOLINE_BYTES)
+        if low.bid == a.bid:
+            out.append(z3.BoolVal((a.k - low.k) & 0xFFFFFFFFFFFFFFFF < TRAMPOLINE_BYTES))
+        else:
+            out.append(z3.ULT(a.e - low.e, TRAMPOLINE_BYTES))
+    return z3.Or(*out) if out else z3.BoolVal(False)
+
+
+def _clobbered(d: Path, a: Addr, shared: Shared) -> Z:
+    """Whether the last write of byte `a` on path `d` is a traced hit's."""
+    conds = []
+    for rsp, start in zip(d.tracer_rsp, d.tracer_at, strict=True):
+        low = Addr(rsp).plus(-TRAMPOLINE_BYTES)
+        if low.bid == a.bid:
+            if (a.k - low.k) & 0xFFFFFFFFFFFFFFFF >= TRAMPOLINE_BYTES:
+                continue
+            inside = z3.BoolVal(True)
+        else:
+            inside = z3.ULT(a.e - low.e, TRAMPOLINE_BYTES)
+        later = []
+        overwritten = False
+        for wa, _v, _seen in d.writes[start + TRAMPOLINE_BYTES:]:
+            same = same_address(a, wa)
+            if same is True:
+                overwritten = True
+                break
+            if same is None:
+                later.append(a.e != wa.e)
+        if not overwritten:
+            conds.append(z3.And(inside, *later))
+    if not conds:
+        return z3.BoolVal(False)
+    return z3.And(shared.traced, z3.Or(*conds))
 
 
 def _reg_name(q: int) -> str:
@@ -688,6 +756,8 @@ def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
                 out.append(z3.UGE(e, 0x10000))
                 out.append(z3.ULE(e, (1 << 47) - n))
                 out += [z3.Or(z3.ULE(e + n, lo), z3.UGE(e, hi)) for lo, hi in code]
+    for t in d.tracer_rsp:  # the stack the tracer writes to is user memory too
+        out += [z3.UGE(t, 0x10000 + TRAMPOLINE_BYTES), z3.ULE(t, 1 << 47)]
     return out
 
 

@@ -1,9 +1,9 @@
 """Whether the prover models a window's instructions: `check`'s cheap prediction of which
 sites a rewrite proves (no engine is loaded: the window's decoded instructions are read).
 
-A window is predicted provable when it moves (an in-place window has no detour to prove),
-has no way in from outside (those are left to the emulator), and none of its instructions is
-one the prover refuses: a system call or interrupt, rdtsc and the other reads of machine
+A window is predicted provable (if the rewrite moves it to a detour; one written in place
+has no detour to prove) when it has no way in from outside (those are left to the
+emulator), and none of its instructions is one the prover refuses: a system call or interrupt, rdtsc and the other reads of machine
 state (cpuid, rdrand, xgetbv, ...), x87 (the register stack is indexed guest state),
 `rep`-prefixed string instructions (a loop of unknown length), integer division (its query
 does not finish in the budget), port I/O, hlt, ud2, int3. The proof itself can still leave a
@@ -13,7 +13,7 @@ docs/rewrite.md, "Proved, not sampled".
 
 from __future__ import annotations
 
-from usdtpatch.sites.windows import PatchWindow, WindowShape
+from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.decode import CodeInsn
 
 _REFUSED = frozenset({
@@ -47,8 +47,6 @@ def refused(insn: CodeInsn) -> str | None:
 
 def provable(window: PatchWindow) -> str | None:
     """None when the prover is expected to prove the window's detour, else why not."""
-    if window.shape is WindowShape.IN_PLACE:
-        return "written in place: there is no detour to prove"
     if window.retargets:
         return "ways in from outside the window are left to the emulator"
     for ins in window.insns:

@@ -35,10 +35,19 @@ Stmt = tuple[Any, ...]
 # jump kinds that are ordinary control flow; any other (a syscall, a trap, no decode) is not
 # modelled
 _PLAIN_JUMPS = frozenset({"Ijk_Boring", "Ijk_Call", "Ijk_Ret"})
+# conditional exits that are a fault of the instruction (movdqa's alignment check): a path
+# that takes one ends there, at that instruction
+FAULTS = frozenset({"Ijk_SigSEGV", "Ijk_SigBUS"})
+_TRAPS = frozenset({"Ijk_NoDecode", "Ijk_SigTRAP", "Ijk_SigILL"})
 
 
 class NotLiftable(Exception):
     """The code holds something the prover does not model; the message says what."""
+
+
+class Undecodable(NotLiftable):
+    """The instruction at the address faults when run: it does not decode (SIGILL) or it is
+    int3 or ud2 (SIGTRAP, SIGILL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +118,7 @@ class _Converter:
             return ("st", self.expr(s.addr), self.expr(s.data),
                     _bits(s.data.result_type(self.tyenv)))
         if kind == "Exit":
-            if s.jk not in _PLAIN_JUMPS:
+            if s.jk not in _PLAIN_JUMPS and s.jk not in FAULTS:
                 raise NotLiftable(f"a conditional {s.jk[4:]} exit")
             return ("exit", self.expr(s.guard), int(s.dst.value), str(s.jk))
         if kind == "CAS":
@@ -144,17 +153,47 @@ def lift_block(code: bytes, address: int) -> Block:
         irsb = pyvex.lift(code, address, _ARCH, opt_level=1, cross_insn_opt=False)
     except pyvex.PyVEXError as exc:
         raise NotLiftable(f"VEX cannot lift the code at {address:#x}: {exc}") from exc
-    if irsb.jumpkind not in _PLAIN_JUMPS:
-        raise NotLiftable(f"the code at {address:#x} ends in {irsb.jumpkind[4:]} (a system "
-                          f"call, a trap or an instruction VEX does not decode)")
+    statements = list(irsb.statements)
+    jumpkind = str(irsb.jumpkind)
+    if jumpkind in _TRAPS:
+        # the block's last instruction (the one at `next` for NoDecode, int3 for SigTRAP)
+        # faults: keep the instructions before it, then on to it (an Undecodable block)
+        marks = [i for i, st in enumerate(statements) if type(st).__name__ == "IMark"]
+        if jumpkind == "Ijk_NoDecode" and type(irsb.next).__name__ == "Const":
+            bad = int(irsb.next.con.value)
+            cut = next((i for i in marks if int(statements[i].addr) == bad), len(statements))
+        else:
+            cut = marks[-1] if marks else 0
+            bad = int(statements[cut].addr) if marks else address
+        if cut == 0 or not marks or cut == marks[0]:
+            raise Undecodable(f"the instruction at {bad:#x} faults ({jumpkind[4:]})")
+        statements = statements[:cut]
+        jumpkind = "Ijk_Boring"
+        next_expr: Expr = ("c", bad, 64)
+    elif jumpkind not in _PLAIN_JUMPS:
+        raise NotLiftable(f"the code at {address:#x} ends in {jumpkind[4:]} (a system "
+                          f"call or an instruction VEX does not model)")
+    else:
+        next_expr = ()
     conv = _Converter(irsb)
     stmts = []
-    for s in irsb.statements:
+    for s in statements:
         out = conv.stmt(s)
         if out is not None:
             stmts.append(out)
     insns = tuple(st[1] for st in stmts if st[0] == "im")
     if not insns:
         raise NotLiftable(f"VEX lifted no instruction at {address:#x}")
-    return Block(address, int(irsb.size), tuple(stmts), conv.expr(irsb.next),
-                 str(irsb.jumpkind), insns)
+    defs = {st[1]: st[2] for st in stmts if st[0] == "wr"}
+    # a locked instruction's restart when its compare-and-swap fails never happens in one
+    # thread (the compared value was just loaded): not a loop
+    targets = [st[2] for st in stmts if st[0] == "exit" and not (
+        st[1][0] == "t" and defs.get(st[1][1], ("",))[0] == "op"
+        and str(defs[st[1][1]][1]).startswith("Iop_CasCmpNE"))]
+    nxt = next_expr if next_expr else conv.expr(irsb.next)
+    if nxt[0] == "c":
+        targets.append(nxt[1])
+    if any(t in insns for t in targets):
+        raise NotLiftable(f"the code at {address:#x} loops (a rep-prefixed string instruction "
+                          f"or a loop: its length is not known)")
+    return Block(address, int(irsb.size), tuple(stmts), nxt, jumpkind, insns)

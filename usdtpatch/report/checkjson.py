@@ -9,6 +9,7 @@ from typing import Any
 
 from usdtpatch import __version__
 from usdtpatch.findings import Finding, Severity
+from usdtpatch.prove.support import provable
 from usdtpatch.report.listing import function_label, site_disassembly
 from usdtpatch.sites.check import (
     BACKWARD,
@@ -20,8 +21,7 @@ from usdtpatch.sites.check import (
     CheckReport,
     SiteCheck,
 )
-from usdtpatch.prove.support import provable
-from usdtpatch.sites.windows import PatchWindow, WindowShape
+from usdtpatch.sites.windows import PatchWindow
 
 CHECK_SCHEMA = "usdtpatch/check"
 CHECK_SCHEMA_VERSION = 1
@@ -87,9 +87,8 @@ def _provable_json(w: PatchWindow) -> dict[str, Any]:
 
 def summary_json(r: CheckReport) -> dict[str, Any]:
     oc = r.outcome_counts()
-    moving = [s.window.window for s in r.sites if s.window is not None
-              and s.window.window is not None and s.window.window.shape is not
-              WindowShape.IN_PLACE]
+    windows = [s.window.window for s in r.sites if s.window is not None
+               and s.window.window is not None]
     return {
         "sites": len(r.sites),
         "optimizable": oc[OPTIMIZABLE],
@@ -98,9 +97,10 @@ def summary_json(r: CheckReport) -> dict[str, Any]:
         "blocked": oc[BLOCKED],
         "blocked_by_reason": r.blocked_counts(),
         "not_applicable": oc[NOT_APPLICABLE],
-        # of the sites whose window moves to a detour: how many a rewrite should prove
-        "detours": len(moving),
-        "provable": sum(1 for w in moving if provable(w) is None),
+        # of the sites with a window: how many a rewrite should prove when it moves the
+        # window to a detour (usdtpatch.prove.support)
+        "windows": len(windows),
+        "provable": sum(1 for w in windows if provable(w) is None),
     }
 
 

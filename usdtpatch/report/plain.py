@@ -269,8 +269,8 @@ def check_summary_line(f: dict[str, Any]) -> str:
         line += " (" + ", ".join(f"{k}: {v}" for k, v in s["blocked_by_reason"].items()) + ")"
     if s["not_applicable"]:
         line += f"; {s['not_applicable']} not applicable"
-    if s.get("detours"):
-        line += f"; {s['provable']} of {s['detours']} detour(s) provable"
+    if s.get("windows"):
+        line += f"; {s['provable']} of {s['windows']} window(s) provable"
     return line
 
 

@@ -1,0 +1,270 @@
+"""The prover (usdtpatch.prove): every detour the rewriter builds for the fixtures is proved
+equivalent to its window; every mutant of those detours that the emulator (or the replay of
+a counterexample) shows to behave differently is rejected, and each rejection carries a
+counterexample the emulator confirms; what it does not model is refused, not proved; and the
+rewrite's reports say how each site was verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fixture, fixture_files, run_cli
+from tests.mutants import Question, mutants, questions
+from usdtpatch import api
+from usdtpatch.elf.image import parse_elf
+from usdtpatch.emulate.equivalence import DetourVerifier
+from usdtpatch.io import read_input
+from usdtpatch.prove.prover import DIFFERS, NOT_PROVABLE, PROVED, Proof, Prover
+from usdtpatch.prove.support import provable
+from usdtpatch.prove.verifier import ProvingVerifier, replay_proof
+from usdtpatch.report import plain
+from usdtpatch.rewriter import plan as rewriter_plan
+from usdtpatch.rewriter.forms import Guard
+from usdtpatch.sites.check import check
+from usdtpatch.sites.windows import PatchWindow, WindowShape
+from usdtpatch.x86.decode import sweep
+from usdtpatch.x86.nops import GUARD_ENTER, NOP5
+from usdtpatch.x86.relocate import Detour, jmp_rel32
+
+# what the prover leaves to the emulator on purpose in the fixtures
+LEFT_TO_EMULATOR = ("ways into the window from outside it",)
+# the fixtures whose detours cover every shape: plain, rip-relative, guarded (args-O0,
+# redzone-leaf), jcc two-exit (branch-after), moved and emulated calls (call-window,
+# cxx-callwin), adjacent probes (args-O2), rets (branch-onnop), a shared library
+MUTATED = ("args-O0", "args-O2", "branch-after", "branch-onnop", "call-window", "cxx-callwin",
+           "redzone-leaf", "riprel-after", "libprobes.so", "adjacent")
+
+
+def _prove(q: Question, prover: Prover | None = None) -> Proof:
+    return (prover or Prover()).prove(q.window, q.code, q.detour, q.probes,
+                                      entries=q.extra.get("entries", ()),
+                                      patches=q.extra.get("patches", ()))
+
+
+def _x86_fixtures() -> list[Path]:
+    out = []
+    for p in fixture_files():
+        image = parse_elf(read_input(str(p)))
+        if image.machine_name == "x86-64" and image.is64 and image.little_endian:
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fixture_questions() -> dict[str, list[Question]]:
+    out: dict[str, list[Question]] = {}
+    for p in _x86_fixtures():
+        out[p.name] = questions(str(p))
+        if p.name in ("call-window", "cxx-callwin"):  # the emulated calls too
+            out[p.name] += questions(str(p), calls="emulate")
+        if p.name == "args-O2":  # guarded detours of adjacent probes
+            out[p.name] += questions(str(p), guard=Guard.ALWAYS)
+    return out
+
+
+def test_every_fixture_detour_is_proved(fixture_questions: dict[str, list[Question]]) -> None:
+    proved = 0
+    for name, qs in fixture_questions.items():
+        for q in qs:
+            proof = _prove(q)
+            if proof.outcome == PROVED:
+                proved += 1
+                continue
+            assert proof.outcome == NOT_PROVABLE, (name, hex(q.window.start), proof.reason)
+            assert proof.reason.startswith(LEFT_TO_EMULATOR), (name, proof.reason)
+    assert proved >= 90  # every fixture detour but the retargeted ways in
+
+
+def test_mutants_rejected_with_confirmed_counterexamples(
+        fixture_questions: dict[str, list[Question]]) -> None:
+    """No mutant the emulator rejects is proved; every one that changes behaviour (the
+    emulator rejects it, or the counterexample's replay shows the difference) is rejected by
+    the rewrite's verifier with the prover's reason; each mutation kind is rejected at least
+    once."""
+    emulator = DetourVerifier()
+    kinds: dict[str, int] = {}
+    for name in MUTATED:
+        for q in fixture_questions[name]:
+            if _prove(q).outcome != PROVED:
+                continue
+            for what, m in mutants(q):
+                proof = _prove(m)
+                emulated = emulator(m.image, m.window, m.detour, m.probes, **m.extra)
+                confirmed = replay_proof(proof, m.window, m.code, m.detour, m.probes) \
+                    if proof.outcome == DIFFERS else None
+                where = (name, hex(q.window.start), what, proof.reason, emulated)
+                assert not (proof.outcome == PROVED and emulated is not None), where
+                if emulated is None and confirmed is None:
+                    continue  # the same behaviour (e.g. an unreachable instruction changed)
+                assert proof.outcome == DIFFERS and confirmed is not None, where
+                verifier = ProvingVerifier(lambda *_a, **_k: None)
+                why = verifier(m.image, m.window, m.detour, m.probes, **m.extra)
+                assert why is not None and why.startswith("proved not equivalent"), where
+                assert verifier.last_method == PROVED
+                kind = what.rsplit(" ", 2)[-1] if "field" not in what else "field"
+                kinds[kind] = kinds.get(kind, 0) + 1
+    assert set(kinds) >= {"field", "flipped", "dropped", "swapped", "restore"}, kinds
+
+
+def _window(name: str, shape: WindowShape | None = None) -> tuple[Question, PatchWindow]:
+    qs = questions(str(fixture(name)))
+    for q in qs:
+        if shape is None or q.window.shape is shape:
+            return q, q.window
+    pytest.skip(f"{name} has no such window")
+
+
+def _hand_detour(q: Question, body: list[bytes]) -> Question:
+    """q's detour rebuilt from `body`, one entry per window instruction (the probe's being
+    the new site), then `jmp end`."""
+    w, d = q.window, q.detour
+    pairs = []
+    code = b""
+    for insn, raw in zip(w.insns, body, strict=True):
+        pairs.append((insn.address, d.address + len(code)))
+        code += raw
+    pairs.append((w.end, d.address + len(code)))
+    code += jmp_rel32(d.address + len(code), w.end)
+    probe = dict(pairs)[q.probes[0]]
+    return Question(q.image, w, Detour(d.address, code, probe, len(NOP5), tuple(pairs)),
+                    q.probes, {})
+
+
+@pytest.mark.parametrize(("insn", "why"), [
+    (bytes.fromhex("0f05"), "Sys_syscall"),  # syscall
+    (bytes.fromhex("0f31"), "RDTSC"),  # rdtsc
+    (bytes.fromhex("f348a5"), "loops"),  # rep movsq: a loop of unknown length
+    (bytes.fromhex("48f7f1"), "SigFPE_IntDiv"),  # div %rcx
+    (bytes.fromhex("d9e8"), "GetI"),  # fld1 (x87)
+])
+def test_not_modelled_is_not_provable(insn: bytes, why: str) -> None:
+    """A detour holding an instruction outside the model is never proved (nor refuted): the
+    emulator decides."""
+    q, w = _window("riprel-after")
+    body = [NOP5 if i.address in q.probes else insn for i in w.insns]
+    proof = _prove(_hand_detour(q, body))
+    assert proof.outcome == NOT_PROVABLE and why in proof.reason, proof.reason
+    calls: list[int] = []
+
+    def fallback(*_a: object, **_k: object) -> None:
+        calls.append(1)
+
+    verifier = ProvingVerifier(fallback)
+    m = _hand_detour(q, body)
+    assert verifier(m.image, m.window, m.detour, m.probes) is None
+    assert calls == [1] and verifier.last_method == "emulated"
+
+
+def test_guard_that_moves_too_little_is_rejected() -> None:
+    """`lea -0x40(%rsp)` instead of -0x80: a traced hit's 32 bytes land in the red zone; the
+    prover finds it (the emulator's untraced runs cannot) and the replay confirms it."""
+    q, _w = _window("args-O0")
+    assert q.detour.code.find(GUARD_ENTER) >= 0
+    code = q.detour.code.replace(GUARD_ENTER, bytes.fromhex("488d6424c0"), 1)
+    code = code.replace(bytes.fromhex("488da42480000000"), bytes.fromhex("488da424" "40000000"),
+                        1)
+    m = q.with_code(code)
+    proof = _prove(m)
+    assert proof.outcome == DIFFERS and proof.model is not None and proof.model.traced
+    assert replay_proof(proof, m.window, m.code, m.detour, m.probes) is not None
+
+
+def test_answers_are_kept_by_position_independent_bytes() -> None:
+    """The same window relocated to another address is answered from the cache; a changed
+    detour is not."""
+    q, _w = _window("branch-after", WindowShape.BACKWARD)
+    prover = Prover()
+    first = _prove(q, prover)
+    assert first.outcome == PROVED and prover.hits == 0
+    d = q.detour
+    delta = 0x1000
+    moved_code = _relocate_copy(q, delta)
+    moved = Question(q.image, q.window,
+                     Detour(d.address + delta, moved_code, d.probe_address + delta,
+                            d.site_length, tuple((o, n + delta) for o, n in d.insn_map)),
+                     q.probes, q.extra)
+    assert moved_code != d.code  # its jmp back has another displacement
+    assert _prove(moved, prover).outcome == PROVED and prover.hits == 1
+    bad = next(m for what, m in mutants(q) if "field +1" in what)
+    assert _prove(bad, prover).outcome == DIFFERS and prover.hits == 1
+
+
+def _relocate_copy(q: Question, delta: int) -> bytes:
+    """q's detour bytes as they are `delta` bytes further on: every branch to outside the
+    detour (its targets are original addresses) gets its displacement less delta."""
+    from usdtpatch.x86.relocate import Replacement, relocate_window
+
+    w, d = q.window, q.detour
+    reps = [Replacement(p, next(i.size for i in w.insns if i.address == p),
+                        d.code[d.probe_address - d.address:
+                               d.probe_address - d.address + d.site_length])
+            for p in q.probes]
+    return relocate_window(w.code, w.start, reps, d.address + delta).code
+
+
+def test_rewrite_reports_how_each_site_was_verified(tmp_path: Path) -> None:
+    src = str(fixture("args-O2"))
+    proved = api.rewrite_plan(src, form="nop5")
+    detours = [s for s in proved.sites if s.detour is not None]
+    assert detours and all(s.verification == "proved" for s in detours)
+    assert all(s.verification == "not verified" for s in proved.sites
+               if s.action is rewriter_plan.Action.IN_PLACE)
+    emulated = api.rewrite_plan(src, form="nop5", prove=False)
+    assert all(s.verification == "emulated" for s in emulated.sites if s.detour is not None)
+    unverified = api.rewrite_plan(src, form="nop5", verify=False)
+    assert all(s.verification == "not verified" for s in unverified.sites
+               if s.detour is not None)
+    r = run_cli("rewrite", "--dry-run", "--form", "nop5", "--json", src)
+    doc = json.loads(r.out)
+    f = doc["files"][0]
+    assert f["verification"] == {"proved": len(detours), "emulated": 0,
+                                 "not verified": len(proved.sites) - len(detours)}
+    assert [s["verification"] for s in f["sites"]] == [s.verification for s in proved.sites]
+    text = run_cli("rewrite", "--dry-run", "--form", "nop5", src).out
+    assert f"{len(detours)} proved, 0 emulated" in text
+
+
+def test_verification_names_agree() -> None:
+    assert plain.VERIFICATIONS == rewriter_plan.VERIFICATIONS
+
+
+@pytest.mark.parametrize("name", ["retarget", "args-O2", "call-window", "branch-after",
+                                  "riprel-after", "redzone-leaf"])
+def test_check_predicts_provable_detours(name: str) -> None:
+    """`check` says which windows a rewrite should prove, and every detour the rewrite makes
+    is proved exactly when check said so (retarget's ways in are not)."""
+    src = str(fixture(name))
+    summary = json.loads(run_cli("check", "--json", src).out)["files"][0]["summary"]
+    text = run_cli("check", src).out
+    assert f"{summary['provable']} of {summary['windows']} window(s) provable" in text
+    ps = api.load(src)
+    predicted = {sc.probe.address: provable(sc.window.window) is None
+                 for sc in check(ps).sites if sc.window is not None and
+                 sc.window.window is not None}
+    assert sum(predicted.values()) == summary["provable"]
+    plan = api.rewrite_plan(src, form="nop5")
+    detours = [s for s in plan.sites if s.action is rewriter_plan.Action.DETOUR]
+    assert detours
+    for s in detours:
+        assert (s.verification == "proved") == predicted[s.probe.address], s.probe.address
+    if name == "retarget":
+        assert summary["windows"] == 3 and summary["provable"] == 0
+
+
+@pytest.mark.parametrize(("code", "why"), [
+    ("0f05", "not modelled"), ("0f31", "not modelled"), ("f348a5", "rep-prefixed"),
+    ("48f7f1", "not modelled"), ("48f7f9", "not modelled"), ("d9e8", "x87"),
+    ("0fa2", "not modelled"),
+])
+def test_support_refuses(code: str, why: str) -> None:
+    _q, w = _window("riprel-after")
+    ins = sweep(bytes.fromhex(code), w.start).insns[0]
+    bad = dataclasses.replace(w, insns=(ins,))
+    assert provable(w) is None
+    got = provable(bad)
+    assert got is not None and why in got

@@ -12,8 +12,8 @@ guard without its restore (`lea 0x80(%rsp),%rsp` turned into a NOP).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from usdtpatch.elf.image import ElfImage, parse_elf

@@ -187,7 +187,7 @@ def lift_block(code: bytes, address: int) -> Block:
     defs = {st[1]: st[2] for st in stmts if st[0] == "wr"}
     # a locked instruction's restart when its compare-and-swap fails never happens in one
     # thread (the compared value was just loaded): not a loop
-    targets = [st[2] for st in stmts if st[0] == "exit" and not (
+    targets = [st[2] for st in stmts if st[0] == "exit" and st[3] not in FAULTS and not (
         st[1][0] == "t" and defs.get(st[1][1], ("",))[0] == "op"
         and str(defs[st[1][1]][1]).startswith("Iop_CasCmpNE"))]
     nxt = next_expr if next_expr else conv.expr(irsb.next)

@@ -4,9 +4,10 @@ sites a rewrite proves (no engine is loaded: the window's decoded instructions a
 A window is predicted provable (if the rewrite moves it to a detour; one written in place
 has no detour to prove) when it has no way in from outside (those are left to the
 emulator), and none of its instructions is one the prover refuses: a system call or
-interrupt, rdtsc and the other reads of machine state (cpuid, rdrand, xgetbv, ...), x87 (the register stack is indexed guest state),
-`rep`-prefixed string instructions (a loop of unknown length), integer division (its query
-does not finish in the budget), port I/O, hlt, ud2, int3. The proof itself can still leave a
+interrupt, rdtsc and the other reads of machine state (cpuid, rdrand, xgetbv, ...), x87
+(the register stack is indexed guest state), `rep`-prefixed string instructions (a loop of
+unknown length), integer division (its query does not finish in the budget), port I/O,
+hlt, ud2, int3. The proof itself can still leave a
 predicted site to the emulator (its solver budget, a VEX construct it does not model):
 docs/rewrite.md, "Proved, not sampled".
 """

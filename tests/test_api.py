@@ -94,7 +94,8 @@ def test_options_take_enums_or_strings(prog: Path) -> None:
 
 def test_a_failed_detour_makes_the_outcome_failed(prog: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Verification is on by default, with a new verifier object per call."""
+    """Verification is on by default, with a new verifier object per call (the emulator's:
+    the prover, which would prove these detours, is off)."""
     import usdtpatch.emulate.equivalence as eq
 
     made: list[object] = []
@@ -107,11 +108,11 @@ def test_a_failed_detour_makes_the_outcome_failed(prog: Path, tmp_path: Path,
             return "rejected by the test"
 
     monkeypatch.setattr(eq, "DetourVerifier", Rejecting)
-    out = api.rewrite(prog, tmp_path / "out")
+    out = api.rewrite(prog, tmp_path / "out", prove=False)
     assert out.failed and not out.changed
     assert {s.code for s in out.sites} == {"verification-failed"}
     assert all(s.status is Status.FAILED for s in out.sites)
-    api.rewrite(prog)
+    api.rewrite(prog, prove=False)
     assert len(made) == 2  # one per call, none kept between calls
 
 

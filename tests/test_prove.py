@@ -268,3 +268,16 @@ def test_support_refuses(code: str, why: str) -> None:
     assert provable(w) is None
     got = provable(bad)
     assert got is not None and why in got
+
+
+def test_check_loads_neither_engine() -> None:
+    """`check`'s prediction reads decoded instructions only: no pyvex, no z3."""
+    import subprocess
+    import sys
+
+    code = ("import sys, io; from usdtpatch.cli import main; "
+            f"main(['check', '--json', {str(fixture('args-O2'))!r}], out=io.StringIO(), "
+            "err=io.StringIO()); print('z3' in sys.modules, 'pyvex' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -47,9 +47,11 @@ from usdtpatch.x86.relocate import Detour
 PROVED = "proved"
 DIFFERS = "differs"  # a counterexample the caller replays before calling it not equivalent
 NOT_PROVABLE = "not-provable"
-# z3's deterministic resource limit per site: about 100 ms of solving on the reference
-# machine (docs/performance.md); a site that needs more is left to the emulator
-RLIMIT = 2_000_000
+# z3's deterministic resource limit per site (the same answer on every machine and load):
+# 150,000 units took 90-150 ms of solving on the reference machine under load
+# (docs/performance.md, "Proofs"); the detours of libjvm.so need at most 1,670 (median 184).
+# A site that needs more is left to the emulator
+RLIMIT = 150_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class Proof:
     model: Model | None = None  # the counterexample (DIFFERS)
     entry: tuple[int, int] | None = None  # (window entry, detour entry) it concerns
     ms: float = 0.0
+    work: int = 0  # z3's resource units spent (the budget is RLIMIT)
 
 
 def tracer_nops(detour: Detour, probes: tuple[int, ...]) -> tuple[frozenset[int], int]:
@@ -160,7 +163,7 @@ class Prover:
             # the emulator decides (the tests check no fixture or real binary gets here)
             proof = Proof(NOT_PROVABLE, f"internal error of the prover: {exc!r}")
         proof = Proof(proof.outcome, proof.reason, proof.model, proof.entry,
-                      (time.perf_counter() - t0) * 1000)
+                      (time.perf_counter() - t0) * 1000, proof.work)
         self.cache[key] = proof
         return proof
 
@@ -199,8 +202,8 @@ class Prover:
                                       plausible(pw, pd, code_ranges)))
             verdict, model, spent = solve(questions, shared, self.rlimit - used)
             used += spent
-            if verdict == "unknown" or used >= self.rlimit:
-                return Proof(NOT_PROVABLE, "the solver's budget was exceeded")
             if verdict == "differs" and model is not None:
-                return Proof(DIFFERS, model.what, model, (e_w, e_d))
-        return Proof(PROVED, "equivalent on every path")
+                return Proof(DIFFERS, model.what, model, (e_w, e_d), work=used)
+            if verdict == "unknown" or used >= self.rlimit:
+                return Proof(NOT_PROVABLE, "the solver's budget was exceeded", work=used)
+        return Proof(PROVED, "equivalent on every path", work=used)

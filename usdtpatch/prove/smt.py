@@ -24,6 +24,7 @@ differ between two paths; `solve(...)` asks z3, under a deterministic resource l
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ class Shared:
     def __init__(self) -> None:
         self.m0 = z3.Function("m0", z3.BitVecSort(64), z3.BitVecSort(8))
         self.chunks: dict[int, Z] = {}
+        self.wides: dict[tuple[int, int], Z] = {}
         self.flags = z3.BitVec("rflags", 64)
         self.traced = z3.Bool("traced")  # the probe is attached (the tracer's writes happen)
         self.funcs: dict[tuple[Any, ...], Z] = {}
@@ -96,8 +98,18 @@ class Shared:
             elif q == CC_DEP1:
                 v = self.flags
             else:
-                v = z3.BitVec(f"g{q}", 64)
+                v = _var(f"g{q}", 64)
             self.chunks[q] = v
+        return v
+
+    def wide(self, off: int, nbytes: int) -> Z:
+        """The initial value of `nbytes` (a multiple of 8) of guest state at `off`."""
+        key = (off, nbytes)
+        v = self.wides.get(key)
+        if v is None:
+            v = _wide(off, nbytes) if all(q not in _SPECIAL for q in range(off, off + nbytes, 8)) \
+                else z3.Concat(*(self.chunk(q) for q in range(off + nbytes - 8, off - 8, -8)))
+            self.wides[key] = v
         return v
 
     def func(self, name: str, args: tuple[int, ...], result: int) -> Z:
@@ -143,7 +155,23 @@ MAX_STEPS = 256
 MAX_PATHS = 16
 
 
+@functools.lru_cache(maxsize=4096)
+def _var(name: str, bits: int) -> Z:
+    """A variable (kept, as _bv's constants)."""
+    return z3.BitVec(name, bits)
+
+
+_SPECIAL = (CC_OP, CC_DEP1, CC_DEP2, CC_NDEP)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wide(off: int, nbytes: int) -> Z:
+    return z3.Concat(*(_var(f"g{q}", 64) for q in range(off + nbytes - 8, off - 8, -8)))
+
+
+@functools.lru_cache(maxsize=65536)
 def _bv(v: int, bits: int) -> Z:
+    """A constant (kept: z3 makes the same term for the same value, slowly)."""
     return z3.BitVecVal(v, bits)
 
 
@@ -176,21 +204,27 @@ class Addr:
     """A 64-bit address as `base + k`, split once: two addresses of one base (a register
     plus constants, a constant) are compared without the solver."""
 
-    __slots__ = ("base", "bid", "e", "k")
+    __slots__ = ("_e", "base", "bid", "k")
 
     def __init__(self, e: Z, base: Z = None, bid: int = -2, k: int = 0) -> None:
         if bid == -2:
             base, k = _split(e)
             bid = -1 if base is None else base.get_id()
-        self.e, self.base, self.bid, self.k = e, base, bid, k
+        self._e, self.base, self.bid, self.k = e, base, bid, k
+
+    @property
+    def e(self) -> Z:
+        """The address as an expression (made when first asked: most are never needed)."""
+        if self._e is None:
+            k = self.k
+            self._e = _bv(k, 64) if self.base is None else (
+                self.base if k == 0 else self.base + _bv(k, 64))
+        return self._e
 
     def plus(self, c: int) -> Addr:
         if c == 0:
             return self
-        k = (self.k + c) & 0xFFFFFFFFFFFFFFFF
-        e = _bv(k, 64) if self.base is None else (self.base if k == 0 else
-                                                 self.base + _bv(k, 64))
-        return Addr(e, self.base, self.bid, k)
+        return Addr(None, self.base, self.bid, (self.k + c) & 0xFFFFFFFFFFFFFFFF)
 
 
 def same_address(a: Addr, b: Addr) -> bool | None:
@@ -224,7 +258,7 @@ class Machine:
                                                     for k in range(nbytes)):
             if nbytes == 8:
                 return self.s.chunk(off)
-            return z3.Concat(*(self.s.chunk(q) for q in range(off + nbytes - 8, off - 8, -8)))
+            return self.s.wide(off, nbytes)
         parts = []
         for b in range(off + nbytes - 1, off - 1, -1):
             sl = p.regs.get(b)
@@ -563,15 +597,25 @@ def _bool(b: Z) -> Z:
 
 
 def _final_byte(path: Path, a: Addr, shared: Shared, hidden: bool = True) -> Z:
-    out = shared.m0(a.e)
-    for wa, wv, seen in path.writes:
+    """The byte at `a` after `path`: its last write that is surely at `a`, then each later
+    write that may be (if-then-else), over `m0` when no write surely is."""
+    chain: list[tuple[Addr, Z, bool]] = []
+    out = None
+    for wa, wv, seen in reversed(path.writes):
         if not seen and not hidden:
             continue
         same = same_address(a, wa)
         if same is False:
             continue
+        if same is True and seen:
+            out = wv
+            break
+        chain.append((wa, wv, seen))
+    if out is None:
+        out = shared.m0(a.e)
+    for wa, wv, seen in reversed(chain):
         new = wv if seen else z3.If(shared.traced, wv, out)
-        out = new if same is True else z3.If(a.e == wa.e, new, out)
+        out = new if same_address(a, wa) is True else z3.If(a.e == wa.e, new, out)
     return out
 
 
@@ -619,8 +663,9 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
         (Addr(r).k - dead.skip - Addr(t).k) & 0xFFFFFFFFFFFFFFFF == 0
         for t, r in zip(d.tracer_rsp, w.probe_rsp, strict=True))
     seen: set[tuple[int, int]] = set()
-    for a, _v, _seen in (*w.writes, *d.writes):
-        if (a.bid, a.k) in seen:
+    for a, _v, visible in (*w.writes, *d.writes):
+        # a byte only the tracer wrote, where the assumption puts it: nothing to compare
+        if (a.bid, a.k) in seen or (contained and not visible):
             continue
         seen.add((a.bid, a.k))
         vw, vd = _final_byte(w, a, shared), _final_byte(d, a, shared, hidden=False)

@@ -227,6 +227,9 @@ def test_rewrite_reports_how_each_site_was_verified(tmp_path: Path) -> None:
     assert [s["verification"] for s in f["sites"]] == [s.verification for s in proved.sites]
     text = run_cli("rewrite", "--dry-run", "--form", "nop5", src).out
     assert f"{len(detours)} proved, 0 emulated" in text
+    page = tmp_path / "report.html"
+    run_cli("rewrite", "--dry-run", "--form", "nop5", "--report", page, src)
+    assert f"{len(detours)} proved, 0 emulated" in page.read_text()
 
 
 def test_verification_names_agree() -> None:

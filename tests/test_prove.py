@@ -284,3 +284,69 @@ def test_check_loads_neither_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# instruction kinds beyond the fixtures' windows: nop, then the snippet (bytes, the same
+# snippet changed so that it computes something else)
+KINDS = {
+    "sse": ("f20f58c1", "f20f58c2"),  # addsd %xmm1,%xmm0 / addsd %xmm2,%xmm0
+    "avx": ("c5fc58c1", "c5fc58c2"),  # vaddps %ymm1,%ymm0,%ymm0 / ... %ymm2 ...
+    "cmpxchg": ("f0480fb10f", "f0480fb117"),  # lock cmpxchg %rcx,(%rdi) / %rdx,(%rdi)
+    "push-pop": ("5358", "5258"),  # push %rbx; pop %rax / push %rdx; pop %rax
+    "setcc-cmov": ("4839f00f94c0480f4fd1", "4839f00f95c0480f4fd1"),  # sete / setne
+    "jcc": ("4885c07403ffc390", "4885c07503ffc390"),  # test; je +3 / jne +3; inc %ebx; nop
+    "ret": ("4883c408c3", "4883c410c3"),  # add $8,%rsp; ret / add $16
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_instruction_kinds_proved_and_changes_rejected(kind: str) -> None:
+    """A window `nop; SNIPPET` relocated by the rewriter's relocator is proved; the detour of
+    the changed snippet is refuted, and the emulator confirms the counterexample."""
+    from usdtpatch.x86.relocate import Replacement, relocate_window
+
+    _q, base = _window("riprel-after")
+    start, at = 0x40_1000, 0x50_0000
+    good, bad = (b"\x90" + bytes.fromhex(h) for h in KINDS[kind])
+
+    def window_of(code: bytes) -> PatchWindow:
+        insns = sweep(code, start).insns
+        return dataclasses.replace(base, start=start, end=start + len(code),
+                                   probe_address=start, probe_length=1, insns=insns,
+                                   code=code, internal_targets=(), calls=(),
+                                   retargets=())
+
+    w = window_of(good)
+    detour = relocate_window(good, start, [Replacement(start, 1, NOP5)], at)
+    proof = Prover().prove(w, good, detour, (start,))
+    assert proof.outcome == PROVED, proof.reason
+    wrong = relocate_window(bad, start, [Replacement(start, 1, NOP5)], at)
+    assert len(wrong.code) == len(detour.code)
+    proof = Prover().prove(w, good, wrong, (start,))
+    assert proof.outcome == DIFFERS, proof.reason
+    confirmed = replay_proof(proof, w, good, wrong, (start,))
+    if kind == "avx":
+        # unicorn 2 (QEMU 5) does not decode AVX: the replay cannot confirm, so the rewrite's
+        # verifier hands the site to the emulator (test_unconfirmed_goes_to_the_emulator)
+        assert confirmed is None
+    else:
+        assert confirmed is not None
+
+
+def test_unconfirmed_goes_to_the_emulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A counterexample the replay does not confirm rejects nothing: the emulator decides."""
+    import usdtpatch.prove.verifier as pv
+
+    q, _w = _window("riprel-after")
+    bad = next(m for what, m in mutants(q) if "field +1" in what)
+    proof = _prove(bad)
+    assert proof.outcome == DIFFERS
+    monkeypatch.setattr(pv, "replay_proof", lambda *_a: None)
+    verifier = ProvingVerifier(lambda *_a, **_k: "the emulator's answer")
+    assert verifier(bad.image, bad.window, bad.detour, bad.probes) == "the emulator's answer"
+    assert verifier.last_method == "emulated"
+    monkeypatch.undo()
+    verifier = ProvingVerifier(lambda *_a, **_k: "the emulator's answer")
+    why = verifier(bad.image, bad.window, bad.detour, bad.probes)
+    assert why is not None and why.startswith("proved not equivalent")
+    assert "the emulator replaying the counterexample confirms it" in why

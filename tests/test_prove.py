@@ -350,3 +350,29 @@ def test_unconfirmed_goes_to_the_emulator(monkeypatch: pytest.MonkeyPatch) -> No
     why = verifier(bad.image, bad.window, bad.detour, bad.probes)
     assert why is not None and why.startswith("proved not equivalent")
     assert "the emulator replaying the counterexample confirms it" in why
+
+
+def test_naive_moved_call_is_rejected() -> None:
+    """`nop; call X; mov %rax,%rbx`: the relocated call returns into the detour and is
+    proved; `push $RET; jmp X` in its place (RET the original return address, inside the
+    window, where the rewritten file holds int3) is refuted, and the replay confirms it."""
+    from usdtpatch.x86.relocate import Replacement, relocate_window
+
+    _q, base = _window("riprel-after")
+    start, at, callee = 0x40_1000, 0x50_0000, 0x40_2000
+    code = b"\x90" + b"\xe8" + (callee - (start + 6)).to_bytes(4, "little", signed=True) + \
+        bytes.fromhex("4889c3")
+    insns = sweep(code, start).insns
+    w = dataclasses.replace(base, start=start, end=start + len(code), probe_address=start,
+                            probe_length=1, insns=insns, code=code, internal_targets=(),
+                            calls=(start + 1,), retargets=())
+    good = relocate_window(code, start, [Replacement(start, 1, NOP5)], at)
+    assert Prover().prove(w, code, good, (start,)).outcome == PROVED
+    naive = NOP5 + b"\x68" + (start + 6).to_bytes(4, "little") + \
+        jmp_rel32(at + 10, callee) + bytes.fromhex("4889c3") + jmp_rel32(at + 18, start + 9)
+    bad = Detour(at, naive, at, len(NOP5),
+                 ((start, at), (start + 1, at + 5), (start + 6, at + 15), (start + 9, at + 18)))
+    proof = Prover().prove(w, code, bad, (start,))
+    assert proof.outcome == DIFFERS, proof.reason
+    confirmed = replay_proof(proof, w, code, bad, (start,))
+    assert confirmed is not None and "returns there" in confirmed

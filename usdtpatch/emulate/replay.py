@@ -167,11 +167,14 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
     return run, regs(), peek
 
 
-def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | None
-           ) -> str | None:
+def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | None,
+           returns: dict[int, tuple[int, ...]] | None = None) -> str | None:
     """What differs between the two sides run from `state`, or None. `dead_skip`: a byte
     the traced hit wrote last is not compared when it lies in [rsp - skip - 32, rsp - skip)
-    of the original's rsp at its probe (None: no tracer writes are modelled)."""
+    of the original's rsp at its probe (None: no tracer writes are modelled). `returns`: for
+    a return address the original's call pushed, what the rewritten side may push instead
+    (the detour's copy of it, where the moved call returns; the same address for an emulated
+    call): when the original leaves through such a call, those 8 bytes are compared so."""
     codes = [(original.lo, original.code), (rewritten.lo, rewritten.code)]
     a, a_regs, a_peek = _run(original, state, codes)
     b, b_regs, b_peek = _run(rewritten, state, codes)
@@ -188,6 +191,16 @@ def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | No
     for i, (ha, hb) in enumerate(zip(a.hits, b.hits, strict=True)):
         if ha != hb:
             return f"registers at probe hit {i} differ: {_diff(names, ha, hb)}"
+    slot: set[int] = set()
+    rsp = a_regs[GPR_NAMES.index("rsp")]
+    if returns and rsp == b_regs[GPR_NAMES.index("rsp")]:
+        pushed = int.from_bytes(bytes(a_peek(rsp + k) for k in range(8)), "little")
+        if pushed in returns and rsp in a.written:
+            got = int.from_bytes(bytes(b_peek(rsp + k) for k in range(8)), "little")
+            if got not in returns[pushed]:
+                return (f"the call pushes {got:#x}: its callee returns there, not to "
+                        + " or ".join(f"{v:#x}" for v in returns[pushed]))
+            slot = set(range(rsp, rsp + 8))
     if a_regs != b_regs:
         return f"registers at the exit differ: {_diff(names, a_regs, b_regs)}"
     dead: set[int] = set()  # bytes the traced hit wrote last, where nothing reads them
@@ -195,7 +208,7 @@ def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | No
         for rsp in a.probe_rsp:
             dead.update(range(rsp - dead_skip - TRAMPOLINE_BYTES, rsp - dead_skip))
         dead &= b.clobbered
-    for addr in sorted((a.written | b.written) - dead):
+    for addr in sorted((a.written | b.written) - dead - slot):
         x, y = a_peek(addr), b_peek(addr)
         if x != y:
             return f"the byte at {addr:#x} is {y:#04x} instead of {x:#04x}"

@@ -83,6 +83,17 @@ def tracer_nops(detour: Detour, probes: tuple[int, ...]) -> tuple[frozenset[int]
     return frozenset(out), RED_ZONE if guarded else 0
 
 
+def call_returns(window: PatchWindow, detour: Detour) -> dict[int, tuple[int, ...]]:
+    """What each call of the window may push in the detour, by the return address it pushes
+    in the window: its copy (a moved call, returning into the detour), or, for the call that
+    ends the window, the window's end itself (an emulated call: the original code after the
+    window runs). The first is always the copy."""
+    mapping = dict(detour.insn_map)
+    calls = set(window.calls)
+    return {i.end: (mapping[i.end], *((i.end,) if i.end == window.end else ()))
+            for i in window.insns if i.address in calls and i.end in mapping}
+
+
 class _Back:
     """Detour address -> the original instruction its bytes copy."""
 
@@ -178,11 +189,9 @@ class Prover:
                           stops=frozenset({window.start}), marks=frozenset(probes))
         d_region = Region(detour.address, detour.end, detour.code,
                           marks=sites | tracer)
-        calls = set(window.calls)
-        returns = {i.end: mapping[i.end] for i in window.insns
-                   if i.address in calls and i.end in mapping}
+        returns = call_returns(window, detour)
         pairs = [(window.start, detour.address), *entries,
-                 *((r, c) for r, c in sorted(returns.items()) if (r, c) not in entries)]
+                 *((r, c[0]) for r, c in sorted(returns.items()) if (r, c[0]) not in entries)]
         back = _Back(detour)
         code_ranges = [(window.start, window.start + len(code)), (detour.address, detour.end)]
         used = 0

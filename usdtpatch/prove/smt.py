@@ -628,18 +628,20 @@ class Dead:
 
 
 def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
-                returns: dict[int, int], dead: Dead | None) -> list[tuple[str, Z, Z]]:
+                returns: dict[int, tuple[int, ...]], dead: Dead | None
+                ) -> list[tuple[str, Z, Z]]:
     """What may differ between a window path and a detour path: (what, condition, the
     address of a memory byte or None)."""
     out: list[tuple[str, Z, Z]] = []
-    # the exit; a call's pushed return address may be the detour's copy of it (a moved call,
-    # whose return site is proved as an entry of its own)
-    slot: tuple[Z, int, int] | None = None
+    # the exit; a call's pushed return address may be another the rewriter allows
+    # (`returns`: the detour's copy, a moved call's, whose return site is proved as an entry
+    # of its own; the window's end itself, an emulated call's)
+    slot: tuple[Z, tuple[int, ...]] | None = None
     if w.jumpkind == "Ijk_Call":
         rsp = m_w.get(w, RSP, 8)
         ret = z3.simplify(m_w.load(w.fork(), rsp, 64, 0))
         if _is_value(ret) and ret.as_long() in returns:
-            slot = (rsp, ret.as_long(), returns[ret.as_long()])
+            slot = (rsp, returns[ret.as_long()])
     if (w.jumpkind == FAULT) != (d.jumpkind == FAULT):
         out.append(("a fault on one side only", z3.BoolVal(True), None))
     out.append(("the exit" if w.jumpkind != FAULT else "the faulting instruction",
@@ -670,12 +672,19 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
         seen.add((a.bid, a.k))
         vw, vd = _final_byte(w, a, shared), _final_byte(d, a, shared, hidden=False)
         if slot is not None:
-            rsp, ret, copy = slot
+            rsp, allowed = slot
             r = Addr(rsp)
             k = (a.k - r.k) & 0xFFFFFFFFFFFFFFFF if a.bid == r.bid else None
             if k is not None and 0 <= k < 8:
-                differ = z3.And(vd != _bv((ret >> 8 * k) & 0xFF, 8),
-                                vd != _bv((copy >> 8 * k) & 0xFF, 8))
+                # byte k of the 8 the detour pushed must be that byte of an allowed value,
+                # and the 8 must be one value: compare the whole slot once, at its byte 0
+                if k:
+                    continue
+                pushed = z3.Concat(*(_final_byte(d, r.plus(j), shared, hidden=False)
+                                     for j in range(7, -1, -1)))
+                differ = z3.And(*(pushed != _bv(v, 64) for v in allowed))
+                for j in range(8):
+                    seen.add((r.bid, (r.k + j) & 0xFFFFFFFFFFFFFFFF))
             else:
                 differ = _ne(vw, vd)
         else:

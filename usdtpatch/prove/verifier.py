@@ -20,7 +20,7 @@ from typing import Any
 
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.emulate.replay import Side, State, replay
-from usdtpatch.prove.prover import DIFFERS, PROVED, Proof, Prover, tracer_nops
+from usdtpatch.prove.prover import DIFFERS, PROVED, Proof, Prover, call_returns, tracer_nops
 from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.relocate import Detour
 
@@ -45,7 +45,8 @@ def replay_proof(proof: Proof, window: PatchWindow, code: bytes, detour: Detour,
                     stops=frozenset({window.start}))
     rewritten = Side(detour.address, detour.code, e_d,
                      frozenset(mapping[p] for p in probes), tracer)
-    return replay(original, rewritten, state, dead_skip=skip if tracer else None)
+    return replay(original, rewritten, state, dead_skip=skip if tracer else None,
+                  returns=call_returns(window, detour))
 
 
 def describe(proof: Proof, confirmed: str) -> str:

@@ -138,7 +138,6 @@ class Path:
     cond: list[Z] = field(default_factory=list)
     exit: Z = None
     jumpkind: str = ""
-    last_insn: int = 0  # the original instruction control left from
     probe_rsp: list[Z] = field(default_factory=list)  # rsp at each probe hit
     tracer_rsp: list[Z] = field(default_factory=list)  # rsp at each traced NOP
     tracer_at: list[int] = field(default_factory=list)  # where in `writes` its bytes start
@@ -147,7 +146,7 @@ class Path:
     def fork(self) -> Path:
         return Path(dict(self.regs), set(self.written), list(self.writes), list(self.loads),
                     [(a, list(g)) for a, g in self.access], list(self.hits), list(self.cond),
-                    self.exit, self.jumpkind, self.last_insn, list(self.probe_rsp),
+                    self.exit, self.jumpkind, list(self.probe_rsp),
                     list(self.tracer_rsp), list(self.tracer_at), self.steps)
 
 
@@ -498,7 +497,6 @@ class Machine:
                     if kind == "im":
                         insn = st[1]
                         p.steps += 1
-                        p.last_insn = insn
                         if p.steps > MAX_STEPS:
                             raise Unprovable(f"the code runs more than {MAX_STEPS} "
                                              f"instructions (a loop, or a rep prefix)")

@@ -130,10 +130,10 @@ class Path:
     written: set[int] = field(default_factory=set)  # guest-state bytes written
     # (address, byte, seen by loads), in order; the tracer's writes are not seen (the
     # assumption: nothing reads them)
-    writes: list[tuple[Z, Z, bool]] = field(default_factory=list)
+    writes: list[tuple[Addr, Z, bool]] = field(default_factory=list)
     loads: list[Z] = field(default_factory=list)  # byte addresses read from m0
     # (original instruction, [(address, size)]) in order: where a fault would happen
-    access: list[tuple[int, list[tuple[Z, int]]]] = field(default_factory=list)
+    access: list[tuple[int, list[tuple[Addr, int]]]] = field(default_factory=list)
     hits: list[tuple[Z, ...]] = field(default_factory=list)
     cond: list[Z] = field(default_factory=list)
     exit: Z = None

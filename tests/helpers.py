@@ -10,6 +10,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from usdtpatch.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,3 +136,12 @@ def readelf_sdt_notes(path: Path) -> list[ReadelfNote]:
         out.append(ReadelfNote(m["provider"], m["name"], int(m["pc"], 16), int(m["base"], 16),
                                int(m["sem"], 16), (m["args"] or "").rstrip()))
     return out
+
+
+def disable_prover(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every detour unprovable, so that a rewrite verifies it in the emulator (for the
+    tests of the emulator's path: a rejecting verifier, a dying worker, a refusing machine)."""
+    from usdtpatch.prove.prover import NOT_PROVABLE, Proof, Prover
+
+    monkeypatch.setattr(Prover, "prove",
+                        lambda self, *a, **k: Proof(NOT_PROVABLE, "disabled by the test"))

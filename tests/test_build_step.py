@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture, run_cli
+from tests.helpers import disable_prover, fixture, run_cli
 from tests.test_build_support import (
     digest,
     is_rewritten,
@@ -246,6 +246,7 @@ def test_a_site_that_fails_verification_fails_the_step(tmp_path: Path,
             return "registers differ after the window (test)"
 
     monkeypatch.setattr(equivalence, "DetourVerifier", Rejects)
+    disable_prover(monkeypatch)  # else the prover accepts the detour without the emulator
     app = _copy(tmp_path)
     original = sha(app)
     res = run_cli("post-link", app, "--keep-on-failure")

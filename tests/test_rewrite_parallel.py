@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture, run_cli
+from tests.helpers import disable_prover, fixture, run_cli
 from usdtpatch import api
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.emulate import equivalence
@@ -90,6 +90,7 @@ def test_a_dead_worker_is_a_clean_refusal(monkeypatch: pytest.MonkeyPatch,
     one line (exit 2), not hang waiting for its answers; nothing is written."""
     monkeypatch.setattr(equivalence, "_worker_run", _die)
     monkeypatch.setattr(equivalence, "JOBS_MIN_DETOURS", 0)
+    disable_prover(monkeypatch)  # the detours go to the workers
     out = tmp_path / "out"
     res = run_cli("rewrite", fixture("args-clang"), "-o", out)
     assert res.rc == 2, res.err

@@ -49,15 +49,17 @@ def replay_proof(proof: Proof, window: PatchWindow, code: bytes, detour: Detour,
                   returns=call_returns(window, detour))
 
 
-def describe(proof: Proof, confirmed: str) -> str:
+def describe(proof: Proof, confirmed: str, window_start: int) -> str:
     """A rejection's reason: what the proof found, what the emulator saw, and the state."""
     m = proof.model
     assert m is not None and proof.entry is not None
-    regs = " ".join(f"{n}={v:#x}" for n, v in m.gprs.items())
-    where = "" if proof.entry[0] == proof.entry[1] else \
+    regs = " ".join(f"{n}={v:#x}" for n, v in m.gprs.items() if v) or "every register 0"
+    if any(m.gprs.values()):
+        regs += " (the others 0)"
+    where = "" if proof.entry[0] == window_start else \
         f" entered at {proof.entry[0]:#x} (the detour's {proof.entry[1]:#x}),"
     return (f"proved not equivalent:{where} {m.what} can differ, and the emulator replaying "
-            f"the counterexample confirms it ({confirmed}); the counterexample: {regs} "
+            f"the counterexample confirms it ({confirmed}); the counterexample: {regs}, "
             f"rflags={m.rflags:#x}, {len(m.memory)} memory byte(s) set"
             + (", the probe traced" if m.traced else ""))
 
@@ -89,7 +91,7 @@ class ProvingVerifier:
                 self._replayed[key] = replay_proof(proof, window, code, detour, probes)
             confirmed = self._replayed[key]
             if confirmed is not None:
-                return self._said(PROVED, describe(proof, confirmed))
+                return self._said(PROVED, describe(proof, confirmed, window.start))
         return self._said(EMULATED, self.fallback(image, window, detour, probes, **extra))
 
     def _said(self, method: str, why: str | None) -> str | None:

@@ -35,7 +35,14 @@ from usdtpatch.elf.image import (
 )
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_in_place, symtab_with_functions
-from usdtpatch.elf.writer import AllocSection, Rewrite, TailSection, in_place_regions, write
+from usdtpatch.elf.writer import (
+    AllocSection,
+    Rewrite,
+    TailSection,
+    cut_copy_at,
+    in_place_regions,
+    write,
+)
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter.forms import ForkGuard
@@ -171,12 +178,17 @@ def _build_id(image: ElfImage) -> str | None:
 
 
 def _symtab(image: ElfImage, syms: list[tuple[str, int, int]], text_index: int,
-            limit: int) -> list[TailSection]:
+            limit: int, cut: int | None = None) -> list[TailSection]:
     """`.symtab` and its string table with a local STT_FUNC symbol per detour added: grown
     in place when they can be (usdtpatch.elf.symbols.symtab_in_place: nothing of the table is
     copied; sections in the room it takes are re-emitted after the segment), else a new copy
-    of both at the end."""
-    grown = symtab_in_place(image, syms, text_index, limit)
+    of both at the end. Past the `cut` of the input (usdtpatch.elf.writer.plan_segment)
+    the table grows in the writer's copy of the input's end, with no limit."""
+    grown = symtab_in_place(image, syms, text_index, limit if cut is None else 1 << 62)
+    if grown is not None and cut is not None and any(
+            at < cut < at + len(data) or (at < cut and at + len(data) > limit)
+            for at, data in ((grown.symtab_offset, grown.prefix), (grown.names_at, grown.names))):
+        grown = None  # it would straddle the cut (usdtpatch.elf.writer.plan_segment)
     if grown is not None:
         out = [TailSection(".symtab", SHT_SYMTAB, grown.prefix, 8, 24, grown.strtab_name,
                            grown.info, (grown.symtab_offset, grown.symtab_size,
@@ -245,7 +257,7 @@ def build_rewrite(plan: RewritePlan) -> Built:
             syms.append((f"__usdtpatch_detour_{tag}", o.detour.address, len(o.detour.code)))
     if fork is not None:
         syms += fork.symbols
-    symbols = _symtab(image, syms, text_index, plan.layout.offset)
+    symbols = _symtab(image, syms, text_index, plan.layout.offset, plan.layout.cut)
     # what the marker must give back: the in-place edits, and the original bytes under a
     # section grown in place (restore truncates the file, so only bytes inside it count)
     kept = list(patches) + [(t.place[2], t.data) for t in symbols if t.place is not None
@@ -268,10 +280,12 @@ def build_rewrite(plan: RewritePlan) -> Built:
                    "window": None if o.window is None else [o.window.start, o.window.end]}
                   for o in plan.sites],
     }
+    if plan.layout.cut is not None:  # the input from `cut` on lies at `copy` in the output
+        marker["cut"] = [plan.layout.cut, cut_copy_at(plan.layout, alloc)]
     if fork is not None:  # absent without a guard: a file without one is as it always was
         marker["fork_guard"] = dict(fork.marker)
-    tail = [TailSection(NOTE_SECTION, SHT_NOTE, note_bytes, 4), *unwind_tail, *symbols,
-            TailSection(MARKER_SECTION, SHT_NOTE, marker_note(marker), 4)]
+    tail = [TailSection(NOTE_SECTION, SHT_NOTE, note_bytes, 4), *unwind_tail, *symbols]
+    tail.append(TailSection(MARKER_SECTION, SHT_NOTE, marker_note(marker), 4))
     rw = Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail), renames, hdr_addr)
     said: tuple[Finding, ...] = ()
     if fork is not None:

@@ -157,7 +157,7 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
         phdr_size = max(phdr_size, moved.vaddr % 64 + moved.hi - moved.lo)
     low = _align(vend, PAGE)
     cut = _cut_at(image, low - delta, loads) if low < vaddr else None
-    if cut is not None:
+    if cut is not None and low - delta - cut <= MAX_DELTA_PADDING:
         # right after the memory image: strip's packed layout can keep its delta (`strip_align`)
         return SegmentLayout(low, low - delta, phdr_size, True, in_place, moved, cut)
     if vaddr - delta - len(image.data) <= MAX_DELTA_PADDING:

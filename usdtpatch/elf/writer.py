@@ -37,9 +37,9 @@ not by the memory image, at the price of perf's offsets for moved probes (`keeps
 which layout was chosen). Where the input's non-loaded end (symbols, debug info) lies where
 the segment with that delta would go, the segment goes there anyway, right after the memory
 image, and that end is copied after it (`_cut_at`): its p_align (`strip_align`) then makes
-strip, which packs segments, put it back at the same offset. Room is left before the segment for the names of the symbols a
-rewrite adds when `.symtab` grows in place (usdtpatch.elf.symbols.symtab_in_place). The
-original section header table is left where it was (or under the grown string table); the
+strip, which packs segments, put it back at the same offset. Room is left before the
+segment for the names of the symbols a rewrite adds when `.symtab` grows in place
+(usdtpatch.elf.symbols.symtab_in_place). The original section header table is left where it was (or under the grown string table); the
 new one at the end of the file lists every original section (some repointed, some renamed)
 and the new ones; a replaced name that several sections share (two `.note.stapsdt`) is
 refused, since which of them a reader takes is not defined.
@@ -50,6 +50,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from usdtpatch.elf.image import (
     PF_R,
@@ -67,6 +68,9 @@ from usdtpatch.elf.image import (
     Segment,
 )
 from usdtpatch.errors import ElfFormatError, UnsupportedError
+
+if TYPE_CHECKING:
+    from usdtpatch.elf.notes import SdtNote
 
 PAGE = 4096
 MAX_DELTA_PADDING = 1 << 20  # zeros accepted to keep the .stapsdt.base segment's delta
@@ -333,7 +337,24 @@ def _symbol_room(image: ElfImage) -> int:
     digits = len(str(len(notes)))
     bound = sum(len(DETOUR_PREFIX) + len(n.provider.encode("utf-8", "surrogateescape"))
                 + len(n.name.encode("utf-8", "surrogateescape")) + digits + 3 for n in notes)
-    return symbol_room(image, bound)
+    return symbol_room(image, max(bound, _split_part_names_bound(image, notes, digits)))
+
+
+def _split_part_names_bound(image: ElfImage, notes: Sequence[SdtNote], digits: int) -> int:
+    """An upper bound of the string bytes of detour symbols named after their function
+    (`f.usdtpatch.N`, usdtpatch.rewriter.build.detour_symbols), one per note."""
+    from usdtpatch.elf.symbols import load_symbols
+
+    try:
+        symbols = load_symbols(image)
+    except (ValueError, UnsupportedError, ElfFormatError):
+        return 0
+    total = 0
+    for n in notes:
+        found = symbols.lookup(n.pc)
+        name = found[0].name if found is not None else ""
+        total += len(name.encode("utf-8", "surrogateescape")) + len(".usdtpatch.") + digits + 1
+    return total
 
 
 @dataclass(frozen=True, slots=True)

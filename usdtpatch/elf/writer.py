@@ -41,8 +41,9 @@ strip, which packs segments, put it back at the same offset. Room is left before
 segment for the names of the symbols a rewrite adds when `.symtab` grows in place
 (usdtpatch.elf.symbols.symtab_in_place). The original section header table is left where
 it was (or under the grown string table); the new one at the end of the file lists every
-original section (some repointed, some renamed) and the new ones; a replaced name that several sections share (two `.note.stapsdt`) is
-refused, since which of them a reader takes is not defined.
+original section (some repointed, some renamed) and the new ones; a replaced name that
+several sections share (two `.note.stapsdt`) is refused, since which of them a reader takes
+is not defined.
 """
 
 from __future__ import annotations

@@ -84,7 +84,6 @@ class SiteResult:
     semaphore_offset: int = 0
     attach_error: str = ""  # why perf_event_open refused the site
     hits: int = 0  # hits of this process (its samples)
-    hits_all: int = 0  # hits of every process mapping the file (the events' counters)
     attached: bytes | None = None  # the site's bytes while attached (at the end of the run)
     optimized: bool = False  # e8 whose target lies in a [uprobes-trampoline] mapping
     call_target: int | None = None
@@ -102,7 +101,6 @@ class SiteResult:
                 "address": self.address, "original": self.original.hex(),
                 "semaphore_offset": self.semaphore_offset or None,
                 "attach_error": self.attach_error or None, "hits": self.hits,
-                "hits_all": self.hits_all,
                 "attached": hx(self.attached), "optimized": self.optimized,
                 "call_target": self.call_target, "planned_protocol": self.planned_protocol,
                 "planned": hx(self.planned), "planned_trampoline": self.planned_trampoline,
@@ -143,6 +141,7 @@ class ProcessResult:
     inspected: bool = False
     note: str = ""
     samples_lost: int = 0  # samples the kernel dropped (full ring buffer) by the inspection
+    throttled: int = 0  # times the kernel throttled the sampling (hits then undercounted)
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "kind": self.kind, "parent": self.parent,
                 "threads": self.threads, "trampolines": self.trampolines,
@@ -152,7 +151,7 @@ class ProcessResult:
                 "exit_signal_name": (None if self.exit_signal is None
                                      else signal.Signals(self.exit_signal).name),
                 "inspected": self.inspected, "note": self.note or None,
-                "samples_lost": self.samples_lost,
+                "samples_lost": self.samples_lost, "throttled": self.throttled,
                 "sites": [s.to_json() for s in self.sites]}
 
 
@@ -300,6 +299,9 @@ class _Target:
     def __init__(self, result: ProcessResult, specs: list[SiteSpec]) -> None:
         self.result = result
         self.specs = specs
+        # the mappings soon after its first hit, before the trampoline page is placed or just
+        # after: what the kernel saw when it placed it (a JVM maps more later)
+        self.first_maps: list[MapEntry] | None = None
 
 
 class Kcheck:
@@ -354,7 +356,7 @@ class Kcheck:
         process; SiteSampler) and note why a site has none."""
         if self.sampler is None:
             t0 = time.monotonic()
-            self.sampler = SiteSampler(self.path, [(self.specs[i].file_offset,
+            self.sampler = SiteSampler(self.real, [(self.specs[i].file_offset,
                                                     self.specs[i].semaphore_offset)
                                                    for i in self._probed])
             self.attach_seconds = time.monotonic() - t0
@@ -383,19 +385,18 @@ class Kcheck:
         maps, tramps = self._state(pid)
         res.trampolines = tramps
         tranges = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
-        plan = _plan_for(self.path, maps) if maps else None
+        plan = _plan_for(self.path, t.first_maps or maps) if maps else None
         planned: dict[int, SitePlan] = {s.index: s for s in plan.sites} if plan else {}
         sampler = self.sampler
         if sampler is not None:
             sampler.drain()
-            for j, i in enumerate(self._probed):
-                res.sites[i].hits = sampler.hits(j, pid)
-                res.sites[i].hits_all = sampler.total(j)
-            res.samples_lost = sampler.lost
+            res.samples_lost, res.throttled = sampler.lost, sampler.throttled
         for spec, site in zip(self.specs, res.sites, strict=True):
             site.address = _runtime(maps, self.real, spec.file_offset)
             if site.address is None:
                 continue
+            if sampler is not None and not site.attach_error:
+                site.hits = sampler.hits(pid, site.address)
             site.attached = _read(pid, site.address, spec.length)
             if site.attached is not None and site.attached[0] == CALL_REL32 and spec.length >= 5:
                 site.call_target = (site.address + 5
@@ -599,8 +600,21 @@ class Kcheck:
                 if self.sampler is not None and now - self._drained > 0.02:
                     self.sampler.drain()  # before the ring buffers fill
                     self._drained = now
+                    self._first_hits()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def _first_hits(self) -> None:
+        """Note the mappings of each target that hit a site for the first time."""
+        assert self.sampler is not None
+        waiting = [t for t in self.targets.values()
+                   if t.first_maps is None and not t.result.inspected]
+        if not waiting:
+            return
+        hit = self.sampler.pids()
+        for t in waiting:
+            if t.result.pid in hit:
+                t.first_maps = self._state(t.result.pid)[0] or None
 
     def _close_events(self) -> None:
         if self.sampler is not None:

@@ -85,16 +85,18 @@ def open_uprobe(path: str, offset: int, pid: int = -1, cpu: int = -1,
     return Uprobe(int(fd), path, offset)
 
 
-# --- per-CPU sampling uprobes: one event per site and CPU, every hit a sample -------------
+# --- one trace event for every site, sampled per CPU -------------------------------------
 
+PERF_TYPE_TRACEPOINT = 2
+PERF_SAMPLE_IP = 1 << 0
 PERF_SAMPLE_TID = 1 << 1
-PERF_SAMPLE_IDENTIFIER = 1 << 16
 PERF_RECORD_LOST = 2
+PERF_RECORD_THROTTLE = 5
 PERF_RECORD_SAMPLE = 9
-PERF_EVENT_IOC_SET_OUTPUT = 0x2405  # _IO('$', 5)
-PERF_EVENT_IOC_ID = 0x80082407  # _IOR('$', 7, __u64 *)
-RING_PAGES = 256  # data pages of each CPU's ring buffer (a power of two)
+RING_PAGES = 512  # data pages of each CPU's ring buffer (a power of two)
 CPU_ONLINE_PATH = "/sys/devices/system/cpu/online"
+TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+GROUP_PREFIX = "usdtpatch_kc"  # + the pid of the kcheck that defined the event
 
 
 def online_cpus() -> list[int]:
@@ -111,67 +113,108 @@ def online_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+def tracefs() -> str:
+    for d in TRACEFS:
+        if os.path.exists(os.path.join(d, "uprobe_events")):
+            return d
+    raise UnsupportedError("no tracefs with uprobe_events (mount -t tracefs nodev "
+                           "/sys/kernel/tracing)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_events() -> None:
+    """Remove the trace events of kcheck runs that are gone (killed before their cleanup)."""
+    root = tracefs()
+    with open(os.path.join(root, "uprobe_events")) as f:
+        groups = {line[2:].split("/", 1)[0] for line in f if line[2:].startswith(GROUP_PREFIX)}
+    for g in groups:
+        pid = g[len(GROUP_PREFIX):]
+        if pid.isdigit() and not _alive(int(pid)):
+            _write_event(root, f"-:{g}/sites")
+
+
+def _write_event(root: str, line: str) -> None:
+    fd = os.open(os.path.join(root, "uprobe_events"), os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, line.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
 class SiteSampler:
-    """Sampling uprobes on `sites` ((file offset, semaphore offset) of `path`), one event per
-    site and online CPU for every process (pid -1), each hit a PERF_SAMPLE_TID sample in its
-    CPU's ring buffer (the CPU's first event owns the buffer; the others write into it,
-    PERF_EVENT_IOC_SET_OUTPUT). `drain()` reads the buffers; `hits(i, pid)` is how many of
-    site i's hits came from process `pid` (the sample's pid is the thread group id);
-    `total(i)` counts every process's hits (the events' counters: exact even when the
-    kernel dropped samples, which `lost` counts). The event count is sites x CPUs, whatever
-    the number of threads or processes. close() detaches every site."""
+    """Every site of `sites` ((file offset, semaphore offset) of `path`) as one probe of ONE
+    trace event (tracefs uprobe_events: `p:usdtpatch_kc<pid>/sites PATH:OFFSET(REF)`, each
+    line adding a probe to the same event), and one sampling perf event per online CPU on it
+    for every process (pid -1): each hit a sample (PERF_SAMPLE_IP, PERF_SAMPLE_TID) in that
+    CPU's ring buffer. The kernel registers the sites' uprobes when the first CPU event is
+    opened and unregisters them all when the last is closed, with ONE wait for the RCU grace
+    periods an unregistration needs (a uprobe perf event of its own per site and CPU waits
+    once per event, ~0.25 s each here, under a global mutex). `drain()` reads the buffers;
+    `hits(pid, address)` counts the samples of process `pid` at a site's run-time address;
+    `lost` counts samples the kernel dropped (a full buffer) and `throttled` how often it
+    throttled sampling (more than perf_event_max_sample_rate hits a second on a CPU). The
+    event count is the number of CPUs. close() detaches every site and removes the event."""
 
     def __init__(self, path: str, sites: list[tuple[int, int]]) -> None:
         import mmap
 
+        if any(c.isspace() for c in path):
+            raise UnsupportedError(f"{path}: a path with white space cannot be named in "
+                                   f"uprobe_events")
         self.path = path
         self.errors: dict[int, str] = {}
-        self.fds: list[list[int]] = [[] for _ in sites]  # per site: its CPUs' events
         self.lost = 0
-        self._by_id: dict[int, int] = {}  # event id -> site index
-        self._counts: dict[tuple[int, int], int] = {}  # (site, pid) -> samples
+        self.throttled = 0
+        self.fds: list[int] = []
         self._rings: list[mmap.mmap] = []
-        self._owners: list[int] = []
-        ptype = uprobe_pmu_type()
-        cpath = ctypes.create_string_buffer(os.fsencode(path))
+        self._samples: dict[tuple[int, int], int] = {}  # (pid, ip) -> samples
+        self.root = tracefs()
+        remove_stale_events()
+        self.group = f"{GROUP_PREFIX}{os.getpid()}"
+        self._defined = False
         try:
+            for i, (offset, ref_ctr) in enumerate(sites):
+                ref = f"(0x{ref_ctr:x})" if ref_ctr else ""
+                try:
+                    _write_event(self.root, f"p:{self.group}/sites {path}:0x{offset:x}{ref}")
+                    self._defined = True
+                except OSError as exc:
+                    self.errors[i] = exc.strerror or str(exc)
+            if not self._defined:
+                return
+            with open(os.path.join(self.root, "events", self.group, "sites", "id")) as f:
+                ident = int(f.read())
             for cpu in online_cpus():
-                owner = -1
-                for i, (offset, ref_ctr) in enumerate(sites):
-                    attr = bytearray(PERF_ATTR_SIZE)
-                    struct.pack_into("<IIQQQ", attr, 0, ptype, PERF_ATTR_SIZE, ref_ctr << 32,
-                                     1, PERF_SAMPLE_IDENTIFIER | PERF_SAMPLE_TID)
-                    struct.pack_into("<QQ", attr, 56, ctypes.addressof(cpath), offset)
-                    buf = (ctypes.c_char * PERF_ATTR_SIZE).from_buffer(attr)
-                    fd = _libc.syscall(ctypes.c_long(SYS_PERF_EVENT_OPEN), buf,
-                                       ctypes.c_int(-1), ctypes.c_int(cpu), ctypes.c_int(-1),
-                                       ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
-                    if fd < 0:
-                        err = ctypes.get_errno()
-                        self.errors.setdefault(i, os.strerror(err))
-                        continue
-                    self.fds[i].append(int(fd))
-                    ident = ctypes.c_uint64()
-                    if _libc.ioctl(ctypes.c_int(fd), ctypes.c_ulong(PERF_EVENT_IOC_ID),
-                                   ctypes.byref(ident)) < 0:
-                        raise OSError(ctypes.get_errno(), "PERF_EVENT_IOC_ID")
-                    self._by_id[ident.value] = i
-                    if owner < 0:
-                        owner = int(fd)
-                        self._rings.append(mmap.mmap(fd, (1 + RING_PAGES) * mmap.PAGESIZE,
-                                                     mmap.MAP_SHARED,
-                                                     mmap.PROT_READ | mmap.PROT_WRITE))
-                        self._owners.append(owner)
-                    elif _libc.ioctl(ctypes.c_int(fd), ctypes.c_ulong(PERF_EVENT_IOC_SET_OUTPUT),
-                                     ctypes.c_int(owner)) < 0:
-                        raise OSError(ctypes.get_errno(), "PERF_EVENT_IOC_SET_OUTPUT")
+                attr = bytearray(PERF_ATTR_SIZE)
+                struct.pack_into("<IIQQQ", attr, 0, PERF_TYPE_TRACEPOINT, PERF_ATTR_SIZE,
+                                 ident, 1, PERF_SAMPLE_IP | PERF_SAMPLE_TID)
+                buf = (ctypes.c_char * PERF_ATTR_SIZE).from_buffer(attr)
+                fd = _libc.syscall(ctypes.c_long(SYS_PERF_EVENT_OPEN), buf, ctypes.c_int(-1),
+                                   ctypes.c_int(cpu), ctypes.c_int(-1),
+                                   ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
+                if fd < 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"perf_event_open {self.group}/sites on CPU {cpu}: "
+                                       f"{os.strerror(err)}")
+                self.fds.append(int(fd))
+                self._rings.append(mmap.mmap(fd, (1 + RING_PAGES) * mmap.PAGESIZE,
+                                             mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
         except BaseException:
             self.close()
             raise
 
     @property
     def event_count(self) -> int:
-        return sum(len(f) for f in self.fds)
+        return len(self.fds)
 
     def drain(self) -> None:
         """Read every record the kernel wrote since the last drain."""
@@ -181,58 +224,52 @@ class SiteSampler:
                 data_offset, data_size = 4096, len(ring) - 4096
             pos = tail
             while pos + 8 <= head:
-                at = data_offset + pos % data_size
-                raw = ring[at : at + 8] if at + 8 <= data_offset + data_size else \
-                    self._wrapped(ring, pos, 8, data_offset, data_size)
-                rtype, _misc, size = struct.unpack("<IHH", raw)
+                rtype, _misc, size = struct.unpack("<IHH", self._at(ring, pos, 8, data_offset,
+                                                                    data_size))
                 if size < 8 or pos + size > head:
                     break
-                rec = ring[at : at + size] if at + size <= data_offset + data_size else \
-                    self._wrapped(ring, pos, size, data_offset, data_size)
                 if rtype == PERF_RECORD_SAMPLE and size >= 24:
-                    ident, pid = struct.unpack_from("<QI", rec, 8)
-                    site = self._by_id.get(ident)
-                    if site is not None:
-                        key = (site, pid)
-                        self._counts[key] = self._counts.get(key, 0) + 1
+                    ip, pid = struct.unpack_from("<QI", self._at(ring, pos, 24, data_offset,
+                                                                 data_size), 8)
+                    key = (pid, ip)
+                    self._samples[key] = self._samples.get(key, 0) + 1
                 elif rtype == PERF_RECORD_LOST and size >= 24:
-                    self.lost += struct.unpack_from("<Q", rec, 16)[0]
+                    self.lost += struct.unpack_from("<Q", self._at(ring, pos, 24, data_offset,
+                                                                   data_size), 16)[0]
+                elif rtype == PERF_RECORD_THROTTLE:
+                    self.throttled += 1
                 pos += size
             struct.pack_into("<Q", ring, 1032, pos)
 
     @staticmethod
-    def _wrapped(ring: Any, pos: int, size: int, data_offset: int, data_size: int) -> bytes:
+    def _at(ring: Any, pos: int, size: int, data_offset: int, data_size: int) -> bytes:
         start = pos % data_size
+        if start + size <= data_size:
+            return bytes(ring[data_offset + start : data_offset + start + size])
         first = data_size - start
         return bytes(ring[data_offset + start : data_offset + data_size]) + \
             bytes(ring[data_offset : data_offset + size - first])
 
-    def hits(self, site: int, pid: int) -> int:
-        return self._counts.get((site, pid), 0)
+    def pids(self) -> set[int]:
+        """The processes that hit a site so far."""
+        return {pid for pid, _ip in self._samples}
 
-    def total(self, site: int) -> int:
-        """Every process's hits of `site` (the sum of its CPUs' counters)."""
-        n = 0
-        for fd in self.fds[site]:
-            with contextlib.suppress(OSError):
-                n += struct.unpack("<Q", os.read(fd, 8))[0]
-        return n
+    def hits(self, pid: int, address: int) -> int:
+        """Samples of process `pid` at the site at run-time `address` (the sample's ip is
+        the breakpoint's address, or the byte after it)."""
+        return self._samples.get((pid, address), 0) + self._samples.get((pid, address + 1), 0)
 
     def close(self) -> None:
-        """Close every event (in parallel: a uprobe's removal waits for RCU grace periods,
-        which overlap across threads)."""
-        from concurrent.futures import ThreadPoolExecutor
-
+        """Close the CPU events (the last close unregisters every site) and remove the
+        trace event."""
         for ring in self._rings:
             ring.close()
         self._rings = []
-        fds = [fd for f in self.fds for fd in f]
-        self.fds = [[] for _ in self.fds]
-
-        def shut(fd: int) -> None:
+        for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-        if fds:
-            with ThreadPoolExecutor(max_workers=min(32, len(fds))) as pool:
-                list(pool.map(shut, fds))
+        self.fds = []
+        if self._defined:
+            with contextlib.suppress(OSError):
+                _write_event(self.root, f"-:{self.group}/sites")
+            self._defined = False

@@ -636,8 +636,9 @@ class Kcheck:
                     ptrace.interrupt(tid)
         self._drain(self._handle_live if kill else self._detach_stopped)
 
-    def run_command(self, argv: list[str]) -> KcheckReport:
-        """Start `argv`, held before exec until it is traced, and follow it to its end."""
+    def run_command(self, argv: list[str], stdout: int | None = None) -> KcheckReport:
+        """Start `argv`, held before exec until it is traced, and follow it to its end
+        (`stdout`: a descriptor to give it as its standard output)."""
         self.command = list(argv)
         _raise_nofile()
         gate_r, gate_w = os.pipe()
@@ -647,6 +648,8 @@ class Kcheck:
                 os.close(gate_w)
                 os.read(gate_r, 1)
                 os.close(gate_r)
+                if stdout is not None:
+                    os.dup2(stdout, 1)
                 os.execvp(argv[0], argv)
             except BaseException:
                 pass

@@ -584,13 +584,14 @@ def test_the_command_parses_calls_the_library_and_renders(monkeypatch: pytest.Mo
               out, err)
     assert (rc, err.getvalue()) == (0, "")
     assert calls[0] == {"path": FIXTURE, "command": ["prog", "-x"], "pid": None,
-                        "probes": ["forms:*"], "duration": 5.0, "settle": 0.3}
+                        "probes": ["forms:*"], "duration": 5.0, "settle": 0.3,
+                        "command_stdout": None}
     assert out.getvalue() == render(reports[0])
     out = io.StringIO()
     rc = main(["kcheck", "--json", FIXTURE, "--pid", "42", "--duration", "1.5"], out, err)
     assert rc == 1  # the second report's detach left a byte
     assert calls[1] == {"path": FIXTURE, "command": None, "pid": 42, "probes": [],
-                        "duration": 1.5, "settle": 2.0}
+                        "duration": 1.5, "settle": 2.0, "command_stdout": None}
     assert json.loads(out.getvalue()) == reports[1].to_json()
 
 

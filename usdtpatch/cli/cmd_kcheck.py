@@ -107,9 +107,13 @@ def _proc_line(p: ProcessResult) -> str:
 
 
 def render(rep: KcheckReport) -> str:
-    lines = [f"{rep.path} on Linux {rep.kernel}"]
+    lines = [f"{rep.path} on Linux {rep.kernel}: events attached in {rep.attach_seconds:.2f} s, "
+             f"detached in {rep.detach_seconds:.2f} s"]
     for p in rep.processes:
         lines.append(_proc_line(p))
+        if p.samples_lost or p.throttled:
+            lines.append(f"  hits undercounted: {p.samples_lost} sample(s) lost, sampling "
+                         f"throttled {p.throttled} time(s)")
         if p.kind == "fork":
             continue
         if p.trampolines:

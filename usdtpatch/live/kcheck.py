@@ -5,11 +5,13 @@ the kernel did: hits, whether the site became the optimized `call` into the proc
 predicts for that process's mappings, and whether detaching restored the original bytes.
 
 How (docs/kcheck.md; docs/kernel.md has the kernel facts):
-- uprobes: perf_event_open on the uprobe PMU, one counting event per site and per thread of
-  the process (pid = the thread's id, so the count is the process's own and no other process
-  on the machine is touched); a site's semaphore is raised through ref_ctr_offset.
-- threads and forks: ptrace (PTRACE_SEIZE with fork/vfork/clone/exec/exit events). A new
-  thread gets its own events while it is stopped at birth. A forked child gets NO events: it
+- uprobes: every site a probe of one tracefs trace event (usdtpatch.live.perf.SiteSampler),
+  one sampling perf event per CPU on it for every process: a hit is a sample with the pid,
+  which tells the target's hits apart; the kernel unregisters all the sites at the last
+  close with one RCU wait (per-site, per-thread uprobe events waited once per event). A
+  site's semaphore is raised through its reference counter offset.
+- threads and forks: ptrace (PTRACE_SEIZE with fork/vfork/clone/exec/exit events). Threads
+  need no events of their own. A forked child is not a target: it
   inherits the parent's site bytes (the optimized `call` included) but not its trampoline
   mapping, exactly as under any tracer on Linux 6.18, and registering a probe in the child
   would re-arm its sites with int3 and hide what happens. Its signals are watched instead: a
@@ -18,11 +20,12 @@ How (docs/kcheck.md; docs/kernel.md has the kernel facts):
   would have been. A child that execs a new program becomes a target of its own.
 - the sites are read through /proc/PID/mem at the target's exit (the PTRACE_EVENT_EXIT stop of
   its main thread, where its memory is still there) or at the end of --duration for --pid;
-  its events are closed right there and the bytes read again.
+  the events are closed right there (unless another target still runs) and the bytes read
+  again.
 
-Nothing stays attached: every perf fd is closed in a finally block (the kernel removes a perf
-uprobe when its last fd closes), a started command is killed by pid, a --pid process is
-detached. The uprobe trampoline page itself stays mapped in the process (the kernel never
+Nothing stays attached: every perf fd is closed in a finally block (the kernel removes the
+uprobes when the event's last fd closes; the trace event definition is removed then), a
+started command is killed by pid, a --pid process is detached. The uprobe trampoline page itself stays mapped in the process (the kernel never
 unmaps it).
 """
 

@@ -25,8 +25,8 @@ How (docs/kcheck.md; docs/kernel.md has the kernel facts):
 
 Nothing stays attached: every perf fd is closed in a finally block (the kernel removes the
 uprobes when the event's last fd closes; the trace event definition is removed then), a
-started command is killed by pid, a --pid process is detached. The uprobe trampoline page itself stays mapped in the process (the kernel never
-unmaps it).
+started command is killed by pid, a --pid process is detached. The uprobe trampoline page
+itself stays mapped in the process (the kernel never unmaps it).
 """
 
 from __future__ import annotations

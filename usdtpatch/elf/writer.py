@@ -505,10 +505,14 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
             raise UnsupportedError(f"two edits overlap at file offset {off:#x}")
         head += [view[pos:off], data]
         pos = off + len(data)
-    end = len(image.data) if lay.cut is None else min(lay.cut, len(image.data))
-    if pos > end:
-        raise UnsupportedError(f"an edit at file offset {pos:#x} lies past the cut at {end:#x}")
-    head += [view[pos:end], b"\0" * (lay.offset - end)]
+    if lay.cut is None:  # names of a grown table may run past the input's end
+        head += [view[pos:], b"\0" * (lay.offset - max(pos, len(image.data)))]
+    else:
+        end = min(lay.cut, len(image.data))
+        if pos > end:
+            raise UnsupportedError(f"an edit at file offset {pos:#x} lies past the cut at "
+                                   f"{end:#x}")
+        head += [view[pos:end], b"\0" * (lay.offset - end)]
     # `out` is the file from lay.offset on
     out = bytearray(seg)
     base = lay.offset

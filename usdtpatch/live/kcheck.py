@@ -762,7 +762,8 @@ class Kcheck:
 
 
 def _raise_nofile() -> None:
-    """One perf fd per site and thread: lift the soft fd limit to the hard one."""
+    """One perf fd and ring buffer per CPU, and the traced command's: lift the soft fd limit
+    to the hard one (kept from the per-thread design; harmless)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):

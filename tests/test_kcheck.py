@@ -721,3 +721,25 @@ def test_every_libjvm_site_in_a_200_thread_process_in_seconds(tmp_path: Path) ->
     assert rep.attach_seconds < 10 and rep.detach_seconds < 10, (rep.attach_seconds,
                                                                  rep.detach_seconds)
     assert took < 60, took
+
+
+def test_a_path_with_white_space_is_refused_before_anything_is_defined() -> None:
+    with pytest.raises(UnsupportedError, match="white space"):
+        perf.SiteSampler("/tmp/a b/lib.so", [(0x1000, 0)])
+
+
+@pytest.mark.live
+def test_an_event_left_by_a_killed_kcheck_is_removed() -> None:
+    """A kcheck killed before its cleanup leaves its trace event defined (never enabled: its
+    perf events closed with the process); the next kcheck removes it."""
+    root = perf.tracefs()
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    group = f"{perf.GROUP_PREFIX}{dead}"
+    perf._write_event(root, f"p:{group}/sites {FIXTURE}:0x1000")
+    try:
+        assert group in Path(root, "uprobe_events").read_text()
+        perf.remove_stale_events()
+        assert group not in Path(root, "uprobe_events").read_text()
+    finally:
+        with contextlib.suppress(OSError):
+            perf._write_event(root, f"-:{group}/sites")

@@ -225,3 +225,30 @@ def test_gdb_stops_at_the_moved_probe(how: str, built: tuple[Path, Path, int],
     done = subprocess.run(["gdb", "-nx", "-batch", "-x", str(script), "--args", str(f), "5"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert "breakpoint already hit 5 times" in done.stdout, done.stdout + done.stderr
+
+
+# --- the layout rules, without a tracer ---------------------------------------------------
+
+
+def test_strip_align_is_the_smallest_power_of_two_above_the_gap() -> None:
+    from usdtpatch.elf.writer import MAX_STRIP_ALIGN, PAGE, strip_align
+
+    assert strip_align(0, 0x5018, 0x3020) == 0x2000  # gap 0x1ff8
+    assert strip_align(0, 0x6018, 0x3020) == 0x4000  # gap 0x2ff8: 0x2000 is not above it
+    assert strip_align(0, 0x3800, 0x3020) == PAGE
+    assert strip_align(0x400000, 0x5000, 0x3020) == 0x2000  # a non-PIE's delta divides it
+    # refused: a delta the alignment does not divide, a gap past MAX_STRIP_ALIGN
+    assert strip_align(0x1000, 0x5000, 0x3020) == PAGE
+    assert strip_align(0, 0x3020 + MAX_STRIP_ALIGN, 0x3020) == PAGE
+
+
+def test_no_cut_where_a_loaded_section_lies_past_the_segments(tmp_path: Path) -> None:
+    """An allocated section whose file bytes lie past every PT_LOAD's (a damaged or odd
+    file): the input is not cut, the old layout (segment after the input) is used."""
+    from usdtpatch.elf.writer import _cut_at
+
+    image = parse_elf((Path(__file__).parent.parent / "fixtures" / "bin" / "pie").read_bytes())
+    loads = [s for s in image.segments if s.type == PT_LOAD]
+    end = max(s.offset + s.filesz for s in loads)
+    assert _cut_at(image, end + 4096, loads) is not None
+    assert _cut_at(image, end - 1, loads) is None  # a segment's bytes at the new offset

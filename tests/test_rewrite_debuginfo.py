@@ -162,7 +162,7 @@ def test_gdb_bt_names_the_caller_with_its_line(
     out = _gdb_bt(rw)
     frame = next((ln for ln in out.splitlines() if ln.startswith("#1 ")), "")
     assert re.search(rf" in caller_fn \(x=[^)]*\) at \S*bt\.c:{CALL_LINE}$", frame), out
-    assert "usdtpatch" not in out
+    assert "__usdtpatch_detour" not in out and ".usdtpatch" not in frame
     assert re.search(r"^#2 .* in main \(", out, re.M), out
 
 
@@ -275,4 +275,4 @@ def test_rust_panic_backtrace_keeps_file_and_line(tmp_path: Path) -> None:
                          cwd=tmp_path, check=False).stderr
     assert re.search(rf"panic::caller_fn\n\s+at \./{RUST_CALL}\n", want), want
     assert re.search(rf"panic::caller_fn\n\s+at \./{RUST_CALL}\n", got), got
-    assert "usdtpatch" not in got
+    assert "__usdtpatch_detour" not in got and ".usdtpatch." not in got

@@ -276,3 +276,19 @@ def test_rust_panic_backtrace_keeps_file_and_line(tmp_path: Path) -> None:
     assert re.search(rf"panic::caller_fn\n\s+at \./{RUST_CALL}\n", want), want
     assert re.search(rf"panic::caller_fn\n\s+at \./{RUST_CALL}\n", got), got
     assert "__usdtpatch_detour" not in got and ".usdtpatch." not in got
+
+
+@pytest.mark.slow
+def test_gdb_bt_through_the_debug_split(
+        builds: dict[str, tuple[Path, Path, dict[str, object]]], tmp_path: Path) -> None:
+    """The detours' unit goes with the debug information: `objcopy --only-keep-debug` and a
+    debug link on the `strip --strip-debug`ged program, and gdb still names caller_fn."""
+    _exe, rw, _site = _get(builds, "gcc-dwarf5")
+    debug, shipped = tmp_path / "bt.debug", tmp_path / "bt"
+    for argv in (["objcopy", "--only-keep-debug", str(rw), str(debug)],
+                 ["strip", "--strip-debug", str(rw), "-o", str(shipped)],
+                 ["objcopy", f"--add-gnu-debuglink={debug}", str(shipped)]):
+        subprocess.run(argv, check=True, timeout=60, capture_output=True)
+    out = _gdb_bt(shipped)
+    frame = next((ln for ln in out.splitlines() if ln.startswith("#1 ")), "")
+    assert re.search(rf" in caller_fn \(x=[^)]*\) at \S*bt\.c:{CALL_LINE}$", frame), out

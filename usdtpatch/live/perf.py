@@ -201,10 +201,12 @@ class SiteSampler:
                 fd = _libc.syscall(ctypes.c_long(SYS_PERF_EVENT_OPEN), buf, ctypes.c_int(-1),
                                    ctypes.c_int(cpu), ctypes.c_int(-1),
                                    ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
-                if fd < 0:
+                if fd < 0:  # a site the kernel cannot probe fails the event as a whole
                     err = ctypes.get_errno()
-                    raise OSError(err, f"perf_event_open {self.group}/sites on CPU {cpu}: "
-                                       f"{os.strerror(err)}")
+                    raise UnsupportedError(
+                        f"{path}: the kernel refused the sites' trace event "
+                        f"{self.group}/sites on CPU {cpu}: {os.strerror(err)} (name the "
+                        f"probes that matter with --probe)")
                 self.fds.append(int(fd))
                 self._rings.append(mmap.mmap(fd, (1 + RING_PAGES) * mmap.PAGESIZE,
                                              mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))

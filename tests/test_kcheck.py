@@ -743,3 +743,16 @@ def test_an_event_left_by_a_killed_kcheck_is_removed() -> None:
     finally:
         with contextlib.suppress(OSError):
             perf._write_event(root, f"-:{group}/sites")
+
+
+@pytest.mark.live
+def test_a_site_past_the_end_of_the_file_is_not_attached_and_the_rest_is() -> None:
+    """The kernel refuses such a probe only when the event is enabled, and then refuses the
+    whole event: the sampler leaves it out and says why."""
+    sampler = perf.SiteSampler(FIXTURE, [(0x1000, 0), (10**9, 0)])
+    try:
+        assert sampler.errors == {1: "file offset 0x3b9aca00 past the end of the file"}
+        assert sampler.event_count == len(perf.online_cpus())
+    finally:
+        sampler.close()
+    assert "usdtpatch_kc" not in Path(perf.tracefs(), "uprobe_events").read_text()

@@ -181,8 +181,12 @@ class SiteSampler:
         remove_stale_events()
         self.group = f"{GROUP_PREFIX}{os.getpid()}"
         self._defined = False
+        size = os.stat(path).st_size
         try:
             for i, (offset, ref_ctr) in enumerate(sites):
+                if offset >= size:  # refused at registration, which would fail them all
+                    self.errors[i] = f"file offset {offset:#x} past the end of the file"
+                    continue
                 ref = f"(0x{ref_ctr:x})" if ref_ctr else ""
                 try:
                     _write_event(self.root, f"p:{self.group}/sites {path}:0x{offset:x}{ref}")

@@ -755,4 +755,5 @@ def test_a_site_past_the_end_of_the_file_is_not_attached_and_the_rest_is() -> No
         assert sampler.event_count == len(perf.online_cpus())
     finally:
         sampler.close()
-    assert "usdtpatch_kc" not in Path(perf.tracefs(), "uprobe_events").read_text()
+    assert f"{perf.GROUP_PREFIX}{os.getpid()}/" not in Path(perf.tracefs(),
+                                                           "uprobe_events").read_text()

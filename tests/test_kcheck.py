@@ -734,7 +734,7 @@ def test_an_event_left_by_a_killed_kcheck_is_removed() -> None:
     perf events closed with the process); the next kcheck removes it."""
     root = perf.tracefs()
     dead = 2**22 + 12345  # above pid_max's default: no such process
-    group = f"{perf.GROUP_PREFIX}{dead}"
+    group = f"{perf.GROUP_PREFIX}{dead}_0"
     perf._write_event(root, f"p:{group}/sites {FIXTURE}:0x1000")
     try:
         assert group in Path(root, "uprobe_events").read_text()
@@ -755,5 +755,4 @@ def test_a_site_past_the_end_of_the_file_is_not_attached_and_the_rest_is() -> No
         assert sampler.event_count == len(perf.online_cpus())
     finally:
         sampler.close()
-    assert f"{perf.GROUP_PREFIX}{os.getpid()}/" not in Path(perf.tracefs(),
-                                                           "uprobe_events").read_text()
+    assert f"{sampler.group}/" not in Path(perf.tracefs(), "uprobe_events").read_text()

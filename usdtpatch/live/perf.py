@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import struct
 from dataclasses import dataclass
@@ -137,9 +138,12 @@ def remove_stale_events() -> None:
     with open(os.path.join(root, "uprobe_events")) as f:
         groups = {line[2:].split("/", 1)[0] for line in f if line[2:].startswith(GROUP_PREFIX)}
     for g in groups:
-        pid = g[len(GROUP_PREFIX):]
+        pid = g[len(GROUP_PREFIX):].split("_", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             _write_event(root, f"-:{g}/sites")
+
+
+_SERIAL = itertools.count()
 
 
 def _write_event(root: str, line: str) -> None:
@@ -152,7 +156,7 @@ def _write_event(root: str, line: str) -> None:
 
 class SiteSampler:
     """Every site of `sites` ((file offset, semaphore offset) of `path`) as one probe of ONE
-    trace event (tracefs uprobe_events: `p:usdtpatch_kc<pid>/sites PATH:OFFSET(REF)`, each
+    trace event (tracefs uprobe_events: `p:usdtpatch_kc<pid>_<n>/sites PATH:OFFSET(REF)`, each
     line adding a probe to the same event), and one sampling perf event per online CPU on it
     for every process (pid -1): each hit a sample (PERF_SAMPLE_IP, PERF_SAMPLE_TID) in that
     CPU's ring buffer. The kernel registers the sites' uprobes when the first CPU event is
@@ -179,7 +183,7 @@ class SiteSampler:
         self._samples: dict[tuple[int, int], int] = {}  # (pid, ip) -> samples
         self.root = tracefs()
         remove_stale_events()
-        self.group = f"{GROUP_PREFIX}{os.getpid()}"
+        self.group = f"{GROUP_PREFIX}{os.getpid()}_{next(_SERIAL)}"  # one per sampler
         self._defined = False
         size = os.stat(path).st_size
         try:

@@ -584,13 +584,14 @@ def test_the_command_parses_calls_the_library_and_renders(monkeypatch: pytest.Mo
               out, err)
     assert (rc, err.getvalue()) == (0, "")
     assert calls[0] == {"path": FIXTURE, "command": ["prog", "-x"], "pid": None,
-                        "probes": ["forms:*"], "duration": 5.0, "settle": 0.3}
+                        "probes": ["forms:*"], "duration": 5.0, "settle": 0.3,
+                        "command_stdout": None}
     assert out.getvalue() == render(reports[0])
     out = io.StringIO()
     rc = main(["kcheck", "--json", FIXTURE, "--pid", "42", "--duration", "1.5"], out, err)
     assert rc == 1  # the second report's detach left a byte
     assert calls[1] == {"path": FIXTURE, "command": None, "pid": 42, "probes": [],
-                        "duration": 1.5, "settle": 2.0}
+                        "duration": 1.5, "settle": 2.0, "command_stdout": None}
     assert json.loads(out.getvalue()) == reports[1].to_json()
 
 
@@ -609,3 +610,149 @@ def test_the_command_refuses_bad_seconds(option: list[str], says: str,
         printed = capsys.readouterr()
         assert out.getvalue() == "" and printed.out == ""
         assert f"argument --{option[0][2:]}: {says}" in printed.err, printed.err
+
+
+# --- issue 24: the document apart from the command's output; sites x CPUs events ----------
+
+PRINTS_C = r"""
+#include <stdio.h>
+#include <sys/sdt.h>
+__attribute__((noipa)) long work(long x) { DTRACE_PROBE1(out, tick, x); return x + 1; }
+int main(void) { long s = 0; for (long i = 0; i < 50; i++) s += work(i);
+                 printf("the command's own output %ld\n", s); return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def prints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("kcheck_prints")
+    (d / "prints.c").write_text(PRINTS_C)
+    _cc(["-O2", f"-I{SDT_INCLUDE}", str(d / "prints.c"), "-o", str(d / "prints")])
+    return d / "prints"
+
+
+def _kcheck_process(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "usdtpatch", "kcheck", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+def test_json_on_stdout_holds_the_document_only(prints: Path) -> None:
+    """The traced command writes to kcheck's stderr under --json: stdout parses as JSON."""
+    done = _kcheck_process([str(prints), "--json", "--", str(prints)])
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["schema"] == "usdtpatch/kcheck" and doc["ok"]
+    assert "the command's own output" in done.stderr
+    (proc,) = doc["processes"]
+    (site,) = proc["sites"]
+    assert site["hits"] == 50 and site["optimized"] and site["restored"]
+
+
+@pytest.mark.live
+@pytest.mark.needs_cc
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
+def test_output_file_gets_the_report_and_stdout_the_command(prints: Path, tmp_path: Path,
+                                                            as_json: bool) -> None:
+    report = tmp_path / "kcheck.out"
+    done = _kcheck_process([str(prints), "-o", str(report), *(["--json"] if as_json else []),
+                            "--", str(prints)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the command's own output 1275\n"
+    text = report.read_text()
+    if as_json:
+        assert json.loads(text)["ok"]
+    else:
+        assert "0 problem(s)" in text and "the command's own output" not in text
+
+
+def test_output_option_refuses_a_directory_before_running(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["kcheck", FIXTURE, "-o", str(tmp_path), "--json", "--", "/bin/true"], out=out,
+              err=err)
+    assert rc == 2 and out.getvalue() == ""
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and "is a directory" in lines[0], err.getvalue()
+
+
+MANY_THREADS_C = r"""
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+static void *idle(void *arg) { (void)arg; sleep(2); return NULL; }
+int main(int argc, char **argv) {
+    if (argc < 3 || !dlopen(argv[1], RTLD_NOW | RTLD_LOCAL)) return 1;
+    int n = atoi(argv[2]);
+    pthread_t *t = calloc(n, sizeof *t);
+    for (int i = 0; i < n; i++) pthread_create(&t[i], NULL, idle, NULL);
+    for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+    return 0;
+}
+"""
+LIBJVM = Path("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so")
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.needs_cc
+def test_every_libjvm_site_in_a_200_thread_process_in_seconds(tmp_path: Path) -> None:
+    """A copy of libjvm.so (531 sites; the original is never modified) dlopen()ed by a
+    process that starts 200 threads: the events are one per CPU (not per site and thread),
+    attach and detach take seconds, every site is restored. With one uprobe event per site
+    and thread (the old way) this was 531 x 201 events, each closed in ~0.25 s here."""
+    if not LIBJVM.exists():
+        pytest.skip(f"needs {LIBJVM}")
+    lib = tmp_path / "libjvm.so"
+    shutil.copy2(LIBJVM, lib)
+    (tmp_path / "threads.c").write_text(MANY_THREADS_C)
+    prog = tmp_path / "threads"
+    _cc(["-O2", "-pthread", str(tmp_path / "threads.c"), "-o", str(prog), "-ldl"])
+    t0 = time.monotonic()
+    rep = api.kcheck(lib, command=[str(prog), str(lib), "200"], settle=0.2)
+    took = time.monotonic() - t0
+    (proc,) = rep.processes
+    assert proc.exit_code == 0 and proc.threads == 201
+    probed = [s for s in proc.sites if not s.attach_error]
+    assert len(probed) > 500
+    assert all(s.restored for s in probed), [s.probe for s in probed if not s.restored][:5]
+    assert rep.attach_seconds < 10 and rep.detach_seconds < 10, (rep.attach_seconds,
+                                                                 rep.detach_seconds)
+    assert took < 60, took
+
+
+def test_a_path_with_white_space_is_refused_before_anything_is_defined() -> None:
+    with pytest.raises(UnsupportedError, match="white space"):
+        perf.SiteSampler("/tmp/a b/lib.so", [(0x1000, 0)])
+
+
+@pytest.mark.live
+def test_an_event_left_by_a_killed_kcheck_is_removed() -> None:
+    """A kcheck killed before its cleanup leaves its trace event defined (never enabled: its
+    perf events closed with the process); the next kcheck removes it."""
+    root = perf.tracefs()
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    group = f"{perf.GROUP_PREFIX}{dead}_0"
+    perf._write_event(root, f"p:{group}/sites {FIXTURE}:0x1000")
+    try:
+        assert group in Path(root, "uprobe_events").read_text()
+        perf.remove_stale_events()
+        assert group not in Path(root, "uprobe_events").read_text()
+    finally:
+        with contextlib.suppress(OSError):
+            perf._write_event(root, f"-:{group}/sites")
+
+
+@pytest.mark.live
+def test_a_site_past_the_end_of_the_file_is_not_attached_and_the_rest_is() -> None:
+    """The kernel refuses such a probe only when the event is enabled, and then refuses the
+    whole event: the sampler leaves it out and says why."""
+    sampler = perf.SiteSampler(FIXTURE, [(0x1000, 0), (10**9, 0)])
+    try:
+        assert sampler.errors == {1: "file offset 0x3b9aca00 past the end of the file"}
+        assert sampler.event_count == len(perf.online_cpus())
+    finally:
+        sampler.close()
+    assert f"{sampler.group}/" not in Path(perf.tracefs(), "uprobe_events").read_text()

@@ -117,3 +117,16 @@ def test_layout_and_load_base_from_maps() -> None:
 def test_check_load_base_rejects(name: str, base: int, exc: type[Exception]) -> None:
     with pytest.raises(exc):
         check_load_base(load(str(fixture(name))).image, base)
+
+
+def test_a_one_page_gap_is_not_taken() -> None:
+    """The kernel's search adds the page alignment mask to the length: a one-page gap is too
+    small (seen on Linux 6.18.44: a library loaded with p_align 0x4000 left one free page
+    just above it, and the kernel put the trampoline below the library)."""
+    lib = m(0x7F0000000000, 0x7F0000006000, "/tmp/lib.so")
+    above = m(0x7F0000007000, 0x7F000000C000)  # one free page between
+    below = m(0x7EFFFFFF0000, 0x7EFFFFFFF000)  # one free page below the library, then taken
+    p = place_trampoline((lib, above, below), 0x7F0000005230)
+    assert p.address == 0x7F000000C000  # past the one-page gap, above the next mapping
+    wide = m(0x7F0000008000, 0x7F000000C000)  # now two free pages above the library
+    assert place_trampoline((lib, wide, below), 0x7F0000005230).address == 0x7F0000006000

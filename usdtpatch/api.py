@@ -470,14 +470,18 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
 
 def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | None = None,
            probes: Sequence[str] = (), duration: float = 5.0, settle: float = 2.0,
-           progress: Callable[[str], None] | None = None) -> KcheckReport:
-    """What the running kernel does with the probe sites of `path` (an executable, or a
-    library the process maps; docs/kcheck.md). A counting uprobe goes on every site (with
-    `probes`, on those whose provider:name matches one of these shell patterns) in one
-    process: `command`, an argv list started here and followed with its threads and forks to
-    its end (its remaining children for `settle` seconds more), or the running process
-    `pid`, watched for `duration` seconds and then detached (it keeps running). Nothing stays
-    attached. `progress` gets a line for each step worth telling.
+           progress: Callable[[str], None] | None = None,
+           command_stdout: int | None = None) -> KcheckReport:
+    """What the running kernel does with the probe sites of `path` (an executable, or a library the
+    process maps; docs/kcheck.md). A uprobe goes on every site (with `probes`, on those whose
+    provider:name matches one of these shell patterns; the sites are probes of one trace event
+    sampled per CPU, the process's hits told apart by pid) for one process: `command`, an argv
+    list started here and followed with its threads and forks to its end (its remaining children
+    for `settle` seconds more), or the running process `pid`, watched for `duration` seconds and
+    then detached (it keeps running). Nothing stays attached. `progress` gets a line for each
+    step worth telling. `command_stdout`, a file descriptor, becomes the command's standard
+    output (`kcheck --json` gives its stderr, so that the command's output stays out of the
+    document).
 
     The report (usdtpatch.live.kcheck.KcheckReport, `.to_json()` is the `kcheck --json`
     document) has per process and site the hits, the bytes while attached and after detach
@@ -502,7 +506,7 @@ def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | No
     live.kernel_support()
     run = live.Kcheck(os.fspath(path), settle=settle, probes=probes, progress=progress)
     if command is not None:
-        return run.run_command(list(command))
+        return run.run_command(list(command), stdout=command_stdout)
     assert pid is not None  # one of the two, checked above
     return run.run_pid(pid, duration)
 

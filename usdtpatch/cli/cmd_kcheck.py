@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from usdtpatch import api
-from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
+from usdtpatch.io import check_output, umask_mode, write_atomic
 from usdtpatch.live.kcheck import KcheckReport, ProcessResult
 
 
@@ -63,6 +64,10 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="after COMMAND exits, how long its remaining children are watched "
                         "(default 2)")
     p.add_argument("--json", action="store_true", help="print a versioned JSON document")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the report (text or --json) to FILE instead of standard output "
+                        "(as perf stat -o); without it, under --json the command's standard "
+                        "output goes to standard error, out of the document")
 
 
 def _split(args: argparse.Namespace, err: IO[str]) -> list[str] | None:
@@ -102,9 +107,13 @@ def _proc_line(p: ProcessResult) -> str:
 
 
 def render(rep: KcheckReport) -> str:
-    lines = [f"{rep.path} on Linux {rep.kernel}"]
+    lines = [f"{rep.path} on Linux {rep.kernel}: events attached in {rep.attach_seconds:.2f} s, "
+             f"detached in {rep.detach_seconds:.2f} s"]
     for p in rep.processes:
         lines.append(_proc_line(p))
+        if p.samples_lost or p.throttled:
+            lines.append(f"  hits undercounted: {p.samples_lost} sample(s) lost, sampling "
+                         f"throttled {p.throttled} time(s)")
         if p.kind == "fork":
             continue
         if p.trampolines:
@@ -168,22 +177,35 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print("usdtpatch: kcheck: give a command after -- or --pid PID (one of them)",
               file=err)
         return EXIT_UNUSABLE
+    if args.output is not None:
+        try:  # refused before anything is started or attached
+            check_output(args.output, [args.file], can_in_place=False)
+        except UsdtpatchError as exc:
+            print(printable(f"usdtpatch: kcheck: {exc}"), file=err)
+            return EXIT_UNUSABLE
+    # the document alone on standard output: the command writes to standard error instead
+    command_stdout = 2 if args.json and args.output is None and command else None
     previous: dict[signal.Signals, Any] = {}
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(ValueError):  # not the main thread: left as they are
                 previous[sig] = signal.signal(sig, _terminated)
         rep = api.kcheck(args.file, command=command or None, pid=args.pid,
-                         probes=args.probe, duration=args.duration, settle=args.settle)
+                         probes=args.probe, duration=args.duration, settle=args.settle,
+                         command_stdout=command_stdout)
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if args.json:
-        json.dump(rep.to_json(), out, indent=2)
-        out.write("\n")
+    text = json.dumps(rep.to_json(), indent=2) + "\n" if args.json else render(rep)
+    if args.output is None:
+        out.write(text)
     else:
-        out.write(render(rep))
+        try:
+            write_atomic(args.output, text.encode(), mode=umask_mode())
+        except UsdtpatchError as exc:
+            print(printable(f"usdtpatch: kcheck: {exc}"), file=err)
+            return EXIT_UNUSABLE
     return EXIT_FAIL if rep.problems else EXIT_OK

@@ -201,7 +201,12 @@ def _marker(image: ElfImage) -> dict[str, Any]:
         if not isinstance(off, int) or off < 0 or off + len(raw) > size:
             raise _fail(f"{MARKER_SECTION}: a patch at {off!r} of {len(raw)} bytes lies "
                         f"outside the original's {size} bytes")
-    return {"size": size, "header": header, "patches": patches, "sha256": sha}
+    cut = doc.get("cut")  # the original from cut[0] on lies at cut[1] (writer.plan_segment)
+    if cut is not None and not (isinstance(cut, list) and len(cut) == 2 and
+                                all(isinstance(v, int) for v in cut) and 0 <= cut[0] <= size
+                                and cut[1] >= 0 and cut[1] + size - cut[0] <= len(image.data)):
+        raise _fail(f"{MARKER_SECTION}: the copy {cut!r} of the original's end does not fit")
+    return {"size": size, "header": header, "patches": patches, "sha256": sha, "cut": cut}
 
 
 def _check_against_original(image: ElfImage, notes: NoteSection, marker: dict[str, Any],
@@ -262,6 +267,9 @@ def _replayed_sha256(data: FileBytes, marker: dict[str, Any]) -> str | None:
     the ELF header and the patches written over them), hashed piece by piece without a copy
     of the file; None when the recipe would not give `size` bytes."""
     size = marker["size"]
+    if marker.get("cut") is not None:  # the original's end was copied: replay on a copy
+        at, copy = marker["cut"]
+        data = bytes(memoryview(data)[:at]) + bytes(memoryview(data)[copy : copy + size - at])
     edits = sorted([(0, marker["header"]), *marker["patches"]], key=lambda e: e[0])
     if size > len(data) or any(off + len(raw) > size for off, raw in edits):
         return None

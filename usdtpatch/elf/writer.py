@@ -6,10 +6,12 @@ every consumer is in docs/usdt-format.md ("Encoders and writers") and docs/rewri
 
     [ELF header, the program header table one entry longer (at e_phoff 64, in the first
      PT_LOAD), the original file byte for byte except the patched code bytes and the
-     sections grown in place]
+     sections grown in place, up to the `cut` (SegmentLayout.cut: the end of the segments'
+     file bytes) when the new segment lies under the input's non-loaded end]
     [zero padding up to the new segment's file offset]
     [new PT_LOAD, R+X: the sections moved out of the table's way | sections placed by the
      caller]
+    [with a cut: the input from the cut on, at `cut_copy_at` (same offset modulo the page)]
     [non-allocated sections: the new note section, unwind and symbol sections, the marker]
     [the new section header table]
 
@@ -32,18 +34,24 @@ PT_LOAD's delta. When that delta would put the segment's file offset far past th
 file (a large `.bss` ends the memory image far beyond the file's content), the segment starts
 at the first page boundary after the file's content instead: the file grows by the detours,
 not by the memory image, at the price of perf's offsets for moved probes (`keeps_delta` says
-which layout was chosen). Room is left before the segment for the names of the symbols a
-rewrite adds when `.symtab` grows in place (usdtpatch.elf.symbols.symtab_in_place). The
-original section header table is left where it was (or under the grown string table); the
-new one at the end of the file lists every original section (some repointed, some renamed)
-and the new ones; a replaced name that several sections share (two `.note.stapsdt`) is
-refused, since which of them a reader takes is not defined.
+which layout was chosen). Where the input's non-loaded end (symbols, debug info) lies where
+the segment with that delta would go, the segment goes there anyway, right after the memory
+image, and that end is copied after it (`_cut_at`): its p_align (`strip_align`) then makes
+strip, which packs segments, put it back at the same offset. Room is left before the
+segment for the names of the symbols a rewrite adds when `.symtab` grows in place
+(usdtpatch.elf.symbols.symtab_in_place). The original section header table is left where
+it was (or under the grown string table); the new one at the end of the file lists every
+original section (some repointed, some renamed) and the new ones; a replaced name that
+several sections share (two `.note.stapsdt`) is refused, since which of them a reader takes
+is not defined.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from usdtpatch.elf.image import (
     PF_R,
@@ -58,8 +66,12 @@ from usdtpatch.elf.image import (
     SHT_NOBITS,
     SHT_NOTE,
     ElfImage,
+    Segment,
 )
 from usdtpatch.errors import ElfFormatError, UnsupportedError
+
+if TYPE_CHECKING:
+    from usdtpatch.elf.notes import SdtNote
 
 PAGE = 4096
 MAX_DELTA_PADDING = 1 << 20  # zeros accepted to keep the .stapsdt.base segment's delta
@@ -98,6 +110,10 @@ class SegmentLayout:
     keeps_delta: bool = True  # same (vaddr - offset) as the .stapsdt.base segment (perf)
     in_place: bool = False  # program headers at e_phoff 64 in the first PT_LOAD (strip-safe)
     moved: HeadMove | None = None
+    # the input is cut at this file offset (at most the new segment's): the input's bytes
+    # from there on (non-allocated sections only) are copied after the segment, at
+    # `cut_copy_at`, where their section headers point; None: the input is kept whole
+    cut: int | None = None
 
     @property
     def payload_vaddr(self) -> int:
@@ -144,9 +160,59 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
         # the reserved room must hold the moved sections (never less than the headers' room,
         # so that the payload, and the detours' page offsets, do not depend on it)
         phdr_size = max(phdr_size, moved.vaddr % 64 + moved.hi - moved.lo)
+    low = _align(vend, PAGE)
+    cut = _cut_at(image, low - delta, loads) if low < vaddr else None
+    if cut is not None and low - delta - cut <= MAX_DELTA_PADDING:
+        # right after the memory image: strip's packed layout can keep its delta (`strip_align`)
+        return SegmentLayout(low, low - delta, phdr_size, True, in_place, moved, cut)
     if vaddr - delta - len(image.data) <= MAX_DELTA_PADDING:
         return SegmentLayout(vaddr, vaddr - delta, phdr_size, True, in_place, moved)
     return SegmentLayout(_align(vend, PAGE), end_of_file, phdr_size, False, in_place, moved)
+
+
+MAX_STRIP_ALIGN = 1 << 21  # the largest p_align given to the new segment (x86-64's huge page)
+
+
+def _cut_at(image: ElfImage, at: int, loads: list[Segment]) -> int | None:
+    """Where the input can be cut for a new segment at file offset `at`: the end of the
+    segments' file bytes, lowered to the start of a section still present there (the copy
+    moves sections whole, and `.symtab` grows in place inside it), or None when a segment or
+    an allocated section has file bytes at or past `at`."""
+    if any(sg.filesz and sg.offset + sg.filesz > at for sg in image.segments):
+        return None
+    loads_end = max(s.offset + s.filesz for s in loads)
+    cut = min(loads_end, len(image.data))
+    for sec in sorted(image.sections, key=lambda sec: -sec.offset):
+        if sec.type != SHT_NOBITS and sec.size and sec.offset + sec.size > cut:
+            if sec.flags & SHF_ALLOC:
+                return None
+            cut = min(cut, sec.offset)
+    return cut if cut >= loads_end else None
+
+
+def cut_copy_at(layout: SegmentLayout, alloc: Sequence[AllocSection]) -> int:
+    """Where `write` puts the copy of the input from `layout.cut` on: the first file offset
+    after the new segment congruent with the cut modulo the page size (every section in it
+    keeps its alignment)."""
+    assert layout.cut is not None
+    end = max([layout.vaddr + layout.phdr_size] + [a.vaddr + len(a.data) for a in alloc])
+    return _align(layout.offset_of(end), PAGE) + layout.cut % PAGE
+
+
+def strip_align(delta: int, seg_offset: int, loads_end: int) -> int:
+    """p_align for the new segment so that binutils' strip and objcopy, which lay every
+    PT_LOAD out again from the end of the previous one (the first file offset past `loads_end`
+    congruent with p_vaddr modulo p_align), put it back at `seg_offset`, its (vaddr - offset)
+    `delta` kept: perf turns a note pc into a file offset with the delta of the segment that
+    holds `.stapsdt.base`. The smallest power of two above the gap that divides `delta` (the
+    loader needs p_vaddr = p_offset modulo p_align), or PAGE when there is none up to
+    MAX_STRIP_ALIGN (a larger alignment costs the process address-space randomization)."""
+    align = PAGE
+    while align <= seg_offset - loads_end:
+        align *= 2
+    if align > MAX_STRIP_ALIGN or delta % align:
+        return PAGE
+    return align
 
 
 SHT_HASH = 5
@@ -230,9 +296,9 @@ def _dynamic_entry(image: ElfImage, tag: int, value: int) -> int | None:
 def in_place_regions(image: ElfImage, layout: SegmentLayout) -> tuple[tuple[int, int], ...]:
     """The (file offset, size) ranges of the input that `write` overwrites besides the
     caller's patches and grown sections (a restore marker must keep their original bytes)."""
-    if not layout.in_place:
-        return ()
-    out = [(64, (len(image.segments) + 1) * _PHDR.size)]
+    out: list[tuple[int, int]] = []
+    if layout.in_place:
+        out.append((64, (len(image.segments) + 1) * _PHDR.size))
     if layout.moved is not None:
         out += [(at, 8) for at in layout.moved.dynamic]
     return tuple(out)
@@ -272,7 +338,24 @@ def _symbol_room(image: ElfImage) -> int:
     digits = len(str(len(notes)))
     bound = sum(len(DETOUR_PREFIX) + len(n.provider.encode("utf-8", "surrogateescape"))
                 + len(n.name.encode("utf-8", "surrogateescape")) + digits + 3 for n in notes)
-    return symbol_room(image, bound)
+    return symbol_room(image, max(bound, _split_part_names_bound(image, notes, digits)))
+
+
+def _split_part_names_bound(image: ElfImage, notes: Sequence[SdtNote], digits: int) -> int:
+    """An upper bound of the string bytes of detour symbols named after their function
+    (`f.usdtpatch.N`, usdtpatch.rewriter.build.detour_symbols), one per note."""
+    from usdtpatch.elf.symbols import load_symbols
+
+    try:
+        symbols = load_symbols(image)
+    except (ValueError, UnsupportedError, ElfFormatError):
+        return 0
+    total = 0
+    for n in notes:
+        found = symbols.lookup(n.pc)
+        name = found[0].name if found is not None else ""
+        total += len(name.encode("utf-8", "surrogateescape")) + len(".usdtpatch.") + digits + 1
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +403,8 @@ class Rewrite:
 def write(image: ElfImage, rw: Rewrite) -> bytes:
     """The bytes of the rewritten file."""
     lay = rw.layout
-    if lay.offset < len(image.data) or lay.offset % PAGE != lay.vaddr % PAGE:
+    if lay.offset < (len(image.data) if lay.cut is None else lay.cut) or \
+            lay.offset % PAGE != lay.vaddr % PAGE:
         raise UnsupportedError(f"new segment at file offset {lay.offset:#x}, vaddr "
                                f"{lay.vaddr:#x}: not after the file's content or not congruent "
                                f"modulo the page size")
@@ -371,9 +455,14 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
         phdrs.append(p)
     # the new PT_LOAD goes after the last PT_LOAD, keeping PT_LOADs sorted by vaddr
     last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
+    align = PAGE
+    if lay.keeps_delta:
+        align = strip_align(lay.vaddr - lay.offset, lay.offset + seg_start,
+                            max(sg.offset + sg.filesz for sg in image.segments
+                                if sg.type == PT_LOAD))
     phdrs.insert(last_load + 1, [PT_LOAD, PF_R | PF_X, lay.offset + seg_start,
                                  lay.vaddr + seg_start, lay.vaddr + seg_start,
-                                 seg_size - seg_start, seg_size - seg_start, PAGE])
+                                 seg_size - seg_start, seg_size - seg_start, align])
     fields = ("p_offset", "p_vaddr", "p_paddr", "p_filesz", "p_memsz", "p_align")
     for i, p in enumerate(phdrs):
         for name, value in zip(fields, p[2:], strict=True):
@@ -394,10 +483,15 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
         if off < 64 or off + len(data) > len(image.data):
             raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
         edits.append((off, data))
+    cut = lay.cut
+    in_copy: list[tuple[int, bytes]] = []  # (offset in the copy, bytes): edits past the cut
     for t in rw.tail:
         if t.place is not None:
             at = t.place[2]
-            if at < 64 or at + len(t.data) > lay.offset:
+            if cut is not None and at >= cut:
+                in_copy.append((at - cut, t.data))
+                continue
+            if at < 64 or at + len(t.data) > (lay.offset if cut is None else cut):
                 raise UnsupportedError(f"section {t.name} grown in place at file offset "
                                        f"{at:#x} would overlap the header or the new segment")
             edits.append((at, t.data))
@@ -411,10 +505,30 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
             raise UnsupportedError(f"two edits overlap at file offset {off:#x}")
         head += [view[pos:off], data]
         pos = off + len(data)
-    head += [view[pos:], b"\0" * (lay.offset - max(pos, len(image.data)))]
+    if lay.cut is None:  # names of a grown table may run past the input's end
+        head += [view[pos:], b"\0" * (lay.offset - max(pos, len(image.data)))]
+    else:
+        end = min(lay.cut, len(image.data))
+        if pos > end:
+            raise UnsupportedError(f"an edit at file offset {pos:#x} lies past the cut at "
+                                   f"{end:#x}")
+        head += [view[pos:end], b"\0" * (lay.offset - end)]
     # `out` is the file from lay.offset on
     out = bytearray(seg)
     base = lay.offset
+    copy_at = None
+    if cut is not None:  # the input from the cut on, with the edits that fall there
+        copy_at = cut_copy_at(lay, rw.alloc)
+        copy = bytearray(view[cut:])
+        for rel, data in in_copy:
+            copy += b"\0" * max(0, rel - len(copy))
+            copy[rel : rel + len(data)] = data
+        out += b"\0" * (copy_at - base - len(out)) + copy
+
+    def copied(offset: int) -> int:
+        """The output's file offset of the input's `offset` (moved when past the cut)."""
+        return offset if copy_at is None or cut is None or offset < cut else \
+            copy_at + offset - cut
 
     # non-allocated tail sections
     originals = {s.name: s for s in image.sections}
@@ -429,7 +543,7 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     placed: list[tuple[TailSection, int]] = []
     for t in rw.tail:
         if t.place is not None:
-            placed.append((t, t.place[0]))
+            placed.append((t, copied(t.place[0])))
             continue
         out += b"\0" * (_align(len(out), t.align) - len(out))
         placed.append((t, base + len(out)))
@@ -465,6 +579,8 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
             off, size = replaced[sec.name]
             t = next(t for t, _ in placed if t.name == sec.name)
             info = t.info if t.info else sec.info
+        elif sec.type != SHT_NOBITS and sec.size:
+            off = copied(sec.offset)
         if sec.index == shstrndx:
             off, size = shstr_off, len(shstr)
         addr = sec.addr

@@ -5,11 +5,13 @@ the kernel did: hits, whether the site became the optimized `call` into the proc
 predicts for that process's mappings, and whether detaching restored the original bytes.
 
 How (docs/kcheck.md; docs/kernel.md has the kernel facts):
-- uprobes: perf_event_open on the uprobe PMU, one counting event per site and per thread of
-  the process (pid = the thread's id, so the count is the process's own and no other process
-  on the machine is touched); a site's semaphore is raised through ref_ctr_offset.
-- threads and forks: ptrace (PTRACE_SEIZE with fork/vfork/clone/exec/exit events). A new
-  thread gets its own events while it is stopped at birth. A forked child gets NO events: it
+- uprobes: every site a probe of one tracefs trace event (usdtpatch.live.perf.SiteSampler),
+  one sampling perf event per CPU on it for every process: a hit is a sample with the pid,
+  which tells the target's hits apart; the kernel unregisters all the sites at the last
+  close with one RCU wait (per-site, per-thread uprobe events waited once per event). A
+  site's semaphore is raised through its reference counter offset.
+- threads and forks: ptrace (PTRACE_SEIZE with fork/vfork/clone/exec/exit events). Threads
+  need no events of their own. A forked child is not a target: it
   inherits the parent's site bytes (the optimized `call` included) but not its trampoline
   mapping, exactly as under any tracer on Linux 6.18, and registering a probe in the child
   would re-arm its sites with int3 and hide what happens. Its signals are watched instead: a
@@ -18,12 +20,13 @@ How (docs/kcheck.md; docs/kernel.md has the kernel facts):
   would have been. A child that execs a new program becomes a target of its own.
 - the sites are read through /proc/PID/mem at the target's exit (the PTRACE_EVENT_EXIT stop of
   its main thread, where its memory is still there) or at the end of --duration for --pid;
-  its events are closed right there and the bytes read again.
+  the events are closed right there (unless another target still runs) and the bytes read
+  again.
 
-Nothing stays attached: every perf fd is closed in a finally block (the kernel removes a perf
-uprobe when its last fd closes), a started command is killed by pid, a --pid process is
-detached. The uprobe trampoline page itself stays mapped in the process (the kernel never
-unmaps it).
+Nothing stays attached: every perf fd is closed in a finally block (the kernel removes the
+uprobes when the event's last fd closes; the trace event definition is removed then), a
+started command is killed by pid, a --pid process is detached. The uprobe trampoline page
+itself stays mapped in the process (the kernel never unmaps it).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 
 from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.live import ptrace
-from usdtpatch.live.perf import Uprobe, has_uprobe_syscall, open_uprobe, uprobe_pmu_type
+from usdtpatch.live.perf import SiteSampler, has_uprobe_syscall, uprobe_pmu_type
 from usdtpatch.live.procfs import read_maps
 from usdtpatch.poke.plan import Plan, SitePlan
 from usdtpatch.poke.sequences import CALL_REL32, INT3, PROTOCOL_NOP5
@@ -83,7 +86,7 @@ class SiteResult:
     original: bytes = b""
     semaphore_offset: int = 0
     attach_error: str = ""  # why perf_event_open refused the site
-    hits: int = 0
+    hits: int = 0  # hits of this process (its samples)
     attached: bytes | None = None  # the site's bytes while attached (at the end of the run)
     optimized: bool = False  # e8 whose target lies in a [uprobes-trampoline] mapping
     call_target: int | None = None
@@ -140,7 +143,8 @@ class ProcessResult:
     exit_signal: int | None = None
     inspected: bool = False
     note: str = ""
-
+    samples_lost: int = 0  # samples the kernel dropped (full ring buffer) by the inspection
+    throttled: int = 0  # times the kernel throttled the sampling (hits then undercounted)
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "kind": self.kind, "parent": self.parent,
                 "threads": self.threads, "trampolines": self.trampolines,
@@ -150,6 +154,7 @@ class ProcessResult:
                 "exit_signal_name": (None if self.exit_signal is None
                                      else signal.Signals(self.exit_signal).name),
                 "inspected": self.inspected, "note": self.note or None,
+                "samples_lost": self.samples_lost, "throttled": self.throttled,
                 "sites": [s.to_json() for s in self.sites]}
 
 
@@ -163,6 +168,8 @@ class KcheckReport:
     faults: list[Fault]
     seconds: float
     interrupted: bool = False
+    attach_seconds: float = 0.0  # opening the events (sites x CPUs)
+    detach_seconds: float = 0.0  # closing them
 
     @property
     def targets(self) -> list[ProcessResult]:
@@ -195,6 +202,8 @@ class KcheckReport:
         return {"schema": KCHECK_SCHEMA, "schema_version": KCHECK_SCHEMA_VERSION,
                 "path": self.path, "command": self.command, "pid": self.pid,
                 "kernel": self.kernel, "seconds": round(self.seconds, 3),
+                "attach_seconds": round(self.attach_seconds, 3),
+                "detach_seconds": round(self.detach_seconds, 3),
                 "interrupted": self.interrupted, "ok": not self.problems,
                 "problems": self.problems,
                 "processes": [p.to_json() for p in self.processes],
@@ -288,42 +297,14 @@ def _plan_for(path: str, maps: Sequence[MapEntry]) -> Plan | None:
 
 
 class _Target:
-    """A process whose own threads carry the events."""
+    """A process whose sites kcheck reads (its hits are told apart in the samples)."""
 
     def __init__(self, result: ProcessResult, specs: list[SiteSpec]) -> None:
         self.result = result
         self.specs = specs
-        self.events: dict[int, list[Uprobe | None]] = {}  # tid -> one per spec
-        self.errors: dict[int, str] = {}
-
-    def attach_thread(self, path: str, tid: int) -> None:
-        evs: list[Uprobe | None] = []
-        self.events[tid] = evs
-        for i, spec in enumerate(self.specs):
-            if spec.unprobeable:
-                evs.append(None)
-                continue
-            try:
-                evs.append(open_uprobe(path, spec.file_offset, pid=tid,
-                                       ref_ctr_offset=spec.semaphore_offset))
-            except OSError as exc:
-                evs.append(None)
-                self.errors.setdefault(i, exc.strerror or str(exc))
-
-    def hits(self, i: int) -> int:
-        total = 0
-        for evs in self.events.values():
-            ev = evs[i]
-            if ev is not None and ev.fd >= 0:
-                with contextlib.suppress(OSError):
-                    total += ev.count()
-        return total
-
-    def close(self) -> None:
-        for evs in self.events.values():
-            for ev in evs:
-                if ev is not None:
-                    ev.close()
+        # the mappings soon after its first hit, before the trampoline page is placed or just
+        # after: what the kernel saw when it placed it (a JVM maps more later)
+        self.first_maps: list[MapEntry] | None = None
 
 
 class Kcheck:
@@ -346,6 +327,11 @@ class Kcheck:
         self.t0 = time.monotonic()
         self.interrupted = False
         self._tramps: dict[int, list[int]] = {}  # pid -> trampolines its site calls may reach
+        self.sampler: SiteSampler | None = None  # every site's events, opened once
+        self._probed = [i for i, s in enumerate(self.specs) if not s.unprobeable]
+        self._drained = 0.0
+        self.attach_seconds = 0.0  # opening the events
+        self.detach_seconds = 0.0  # closing them
 
     # -- bookkeeping
 
@@ -368,11 +354,17 @@ class Kcheck:
         self.targets[pid] = t
         return t
 
-    def _attach_target(self, t: _Target, tids: list[int]) -> None:
-        for tid in tids:
-            t.attach_thread(self.path, tid)
-        for i, err in t.errors.items():
-            t.result.sites[i].attach_error = err
+    def _attach_target(self, t: _Target) -> None:
+        """Open the sites' events (once for the run: one per site and CPU, for every
+        process; SiteSampler) and note why a site has none."""
+        if self.sampler is None:
+            t0 = time.monotonic()
+            self.sampler = SiteSampler(self.real, [(self.specs[i].file_offset,
+                                                    self.specs[i].semaphore_offset)
+                                                   for i in self._probed])
+            self.attach_seconds = time.monotonic() - t0
+        for j, err in self.sampler.errors.items():
+            t.result.sites[self._probed[j]].attach_error = err
         for i, spec in enumerate(self.specs):
             if spec.unprobeable:
                 t.result.sites[i].attach_error = f"not probeable: {spec.unprobeable}"
@@ -396,14 +388,18 @@ class Kcheck:
         maps, tramps = self._state(pid)
         res.trampolines = tramps
         tranges = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
-        res.threads = max(res.threads, len(t.events))
-        plan = _plan_for(self.path, maps) if maps else None
+        plan = _plan_for(self.path, t.first_maps or maps) if maps else None
         planned: dict[int, SitePlan] = {s.index: s for s in plan.sites} if plan else {}
-        for i, (spec, site) in enumerate(zip(self.specs, res.sites, strict=True)):
-            site.hits = t.hits(i)
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.drain()
+            res.samples_lost, res.throttled = sampler.lost, sampler.throttled
+        for spec, site in zip(self.specs, res.sites, strict=True):
             site.address = _runtime(maps, self.real, spec.file_offset)
             if site.address is None:
                 continue
+            if sampler is not None and not site.attach_error:
+                site.hits = sampler.hits(pid, site.address)
             site.attached = _read(pid, site.address, spec.length)
             if site.attached is not None and site.attached[0] == CALL_REL32 and spec.length >= 5:
                 site.call_target = (site.address + 5
@@ -423,7 +419,13 @@ class Kcheck:
                     site.planned = seqs.attach.end  # int3 at byte 0
                 if site.planned is not None and site.attached is not None:
                     site.matches_plan = site.attached == site.planned
-        t.close()
+        others = [p for p, o in self.targets.items() if p != pid and not o.result.inspected
+                  and p in self.tids]
+        if others:  # the events serve them too: this process's detach is not seen
+            res.note = res.note or (f"events kept for pid {others[0]}: bytes after detach "
+                                    f"not read")
+            return
+        self._close_events()
         for spec, site in zip(self.specs, res.sites, strict=True):
             if site.address is None or site.attach_error:
                 continue
@@ -502,9 +504,6 @@ class Kcheck:
                 self.tids[new] = pid
                 t = self.targets.get(pid)
                 if t is not None:
-                    t.attach_thread(self.path, new)
-                    for i, err in t.errors.items():
-                        t.result.sites[i].attach_error = err
                     t.result.threads += 1
             else:
                 self.tids[new] = new
@@ -526,7 +525,7 @@ class Kcheck:
                                         semaphore_offset=s.semaphore_offset)
                              for s in self.specs]
                 self.targets[pid] = t
-                self._attach_target(t, [pid])
+                self._attach_target(t)
             ptrace.cont(tid)
             return
         if event == ptrace.EVENT_EXIT:
@@ -600,13 +599,38 @@ class Kcheck:
             while self.tids and not until():
                 if not self._poll():
                     signal.sigtimedwait({signal.SIGCHLD}, 0.02)
+                now = time.monotonic()
+                if self.sampler is not None and now - self._drained > 0.02:
+                    self.sampler.drain()  # before the ring buffers fill
+                    self._drained = now
+                    self._first_hits()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
+    def _first_hits(self) -> None:
+        """Note the mappings of each target that hit a site for the first time."""
+        assert self.sampler is not None
+        waiting = [t for t in self.targets.values()
+                   if t.first_maps is None and not t.result.inspected]
+        if not waiting:
+            return
+        hit = self.sampler.pids()
+        for t in waiting:
+            if t.result.pid in hit:
+                t.first_maps = self._state(t.result.pid)[0] or None
+
+    def _close_events(self) -> None:
+        if self.sampler is not None:
+            t0 = time.monotonic()
+            self.sampler.close()
+            self.sampler = None
+            self.detach_seconds = time.monotonic() - t0
+            if self.progress:
+                self.progress(f"events closed in {self.detach_seconds:.2f} s")
+
     def _release(self, kill: bool) -> None:
         """Close every event; kill (command) or detach (pid) every traced task."""
-        for t in self.targets.values():
-            t.close()
+        self._close_events()
         for tid in list(self.tids):
             with contextlib.suppress(OSError):
                 if kill:
@@ -615,8 +639,9 @@ class Kcheck:
                     ptrace.interrupt(tid)
         self._drain(self._handle_live if kill else self._detach_stopped)
 
-    def run_command(self, argv: list[str]) -> KcheckReport:
-        """Start `argv`, held before exec until it is traced, and follow it to its end."""
+    def run_command(self, argv: list[str], stdout: int | None = None) -> KcheckReport:
+        """Start `argv`, held before exec until it is traced, and follow it to its end
+        (`stdout`: a descriptor to give it as its standard output)."""
         self.command = list(argv)
         _raise_nofile()
         gate_r, gate_w = os.pipe()
@@ -626,6 +651,8 @@ class Kcheck:
                 os.close(gate_w)
                 os.read(gate_r, 1)
                 os.close(gate_r)
+                if stdout is not None:
+                    os.dup2(stdout, 1)
                 os.execvp(argv[0], argv)
             except BaseException:
                 pass
@@ -659,7 +686,7 @@ class Kcheck:
                         continue
                     if os.WIFSTOPPED(status) and status >> 16 == ptrace.EVENT_EXEC:
                         exec_seen = True
-                        self._attach_target(main, [pid])
+                        self._attach_target(main)
                         ptrace.cont(pid)
                     elif os.WIFSTOPPED(status):
                         sig = os.WSTOPSIG(status)
@@ -714,7 +741,7 @@ class Kcheck:
                     raise UnsupportedError(f"pid {pid}: cannot trace thread {tid}: "
                                            f"{exc.strerror} (is a debugger attached?)") from exc
                 self.tids[tid] = pid
-            self._attach_target(main, list(self.tids))
+            self._attach_target(main)
             main.result.threads = len(self.tids)
             end = time.monotonic() + duration
             self._loop(lambda: time.monotonic() > end or pid not in self.tids)
@@ -730,11 +757,13 @@ class Kcheck:
     def _report(self) -> KcheckReport:
         return KcheckReport(self.path, self.command, self.pid, platform.release(),
                             sorted(self.processes.values(), key=lambda p: p.pid), self.faults,
-                            time.monotonic() - self.t0, self.interrupted)
+                            time.monotonic() - self.t0, self.interrupted,
+                            self.attach_seconds, self.detach_seconds)
 
 
 def _raise_nofile() -> None:
-    """One perf fd per site and thread: lift the soft fd limit to the hard one."""
+    """One perf fd and ring buffer per CPU, and the traced command's: lift the soft fd limit
+    to the hard one (kept from the per-thread design; harmless)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):

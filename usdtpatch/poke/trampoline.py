@@ -142,8 +142,12 @@ def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int
     high_limit = min(call_end + INT32_MAX, TASK_SIZE)
     low_limit = max(call_end + INT32_MIN, PAGE_SIZE, _page_up(mmap_min_addr))
     high: int | None = _page_up(call_end)
+    # the kernel asks vm_unmapped_area for a page with a page's alignment mask added to the
+    # length (the worst-case alignment overhead): only a gap of two pages or more is taken,
+    # at its lowest page going up and its highest page going down (seen with a one-page gap
+    # left by ld.so's alignment of a library with p_align 0x4000: the kernel went below)
     while high is not None and high + PAGE_SIZE <= high_limit:
-        hit = _overlap(busy, high)
+        hit = _overlap(busy, high) or _overlap(busy, high + PAGE_SIZE)
         if hit is None:
             break
         high = _page_up(hit[1])
@@ -151,7 +155,8 @@ def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int
         high = None
     low: int | None = _page_down(call_end - PAGE_SIZE) if call_end >= PAGE_SIZE else None
     while low is not None and low >= low_limit:
-        hit = _overlap(busy, low)
+        hit = _overlap(busy, low) or (_overlap(busy, low - PAGE_SIZE) if low >= PAGE_SIZE
+                                       else (0, PAGE_SIZE))
         if hit is None:
             break
         low = _page_down(hit[0] - PAGE_SIZE) if hit[0] >= PAGE_SIZE else None

@@ -14,6 +14,14 @@ from dataclasses import dataclass, replace
 
 from usdtpatch import __version__
 from usdtpatch.elf.cfi import load_cfi
+from usdtpatch.elf.dwarf import (
+    DetourLines,
+    DwarfError,
+    build_detour_dwarf,
+    has_dwarf,
+    read_debug_info,
+    read_line_table,
+)
 from usdtpatch.elf.ehframe import (
     Personality,
     build_cie,
@@ -34,8 +42,15 @@ from usdtpatch.elf.image import (
     ElfImage,
 )
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
-from usdtpatch.elf.symbols import symtab_in_place, symtab_with_functions
-from usdtpatch.elf.writer import AllocSection, Rewrite, TailSection, in_place_regions, write
+from usdtpatch.elf.symbols import DETOUR_PREFIX, symtab_in_place, symtab_with_functions
+from usdtpatch.elf.writer import (
+    AllocSection,
+    Rewrite,
+    TailSection,
+    cut_copy_at,
+    in_place_regions,
+    write,
+)
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter.forms import ForkGuard
@@ -171,12 +186,17 @@ def _build_id(image: ElfImage) -> str | None:
 
 
 def _symtab(image: ElfImage, syms: list[tuple[str, int, int]], text_index: int,
-            limit: int) -> list[TailSection]:
+            limit: int, cut: int | None = None) -> list[TailSection]:
     """`.symtab` and its string table with a local STT_FUNC symbol per detour added: grown
     in place when they can be (usdtpatch.elf.symbols.symtab_in_place: nothing of the table is
     copied; sections in the room it takes are re-emitted after the segment), else a new copy
-    of both at the end."""
-    grown = symtab_in_place(image, syms, text_index, limit)
+    of both at the end. Past the `cut` of the input (usdtpatch.elf.writer.plan_segment)
+    the table grows in the writer's copy of the input's end, with no limit."""
+    grown = symtab_in_place(image, syms, text_index, limit if cut is None else 1 << 62)
+    if grown is not None and cut is not None and any(
+            at < cut < at + len(data) or (at < cut and at + len(data) > limit)
+            for at, data in ((grown.symtab_offset, grown.prefix), (grown.names_at, grown.names))):
+        grown = None  # it would straddle the cut (usdtpatch.elf.writer.plan_segment)
     if grown is not None:
         out = [TailSection(".symtab", SHT_SYMTAB, grown.prefix, 8, 24, grown.strtab_name,
                            grown.info, (grown.symtab_offset, grown.symtab_size,
@@ -194,6 +214,77 @@ def _symtab(image: ElfImage, syms: list[tuple[str, int, int]], text_index: int,
     edit = symtab_with_functions(image, syms, text_index)
     return [TailSection(".symtab", SHT_SYMTAB, edit.symtab, 8, 24, edit.strtab_name, edit.info),
             TailSection(edit.strtab_name, SHT_STRTAB, edit.strtab, 1)]
+
+
+def detour_symbols(plan: RewritePlan) -> list[tuple[str, int, int]]:
+    """(name, address, size) of the local STT_FUNC symbol of each detour, named as compilers
+    name the split-off parts of a function (`f.cold`, `f.part.0`): `f.usdtpatch.N`, N
+    counting f's detours from 0, so that backtraces and profilers without debug information
+    still name the original function f; `__usdtpatch_detour_<provider>_<name>_<index>` where
+    the site's function has no symbol."""
+    out = []
+    count: dict[str, int] = {}
+    for o in plan.sites:
+        if o.action is Action.DETOUR and o.detour is not None:
+            fn = o.probe.function
+            if fn:
+                name = f"{fn}.usdtpatch.{count.get(fn, 0)}"
+                count[fn] = count.get(fn, 0) + 1
+            else:
+                name = f"{DETOUR_PREFIX}{o.probe.provider}_{o.probe.name}_{o.probe.index}"
+            out.append((name, o.detour.address, len(o.detour.code)))
+    return out
+
+
+def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
+                ) -> list[TailSection]:
+    """Where the input has DWARF (usdtpatch.elf.dwarf.has_dwarf), its `.debug_info`,
+    `.debug_abbrev`, `.debug_line` (and `.debug_aranges`) with a compile unit for the
+    detours appended: each detour a subprogram whose abstract origin is the original
+    function's DIE, each moved instruction at the original's file and line. None where the
+    input has none, or its DWARF cannot be read (the detours keep their symbols)."""
+    image = plan.image
+    detours = [o for o in plan.sites if o.action is Action.DETOUR and o.detour is not None
+               and o.window is not None]
+    if not detours or not has_dwarf(image):
+        return []
+    try:
+        info = read_debug_info(image)
+        lines = read_line_table(image, {u.stmt_list: u.comp_dir for u in info.units
+                                        if u.stmt_list is not None})
+        out: list[DetourLines] = []
+        unit = None
+        for o in detours:
+            assert o.detour is not None and o.window is not None
+            rows = []
+            for orig, new in o.detour.insn_map[:-1]:  # the last pair: the jump back
+                row = lines.lookup(orig)
+                if row is not None:
+                    rows.append((new, row.file, row.line, row.column))
+            sp = info.subprogram_at(o.window.start)
+            if sp is None and not rows:
+                continue
+            if unit is None and sp is not None:
+                unit = info.units[sp.unit]
+            out.append(DetourLines(o.detour.address, o.detour.end,
+                                   None if sp is None else sp.die,
+                                   names.get(o.detour.address, ""), tuple(rows)))
+        if not out:
+            return []
+        if unit is None:
+            unit = info.units[0] if info.units else None
+        dd = build_detour_dwarf(image, out, low, high,
+                                unit.name if unit is not None else "<usdtpatch detours>",
+                                unit.comp_dir if unit is not None else "",
+                                unit.language if unit is not None else 0)
+    except DwarfError:
+        return []
+    tail = [TailSection(".debug_info", SHT_PROGBITS, dd.debug_info, 1),
+            TailSection(".debug_abbrev", SHT_PROGBITS, dd.debug_abbrev, 1),
+            TailSection(".debug_line", SHT_PROGBITS, dd.debug_line, 1)]
+    if dd.debug_aranges is not None:
+        tail.append(TailSection(".debug_aranges", SHT_PROGBITS, dd.debug_aranges, 1))
+    return tail
 
 
 def build_rewrite(plan: RewritePlan) -> Built:
@@ -238,14 +329,10 @@ def build_rewrite(plan: RewritePlan) -> Built:
     note_bytes = serialize_notes(new_notes, 8, "<")
 
     text_index = len(image.sections)  # .usdtpatch.text is the first new section
-    syms = []
-    for o in plan.sites:
-        if o.action is Action.DETOUR and o.detour is not None:
-            tag = f"{o.probe.provider}_{o.probe.name}_{o.probe.index}"
-            syms.append((f"__usdtpatch_detour_{tag}", o.detour.address, len(o.detour.code)))
+    syms = detour_symbols(plan)
     if fork is not None:
         syms += fork.symbols
-    symbols = _symtab(image, syms, text_index, plan.layout.offset)
+    symbols = _symtab(image, syms, text_index, plan.layout.offset, plan.layout.cut)
     # what the marker must give back: the in-place edits, and the original bytes under a
     # section grown in place (restore truncates the file, so only bytes inside it count)
     kept = list(patches) + [(t.place[2], t.data) for t in symbols if t.place is not None
@@ -268,10 +355,14 @@ def build_rewrite(plan: RewritePlan) -> Built:
                    "window": None if o.window is None else [o.window.start, o.window.end]}
                   for o in plan.sites],
     }
+    if plan.layout.cut is not None:  # the input from `cut` on lies at `copy` in the output
+        marker["cut"] = [plan.layout.cut, cut_copy_at(plan.layout, alloc)]
     if fork is not None:  # absent without a guard: a file without one is as it always was
         marker["fork_guard"] = dict(fork.marker)
     tail = [TailSection(NOTE_SECTION, SHT_NOTE, note_bytes, 4), *unwind_tail, *symbols,
-            TailSection(MARKER_SECTION, SHT_NOTE, marker_note(marker), 4)]
+            *_debug_info(plan, dict((a, n) for n, a, _s in syms), text_addr,
+                         text_addr + len(text))]
+    tail.append(TailSection(MARKER_SECTION, SHT_NOTE, marker_note(marker), 4))
     rw = Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail), renames, hdr_addr)
     said: tuple[Finding, ...] = ()
     if fork is not None:

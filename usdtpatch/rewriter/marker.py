@@ -35,6 +35,16 @@ def restore_image(image: ElfImage) -> bytes:
         raise UnsupportedError(f"the marker says the original had {size} bytes, more than "
                                f"this file ({len(image.data)})")
     out = bytearray(memoryview(image.data)[:size])  # one copy, not two
+    cut = doc.get("cut")  # the input from cut[0] on, copied to cut[1] (writer.plan_segment)
+    if cut is not None:
+        try:
+            at, copy = int(cut[0]), int(cut[1])  # type: ignore[index]
+        except (TypeError, ValueError, IndexError) as exc:
+            raise UnsupportedError(f"{MARKER_SECTION} is damaged: {exc}") from exc
+        if not 0 <= at <= size or copy + size - at > len(image.data):
+            raise UnsupportedError(f"{MARKER_SECTION} is damaged: the copy of the original "
+                                   f"from {at} lies outside the file")
+        out[at:] = memoryview(image.data)[copy : copy + size - at]
     out[: len(header)] = header
     for off, raw in patches:
         out[off : off + len(raw)] = raw

@@ -1,0 +1,720 @@
+"""A small DWARF reader and writer: what a detour needs so that debuggers, profilers and
+symbolizers name the original function and lines (docs/rewrite.md, "Debugging information").
+
+Read: the line tables of `.debug_line` (versions 2 to 5, as gcc 12 and clang 14 write them:
+v5 with entry formats, strings in `.debug_line_str` or `.debug_str`) and, from `.debug_info`
+(versions 2 to 5), each compile unit's name, directory and language and each subprogram's
+[low_pc, high_pc) (addresses as DW_FORM_addr or DW_FORM_addrx* through `.debug_addr`).
+Written: one new compile unit for every detour (DWARF 4): a DW_TAG_subprogram per detour
+whose DW_AT_abstract_origin is the original function's DIE (its name, type, parameters and
+frame base come from there), a line program mapping each moved instruction to the original
+instruction's file and line, and an address range set when the file has `.debug_aranges`.
+
+Reference: DWARF Debugging Information Format, versions 4 (6.2 line number information,
+7.5 unit headers and forms) and 5 (6.2.4 the line program header, 7.5.1 unit headers). Only
+32-bit DWARF and 8-byte addresses are written; 64-bit DWARF units are read.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from usdtpatch.elf.image import SHF_COMPRESSED, ElfImage
+
+
+class DwarfError(ValueError):
+    """The DWARF data cannot be read (truncated, an unknown form)."""
+
+
+# --- reading primitives -------------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data = data
+        self.pos = pos
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise DwarfError(f"truncated at {self.pos:#x} (want {n} bytes)")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def u(self, n: int) -> int:
+        return int.from_bytes(self.take(n), "little")
+
+    def s8(self) -> int:
+        return int.from_bytes(self.take(1), "little", signed=True)
+
+    def uleb(self) -> int:
+        value = shift = 0
+        while True:
+            b = self.u(1)
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value
+
+    def sleb(self) -> int:
+        value = shift = 0
+        while True:
+            b = self.u(1)
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                if b & 0x40:
+                    value -= 1 << shift
+                return value
+
+    def cstr(self) -> bytes:
+        end = self.data.find(b"\0", self.pos)
+        if end < 0:
+            raise DwarfError(f"unterminated string at {self.pos:#x}")
+        out = self.data[self.pos : end]
+        self.pos = end + 1
+        return out
+
+    def unit_length(self) -> tuple[int, int]:
+        """(length, offset size 4 or 8)."""
+        n = self.u(4)
+        if n == 0xFFFFFFFF:
+            return self.u(8), 8
+        if n >= 0xFFFFFFF0:
+            raise DwarfError(f"reserved unit length {n:#x} at {self.pos - 4:#x}")
+        return n, 4
+
+
+def uleb(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def sleb(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if (value == 0 and not b & 0x40) or (value == -1 and b & 0x40):
+            out.append(b)
+            return bytes(out)
+        out.append(b | 0x80)
+
+
+def _cstring(data: bytes, at: int) -> bytes:
+    end = data.find(b"\0", at)
+    if at < 0 or at >= len(data) or end < 0:
+        raise DwarfError(f"string offset {at:#x} outside its section")
+    return data[at:end]
+
+
+# --- forms --------------------------------------------------------------------------------
+
+DW_FORM_addr = 0x01
+DW_FORM_block2 = 0x03
+DW_FORM_block4 = 0x04
+DW_FORM_data2 = 0x05
+DW_FORM_data4 = 0x06
+DW_FORM_data8 = 0x07
+DW_FORM_string = 0x08
+DW_FORM_block = 0x09
+DW_FORM_block1 = 0x0A
+DW_FORM_data1 = 0x0B
+DW_FORM_flag = 0x0C
+DW_FORM_sdata = 0x0D
+DW_FORM_strp = 0x0E
+DW_FORM_udata = 0x0F
+DW_FORM_ref_addr = 0x10
+DW_FORM_ref1 = 0x11
+DW_FORM_ref2 = 0x12
+DW_FORM_ref4 = 0x13
+DW_FORM_ref8 = 0x14
+DW_FORM_ref_udata = 0x15
+DW_FORM_indirect = 0x16
+DW_FORM_sec_offset = 0x17
+DW_FORM_exprloc = 0x18
+DW_FORM_flag_present = 0x19
+DW_FORM_strx = 0x1A
+DW_FORM_addrx = 0x1B
+DW_FORM_ref_sup4 = 0x1C
+DW_FORM_strp_sup = 0x1D
+DW_FORM_data16 = 0x1E
+DW_FORM_line_strp = 0x1F
+DW_FORM_ref_sig8 = 0x20
+DW_FORM_implicit_const = 0x21
+DW_FORM_loclistx = 0x22
+DW_FORM_rnglistx = 0x23
+DW_FORM_ref_sup8 = 0x24
+DW_FORM_strx1, DW_FORM_strx2, DW_FORM_strx3, DW_FORM_strx4 = 0x25, 0x26, 0x27, 0x28
+DW_FORM_addrx1, DW_FORM_addrx2, DW_FORM_addrx3, DW_FORM_addrx4 = 0x29, 0x2A, 0x2B, 0x2C
+DW_FORM_GNU_addr_index, DW_FORM_GNU_str_index = 0x1F01, 0x1F02
+DW_FORM_GNU_ref_alt, DW_FORM_GNU_strp_alt = 0x1F20, 0x1F21
+
+_FIXED = {DW_FORM_data1: 1, DW_FORM_ref1: 1, DW_FORM_flag: 1, DW_FORM_strx1: 1,
+          DW_FORM_addrx1: 1, DW_FORM_data2: 2, DW_FORM_ref2: 2, DW_FORM_strx2: 2,
+          DW_FORM_addrx2: 2, DW_FORM_strx3: 3, DW_FORM_addrx3: 3, DW_FORM_data4: 4,
+          DW_FORM_ref4: 4, DW_FORM_ref_sup4: 4, DW_FORM_strx4: 4, DW_FORM_addrx4: 4,
+          DW_FORM_data8: 8, DW_FORM_ref8: 8, DW_FORM_ref_sig8: 8, DW_FORM_ref_sup8: 8,
+          DW_FORM_data16: 16, DW_FORM_flag_present: 0, DW_FORM_implicit_const: 0}
+_OFFSET_SIZED = (DW_FORM_strp, DW_FORM_sec_offset, DW_FORM_line_strp, DW_FORM_strp_sup,
+                 DW_FORM_GNU_ref_alt, DW_FORM_GNU_strp_alt)
+_ULEB = (DW_FORM_udata, DW_FORM_ref_udata, DW_FORM_strx, DW_FORM_addrx, DW_FORM_loclistx,
+         DW_FORM_rnglistx, DW_FORM_GNU_addr_index, DW_FORM_GNU_str_index)
+_ADDRX = (DW_FORM_addrx, DW_FORM_addrx1, DW_FORM_addrx2, DW_FORM_addrx3, DW_FORM_addrx4,
+          DW_FORM_GNU_addr_index)
+_STRX = (DW_FORM_strx, DW_FORM_strx1, DW_FORM_strx2, DW_FORM_strx3, DW_FORM_strx4,
+         DW_FORM_GNU_str_index)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    version: int
+    offset_size: int
+    address_size: int
+
+
+def _form_value(r: _Reader, form: int, unit: _Unit, implicit: int) -> int | bytes:
+    """An attribute's raw value: an int (constants, offsets, references, indices) or bytes
+    (inline strings and blocks)."""
+    if form == DW_FORM_indirect:
+        return _form_value(r, r.uleb(), unit, implicit)
+    if form == DW_FORM_implicit_const:
+        return implicit
+    if form == DW_FORM_addr:
+        return r.u(unit.address_size)
+    if form in _FIXED:
+        return r.u(_FIXED[form]) if _FIXED[form] <= 8 else r.take(_FIXED[form])
+    if form in _OFFSET_SIZED:
+        return r.u(unit.offset_size)
+    if form == DW_FORM_ref_addr:
+        return r.u(unit.address_size if unit.version == 2 else unit.offset_size)
+    if form in _ULEB:
+        return r.uleb()
+    if form == DW_FORM_sdata:
+        return r.sleb()
+    if form == DW_FORM_string:
+        return r.cstr()
+    if form in (DW_FORM_block, DW_FORM_exprloc):
+        return r.take(r.uleb())
+    if form == DW_FORM_block1:
+        return r.take(r.u(1))
+    if form == DW_FORM_block2:
+        return r.take(r.u(2))
+    if form == DW_FORM_block4:
+        return r.take(r.u(4))
+    raise DwarfError(f"unknown attribute form {form:#x}")
+
+
+# --- sections -----------------------------------------------------------------------------
+
+
+def _section(image: ElfImage, name: str) -> bytes | None:
+    sec = image.section(name)
+    if sec is None or sec.flags & SHF_COMPRESSED or not sec.size:
+        return None
+    return bytes(image.section_data(sec))
+
+
+def has_dwarf(image: ElfImage) -> bool:
+    """Whether the file carries line tables and compile units this module can extend
+    (uncompressed `.debug_info`, `.debug_abbrev` and `.debug_line`)."""
+    return all(_section(image, n) is not None for n in (".debug_info", ".debug_abbrev",
+                                                         ".debug_line"))
+
+
+# --- line tables --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LineRow:
+    address: int
+    file: str
+    line: int
+    column: int
+    end: bool  # end_sequence: the address just past the sequence
+
+
+@dataclass
+class LineTable:
+    """Every row of every line program, sorted by address; `lookup` is addr2line's answer."""
+
+    rows: list[LineRow] = field(default_factory=list)
+    _addresses: list[int] = field(default_factory=list)
+
+    def finish(self) -> None:
+        # an end row before a start at the same address, so that lookups take the start
+        self.rows.sort(key=lambda r: (r.address, not r.end))
+        self._addresses = [r.address for r in self.rows]
+
+    def lookup(self, address: int) -> LineRow | None:
+        """The row in force at `address`: the last one at or before it, unless that one
+        ends a sequence."""
+        i = bisect_right(self._addresses, address) - 1
+        while i >= 0 and self.rows[i].address == address and self.rows[i].end:
+            i -= 1  # several rows at one address: an end row never answers
+        if i < 0 or self.rows[i].end:
+            return None
+        return self.rows[i]
+
+
+_DW_LNCT_path, _DW_LNCT_directory_index = 1, 2
+
+
+def _entry_formats(r: _Reader) -> list[tuple[int, int]]:
+    return [(r.uleb(), r.uleb()) for _ in range(r.u(1))]
+
+
+def _string_form(value: int | bytes, form: int, strs: dict[int, bytes | None]) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    data = strs.get(form)
+    if data is None:
+        raise DwarfError(f"a string of form {form:#x} and no section to read it from")
+    return _cstring(data, value).decode("utf-8", "surrogateescape")
+
+
+def _v5_entries(r: _Reader, unit: _Unit, strs: dict[int, bytes | None]
+                ) -> list[tuple[str, int]]:
+    """(path, directory index) of each entry of a v5 directory or file name table."""
+    formats = _entry_formats(r)
+    out = []
+    for _ in range(r.uleb()):
+        path, index = "", 0
+        for content, form in formats:
+            value = _form_value(r, form, unit, 0)
+            if content == _DW_LNCT_path:
+                path = _string_form(value, form, strs)
+            elif content == _DW_LNCT_directory_index and isinstance(value, int):
+                index = value
+        out.append((path, index))
+    return out
+
+
+def _join(directory: str, name: str) -> str:
+    if name.startswith("/") or not directory:
+        return name
+    return directory.rstrip("/") + "/" + name
+
+
+def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) -> LineTable:
+    """The rows of every line program in `.debug_line` (file names joined with their
+    directory; a v2-4 directory 0 is the unit's DW_AT_comp_dir, from `comp_dirs` keyed by
+    the program's offset)."""
+    data = _section(image, ".debug_line")
+    table = LineTable()
+    if data is None:
+        return table
+    strs = {DW_FORM_strp: _section(image, ".debug_str"),
+            DW_FORM_line_strp: _section(image, ".debug_line_str")}
+    pos = 0
+    while pos + 4 <= len(data):
+        start = pos
+        r = _Reader(data, pos)
+        length, osize = r.unit_length()
+        end = r.pos + length
+        if end > len(data):
+            raise DwarfError(f".debug_line unit at {start:#x} runs past the section")
+        pos = end
+        version = r.u(2)
+        if not 2 <= version <= 5:
+            continue  # a version this reader does not know: its rows are left out
+        address_size = 8
+        if version >= 5:
+            address_size = r.u(1)
+            r.u(1)  # segment selector size
+        header_length = r.u(osize)
+        program = r.pos + header_length
+        min_inst = r.u(1)
+        if version >= 4:
+            r.u(1)  # maximum operations per instruction (VLIW only)
+        default_is_stmt = r.u(1)
+        del default_is_stmt
+        line_base, line_range, opcode_base = r.s8(), r.u(1), r.u(1)
+        if not line_range:
+            raise DwarfError(f".debug_line unit at {start:#x}: line_range 0")
+        lengths = [r.u(1) for _ in range(opcode_base - 1)]
+        unit = _Unit(version, osize, address_size)
+        comp_dir = (comp_dirs or {}).get(start, "")
+        if version >= 5:
+            dirs = [p for p, _ in _v5_entries(r, unit, strs)]
+            files = [_join(dirs[d] if d < len(dirs) else "", p)
+                     for p, d in _v5_entries(r, unit, strs)]
+        else:
+            dirs = [comp_dir]
+            while (dname := r.cstr()):
+                dirs.append(_join(comp_dir, dname.decode("utf-8", "surrogateescape")))
+            files = [""]  # v2-4 file numbers start at 1
+            while (fname := r.cstr()):
+                di = r.uleb()
+                r.uleb()
+                r.uleb()
+                files.append(_join(dirs[di] if di < len(dirs) else "",
+                                   fname.decode("utf-8", "surrogateescape")))
+        _run_program(_Reader(data[:end], program), table, files, min_inst, line_base,
+                     line_range, opcode_base, lengths, address_size, version >= 5)
+    table.finish()
+    return table
+
+
+def _run_program(r: _Reader, table: LineTable, files: list[str], min_inst: int,
+                 line_base: int, line_range: int, opcode_base: int, lengths: list[int],
+                 address_size: int, v5: bool) -> None:
+    def reset() -> list[int]:
+        return [0, 0 if v5 else 1, 1, 0]  # address, file, line, column
+
+    st = reset()
+
+    def emit(end: bool = False) -> None:
+        name = files[st[1]] if 0 <= st[1] < len(files) else ""
+        table.rows.append(LineRow(st[0], name, st[2], st[3], end))
+
+    while r.pos < len(r.data):
+        op = r.u(1)
+        if op >= opcode_base:
+            adj = op - opcode_base
+            st[0] += (adj // line_range) * min_inst
+            st[2] += line_base + adj % line_range
+            emit()
+        elif op == 0:
+            n = r.uleb()
+            sub_end = r.pos + n
+            sub = r.u(1) if n else 0
+            if sub == 1:  # end_sequence
+                emit(True)
+                st = reset()
+            elif sub == 2:  # set_address
+                st[0] = r.u(address_size)
+            r.pos = sub_end
+        elif op == 1:  # copy
+            emit()
+        elif op == 2:
+            st[0] += r.uleb() * min_inst
+        elif op == 3:
+            st[2] += r.sleb()
+        elif op == 4:
+            st[1] = r.uleb()
+        elif op == 5:
+            st[3] = r.uleb()
+        elif op == 8:  # const_add_pc
+            st[0] += ((255 - opcode_base) // line_range) * min_inst
+        elif op == 9:
+            st[0] += r.u(2)
+        else:  # negate_stmt, basic_block, prologue_end, ... and unknown ones: skip args
+            for _ in range(lengths[op - 1] if op - 1 < len(lengths) else 0):
+                r.uleb()
+
+
+# --- compile units and subprograms --------------------------------------------------------
+
+DW_TAG_compile_unit = 0x11
+DW_TAG_partial_unit = 0x3C
+DW_TAG_subprogram = 0x2E
+DW_AT_name, DW_AT_stmt_list, DW_AT_low_pc, DW_AT_high_pc = 0x03, 0x10, 0x11, 0x12
+DW_AT_language, DW_AT_comp_dir, DW_AT_producer = 0x13, 0x1B, 0x25
+DW_AT_abstract_origin, DW_AT_str_offsets_base, DW_AT_addr_base = 0x31, 0x72, 0x73
+DW_AT_external = 0x3F
+
+
+@dataclass(frozen=True, slots=True)
+class Subprogram:
+    """A DW_TAG_subprogram with a [low, high) code range: its DIE's offset in .debug_info."""
+
+    low: int
+    high: int
+    die: int
+    unit: int  # index into DebugInfo.units
+
+
+@dataclass(frozen=True, slots=True)
+class CompileUnit:
+    offset: int
+    name: str
+    comp_dir: str
+    language: int
+    stmt_list: int | None
+
+
+@dataclass
+class DebugInfo:
+    units: list[CompileUnit] = field(default_factory=list)
+    subprograms: list[Subprogram] = field(default_factory=list)
+
+    def subprogram_at(self, address: int) -> Subprogram | None:
+        """The innermost (smallest) subprogram whose range holds `address`."""
+        best = None
+        for sp in self.subprograms:
+            if sp.low <= address < sp.high and (best is None or
+                                                sp.high - sp.low < best.high - best.low):
+                best = sp
+        return best
+
+
+def _abbrevs(data: bytes, offset: int
+             ) -> dict[int, tuple[int, bool, list[tuple[int, int, int]]]]:
+    r = _Reader(data, offset)
+    out: dict[int, tuple[int, bool, list[tuple[int, int, int]]]] = {}
+    while (code := r.uleb()):
+        tag, children = r.uleb(), bool(r.u(1))
+        attrs = []
+        while True:
+            name, form = r.uleb(), r.uleb()
+            if not name and not form:
+                break
+            attrs.append((name, form, r.sleb() if form == DW_FORM_implicit_const else 0))
+        out[code] = (tag, children, attrs)
+    return out
+
+
+_Attrs = dict[int, tuple[int, int | bytes]]  # attribute -> (form, raw value)
+
+
+@dataclass(frozen=True, slots=True)
+class _CuStrings:
+    """What reading a DIE's strings and addresses needs of its unit."""
+
+    cu_attrs: _Attrs
+    offset_size: int
+    address_size: int
+    debug_str: bytes | None
+    line_str: bytes | None
+    str_offsets: bytes | None
+    debug_addr: bytes | None
+
+    def string(self, attr: int) -> str:
+        """The unit DIE's string attribute `attr` ("" when absent or unreadable)."""
+        if attr not in self.cu_attrs:
+            return ""
+        form, value = self.cu_attrs[attr]
+        if form in _STRX:
+            base = self.cu_attrs.get(DW_AT_str_offsets_base, (0, 8))[1]
+            if self.str_offsets is None or not isinstance(base, int) or \
+                    not isinstance(value, int):
+                return ""
+            at = base + value * self.offset_size
+            value = int.from_bytes(self.str_offsets[at : at + self.offset_size], "little")
+            form = DW_FORM_strp
+        return _string_form(value, form, {DW_FORM_strp: self.debug_str,
+                                          DW_FORM_line_strp: self.line_str})
+
+    def address(self, values: _Attrs) -> int | None:
+        """DW_AT_low_pc of a DIE (through `.debug_addr` for DW_FORM_addrx*)."""
+        form, value = values[DW_AT_low_pc]
+        if not isinstance(value, int):
+            return None
+        if form in _ADDRX:
+            base = self.cu_attrs.get(DW_AT_addr_base, (0, 8))[1]
+            if self.debug_addr is None or not isinstance(base, int):
+                return None
+            at = base + value * self.address_size
+            return int.from_bytes(self.debug_addr[at : at + self.address_size], "little")
+        return value
+
+
+def read_debug_info(image: ElfImage) -> DebugInfo:
+    """Every compile unit of `.debug_info` and every subprogram with a code range."""
+    info, abbrev = _section(image, ".debug_info"), _section(image, ".debug_abbrev")
+    out = DebugInfo()
+    if info is None or abbrev is None:
+        return out
+    debug_str, line_str = _section(image, ".debug_str"), _section(image, ".debug_line_str")
+    str_offsets, debug_addr = _section(image, ".debug_str_offsets"), _section(image,
+                                                                             ".debug_addr")
+    pos = 0
+    while pos + 4 <= len(info):
+        start = pos
+        r = _Reader(info, pos)
+        length, osize = r.unit_length()
+        end = r.pos + length
+        if end > len(info):
+            raise DwarfError(f".debug_info unit at {start:#x} runs past the section")
+        pos = end
+        version = r.u(2)
+        if version >= 5:
+            unit_type, address_size, abbrev_offset = r.u(1), r.u(1), r.u(osize)
+            if unit_type not in (1, 3):  # compile and partial units only
+                continue
+        elif 2 <= version <= 4:
+            abbrev_offset, address_size = r.u(osize), r.u(1)
+        else:
+            continue
+        unit = _Unit(version, osize, address_size)
+        table = _abbrevs(abbrev, abbrev_offset)
+        cu_attrs: _Attrs = {}
+        pending: list[tuple[int, _Attrs]] = []
+        depth = 0
+        while r.pos < end:
+            die = r.pos
+            code = r.uleb()
+            if not code:
+                depth -= 1
+                continue
+            if code not in table:
+                raise DwarfError(f".debug_info DIE at {die:#x}: abbreviation {code} unknown")
+            tag, children, attrs = table[code]
+            values: _Attrs = {}
+            for name, form, implicit in attrs:
+                values[name] = (form, _form_value(r, form, unit, implicit))
+            if depth == 0 and tag in (DW_TAG_compile_unit, DW_TAG_partial_unit):
+                cu_attrs = values
+            elif tag == DW_TAG_subprogram and DW_AT_low_pc in values:
+                pending.append((die, values))
+            if children:
+                depth += 1
+        unit_index = len(out.units)
+        cu = _CuStrings(cu_attrs, osize, address_size, debug_str, line_str, str_offsets,
+                        debug_addr)
+        stmt = cu_attrs.get(DW_AT_stmt_list, (0, None))[1]
+        lang = cu_attrs.get(DW_AT_language, (0, 0))[1]
+        out.units.append(CompileUnit(start, cu.string(DW_AT_name), cu.string(DW_AT_comp_dir),
+                                     lang if isinstance(lang, int) else 0,
+                                     stmt if isinstance(stmt, int) else None))
+        for die, values in pending:
+            low = cu.address(values)
+            if low is None or DW_AT_high_pc not in values:
+                continue
+            form, high = values[DW_AT_high_pc]
+            if not isinstance(high, int):
+                continue
+            if form != DW_FORM_addr:  # a constant: the length (DWARF 4+)
+                high = low + high
+            out.subprograms.append(Subprogram(low, high, die, unit_index))
+    return out
+
+
+# --- writing: one compile unit for the detours --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DetourLines:
+    """One detour: its [start, end), the original function's DIE (or None, then `name`
+    names it), and (detour address, file, line, column) per moved instruction."""
+
+    start: int
+    end: int
+    origin: int | None
+    name: str
+    rows: tuple[tuple[int, str, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DetourDwarf:
+    """The grown sections: each the original's bytes with the new unit appended."""
+
+    debug_info: bytes
+    debug_abbrev: bytes
+    debug_line: bytes
+    debug_aranges: bytes | None
+
+
+PRODUCER = b"usdtpatch (detours of moved USDT probe windows)"
+
+
+def _abbrev_table() -> bytes:
+    def entry(code: int, tag: int, children: bool, attrs: Sequence[tuple[int, int]]) -> bytes:
+        return uleb(code) + uleb(tag) + bytes([children]) + b"".join(
+            uleb(a) + uleb(f) for a, f in attrs) + b"\0\0"
+
+    return b"".join([
+        entry(1, DW_TAG_compile_unit, True,
+              [(DW_AT_producer, DW_FORM_string), (DW_AT_name, DW_FORM_string),
+               (DW_AT_comp_dir, DW_FORM_string), (DW_AT_language, DW_FORM_data2),
+               (DW_AT_low_pc, DW_FORM_addr), (DW_AT_high_pc, DW_FORM_data8),
+               (DW_AT_stmt_list, DW_FORM_sec_offset)]),
+        entry(2, DW_TAG_subprogram, False,
+              [(DW_AT_abstract_origin, DW_FORM_ref_addr), (DW_AT_low_pc, DW_FORM_addr),
+               (DW_AT_high_pc, DW_FORM_data8)]),
+        entry(3, DW_TAG_subprogram, False,
+              [(DW_AT_name, DW_FORM_string), (DW_AT_external, DW_FORM_flag_present),
+               (DW_AT_low_pc, DW_FORM_addr), (DW_AT_high_pc, DW_FORM_data8)]),
+    ]) + b"\0"
+
+
+def _line_program(detours: Sequence[DetourLines]) -> bytes:
+    """A DWARF 4 line program: one sequence per detour, absolute file names."""
+    names = sorted({f for d in detours for _a, f, _l, _c in d.rows})
+    dirs = sorted({n.rsplit("/", 1)[0] for n in names if "/" in n})
+    dir_index = {dn: i + 1 for i, dn in enumerate(dirs)}
+    file_index = {n: i + 1 for i, n in enumerate(names)}
+    line_base, line_range, opcode_base = -5, 14, 13
+    header = bytearray([1, 1, 1, line_base & 0xFF, line_range, opcode_base])
+    header += bytes([0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1])  # standard opcode lengths
+    for dn in dirs:
+        header += dn.encode("utf-8", "surrogateescape") + b"\0"
+    header += b"\0"
+    for n in names:
+        dn, base = n.rsplit("/", 1) if "/" in n else ("", n)
+        header += base.encode("utf-8", "surrogateescape") + b"\0" + uleb(dir_index.get(dn, 0))
+        header += b"\0\0"
+    header += b"\0"
+    program = bytearray()
+    for d in detours:
+        program += b"\0" + uleb(9) + b"\x02" + struct.pack("<Q", d.start)
+        address, file, line, column = d.start, 1, 1, 0
+        for at, name, ln, col in d.rows:
+            if at > address:
+                program += b"\x02" + uleb(at - address)
+                address = at
+            if file_index[name] != file:
+                file = file_index[name]
+                program += b"\x04" + uleb(file)
+            if ln != line:
+                program += b"\x03" + sleb(ln - line)
+                line = ln
+            if col != column:
+                program += b"\x05" + uleb(col)
+                column = col
+            program += b"\x01"
+        program += b"\x02" + uleb(d.end - address) + b"\0\x01\x01"
+    body = struct.pack("<H", 4) + struct.pack("<I", len(header)) + bytes(header) + program
+    return struct.pack("<I", len(body)) + body
+
+
+def build_detour_dwarf(image: ElfImage, detours: Sequence[DetourLines], low: int, high: int,
+                       name: str, comp_dir: str, language: int) -> DetourDwarf:
+    """The file's `.debug_info`, `.debug_abbrev`, `.debug_line` (and `.debug_aranges`, when
+    it has one) with one compile unit appended that covers [low, high) (the new text)."""
+    info, abbrev, line = (_section(image, n) for n in (".debug_info", ".debug_abbrev",
+                                                          ".debug_line"))
+    if info is None or abbrev is None or line is None:
+        raise DwarfError("the file has no uncompressed .debug_info, .debug_abbrev and "
+                         ".debug_line to extend")
+    abbrev_at, line_at, unit_at = len(abbrev), len(line), len(info)
+    if max(abbrev_at, line_at, unit_at) >= 1 << 32:
+        raise DwarfError("a debug section past 4 GiB: 32-bit DWARF offsets cannot reach it")
+    dies = bytearray(uleb(1))
+    for text in (PRODUCER, name.encode("utf-8", "surrogateescape"),
+                 comp_dir.encode("utf-8", "surrogateescape")):
+        dies += text + b"\0"
+    dies += struct.pack("<HQQI", language, low, high - low, line_at)
+    for d in detours:
+        if d.origin is not None:
+            dies += uleb(2) + struct.pack("<IQQ", d.origin, d.start, d.end - d.start)
+        else:
+            dies += uleb(3) + d.name.encode("utf-8", "surrogateescape") + b"\0"
+            dies += struct.pack("<QQ", d.start, d.end - d.start)
+    dies += b"\0"  # the end of the unit's children
+    body = struct.pack("<HIB", 4, abbrev_at, 8) + bytes(dies)
+    new_info = info + struct.pack("<I", len(body)) + body
+    aranges = _section(image, ".debug_aranges")
+    new_aranges = None
+    if aranges is not None:
+        tuples = b"".join(struct.pack("<QQ", d.start, d.end - d.start) for d in detours)
+        body = struct.pack("<HIBB", 2, unit_at, 8, 0) + b"\0" * 4 + tuples + b"\0" * 16
+        new_aranges = aranges + struct.pack("<I", len(body)) + body
+    return DetourDwarf(new_info, abbrev + _abbrev_table(), line + _line_program(detours),
+                       new_aranges)
+
+
+__all__ = ["CompileUnit", "DebugInfo", "DetourDwarf", "DetourLines", "DwarfError",
+           "LineRow", "LineTable", "Subprogram", "build_detour_dwarf", "has_dwarf",
+           "read_debug_info", "read_line_table", "sleb", "uleb"]

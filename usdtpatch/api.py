@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.errors import InputError, UnsupportedError
-from usdtpatch.io import StrPath, check_output, input_mode, read_input, write_atomic
+from usdtpatch.io import (
+    Origin,
+    StrPath,
+    check_output,
+    read_input,
+    read_source,
+    write_atomic,
+)
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 
 if TYPE_CHECKING:  # imported where used: each command pays only for what it uses
@@ -115,6 +122,14 @@ def check(path: StrPath) -> CheckResult:
     from usdtpatch.sites.check import check as check_probes
 
     return CheckResult(os.fspath(path), check_probes(load(path)))
+
+
+def _check_data(path: StrPath, data: bytes) -> CheckResult:
+    """`check` of a file's bytes not yet written (`path`: the name they will have)."""
+    from usdtpatch.sites.check import check as check_probes
+    from usdtpatch.sites.probes import read_probes
+
+    return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data))))
 
 
 # -------------------------------------------------------------------------------- rewrite
@@ -249,6 +264,23 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     findings say which and why, and where the kernel optimizes nothing the file is left as it
     is (copied to `out`).
     """
+    o, data, origin = _rewritten(path, out, form=form, guard=guard, fork_guard=fork_guard,
+                                 verify=verify, in_place=in_place, progress=progress,
+                                 calls=calls, jobs=jobs, kernel=kernel)
+    if o.output is not None and data is not None:
+        write_atomic(o.output, data, origin=origin, in_place=in_place)
+    return o
+
+
+def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
+               guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+               verify: bool = True, in_place: bool = False,
+               progress: Callable[[int, int], None] | None = None, calls: str = "auto",
+               jobs: int | None = None, kernel: str | None = None
+               ) -> tuple[RewriteOutcome, bytes | None, Origin]:
+    """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
+    nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
+    build step (usdtpatch.build.step) checks the bytes before it writes them."""
     choice = _form_choice(form, kernel)
     g = _enum(Guard, guard, "guard")
     fg = _enum(ForkGuard, fork_guard, "fork_guard")
@@ -258,14 +290,14 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     target = src if in_place else (os.fspath(out) if out is not None else None)
     if target is not None:
         check_output(target, [src], in_place=in_place)
-    mode = input_mode(src)
-    data = read_input(src)
+    data, origin = read_source(src)
     image = parse_elf(data)
     from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING
     from usdtpatch.rewriter.marker import AlreadyRewritten
 
     f = choice.form
     said = (FORM_CHOSEN.finding(choice.why),) if choice.detected or choice.kernel else ()
+    copy = data if target is not None and not in_place else None  # the input, unchanged
 
     def outcome(changed: bool, sites: tuple[SiteDecision, ...] = (),
                 findings: tuple[Finding, ...] = (), note: str | None = None) -> RewriteOutcome:
@@ -273,20 +305,16 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
                               findings if note is not None else said + findings, note)
 
     if f is None:  # a kernel that optimizes nothing: the file stays as it is
-        if target is not None and not in_place:
-            write_atomic(target, data, mode)
         return RewriteOutcome(src, target, None, g, fg, verify, False, (),
-                              (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),))
+                              (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)), copy, origin
     try:
         rp = _decide(image, verify=verify, jobs=jobs, form=f, guard=g, fork_guard=fg,
                      progress=progress, calls=calls)
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
-        if target is not None and not in_place:
-            write_atomic(target, data, mode)
-        return outcome(False, note=str(exc))
+        return outcome(False, note=str(exc)), copy, origin
     if target is None:
-        return outcome(rp.changed, rp.sites, rp.findings)
+        return outcome(rp.changed, rp.sites, rp.findings), None, origin
     findings = rp.findings
     result = data
     if rp.changed:
@@ -295,8 +323,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
         built = build_rewrite(rp)
         _validate(built.data, image)
         result, findings = built.data, output_findings(rp, built)
-    write_atomic(target, result, mode)
-    return outcome(rp.changed, rp.sites, findings)
+    return outcome(rp.changed, rp.sites, findings), result, origin
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
@@ -344,10 +371,10 @@ def restore(path: StrPath, out: StrPath | None = None, *,
     target = src if in_place else (os.fspath(out) if out is not None else None)
     if target is not None:
         check_output(target, [src], in_place=in_place)
-    mode = input_mode(src)
-    original = restore_image(_image(src))
+    data, origin = read_source(src)
+    original = restore_image(parse_elf(data))
     if target is not None:
-        write_atomic(target, original, mode)
+        write_atomic(target, original, origin=origin, in_place=in_place)
     return RestoreOutcome(src, target, original)
 
 

@@ -16,8 +16,11 @@ import contextlib
 import errno
 import mmap
 import os
+import signal
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from usdtpatch.errors import InputError, OutputError
 
@@ -179,7 +182,9 @@ def check_output(target: StrPath, inputs: Iterable[StrPath] = (), *,
 
     Refused: an existing target that is not a regular file (a directory, a device, a FIFO, a
     socket; followed through a symbolic link), and a target that is one of `inputs` (unless
-    `in_place`; `can_in_place` says whether the message may suggest --in-place).
+    `in_place`; `can_in_place` says whether the message may suggest --in-place). With
+    `in_place`, a target that is a symbolic link or has several hard links is refused
+    (_refuse_links).
     """
     t = os.fspath(target)
     try:
@@ -197,6 +202,8 @@ def check_output(target: StrPath, inputs: Iterable[StrPath] = (), *,
         raise OutputError(f"{t}: is {file_kind(st.st_mode)}, not a regular file; usdtpatch "
                           f"writes only regular files")
     if in_place:
+        if st is not None:
+            _refuse_links(None, t, t)
         return
     for i in inputs:
         if same_file(t, i):
@@ -204,37 +211,245 @@ def check_output(target: StrPath, inputs: Iterable[StrPath] = (), *,
             raise OutputError(f"{t}: is the input {i}; {how}")
 
 
-def write_atomic(path: StrPath, data: bytes, mode: int | None = None) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and os.replace.
+# ------------------------------------------------------------------------------- writing
 
-    Either the whole new content is at `path` afterwards or the old file is untouched (also
-    on Ctrl-C: the temporary file is removed). `mode`, when given, is applied to the new file
-    (e.g. the input's permission bits, or umask_mode() for a report); else the file keeps
-    the temporary file's 0600. An existing `path` that is not a regular file is refused
+NAME_MAX = 255  # bytes in one file name (Linux, every common file system)
+_SPECIAL = stat.S_ISUID | stat.S_ISGID
+
+# Every output this process has put in place (by write_atomic), in order: after an
+# interrupt the command line says which were written in full (cli.main).
+WRITTEN: list[str] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """What an output made from an input keeps of it, read from the input's descriptor:
+    its permission bits (setuid, setgid and sticky included), owner, group and extended
+    attributes (ACLs in system.posix_acl_*, file capabilities in security.capability, the
+    user.* and other names; whatever the file system lists)."""
+
+    mode: int
+    uid: int
+    gid: int
+    xattrs: tuple[tuple[str, bytes], ...] = ()
+
+
+def _origin(fd: int, st: os.stat_result) -> Origin:
+    attrs: list[tuple[str, bytes]] = []
+    try:
+        names = os.listxattr(fd)
+    except OSError:  # ENOTSUP: a file system without extended attributes
+        names = []
+    for name in names:
+        with contextlib.suppress(OSError):  # removed meanwhile, or not ours to read
+            attrs.append((name, os.getxattr(fd, name)))
+    return Origin(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, tuple(attrs))
+
+
+def read_source(path: StrPath) -> tuple[bytes, Origin]:
+    """An input's bytes and what its output keeps of it (Origin), both from one descriptor:
+    the file whose bytes are read is the file whose mode, owner and attributes are kept."""
+    p = os.fspath(path)
+    fd, size = _open_input(p)
+    try:
+        return _read_all(p, fd, size), _origin(fd, os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def source_origin(path: StrPath) -> Origin:
+    """Origin of an input (as read_source, without reading the bytes)."""
+    p = os.fspath(path)
+    fd, _ = _open_input(p)
+    try:
+        return _origin(fd, os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _refuse_links(dfd: int | None, name: str, p: str) -> None:
+    """--in-place never breaks a link: a symbolic link or a file with several names is
+    refused (binutils' strip writes through such a file, in place and not atomically; here
+    the one rename would replace only the name given)."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        to = os.readlink(name, dir_fd=dfd)
+        raise OutputError(f"{p}: is a symbolic link (to {to}); --in-place replaces only "
+                          f"regular files: name the file it points to, or use -o")
+    if st.st_nlink > 1:
+        raise OutputError(f"{p}: has {st.st_nlink} hard links; --in-place would break "
+                          f"them: use -o")
+
+
+def _temp_name(name: str) -> str:
+    """A hidden, unpredictable name beside `name`, never longer than a name may be (a
+    245-byte output name gets a short temporary name, not ENAMETOOLONG)."""
+    token = os.urandom(8).hex()
+    long = f".{name}.{token}.tmp"
+    return long if len(os.fsencode(long)) <= NAME_MAX else f".{token}.tmp"
+
+
+def _create(dfd: int) -> tuple[int, str | None]:
+    """The new file's descriptor, and its temporary name (None: an O_TMPFILE file, with no
+    name until it is linked; a process killed before then leaves nothing behind)."""
+    flags = os.O_WRONLY | os.O_CLOEXEC
+    tmpfile = getattr(os, "O_TMPFILE", 0)
+    if tmpfile and os.path.isdir("/proc/self/fd"):  # linked through /proc (linkat(2))
+        try:
+            return os.open(".", flags | tmpfile, 0o600, dir_fd=dfd), None
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+                raise  # EACCES, ENOSPC, EROFS: the O_EXCL way fails the same
+    return _create_named(dfd, "")
+
+
+def _create_named(dfd: int, name: str) -> tuple[int, str]:
+    for _ in range(100):
+        tmp = _temp_name(name or "usdtpatch")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            continue
+        return fd, tmp
+    raise OSError(errno.EEXIST, "no unused temporary name")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view[:1 << 30])
+        view = view[n:]
+
+
+def _finish(fd: int, mode: int, origin: Origin | None) -> None:
+    """Owner, group, mode and attributes, set on the descriptor (as `cp -p`/`install` do):
+    the owner and group of `origin` where this process may give them (root: always); when
+    either is not kept, the setuid and setgid bits are dropped (never bits the new owner
+    did not have). fchown comes first (it clears setuid bits and file capabilities), then
+    fchmod, then the extended attributes (an ACL sets the group bits to its mask, as on the
+    input)."""
+    if origin is not None:
+        try:
+            os.fchown(fd, origin.uid, origin.gid)
+        except PermissionError:
+            with contextlib.suppress(PermissionError):
+                os.fchown(fd, -1, origin.gid)  # a group this user is in
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (origin.uid, origin.gid):
+            mode &= ~_SPECIAL
+    os.fchmod(fd, mode)
+    if origin is not None:
+        for name, value in origin.xattrs:
+            # what this process may not set (a capability without CAP_SETFCAP, a file
+            # system without xattrs) is dropped, as `cp -a` does
+            with contextlib.suppress(PermissionError, OSError):
+                os.setxattr(fd, name, value)
+
+
+class _Deferred:
+    """SIGINT, SIGTERM and SIGHUP held back while an output is renamed into place and
+    recorded as written: the interrupt then comes after, and says that it was written."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Deferred:
+        import threading  # signal handlers belong to the main thread
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def _hold(self, signum: int, _frame: object) -> None:
+        self.caught.append(signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(self.caught):
+            signal.raise_signal(sig)  # the handler it would have met (e.g. KeyboardInterrupt)
+
+
+def write_atomic(path: StrPath, data: bytes, mode: int | None = None, *,
+                 origin: Origin | None = None, in_place: bool = False) -> None:
+    """Write `data` to `path` as a new file put in place by one rename.
+
+    Either the whole new content is at `path` afterwards or the old file is untouched (on an
+    error, Ctrl-C, SIGTERM or SIGHUP; killed, the O_TMPFILE file leaves nothing). Made safe
+    for root in a folder another user owns: the folder is opened once and everything after
+    is relative to that descriptor; the new file has no name (O_TMPFILE) or an unpredictable
+    one created with O_EXCL; its mode, owner and attributes are set and it is synced through
+    its descriptor, never through a name; it is linked and renamed beside `path` and what
+    the rename put in place is checked to be that file. `mode`: the permission bits (default:
+    what the umask gives a new file, as open() and systemtap's dtrace make it); `origin`:
+    an input's mode, owner, group and attributes, kept as `cp -p` keeps them (_finish).
+    `in_place`: `path` is the input, and a symbolic link or a file with several hard links
+    is refused (_refuse_links). An existing `path` that is not a regular file is refused
     (check_output).
     """
     p = os.fspath(path)
-    check_output(p, in_place=True)
-    folder = os.path.dirname(p) or "."
+    check_output(p, in_place=in_place)
+    folder, name = os.path.split(p)
     try:
-        import tempfile  # only a command that writes pays for it
+        dfd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from exc
+    try:
+        if in_place:
+            _refuse_links(dfd, name, p)
+        bits = origin.mode if mode is None and origin is not None else \
+            umask_mode() if mode is None else mode
+        _write_in(dfd, p, name, data, bits, origin)
+    finally:
+        os.close(dfd)
 
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from exc
+
+def _write_in(dfd: int, p: str, name: str, data: bytes, mode: int,
+              origin: Origin | None) -> None:
+    tmp: str | None = None
+    fd = -1
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, p)
+        fd, tmp = _create(dfd)
+        _write_all(fd, data)
+        _finish(fd, mode, origin)
+        os.fsync(fd)
+        if tmp is None:  # name the O_TMPFILE file (its metadata is final already)
+            for _ in range(100):
+                candidate = _temp_name(name)
+                try:
+                    os.link(f"/proc/self/fd/{fd}", candidate, dst_dir_fd=dfd)
+                except FileExistsError:
+                    continue
+                tmp = candidate
+                break
+            else:
+                raise OSError(errno.EEXIST, "no unused temporary name")
+        ours = os.fstat(fd)
+        with _Deferred():
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp = None
+            there = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
+                raise OutputError(f"{p}: cannot write: the temporary file was replaced by "
+                                  f"another program before it was renamed; {p} is not ours")
+            WRITTEN.append(p)
+        with contextlib.suppress(OSError):
+            os.fsync(dfd)  # the rename itself on disk
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from exc
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+        if fd >= 0:
+            os.close(fd)

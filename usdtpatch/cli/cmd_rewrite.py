@@ -17,14 +17,16 @@ import json
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import check_output
+from usdtpatch.io import WRITTEN, check_output
+from usdtpatch.lifetime import die_with_parent
 from usdtpatch.report.rewrite_report import report_document, report_kind, write_report
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 from usdtpatch.rewriter.kernel import Kernel
@@ -89,9 +91,25 @@ def _target(path: str, output: str | None, several: bool) -> str | None:
     return str(out)
 
 
-def _worker_init() -> None:
-    """A -j worker ignores Ctrl-C while idle: the parent stops the pool (no tracebacks)."""
+def _worker_init(parent: int) -> None:
+    """A -j worker ignores Ctrl-C while idle (the parent stops the pool: no tracebacks) and
+    dies with its parent."""
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _note_written(futures: Iterable[Future[tuple[dict[str, Any], bool, float]]]) -> None:
+    """After an interrupt: the outputs the -j workers put in place (finished files, and
+    files whose rename was done when the interrupt came), for the interrupt's line."""
+    for fut in futures:
+        if not fut.done() or fut.cancelled():
+            continue
+        exc = fut.exception()
+        if exc is None:
+            output = fut.result()[0].get("output")
+            WRITTEN.extend([output] if output else [])
+        else:
+            WRITTEN.extend(getattr(exc, "written", []))
 
 
 def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str, guard: str,
@@ -99,12 +117,16 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
                        kernel: str | None = None) -> tuple[dict[str, Any], bool, float]:
     """One file in a worker process: its report entry, whether a site failed, the time."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
+    mark = len(WRITTEN)
     try:
         t0 = time.monotonic()
         o = api.rewrite(path, target, form=form, guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
                         jobs=1)  # -j runs files in parallel: one process per file
         return o.to_json(), o.failed, time.monotonic() - t0
+    except KeyboardInterrupt as exc:  # the parent says whether this file was written
+        exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
+        raise
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -154,7 +176,9 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
     failed = False
     started = time.monotonic()
     if jobs > 1 and several:
-        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init)
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
+                                   initargs=(os.getpid(),))
+        futures: list[tuple[str, Future[tuple[dict[str, Any], bool, float]]]] = []
         try:
             sizes = {p: _size(p) for p, _ in todo} if report is not None else {}
             futures = [(p, pool.submit(_rewrite_in_worker, p, t, in_place, form, guard,
@@ -171,6 +195,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 failed = failed or bad
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
+            _note_written(f for _, f in futures)
             raise
         pool.shutdown(wait=True)
     else:

@@ -98,6 +98,16 @@ def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
+    """Ctrl-C for every worker (one that works on a file stops it cleanly, an idle one ignores
+    it and ends at shutdown): the parent may have been signalled alone (SIGTERM, kill -INT),
+    not the whole process group as a terminal does."""
+    processes: dict[int, Any] = getattr(pool, "_processes", None) or {}  # pid -> process
+    for pid in list(processes):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+
+
 def _note_written(futures: Iterable[Future[tuple[dict[str, Any], bool, float]]]) -> None:
     """After an interrupt: the outputs the -j workers put in place (finished files, and
     files whose rename was done when the interrupt came), for the interrupt's line."""
@@ -193,7 +203,9 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 entries.append(entry)
                 extras.append(_report_extra(p, entry, took, sizes.get(p)))
                 failed = failed or bad
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
+                _interrupt_workers(pool)
             pool.shutdown(wait=True, cancel_futures=True)
             _note_written(f for _, f in futures)
             raise

@@ -437,14 +437,13 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
 
 def read_plan(path: StrPath) -> Plan:
     """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
-    import json  # here, not at the top: `check` and `list` do not pay for it
-
+    from usdtpatch import jsondoc  # here, not at the top: `check` and `list` do not pay
     from usdtpatch.poke.plan import plan_from_json
 
     src = os.fspath(path)
     try:
-        doc = json.loads(read_input(src))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = jsondoc.loads(read_input(src))
+    except ValueError as exc:  # not JSON, not UTF-8, nested too deep, a 5,000-digit number
         raise InputError(f"{src}: not a JSON document: {exc}") from exc
     return plan_from_json(doc, src)
 

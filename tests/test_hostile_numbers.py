@@ -7,6 +7,7 @@ import shutil
 import struct
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,9 +104,10 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 def test_a_marker_nested_100000_deep(tmp_path: Path) -> None:
     """Item 9: before, RecursionError (exit 3) from check, rewrite, restore and verify."""
     marked = _with_marker(tmp_path, b'{"a":' + DEEP + b"}")
-    for argv in (["check", marked], ["rewrite", marked, "-o", tmp_path / "o"],
-                 ["restore", marked, "-o", tmp_path / "r"], ["verify", marked],
-                 ["list", marked]):
+    commands: list[list[str | Path]] = [
+        ["check", marked], ["rewrite", marked, "-o", tmp_path / "o"],
+        ["restore", marked, "-o", tmp_path / "r"], ["verify", marked], ["list", marked]]
+    for argv in commands:
         res = run_cli(*argv)
         assert res.rc != EXIT_INTERNAL and "internal error" not in res.err, (argv, res.err)
         if res.rc == EXIT_UNUSABLE:
@@ -139,3 +141,43 @@ def test_json_nesting_is_bounded_below_what_json_refuses() -> None:
     with pytest.raises(ValueError, match="nested 65 deep"):
         jsondoc.loads(deep)
     assert jsondoc.loads(b"[" * 64 + b"]" * 64) is not None
+
+
+# ------------------------------------------------------------------- API arguments (12)
+
+API: Any = api  # called with wrong types on purpose
+
+
+@pytest.mark.parametrize(("call", "error", "name"), [
+    (lambda p: API.plan(p, trampoline=-4096), ValueError, "trampoline"),
+    (lambda p: API.plan(p, trampoline=2**64), ValueError, "trampoline"),
+    (lambda p: API.plan(p, trampoline=0x555555500001), ValueError, "trampoline"),
+    (lambda p: API.verify(p, trampoline=2**64), ValueError, "trampoline"),
+    (lambda p: API.plan(p, load_base="0x1000"), TypeError, "load_base"),
+    (lambda p: API.plan(p, load_base=-4096), ValueError, "load_base"),
+    (lambda p: API.verify(p, load_base=2.0), TypeError, "load_base"),
+    (lambda p: API.rewrite(p, jobs=0), ValueError, "jobs"),
+    (lambda p: API.rewrite(p, jobs=-3), ValueError, "jobs"),
+    (lambda p: API.rewrite(p, jobs="2"), TypeError, "jobs"),
+    (lambda p: API.rewrite(p, jobs=True), TypeError, "jobs"),
+    (lambda p: API.rewrite(p, verify="no"), TypeError, "verify"),
+    (lambda p: API.rewrite_plan(p, verify=1), TypeError, "verify"),
+    (lambda p: API.rewrite_plan(p, jobs=0), ValueError, "jobs"),
+    (lambda p: API.restore(p, in_place="yes"), TypeError, "in_place"),
+])
+def test_api_arguments_are_checked_at_the_boundary(call: object, error: type[Exception],
+                                                   name: str) -> None:
+    """Item 12: before, trampoline=-4096 or 2**64, jobs=0/-3 and verify='no' (as yes) were
+    taken; load_base='0x1000' and jobs='2' raised TypeError from deep inside."""
+    assert callable(call)
+    with pytest.raises(error, match=f"^{name}="):
+        call(fixture("nop5"))
+
+
+@pytest.mark.parametrize("value", ["-0x1000", str(2**64), "0x555555500001", "0"])
+def test_cli_trampoline_is_a_user_space_page(value: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_cli("plan", fixture("nop5"), "--trampoline", value)
+    said = capsys.readouterr().err  # argparse's message
+    assert res.rc == EXIT_UNUSABLE and "--trampoline" in said, said
+    assert run_cli("plan", fixture("nop5"), "--trampoline", "0x555555500000").rc == 0

@@ -78,6 +78,45 @@ def _enum(kind: type[E], value: E | str, option: str) -> E:
         raise ValueError(f"{option}={value!r}: expected one of {choices}") from None
 
 
+def _flag(name: str, value: object) -> bool:
+    """A yes/no argument: True or False only (`verify='no'` is not a yes)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: expected True or False")
+    return value
+
+
+def _integer(name: str, value: object, lo: int, hi: int | None = None,
+             what: str = "") -> int | None:
+    """An int argument (or None) with lo <= value (< hi): TypeError for a str, a float or a
+    bool, ValueError out of range, each naming the argument."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r}: expected an int{what} or None")
+    if value < lo or (hi is not None and value >= hi):
+        bound = f"{lo} <= {name}" + (f" < {hi:#x}" if hi is not None else "")
+        raise ValueError(f"{name}={value!r}: expected {bound}{what}")
+    return value
+
+
+def _jobs(jobs: object) -> int | None:
+    return _integer("jobs", jobs, 1)
+
+
+def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
+    """plan's and verify's placement arguments: ints in range (TypeError, ValueError)."""
+    from usdtpatch.poke.sequences import PAGE_SIZE
+    from usdtpatch.poke.trampoline import TASK_SIZE
+
+    _integer("load_base", load_base, 0, 1 << 64)
+    if _integer("trampoline", trampoline, PAGE_SIZE, TASK_SIZE) is not None:
+        assert isinstance(trampoline, int)
+        if trampoline % PAGE_SIZE:
+            raise ValueError(f"trampoline={trampoline:#x}: expected a page address "
+                             f"(a multiple of {PAGE_SIZE:#x})")
+    _integer("pid", pid, 1)
+
+
 def _image(path: StrPath) -> ElfImage:
     return parse_elf(read_input(path))
 
@@ -281,6 +320,9 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
     """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
     nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
     build step (usdtpatch.build.step) checks the bytes before it writes them."""
+    _flag("verify", verify)
+    _flag("in_place", in_place)
+    _jobs(jobs)
     choice = _form_choice(form, kernel)
     g = _enum(Guard, guard, "guard")
     fg = _enum(ForkGuard, fork_guard, "fork_guard")
@@ -335,6 +377,8 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     `form` "auto" and `kernel` as for `rewrite`; UnsupportedError when "auto" finds a
     kernel that optimizes nothing. Raises usdtpatch.rewriter.marker.AlreadyRewritten for a
     file rewritten before."""
+    _flag("verify", verify)
+    _jobs(jobs)
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
@@ -365,6 +409,7 @@ def restore(path: StrPath, out: StrPath | None = None, *,
     atomically to `out` or over `path` with `in_place=True` (neither: returned only)."""
     from usdtpatch.rewriter.marker import restore_image
 
+    _flag("in_place", in_place)
     src = os.fspath(path)
     if in_place and out is not None and os.fspath(out) != src:
         raise ValueError("restore: give `out` or in_place=True, not both")
@@ -430,6 +475,7 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
     Linux 6.18 protocol, or "nop10", experimental). The trampoline page comes from
     `trampoline`, a /proc/PID/maps snapshot `maps`, a live process `pid`, or the loader's
     layout at `load_base` (default: 0x555555554000 for PIE, 0 otherwise)."""
+    _placement_args(load_base, trampoline, pid)
     _placement(trampoline, maps, pid)
     src = os.fspath(path)
     return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
@@ -456,6 +502,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     from usdtpatch.emulate.verify import verify_plan
     from usdtpatch.poke.plan import Plan as PlanType
 
+    _placement_args(load_base, trampoline, pid)
     src = os.fspath(path)
     ps = load(src)
     if isinstance(plan, PlanType):

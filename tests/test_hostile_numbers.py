@@ -3,15 +3,17 @@ finding; never exit 3."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import fixture, run_cli
+from tests.helpers import ROOT, fixture, run_cli
 from usdtpatch import api
 from usdtpatch.cli.common import EXIT_INTERNAL, EXIT_UNUSABLE
 from usdtpatch.errors import UsdtpatchError
@@ -181,3 +183,50 @@ def test_cli_trampoline_is_a_user_space_page(value: str,
     said = capsys.readouterr().err  # argparse's message
     assert res.rc == EXIT_UNUSABLE and "--trampoline" in said, said
     assert run_cli("plan", fixture("nop5"), "--trampoline", "0x555555500000").rc == 0
+
+
+# ------------------------------------------------------------ a 12 GB sparse input (10)
+
+_LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from usdtpatch.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_12_gb_sparse_input_under_a_3_gb_address_space_limit(tmp_path: Path) -> None:
+    """Item 10: a small ELF followed by a 12 GB hole was read (or mapped) whole: MemoryError,
+    exit 3 (list: one line, cannot map). Commands that only read it read what its headers
+    name; a rewrite, whose output is the whole file, refuses it in one line."""
+    big = tmp_path / "big"
+    shutil.copy(fixture("nop5"), big)
+    os.truncate(big, 12 << 30)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for argv, rc in ((["list", big], 0), (["check", big], 0), (["plan", big], 0),
+                     (["verify", big], 0), (["rewrite", big, "-o", tmp_path / "out"], 2),
+                     (["restore", big, "-o", tmp_path / "out"], 2)):
+        done = subprocess.run([sys.executable, "-c", _LIMITED, *map(str, argv)],
+                              capture_output=True, text=True, timeout=300, env=env,
+                              check=False)
+        assert done.returncode == rc, (argv, done.stderr)
+        if rc == 2:
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1 and "past the end of everything" in lines[0], done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["big"]
+
+
+def test_named_extent_covers_every_fixture_and_only_the_head_of_others(tmp_path: Path
+                                                                       ) -> None:
+    from usdtpatch.elf.image import named_extent
+
+    for name in ("demo", "pie", "nopie", "i386", "bigendian", "libprobes.so"):
+        data = fixture(name).read_bytes()
+
+        def pread(offset: int, n: int, data: bytes = data) -> bytes:
+            return data[offset:offset + n]
+
+        assert named_extent(pread, len(data)) == len(data), name
+    junk = b"not an ELF file" * 100
+    assert named_extent(lambda o, n: junk[o:o + n], len(junk)) == 64

@@ -30,6 +30,7 @@ from usdtpatch.io import (
     Origin,
     StrPath,
     check_output,
+    read_elf,
     read_input,
     read_source,
     write_atomic,
@@ -118,7 +119,7 @@ def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
 
 
 def _image(path: StrPath) -> ElfImage:
-    return parse_elf(read_input(path))
+    return parse_elf(read_elf(path))
 
 
 def load(path: StrPath) -> ProbeSet:

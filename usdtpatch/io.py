@@ -102,6 +102,7 @@ def read_input(path: StrPath) -> bytes:
 
 
 def _read_all(p: str, fd: int, left: int) -> bytes:
+    total = left
     try:
         chunks: list[bytes] = []
         while left > 0:
@@ -113,6 +114,45 @@ def _read_all(p: str, fd: int, left: int) -> bytes:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except OSError as exc:
         raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except MemoryError as exc:  # e.g. under a ulimit -v smaller than the file
+        raise InputError(f"{p}: cannot read {total} bytes: out of memory") from exc
+
+
+# A file larger than this is read only as far as its ELF structures name it
+# (usdtpatch.elf.image.named_extent): a small ELF followed by a 12 GB hole is not read whole.
+# Past that extent, a rewrite keeps up to this many bytes (copied as they are) and refuses
+# more: the output is the whole file.
+LARGE_FILE = 256 << 20
+
+
+def _extent(p: str, fd: int, size: int, whole: bool) -> int:
+    """How much of an ELF input of `size` bytes to read: all of it when it is not large;
+    else what its structures name (`whole`: the file, unless more than LARGE_FILE bytes
+    lie past that, which is refused with one line)."""
+    if size <= LARGE_FILE:
+        return size
+    from usdtpatch.elf.image import named_extent
+
+    try:
+        extent = named_extent(lambda offset, n: os.pread(fd, n, offset), size)
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    if whole and size - extent > LARGE_FILE:
+        raise InputError(f"{p}: {size - extent} bytes lie past the end of everything its "
+                         f"ELF headers name ({extent:#x}); an output keeps the whole file, "
+                         f"and usdtpatch refuses more than {LARGE_FILE >> 20} MiB there")
+    return size if whole else extent
+
+
+def read_elf(path: StrPath) -> bytes:
+    """An ELF input read for a command that only looks at it (read_input's checks): a file
+    of more than LARGE_FILE bytes is read as far as its ELF structures name it."""
+    p = os.fspath(path)
+    fd, size = _open_input(p)
+    try:
+        return _read_all(p, fd, _extent(p, fd, size, whole=False))
+    finally:
+        os.close(fd)
 
 
 def map_input(path: StrPath) -> bytes | mmap.mmap:
@@ -130,6 +170,7 @@ def map_input(path: StrPath) -> bytes | mmap.mmap:
     p = os.fspath(path)
     fd, size = _open_input(p)
     try:
+        size = _extent(p, fd, size, whole=False)
         if size == 0:
             return b""
         try:
@@ -247,12 +288,14 @@ def _origin(fd: int, st: os.stat_result) -> Origin:
 
 
 def read_source(path: StrPath) -> tuple[bytes, Origin]:
-    """An input's bytes and what its output keeps of it (Origin), both from one descriptor:
-    the file whose bytes are read is the file whose mode, owner and attributes are kept."""
+    """An ELF input's bytes and what its output keeps of it (Origin), both from one
+    descriptor: the file whose bytes are read is the file whose mode, owner and attributes
+    are kept. The whole file (a large one with much past its ELF structures is refused:
+    _extent)."""
     p = os.fspath(path)
     fd, size = _open_input(p)
     try:
-        return _read_all(p, fd, size), _origin(fd, os.fstat(fd))
+        return _read_all(p, fd, _extent(p, fd, size, whole=True)), _origin(fd, os.fstat(fd))
     finally:
         os.close(fd)
 

@@ -3,6 +3,7 @@ finding; never exit 3."""
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import struct
@@ -230,3 +231,49 @@ def test_named_extent_covers_every_fixture_and_only_the_head_of_others(tmp_path:
         assert named_extent(pread, len(data)) == len(data), name
     junk = b"not an ELF file" * 100
     assert named_extent(lambda o, n: junk[o:o + n], len(junk)) == 64
+
+
+# ------------------------------------------------------ a 10-million-entry .symtab (11)
+
+def _huge_symtab(src: Path, dst: Path, entries: int) -> None:
+    """`src` with its `.symtab` moved past the section header table and grown to `entries`
+    entries (the old ones first, then zeros: sparse), so that it cannot grow in place."""
+    from usdtpatch.elf.image import parse_elf
+
+    data = bytearray(src.read_bytes())
+    image = parse_elf(bytes(data))
+    sym = image.section(".symtab")
+    assert sym is not None
+    at = (len(data) + 4095) & ~4095
+    struct.pack_into("<QQ", data, image.shoff + sym.index * 64 + 24, at, entries * 24)
+    with open(dst, "wb") as f:
+        f.write(data)
+        f.seek(at)
+        f.write(image.section_data(sym))
+        f.truncate(at + entries * 24)
+
+
+@pytest.mark.slow
+def test_a_10_million_entry_symtab_is_not_copied(tmp_path: Path) -> None:
+    """Item 11 (and issue 22's size rule): the table could not grow in place, so it was
+    copied to the end while the old one stayed: a 240 MB input became 480 MB with a 2.4 GB
+    peak. Now the detours go without symbols (a finding) and the file grows by its detours."""
+    big = tmp_path / "big"
+    _huge_symtab(fixture("demo"), big, 10_000_000)
+    code = ("import json, resource, sys\nfrom usdtpatch.cli import main\n"
+            "rc = main(sys.argv[1:])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "sys.exit(rc)\n")
+    done = subprocess.run([sys.executable, "-c", code, "rewrite", "--no-verify", "--json",
+                           str(big), "-o", str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    size = big.stat().st_size
+    grown = (tmp_path / "out").stat().st_size - size
+    assert 0 < grown < size // 100, grown
+    assert "detour-symbols-left-out" in done.stdout
+    peak = int(done.stderr.strip().splitlines()[-1]) * 1024
+    assert peak < 4 * size, peak  # the file, its output and the symbol columns
+    assert run_cli("restore", tmp_path / "out", "-o", tmp_path / "back").rc == 0
+    assert filecmp.cmp(big, tmp_path / "back", shallow=False)

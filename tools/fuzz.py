@@ -267,7 +267,8 @@ def _hostile(rng: random.Random, base: Base, buf: bytearray) -> str | None:
     shape = rng.choice([f"{LONG_NUMBER}@%rax", f"-4@${LONG_NUMBER}", f"-4@{LONG_NUMBER}(%rbp)",
                         f"8@$0x{'f' * 5000}", f"-8@-{LONG_NUMBER}+sym(%rip)"])
     args = " ".join(filter(None, [note.args, shape]))
-    notes = tuple(replace(n, args=args) if i == k else n for i, n in enumerate(section.notes))
+    changed = replace(note, args=args)
+    notes = tuple(changed if i == k else n for i, n in enumerate(section.notes))
     if _repoint(base, buf, ".note.stapsdt",
                 serialize_notes(replace(section, notes=notes), 8, bo)):
         return f"note {k} gets a 5,000-digit argument {shape[:12]}..."

@@ -8,6 +8,11 @@ a new regular file put in place by one rename, so that either the whole new cont
 or the old file is untouched; an existing output that is not a regular file (a device such
 as /dev/null, a FIFO, a socket, a directory) is refused, never written through; an output
 that is an input (the same file, by any spelling or link) is refused unless --in-place.
+
+write_atomic is the one writer (every output of every command goes through it; what each
+guarantees and how it is tested: docs/reliability.md, "Outputs"): safe for root in a folder
+another user owns (descriptors only, issue 20), keeping the input's mode, owner, group and
+attributes as `cp -p` does (Origin).
 """
 
 from __future__ import annotations

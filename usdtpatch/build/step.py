@@ -177,8 +177,8 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
         except OSError as exc:
             raise OutputError(f"{jpath}: cannot write the report: "
                               f"{exc.strerror or exc}") from exc
-        write_atomic(jpath, (json.dumps(result_doc, indent=2) + "\n").encode(), 0o644)
-        write_atomic(hpath, html_page(doc).encode(), 0o644)
+        write_atomic(jpath, (json.dumps(result_doc, indent=2) + "\n").encode())  # umask
+        write_atomic(hpath, html_page(doc).encode())
         lines.append(f"usdtpatch: {target}: report {jpath} (and {hpath.name})")
     if failed:
         if output is None and not opts.keep_on_failure:

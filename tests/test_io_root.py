@@ -405,3 +405,30 @@ def test_workers_die_with_their_parent(tmp_path: Path, pool: str, sig: int) -> N
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
         parent.wait(timeout=30)
+
+
+def test_interrupt_of_rewrite_j_names_what_its_workers_wrote(tmp_path: Path) -> None:
+    """Item 6 with -j: the parent is interrupted just after a worker renamed its output; the
+    line names exactly the outputs that are in place."""
+    for name in ("demo", "pie"):
+        shutil.copy(fixture(name), tmp_path / name)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = _driver(tmp_path, """
+        import os, signal, time
+        for name in ("rename", "replace"):
+            def later(*a, _real=getattr(os, name), **k):
+                _real(*a, **k)
+                os.kill(os.getppid(), signal.SIGINT)  # the worker's parent: the command
+                time.sleep(0.5)
+            setattr(os, name, later)
+    """, ["rewrite", "--no-verify", "-j", "2", "-o", str(out), str(tmp_path / "demo"),
+          str(tmp_path / "pie")])
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    there = sorted(os.listdir(out))
+    assert there, "a worker renamed its output before the interrupt"
+    for name in there:
+        assert str(out / name) in lines[0], (there, lines[0])
+    assert "nothing was written" not in lines[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -186,8 +187,10 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
     failed = False
     started = time.monotonic()
     if jobs > 1 and several:
+        # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
         pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
-                                   initargs=(os.getpid(),))
+                                   initargs=(os.getpid(),),
+                                   mp_context=multiprocessing.get_context("fork"))
         futures: list[tuple[str, Future[tuple[dict[str, Any], bool, float]]]] = []
         try:
             sizes = {p: _size(p) for p, _ in todo} if report is not None else {}

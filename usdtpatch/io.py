@@ -190,11 +190,6 @@ def map_input(path: StrPath) -> bytes | mmap.mmap:
         os.close(fd)
 
 
-def input_mode(path: StrPath) -> int:
-    """The permission bits of an input (for its output)."""
-    return stat.S_IMODE(_stat_input(os.fspath(path)).st_mode)
-
-
 def umask_mode(base: int = 0o666) -> int:
     """The permission bits a newly created file gets from the process's umask (what
     open(..., "w") gives), for outputs such as reports that have no input to copy them from.
@@ -301,16 +296,6 @@ def read_source(path: StrPath) -> tuple[bytes, Origin]:
     fd, size = _open_input(p)
     try:
         return _read_all(p, fd, _extent(p, fd, size, whole=True)), _origin(fd, os.fstat(fd))
-    finally:
-        os.close(fd)
-
-
-def source_origin(path: StrPath) -> Origin:
-    """Origin of an input (as read_source, without reading the bytes)."""
-    p = os.fspath(path)
-    fd, _ = _open_input(p)
-    try:
-        return _origin(fd, os.fstat(fd))
     finally:
         os.close(fd)
 

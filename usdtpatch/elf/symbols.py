@@ -373,7 +373,8 @@ def _symtab_region(image: ElfImage) -> tuple[Section, Section, int, tuple[str, .
     if strs.type != SHT_STRTAB or strs.allocated or strs.index == shstrndx or \
             strs.offset < sym.offset + sym.size or not 0 < sym.info <= sym.size // SYM64_SIZE:
         return None
-    if any(s.link == sym.index and s.type in (SHT_REL, SHT_RELA, SHT_GROUP, SHT_SYMTAB_SHNDX)
+    if any(s.link == sym.index and (s.type in (SHT_GROUP, SHT_SYMTAB_SHNDX) or
+                                    (s.type in (SHT_REL, SHT_RELA) and _names_symbols(image, s)))
            for s in image.sections):
         return None
     strs_end = strs.offset + strs.size
@@ -401,6 +402,19 @@ def _symtab_region(image: ElfImage) -> tuple[Section, Section, int, tuple[str, .
         return None  # which one a re-emitted copy replaces would not be defined
     return sym, strs, floor, tuple(n for n in moved
                                   if _section_end(image, n) > floor)
+
+
+def _names_symbols(image: ElfImage, rel: Section) -> bool:
+    """Whether a relocation section names any symbol by its index (which growing the table in
+    place would move). A static executable's `.rela.plt` links to `.symtab` but holds only
+    R_X86_64_IRELATIVE entries, whose symbol is 0: the table may grow there too."""
+    entsize = 24 if rel.type == SHT_RELA else 16
+    if rel.offset + rel.size > len(image.data) or rel.size % entsize:
+        return True
+    view = memoryview(image.data)[rel.offset : rel.offset + rel.size]
+    if sys.byteorder != "little":
+        return True  # the words below are read in this machine's order
+    return any(view.cast("I")[3 :: entsize // 4])  # r_info's high word: the symbol index
 
 
 def _section_end(image: ElfImage, name: str) -> int:

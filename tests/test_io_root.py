@@ -257,6 +257,23 @@ def test_in_place_refuses_links_with_one_line(tmp_path: Path) -> None:
     assert os.path.samefile(prog, tmp_path / "hard")
 
 
+def test_an_in_place_input_swapped_for_a_link_is_not_read(tmp_path: Path) -> None:
+    """Item 3: the input of --in-place is opened with O_NOFOLLOW and its link count checked
+    on the descriptor: a link swapped in after the output was checked is refused too."""
+    from usdtpatch.errors import OutputError
+    from usdtpatch.io import read_source
+
+    prog = tmp_path / "prog"
+    shutil.copy(fixture("demo"), prog)
+    (tmp_path / "link").symlink_to("prog")
+    assert read_source(tmp_path / "link")[0] == prog.read_bytes()  # -o: followed
+    with pytest.raises(OutputError, match="symbolic link"):
+        read_source(tmp_path / "link", in_place=True)
+    os.link(prog, tmp_path / "hard")
+    with pytest.raises(OutputError, match="2 hard links"):
+        read_source(prog, in_place=True)
+
+
 def test_a_245_character_output_name_is_written(tmp_path: Path) -> None:
     """Item 13: the temporary name is never longer than a name may be."""
     out = tmp_path / ("o" * 245)

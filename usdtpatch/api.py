@@ -333,7 +333,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
     target = src if in_place else (os.fspath(out) if out is not None else None)
     if target is not None:
         check_output(target, [src], in_place=in_place)
-    data, origin = read_source(src)
+    data, origin = read_source(src, in_place)
     image = parse_elf(data)
     from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING
     from usdtpatch.rewriter.marker import AlreadyRewritten
@@ -417,7 +417,7 @@ def restore(path: StrPath, out: StrPath | None = None, *,
     target = src if in_place else (os.fspath(out) if out is not None else None)
     if target is not None:
         check_output(target, [src], in_place=in_place)
-    data, origin = read_source(src)
+    data, origin = read_source(src, in_place)
     original = restore_image(parse_elf(data))
     if target is not None:
         write_atomic(target, original, origin=origin, in_place=in_place)

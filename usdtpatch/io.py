@@ -69,12 +69,15 @@ def _refuse_kind(p: str, mode: int) -> None:
         raise InputError(f"{p}: is {file_kind(mode)}, not a regular file")
 
 
-def _open_input(p: str) -> tuple[int, int]:
+def _open_input(p: str, nofollow: bool = False) -> tuple[int, int]:
     """Open a regular input file without blocking (a FIFO swapped in after the first check
-    cannot hang the open) and check its kind again: (descriptor, size)."""
+    cannot hang the open) and check its kind again: (descriptor, size). `nofollow` (the
+    input of --in-place): a symbolic link, or a file with several names, swapped in since
+    the output was checked, is refused too."""
     _refuse_kind(p, _stat_input(p).st_mode)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                     | (os.O_NOFOLLOW if nofollow else 0))
     except IsADirectoryError as exc:
         raise InputError(f"{p}: is a directory, not an ELF file") from exc
     except FileNotFoundError as exc:
@@ -82,10 +85,16 @@ def _open_input(p: str) -> tuple[int, int]:
     except PermissionError as exc:
         raise InputError(f"{p}: permission denied") from exc
     except OSError as exc:
+        if nofollow and exc.errno == errno.ELOOP:
+            raise OutputError(f"{p}: is a symbolic link; --in-place replaces only regular "
+                              f"files: name the file it points to, or use -o") from exc
         raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     try:
         st = os.fstat(fd)
         _refuse_kind(p, st.st_mode)
+        if nofollow and st.st_nlink > 1:
+            raise OutputError(f"{p}: has {st.st_nlink} hard links; --in-place would break "
+                              f"them: use -o")
     except BaseException:
         os.close(fd)
         raise
@@ -287,13 +296,13 @@ def _origin(fd: int, st: os.stat_result) -> Origin:
     return Origin(stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, tuple(attrs))
 
 
-def read_source(path: StrPath) -> tuple[bytes, Origin]:
+def read_source(path: StrPath, in_place: bool = False) -> tuple[bytes, Origin]:
     """An ELF input's bytes and what its output keeps of it (Origin), both from one
     descriptor: the file whose bytes are read is the file whose mode, owner and attributes
     are kept. The whole file (a large one with much past its ELF structures is refused:
-    _extent)."""
+    _extent). `in_place`: the input is the output, and must not be a link (_open_input)."""
     p = os.fspath(path)
-    fd, size = _open_input(p)
+    fd, size = _open_input(p, nofollow=in_place)
     try:
         return _read_all(p, fd, _extent(p, fd, size, whole=True)), _origin(fd, os.fstat(fd))
     finally:

@@ -431,8 +431,9 @@ def write_atomic(path: StrPath, data: bytes, mode: int | None = None, *,
     for root in a folder another user owns: the folder is opened once and everything after
     is relative to that descriptor; the new file has no name (O_TMPFILE) or an unpredictable
     one created with O_EXCL; its mode, owner and attributes are set and it is synced through
-    its descriptor, never through a name; it is linked and renamed beside `path` and what
-    the rename put in place is checked to be that file. `mode`: the permission bits (default:
+    its descriptor, never through a name; it is linked beside `path` (in a folder where
+    another user may rename names: inside a private 0700 folder made there, _Private) and
+    renamed, and what the rename put in place is checked to be that file. `mode`: the permission bits (default:
     what the umask gives a new file, as open() and systemtap's dtrace make it); `origin`:
     an input's mode, owner, group and attributes, kept as `cp -p` keeps them (_finish).
     `in_place`: `path` is the input, and a symbolic link or a file with several hard links
@@ -456,29 +457,92 @@ def write_atomic(path: StrPath, data: bytes, mode: int | None = None, *,
         os.close(dfd)
 
 
+def _others_may_rename(dfd: int) -> bool:
+    """Whether another user may rename or remove names in the folder: it is not this
+    process's, or others may write to it without the sticky bit (in /tmp, 1777, a name is
+    its owner's)."""
+    st = os.fstat(dfd)
+    return st.st_uid != os.geteuid() or \
+        (bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX)
+
+
+class _Private:
+    """A folder of this process's, 0700, made inside the output's folder (same file
+    system): a name in it cannot be swapped by anyone else, even where the output's folder
+    is theirs. The new file gets its temporary name there and is renamed out of it."""
+
+    def __init__(self, dfd: int) -> None:
+        self.parent = dfd
+        self.name = ""
+        for _ in range(100):
+            name = f".usdtpatch-{os.urandom(8).hex()}"
+            try:
+                os.mkdir(name, 0o700, dir_fd=dfd)
+            except FileExistsError:
+                continue
+            self.name = name
+            break
+        else:
+            raise OSError(errno.EEXIST, "no unused temporary name")
+        try:
+            self.fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=dfd)
+        except OSError:
+            self.close()
+            raise
+        st = os.fstat(self.fd)  # the folder opened is one only this user may change
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            self.close()
+            raise OSError(errno.EPERM, "the temporary folder was replaced by another user's")
+
+    def close(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(OSError):  # moved away by the folder's owner: theirs now
+            os.rmdir(self.name, dir_fd=self.parent)
+
+
+def _link(fd: int, where: int, name: str) -> str:
+    """Give the O_TMPFILE file `fd` (its content and metadata final) a temporary name in
+    folder `where`."""
+    for _ in range(100):
+        candidate = _temp_name(name)
+        try:
+            os.link(f"/proc/self/fd/{fd}", candidate, dst_dir_fd=where)
+        except FileExistsError:
+            continue
+        return candidate
+    raise OSError(errno.EEXIST, "no unused temporary name")
+
+
 def _write_in(dfd: int, p: str, name: str, data: bytes, mode: int,
               origin: Origin | None) -> None:
-    tmp: str | None = None
+    tmp: str | None = None  # the new file's name in `where` (None: it has none)
+    where = dfd
+    private: _Private | None = None
     fd = -1
     try:
+        guarded = _others_may_rename(dfd)
         fd, tmp = _create(dfd)
+        if tmp is not None and guarded:  # no O_TMPFILE here: named in a private folder
+            os.unlink(tmp, dir_fd=dfd)
+            os.close(fd)
+            tmp, fd = None, -1
+            private = _Private(dfd)
+            where = private.fd
+            fd, tmp = _create_named(where, name)
         _write_all(fd, data)
         _finish(fd, mode, origin)
         os.fsync(fd)
-        if tmp is None:  # name the O_TMPFILE file (its metadata is final already)
-            for _ in range(100):
-                candidate = _temp_name(name)
-                try:
-                    os.link(f"/proc/self/fd/{fd}", candidate, dst_dir_fd=dfd)
-                except FileExistsError:
-                    continue
-                tmp = candidate
-                break
-            else:
-                raise OSError(errno.EEXIST, "no unused temporary name")
+        if tmp is None:  # name the O_TMPFILE file: where no other user can swap the name
+            if guarded:
+                private = _Private(dfd)
+                where = private.fd
+            tmp = _link(fd, where, name)
         ours = os.fstat(fd)
         with _Deferred():
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp, name, src_dir_fd=where, dst_dir_fd=dfd)
             tmp = None
             there = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             if (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
@@ -492,6 +556,8 @@ def _write_in(dfd: int, p: str, name: str, data: bytes, mode: int,
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+                os.unlink(tmp, dir_fd=where)
         if fd >= 0:
             os.close(fd)
+        if private is not None:
+            private.close()

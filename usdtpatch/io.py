@@ -267,7 +267,8 @@ NAME_MAX = 255  # bytes in one file name (Linux, every common file system)
 _SPECIAL = stat.S_ISUID | stat.S_ISGID
 
 # Every output this process has put in place (by write_atomic), in order: after an
-# interrupt the command line says which were written in full (cli.main).
+# interrupt the command line says which were written in full (cli.main, which empties it
+# after each command; a library caller may clear it likewise).
 WRITTEN: list[str] = []
 
 

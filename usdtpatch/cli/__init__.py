@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
         # into this exception say which: Terminated)
         status: int = getattr(exc, "exit_status", EXIT_INTERRUPTED)
         return status
+    finally:
+        del _io.WRITTEN[mark:]  # the record is this command's
 
 
 def interrupted_line(written: list[str]) -> str:

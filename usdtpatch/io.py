@@ -434,8 +434,9 @@ def write_atomic(path: StrPath, data: bytes, mode: int | None = None, *,
     one created with O_EXCL; its mode, owner and attributes are set and it is synced through
     its descriptor, never through a name; it is linked beside `path` (in a folder where
     another user may rename names: inside a private 0700 folder made there, _Private) and
-    renamed, and what the rename put in place is checked to be that file. `mode`: the permission bits (default:
-    what the umask gives a new file, as open() and systemtap's dtrace make it); `origin`:
+    renamed, and what the rename put in place is checked to be that file. `mode`: the
+    permission bits (default: what the umask gives a new file, as open() and systemtap's
+    dtrace make it); `origin`:
     an input's mode, owner, group and attributes, kept as `cp -p` keeps them (_finish).
     `in_place`: `path` is the input, and a symbolic link or a file with several hard links
     is refused (_refuse_links). An existing `path` that is not a regular file is refused

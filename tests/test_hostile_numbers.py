@@ -277,3 +277,10 @@ def test_a_10_million_entry_symtab_is_not_copied(tmp_path: Path) -> None:
     assert peak < 4 * size, peak  # the file, its output and the symbol columns
     assert run_cli("restore", tmp_path / "out", "-o", tmp_path / "back").rc == 0
     assert filecmp.cmp(big, tmp_path / "back", shallow=False)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_cli_jobs_is_at_least_one(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    res = run_cli("rewrite", "--dry-run", "-j", value, fixture("demo"), fixture("pie"))
+    said = capsys.readouterr().err
+    assert res.rc == EXIT_UNUSABLE and "-j" in said, said

@@ -34,6 +34,17 @@ from usdtpatch.rewriter.kernel import Kernel
 from usdtpatch.rewriter.report import rewrite_document
 
 
+def _jobs(text: str) -> int:
+    """-j N: a number of processes, at least 1."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of processes >= 1")
+    return n
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("rewrite", help="turn 1-byte probe sites into 5-byte NOP sites")
     p.add_argument("files", nargs="+", metavar="FILE")
@@ -70,7 +81,7 @@ def register(sub: Any) -> None:
     p.add_argument("--report", metavar="FILE",
                    help="also write a report of what was changed, skipped and why, with sizes "
                         "and time: FILE.html (a page), FILE.json or FILE.sarif")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    p.add_argument("-j", "--jobs", type=_jobs, default=1, metavar="N",
                    help="rewrite N files at once")
     p.set_defaults(func=run)
 

@@ -62,8 +62,34 @@ def test_every_kind_of_mutation_is_made(bases: list[fuzz.Base]) -> None:
     for word in ("flip .note.stapsdt", "flip .eh_frame", "flip phdrs", "flip shdrs",
                  "flip ehdr", "flip site", "flip .note.usdtpatch", "truncate", "p_memsz=",
                  "sh_size=", "e_shnum=", "'s pc", "invalid UTF-8", "renamed .note.stapsdt",
-                 "note header field", "moved by", "flip .text", "flip .rela.dyn"):
+                 "note header field", "moved by", "flip .text", "flip .rela.dyn",
+                 "5,000-digit argument", "nested 100,000 deep"):
         assert word in hows, word
+
+
+def test_hostile_shapes_hold_what_they_say(bases: list[fuzz.Base]) -> None:
+    """The repointed sections are read: a note argument of 5,000 digits, a deep marker."""
+    from usdtpatch.elf.image import parse_elf
+    from usdtpatch.elf.notes import parse_notes
+
+    seen = set()
+    for i in range(600):
+        m = fuzz.make_mutant(bases, SEED, i)
+        single_number = m.how.startswith("note ") and "5,000-digit" in m.how and \
+            ";" not in m.how
+        if m.how == "marker nested 100,000 deep" or single_number:
+            image = parse_elf(m.data)
+            if "marker" in m.how:
+                sec = image.section(".note.usdtpatch")
+                assert sec is not None and b"[" * 100_000 in image.section_data(sec)
+                seen.add("marker")
+            else:
+                sec = image.section(".note.stapsdt")
+                assert sec is not None
+                notes = parse_notes(image.section_data(sec), 8, image.byteorder).sdt_notes
+                assert any(fuzz.LONG_NUMBER in n.args or "f" * 5000 in n.args for n in notes)
+                seen.add("number")
+    assert seen == {"marker", "number"}
 
 
 FakeMain = Callable[[list[str], IO[str], IO[str]], int]

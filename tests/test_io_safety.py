@@ -298,7 +298,8 @@ def test_ctrl_c_with_worker_processes(tmp_path: Path) -> None:
                           timeout=120, env=env, start_new_session=True, check=False)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
     assert "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines() == ["usdtpatch: interrupted"], done.stderr
+    assert done.stderr.strip().splitlines() == ["usdtpatch: interrupted; nothing was written"], \
+        done.stderr
     assert os.listdir(tmp_path / "out") == []
 
 

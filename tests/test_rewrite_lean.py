@@ -85,8 +85,9 @@ def test_nothing_is_copied_and_nothing_is_lost(name: str, tmp_path: Path) -> Non
     assert back.read_bytes() == src.read_bytes()
 
 
-def test_symtab_grows_in_place(tmp_path: Path) -> None:
-    src, out = fixture("pie"), tmp_path / "pie"
+@pytest.mark.parametrize("name", ["pie", "static"])  # static: .rela.plt links .symtab
+def test_symtab_grows_in_place(tmp_path: Path, name: str) -> None:
+    src, out = fixture(name), tmp_path / name
     _rewrite(src, out)
     before, after = parse_elf(src.read_bytes()), parse_elf(out.read_bytes())
     old, new = before.section(".symtab"), after.section(".symtab")

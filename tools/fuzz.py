@@ -110,6 +110,9 @@ class Base:
     note_name_sh: int | None  # file offset of .note.stapsdt's sh_name, and its value
     note_name_value: int
     shdr_offsets: list[int]  # file offset of every section header
+    # (file offset of the section header, the section's bytes) of .note.stapsdt and
+    # .note.usdtpatch, for the hostile shapes that put a new copy at the end of the file
+    note_sections: dict[str, tuple[int, bytes]] = field(default_factory=dict)
 
 
 def _describe(name: str, data: bytes, original: bytes | None) -> Base:
@@ -167,8 +170,12 @@ def _describe(name: str, data: bytes, original: bytes | None) -> Base:
                 struct.unpack_from(bo + ("Q" if ws == 8 else "I"), data, pc_at)[0])
             if site is not None:
                 regions["site" if k == 0 else f"site{k}"] = (max(0, site - 8), 40)
+    note_sections = {sec.name: (shdr_offsets[sec.index], image.section_data(sec))
+                     for sec in image.sections
+                     if sec.name in (".note.stapsdt", ".note.usdtpatch") and sec.type != 8
+                     and sec.offset + sec.size <= len(data)}
     return Base(name, data, original, probe, regions, fields, notes, headers, note_sh,
-                note_name, shdr_offsets)
+                note_name, shdr_offsets, note_sections)
 
 
 def load_bases(files: Sequence[Path] = ()) -> list[Base]:
@@ -216,9 +223,66 @@ def _put(buf: bytearray, off: int, fmt: str, value: int) -> bool:
     return True
 
 
+# Hostile shapes (issue 20): a note argument with a number of 5,000 digits (int() refuses
+# more than 4,300), a restore marker nested 100,000 deep (json recurses per level).
+LONG_NUMBER = "9" * 5000
+DEEP_JSON = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+def _repoint(base: Base, buf: bytearray, name: str, content: bytes) -> bool:
+    """Put `content` at the end of `buf` as the new bytes of section `name` (its header's
+    sh_offset and sh_size repointed; the old bytes stay where they were)."""
+    if name not in base.note_sections or buf[4] != 2:
+        return False
+    shdr, _ = base.note_sections[name]
+    fmt = "<QQ" if buf[5] == 1 else ">QQ"
+    if shdr + 40 > len(buf):
+        return False
+    buf += b"\0" * ((-len(buf)) % 8)
+    struct.pack_into(fmt, buf, shdr + 24, len(buf), len(content))
+    buf += content
+    return True
+
+
+def _hostile(rng: random.Random, base: Base, buf: bytearray) -> str | None:
+    from dataclasses import replace
+
+    from usdtpatch.elf.marker import MARKER_OWNER, MARKER_TYPE
+    from usdtpatch.elf.notes import SdtNote, make_note, parse_notes, serialize_notes
+
+    kind = rng.choice(["long-number", "deep-marker"])
+    if kind == "deep-marker" and ".note.usdtpatch" in base.note_sections and _repoint(
+            base, buf, ".note.usdtpatch", make_note(MARKER_OWNER, MARKER_TYPE, DEEP_JSON)):
+        return "marker nested 100,000 deep"
+    if ".note.stapsdt" not in base.note_sections or buf[4] != 2:
+        return None
+    bo = "<" if buf[5] == 1 else ">"
+    section = parse_notes(base.note_sections[".note.stapsdt"][1], 8, bo)
+    sdt = [i for i, n in enumerate(section.notes) if isinstance(n, SdtNote)]
+    if not sdt:
+        return None
+    k = rng.choice(sdt)
+    note = section.notes[k]
+    assert isinstance(note, SdtNote)
+    shape = rng.choice([f"{LONG_NUMBER}@%rax", f"-4@${LONG_NUMBER}", f"-4@{LONG_NUMBER}(%rbp)",
+                        f"8@$0x{'f' * 5000}", f"-8@-{LONG_NUMBER}+sym(%rip)"])
+    args = " ".join(filter(None, [note.args, shape]))
+    changed = replace(note, args=args)
+    notes = tuple(changed if i == k else n for i, n in enumerate(section.notes))
+    if _repoint(base, buf, ".note.stapsdt",
+                serialize_notes(replace(section, notes=notes), 8, bo)):
+        return f"note {k} gets a 5,000-digit argument {shape[:12]}..."
+    return None
+
+
 def _mutate_once(rng: random.Random, base: Base, buf: bytearray) -> str:
-    ops = ["flip", "flip", "flip", "huge", "huge", "trunc", "note"]
+    ops = ["flip", "flip", "flip", "huge", "huge", "trunc", "note", "hostile"]
     op = rng.choice(ops)
+    if op == "hostile":
+        said = _hostile(rng, base, buf)
+        if said is not None:
+            return said
+        op = "flip"
     if op == "flip":
         region = rng.choice([*sorted(base.regions), "anywhere"])
         start, size = base.regions.get(region, (0, len(buf)))

@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.errors import InputError, UnsupportedError
-from usdtpatch.io import StrPath, check_output, input_mode, read_input, write_atomic
+from usdtpatch.io import (
+    Origin,
+    StrPath,
+    check_output,
+    read_elf,
+    read_input,
+    read_source,
+    write_atomic,
+)
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 
 if TYPE_CHECKING:  # imported where used: each command pays only for what it uses
@@ -71,8 +79,47 @@ def _enum(kind: type[E], value: E | str, option: str) -> E:
         raise ValueError(f"{option}={value!r}: expected one of {choices}") from None
 
 
+def _flag(name: str, value: object) -> bool:
+    """A yes/no argument: True or False only (`verify='no'` is not a yes)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: expected True or False")
+    return value
+
+
+def _integer(name: str, value: object, lo: int, hi: int | None = None,
+             what: str = "") -> int | None:
+    """An int argument (or None) with lo <= value (< hi): TypeError for a str, a float or a
+    bool, ValueError out of range, each naming the argument."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r}: expected an int{what} or None")
+    if value < lo or (hi is not None and value >= hi):
+        bound = f"{lo} <= {name}" + (f" < {hi:#x}" if hi is not None else "")
+        raise ValueError(f"{name}={value!r}: expected {bound}{what}")
+    return value
+
+
+def _jobs(jobs: object) -> int | None:
+    return _integer("jobs", jobs, 1)
+
+
+def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
+    """plan's and verify's placement arguments: ints in range (TypeError, ValueError)."""
+    from usdtpatch.poke.sequences import PAGE_SIZE
+    from usdtpatch.poke.trampoline import TASK_SIZE
+
+    _integer("load_base", load_base, 0, 1 << 64)
+    if _integer("trampoline", trampoline, PAGE_SIZE, TASK_SIZE) is not None:
+        assert isinstance(trampoline, int)
+        if trampoline % PAGE_SIZE:
+            raise ValueError(f"trampoline={trampoline:#x}: expected a page address "
+                             f"(a multiple of {PAGE_SIZE:#x})")
+    _integer("pid", pid, 1)
+
+
 def _image(path: StrPath) -> ElfImage:
-    return parse_elf(read_input(path))
+    return parse_elf(read_elf(path))
 
 
 def load(path: StrPath) -> ProbeSet:
@@ -115,6 +162,14 @@ def check(path: StrPath) -> CheckResult:
     from usdtpatch.sites.check import check as check_probes
 
     return CheckResult(os.fspath(path), check_probes(load(path)))
+
+
+def _check_data(path: StrPath, data: bytes) -> CheckResult:
+    """`check` of a file's bytes not yet written (`path`: the name they will have)."""
+    from usdtpatch.sites.check import check as check_probes
+    from usdtpatch.sites.probes import read_probes
+
+    return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data))))
 
 
 # -------------------------------------------------------------------------------- rewrite
@@ -262,6 +317,26 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     findings say which and why, and where the kernel optimizes nothing the file is left as it
     is (copied to `out`).
     """
+    o, data, origin = _rewritten(path, out, form=form, guard=guard, fork_guard=fork_guard,
+                                 verify=verify, in_place=in_place, progress=progress,
+                                 calls=calls, jobs=jobs, kernel=kernel)
+    if o.output is not None and data is not None:
+        write_atomic(o.output, data, origin=origin, in_place=in_place)
+    return o
+
+
+def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
+               guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+               verify: bool = True, in_place: bool = False,
+               progress: Callable[[int, int], None] | None = None, calls: str = "auto",
+               jobs: int | None = None, kernel: str | None = None
+               ) -> tuple[RewriteOutcome, bytes | None, Origin]:
+    """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
+    nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
+    build step (usdtpatch.build.step) checks the bytes before it writes them."""
+    _flag("verify", verify)
+    _flag("in_place", in_place)
+    _jobs(jobs)
     choice = _form_choice(form, kernel)
     g = _enum(Guard, guard, "guard")
     fg = _enum(ForkGuard, fork_guard, "fork_guard")
@@ -271,14 +346,14 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     target = src if in_place else (os.fspath(out) if out is not None else None)
     if target is not None:
         check_output(target, [src], in_place=in_place)
-    mode = input_mode(src)
-    data = read_input(src)
+    data, origin = read_source(src, in_place)
     image = parse_elf(data)
     from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING
     from usdtpatch.rewriter.marker import AlreadyRewritten
 
     f = choice.form
     said = (FORM_CHOSEN.finding(choice.why),) if choice.detected or choice.kernel else ()
+    copy = data if target is not None and not in_place else None  # the input, unchanged
 
     def outcome(changed: bool, sites: tuple[SiteDecision, ...] = (),
                 findings: tuple[Finding, ...] = (), note: str | None = None) -> RewriteOutcome:
@@ -286,20 +361,16 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
                               findings if note is not None else said + findings, note)
 
     if f is None:  # a kernel that optimizes nothing: the file stays as it is
-        if target is not None and not in_place:
-            write_atomic(target, data, mode)
         return RewriteOutcome(src, target, None, g, fg, verify, False, (),
-                              (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),))
+                              (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)), copy, origin
     try:
         rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
                      fork_guard=fg, progress=progress, calls=calls)
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
-        if target is not None and not in_place:
-            write_atomic(target, data, mode)
-        return outcome(False, note=str(exc))
+        return outcome(False, note=str(exc)), copy, origin
     if target is None:
-        return outcome(rp.changed, rp.sites, rp.findings)
+        return outcome(rp.changed, rp.sites, rp.findings), None, origin
     findings = rp.findings
     result = data
     if rp.changed:
@@ -308,8 +379,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
         built = build_rewrite(rp)
         _validate(built.data, image)
         result, findings = built.data, output_findings(rp, built)
-    write_atomic(target, result, mode)
-    return outcome(rp.changed, rp.sites, findings)
+    return outcome(rp.changed, rp.sites, findings), result, origin
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
@@ -321,6 +391,8 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     `form` "auto" and `kernel` as for `rewrite`; UnsupportedError when "auto" finds a
     kernel that optimizes nothing. Raises usdtpatch.rewriter.marker.AlreadyRewritten for a
     file rewritten before."""
+    _flag("verify", verify)
+    _jobs(jobs)
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
@@ -351,16 +423,17 @@ def restore(path: StrPath, out: StrPath | None = None, *,
     atomically to `out` or over `path` with `in_place=True` (neither: returned only)."""
     from usdtpatch.rewriter.marker import restore_image
 
+    _flag("in_place", in_place)
     src = os.fspath(path)
     if in_place and out is not None and os.fspath(out) != src:
         raise ValueError("restore: give `out` or in_place=True, not both")
     target = src if in_place else (os.fspath(out) if out is not None else None)
     if target is not None:
         check_output(target, [src], in_place=in_place)
-    mode = input_mode(src)
-    original = restore_image(_image(src))
+    data, origin = read_source(src, in_place)
+    original = restore_image(parse_elf(data))
     if target is not None:
-        write_atomic(target, original, mode)
+        write_atomic(target, original, origin=origin, in_place=in_place)
     return RestoreOutcome(src, target, original)
 
 
@@ -416,6 +489,7 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
     Linux 6.18 protocol, or "nop10", experimental). The trampoline page comes from
     `trampoline`, a /proc/PID/maps snapshot `maps`, a live process `pid`, or the loader's
     layout at `load_base` (default: 0x555555554000 for PIE, 0 otherwise)."""
+    _placement_args(load_base, trampoline, pid)
     _placement(trampoline, maps, pid)
     src = os.fspath(path)
     return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
@@ -423,14 +497,13 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
 
 def read_plan(path: StrPath) -> Plan:
     """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
-    import json  # here, not at the top: `check` and `list` do not pay for it
-
+    from usdtpatch import jsondoc  # here, not at the top: `check` and `list` do not pay
     from usdtpatch.poke.plan import plan_from_json
 
     src = os.fspath(path)
     try:
-        doc = json.loads(read_input(src))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = jsondoc.loads(read_input(src))
+    except ValueError as exc:  # not JSON, not UTF-8, nested too deep, a 5,000-digit number
         raise InputError(f"{src}: not a JSON document: {exc}") from exc
     return plan_from_json(doc, src)
 
@@ -443,6 +516,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     from usdtpatch.emulate.verify import verify_plan
     from usdtpatch.poke.plan import Plan as PlanType
 
+    _placement_args(load_base, trampoline, pid)
     src = os.fspath(path)
     ps = load(src)
     if isinstance(plan, PlanType):

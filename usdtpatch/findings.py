@@ -217,6 +217,9 @@ PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites 
                          "path in processes that fork")
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
+DETOUR_SYMBOLS_LEFT_OUT = _code(
+    "detour-symbols-left-out", _I, "the detours have no symbols in .symtab",
+    "nothing to do: the detours work the same; debuggers and perf show them as addresses")
 FORK_GUARD_FAILED = _code("fork-guard-failed", _E,
                           "the fork guard did not re-arm a forked child's sites",
                           "a bug of usdtpatch's fork guard: please report it with the file")

@@ -28,7 +28,7 @@ from usdtpatch import __version__
 from usdtpatch.cli.common import error_line
 from usdtpatch.errors import OutputError, UsdtpatchError
 from usdtpatch.findings import Severity
-from usdtpatch.io import check_output, input_mode, read_input, write_atomic
+from usdtpatch.io import check_output, read_source, write_atomic
 
 if TYPE_CHECKING:
     from usdtpatch import api
@@ -93,11 +93,6 @@ def _reaches(findings: list[dict[str, str]], fail_on: str) -> bool:
     return any(Severity(f["severity"]).rank >= limit for f in findings)
 
 
-def _tmp_beside(target: str) -> str:
-    t = Path(target)
-    return str(t.with_name(f".{t.name}.usdtpatch-{os.getpid()}.tmp"))
-
-
 def _rewrite_findings(outcome: api.RewriteOutcome) -> list[dict[str, str]]:
     """The rewrite's findings, and each site it failed to rewrite as an error."""
     from usdtpatch.rewriter.plan import Status
@@ -141,64 +136,61 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
     entry: dict[str, Any] | None = None
     rewrite_findings: list[dict[str, str]] = []
     changed = False
-    tmp: str | None = None  # the rewritten bytes, until the check has passed
-    try:
-        if opts.mode == "rewrite":
-            tmp = _tmp_beside(target)
-            kw: dict[str, Any] = {} if opts.fork_guard is None else \
-                {"fork_guard": opts.fork_guard}
-            outcome = api.rewrite(path, tmp, form=opts.form, guard=opts.redzone_guard,
-                                  verify=opts.verify, **kw)
-            entry = outcome.to_json()
-            rewrite_findings = _rewrite_findings(outcome)
-            entry["output"] = target
-            changed = outcome.changed
-        result = api.check(tmp if changed and tmp is not None else path)
-        file_doc = result.to_json()
-        file_doc["path"] = target
-        doc = check_document([file_doc], [], opts.fail_on)
-        findings = rewrite_findings + [f.to_json() for f in result.findings]
-        failed = _reaches(findings, opts.fail_on)
-        lines = [finding_line(target, f) for f in findings]
-        lines.append(f"usdtpatch: {target}: {_summary(entry, doc)}"
-                     + (f"; FAILED: a finding reaches --fail-on {opts.fail_on}" if failed
-                        else ""))
-        result_doc: dict[str, Any] = {
-            "schema": REPORT_SCHEMA, "schema_version": REPORT_SCHEMA_VERSION,
-            "tool": {"name": "usdtpatch", "version": __version__},
-            "input": path, "output": target, "mode": opts.mode,
-            "options": {"form": opts.form, "redzone_guard": opts.redzone_guard,
-                        "fork_guard": opts.fork_guard, "verify": opts.verify},
-            "fail_on": opts.fail_on, "failed": failed, "changed": changed,
-            "findings": findings, "rewrite": entry, "check": doc,
-        }
-        if report is not None:
-            from usdtpatch.report.html import html_page
+    data: bytes | None = None  # the rewritten bytes, written once the check has passed
+    origin = None
+    if opts.mode == "rewrite":
+        kw: dict[str, Any] = {} if opts.fork_guard is None else \
+            {"fork_guard": opts.fork_guard}
+        outcome, data, origin = api._rewritten(
+            path, output, form=opts.form, guard=opts.redzone_guard, verify=opts.verify,
+            in_place=output is None, **kw)
+        entry = outcome.to_json()
+        rewrite_findings = _rewrite_findings(outcome)
+        entry["output"] = target
+        changed = outcome.changed
+    result = api._check_data(target, data) if changed and data is not None \
+        else api.check(path)
+    file_doc = result.to_json()
+    file_doc["path"] = target
+    doc = check_document([file_doc], [], opts.fail_on)
+    findings = rewrite_findings + [f.to_json() for f in result.findings]
+    failed = _reaches(findings, opts.fail_on)
+    lines = [finding_line(target, f) for f in findings]
+    lines.append(f"usdtpatch: {target}: {_summary(entry, doc)}"
+                 + (f"; FAILED: a finding reaches --fail-on {opts.fail_on}" if failed
+                    else ""))
+    result_doc: dict[str, Any] = {
+        "schema": REPORT_SCHEMA, "schema_version": REPORT_SCHEMA_VERSION,
+        "tool": {"name": "usdtpatch", "version": __version__},
+        "input": path, "output": target, "mode": opts.mode,
+        "options": {"form": opts.form, "redzone_guard": opts.redzone_guard,
+                    "fork_guard": opts.fork_guard, "verify": opts.verify},
+        "fail_on": opts.fail_on, "failed": failed, "changed": changed,
+        "findings": findings, "rewrite": entry, "check": doc,
+    }
+    if report is not None:
+        from usdtpatch.report.html import html_page
 
-            jpath, hpath = report_paths(report)
-            try:
-                jpath.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise OutputError(f"{jpath}: cannot write the report: "
-                                  f"{exc.strerror or exc}") from exc
-            write_atomic(jpath, (json.dumps(result_doc, indent=2) + "\n").encode(), 0o644)
-            write_atomic(hpath, html_page(doc).encode(), 0o644)
-            lines.append(f"usdtpatch: {target}: report {jpath} (and {hpath.name})")
-        if failed:
-            if output is None and not opts.keep_on_failure:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                lines.append(f"usdtpatch: {path}: removed, so that the next build runs this "
-                             f"step again")
-        elif tmp is not None and (changed or output is not None):
-            os.replace(tmp, target)  # same folder: one atomic rename
-            tmp = None
-        elif output is not None:  # check only, to another file
-            write_atomic(target, read_input(path), input_mode(path))
-    finally:
-        if tmp is not None:
+        jpath, hpath = report_paths(report)
+        try:
+            jpath.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{jpath}: cannot write the report: "
+                              f"{exc.strerror or exc}") from exc
+        write_atomic(jpath, (json.dumps(result_doc, indent=2) + "\n").encode())  # umask
+        write_atomic(hpath, html_page(doc).encode())
+        lines.append(f"usdtpatch: {target}: report {jpath} (and {hpath.name})")
+    if failed:
+        if output is None and not opts.keep_on_failure:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(path)
+            lines.append(f"usdtpatch: {path}: removed, so that the next build runs this "
+                         f"step again")
+    elif data is not None and (changed or output is not None):
+        write_atomic(target, data, origin=origin, in_place=output is None)
+    elif output is not None:  # check only, to another file
+        data, origin = read_source(path)
+        write_atomic(target, data, origin=origin)
     if log is not None:
         for line in lines:
             print(line, file=log)

@@ -3,7 +3,8 @@
 The cli package is the one place that prints and that turns exceptions into exit codes:
 0 success, 1 a check failed (findings at or above --fail-on, a verification failed),
 2 unusable input or a usage error, 3 an internal error (a bug: one line, no traceback, unless
-USDTPATCH_DEBUG is set), 130 interrupted (Ctrl-C: one line, no partial output). Each
+USDTPATCH_DEBUG is set), 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP: one line that
+says which outputs were written whole, if any; no partial output). Each
 subcommand module has `register(subparsers)`, which adds its parser and sets
 `func(args, out, err) -> int`; a command parses, calls usdtpatch.api, and renders.
 """
@@ -16,6 +17,7 @@ import gc
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import IO, Any
 
 from usdtpatch import __version__
@@ -123,16 +125,64 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
          err: IO[str] | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    from usdtpatch import io as _io  # no import of its own: the stdlib's os, stat, mmap
+
+    mark = len(_io.WRITTEN)
     try:
-        return _main(argv, out, err)
+        with _terminating():
+            return _main(argv, out, err)
     except KeyboardInterrupt as exc:
-        # outputs are written through a temporary file and one rename: nothing partial stays
+        # an output is renamed into place whole or not at all: say which were written
+        written = _io.WRITTEN[mark:]
         with contextlib.suppress(Exception):
-            print("usdtpatch: interrupted", file=err)
-        # 128 + the signal, as shells report it (130 for Ctrl-C; a command that turns another
-        # signal into this exception says which: cmd_kcheck.Terminated)
+            print(printable(interrupted_line(written)), file=err)
+        # 128 + the signal, as shells report it (130 for Ctrl-C; SIGTERM and SIGHUP turned
+        # into this exception say which: Terminated)
         status: int = getattr(exc, "exit_status", EXIT_INTERRUPTED)
         return status
+    finally:
+        del _io.WRITTEN[mark:]  # the record is this command's
+
+
+def interrupted_line(written: list[str]) -> str:
+    """The one line after an interrupt: that nothing was written, or which outputs were put
+    in place whole before it came (their rename was done)."""
+    if not written:
+        return "usdtpatch: interrupted; nothing was written"
+    return (f"usdtpatch: interrupted after {', '.join(written)} "
+            f"{'was' if len(written) == 1 else 'were'} written whole (renamed into place)")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised like Ctrl-C's KeyboardInterrupt: the same cleanup runs (a
+    temporary output removed, workers stopped) instead of the process ending where it
+    stands; exit 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.exit_status = 128 + signum
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _terminating() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated while a command runs (where they are not
+    ignored or handled already; in the main thread only), and are given back after."""
+    import signal
+
+    previous: dict[signal.Signals, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: left as they are
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, _terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _main(argv: list[str] | None, out: IO[str], err: IO[str]) -> int:

@@ -25,10 +25,25 @@ def _addr(text: str) -> int:
     return v
 
 
+def _trampoline(text: str) -> int:
+    """--trampoline: a page address in user space (as api.plan checks it)."""
+    from usdtpatch.poke.sequences import PAGE_SIZE
+    from usdtpatch.poke.trampoline import TASK_SIZE
+
+    v = _addr(text)
+    if not PAGE_SIZE <= v < TASK_SIZE:
+        raise argparse.ArgumentTypeError(f"{text}: not a user-space address "
+                                         f"({PAGE_SIZE:#x} to {TASK_SIZE - 1:#x})")
+    if v % PAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"{text}: not a page address (a multiple of "
+                                         f"{PAGE_SIZE:#x})")
+    return v
+
+
 def add_placement_args(p: argparse.ArgumentParser) -> None:
     """The options plan and verify share: where the file is loaded and its trampoline."""
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--trampoline", type=_addr, metavar="ADDR",
+    where.add_argument("--trampoline", type=_trampoline, metavar="ADDR",
                        help="use this trampoline page for every site")
     where.add_argument("--maps", metavar="FILE",
                        help="predict the trampoline from a /proc/PID/maps snapshot")

@@ -14,21 +14,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import check_output
+from usdtpatch.io import WRITTEN, check_output
+from usdtpatch.lifetime import die_with_parent
 from usdtpatch.report.rewrite_report import report_document, report_kind, write_report
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 from usdtpatch.rewriter.kernel import Kernel
 from usdtpatch.rewriter.report import rewrite_document
+
+
+def _jobs(text: str) -> int:
+    """-j N: a number of processes, at least 1."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of processes >= 1")
+    return n
 
 
 def register(sub: Any) -> None:
@@ -67,7 +81,7 @@ def register(sub: Any) -> None:
     p.add_argument("--report", metavar="FILE",
                    help="also write a report of what was changed, skipped and why, with sizes "
                         "and time: FILE.html (a page), FILE.json or FILE.sarif")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    p.add_argument("-j", "--jobs", type=_jobs, default=1, metavar="N",
                    help="rewrite N files at once")
     p.set_defaults(func=run)
 
@@ -89,9 +103,35 @@ def _target(path: str, output: str | None, several: bool) -> str | None:
     return str(out)
 
 
-def _worker_init() -> None:
-    """A -j worker ignores Ctrl-C while idle: the parent stops the pool (no tracebacks)."""
+def _worker_init(parent: int) -> None:
+    """A -j worker ignores Ctrl-C while idle (the parent stops the pool: no tracebacks) and
+    dies with its parent."""
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
+    """Ctrl-C for every worker (one that works on a file stops it cleanly, an idle one ignores
+    it and ends at shutdown): the parent may have been signalled alone (SIGTERM, kill -INT),
+    not the whole process group as a terminal does."""
+    processes: dict[int, Any] = getattr(pool, "_processes", None) or {}  # pid -> process
+    for pid in list(processes):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+
+
+def _note_written(futures: Iterable[Future[tuple[dict[str, Any], bool, float]]]) -> None:
+    """After an interrupt: the outputs the -j workers put in place (finished files, and
+    files whose rename was done when the interrupt came), for the interrupt's line."""
+    for fut in futures:
+        if not fut.done() or fut.cancelled():
+            continue
+        exc = fut.exception()
+        if exc is None:
+            output = fut.result()[0].get("output")
+            WRITTEN.extend([output] if output else [])
+        else:
+            WRITTEN.extend(getattr(exc, "written", []))
 
 
 def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str, guard: str,
@@ -99,12 +139,16 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
                        kernel: str | None = None) -> tuple[dict[str, Any], bool, float]:
     """One file in a worker process: its report entry, whether a site failed, the time."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
+    mark = len(WRITTEN)
     try:
         t0 = time.monotonic()
         o = api.rewrite(path, target, form=form, guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
                         jobs=1)  # -j runs files in parallel: one process per file
         return o.to_json(), o.failed, time.monotonic() - t0
+    except KeyboardInterrupt as exc:  # the parent says whether this file was written
+        exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
+        raise
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -154,7 +198,11 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
     failed = False
     started = time.monotonic()
     if jobs > 1 and several:
-        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init)
+        # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
+                                   initargs=(os.getpid(),),
+                                   mp_context=multiprocessing.get_context("fork"))
+        futures: list[tuple[str, Future[tuple[dict[str, Any], bool, float]]]] = []
         try:
             sizes = {p: _size(p) for p, _ in todo} if report is not None else {}
             futures = [(p, pool.submit(_rewrite_in_worker, p, t, in_place, form, guard,
@@ -169,8 +217,11 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 entries.append(entry)
                 extras.append(_report_extra(p, entry, took, sizes.get(p)))
                 failed = failed or bad
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
+                _interrupt_workers(pool)
             pool.shutdown(wait=True, cancel_futures=True)
+            _note_written(f for _, f in futures)
             raise
         pool.shutdown(wait=True)
     else:

@@ -122,6 +122,10 @@ def parse_args(text: str, x86: bool = True) -> tuple[SdtArg, ...]:
 def parse_arg(tok: str, x86: bool = True) -> SdtArg:
     m = _SIZED.match(tok)
     if m:
+        if len(m.group(2)) > MAX_NUMBER_TEXT:
+            return SdtArg(tok, None, m.group(1) == "-", bool(m.group(3)),
+                          UnknownOperand(m.group(4), f"size of {len(m.group(2))} digits is not "
+                                                     f"1, 2, 4, 8 or 16"))
         signed, size, flt, operand_text = m.group(1) == "-", int(m.group(2)), m.group(3), m.group(4)
         if not x86:
             return SdtArg(tok, size, signed, bool(flt),
@@ -149,7 +153,19 @@ def _disp_of(d: re.Match[str]) -> tuple[int, str | None]:
     return (_parse_int(d.group("off")) if d.group("off") else 0), d.group("sym")
 
 
+# The longest number an argument may hold: 2**64 is 20 decimal digits, 16 hex digits after
+# 0x. A longer one is an operand not understood (int() refuses decimals of more than 4,300
+# digits with a ValueError, issue 20 item 8; a shorter but huge one could not fit anyway).
+MAX_NUMBER_TEXT = 24
+
+
+class _TooLong(ValueError):
+    pass
+
+
 def _parse_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_TEXT:
+        raise _TooLong(text)
     return int(text, 0) if not re.fullmatch(r"[-+]?0\d+", text) else int(text, 10)
 
 
@@ -162,6 +178,14 @@ def _reg(text: str) -> str | None:
 
 def parse_operand(text: str) -> Operand:
     """One AT&T operand."""
+    try:
+        return _parse_operand(text)
+    except _TooLong as exc:
+        return UnknownOperand(text, f"number of {len(str(exc))} characters (at most "
+                                    f"{MAX_NUMBER_TEXT})")
+
+
+def _parse_operand(text: str) -> Operand:
     if not text:
         return UnknownOperand(text, "empty operand")
     if text.startswith("%"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from usdtpatch.errors import ElfFormatError
@@ -336,3 +337,53 @@ def _cstr(table: bytes, offset: int) -> str:
     if end < 0:
         end = len(table)
     return table[offset:end].decode("utf-8", "replace")
+
+
+def named_extent(pread: Callable[[int, int], bytes], size: int) -> int:
+    """How much of a file of `size` bytes its ELF structures name: the end of the last of
+    the ELF header, the program and section header tables, each segment's file bytes and
+    each section's (SHT_NOBITS aside), at most `size`. `pread(offset, length)` reads the
+    file; only the header and the two tables are read here.
+
+    For a large file (usdtpatch.io reads one of more than 256 MiB this way) the commands
+    that only look at it read this much and no more: a small ELF followed by a 12 GB hole
+    is read as the small ELF (issue 20, item 10). A file that is not ELF gives its first 64
+    bytes, and a table that runs past the file's end is left out (parse_elf refuses both
+    with its own sentence)."""
+    head = pread(0, 64)
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) \
+            or head[5] not in (1, 2):
+        return min(size, 64)
+    bo = "<" if head[5] == ELFDATA2LSB else ">"
+    is64 = head[4] == ELFCLASS64
+    if is64 and len(head) < 64:
+        return min(size, 64)
+    fields = struct.unpack_from(bo + ("QQIHHHHHH" if is64 else "IIIHHHHHH"), head,
+                                32 if is64 else 28)
+    phoff, shoff, _flags, ehsize, phentsize, phnum, shentsize, shnum, _shstrndx = fields
+    end = min(size, max(ehsize, 64 if is64 else 52))
+    phdr = bo + ("IIQQQQQQ" if is64 else "IIIIIIII")
+    shdr = bo + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII")
+    if shoff and shentsize >= struct.calcsize(shdr) and shoff + shentsize <= size:
+        first = struct.unpack_from(shdr, pread(shoff, struct.calcsize(shdr)))
+        if shnum == 0:
+            shnum = first[5]
+        if phnum == 0xFFFF:
+            phnum = first[7]
+        table = shnum * shentsize
+        if shoff + table <= size:
+            end = max(end, shoff + table)
+            raw = pread(shoff, table)
+            for i in range(shnum):
+                s = struct.unpack_from(shdr, raw, i * shentsize)
+                if s[1] != SHT_NOBITS and s[4] + s[5] <= size:
+                    end = max(end, s[4] + s[5])
+    if phnum and phentsize >= struct.calcsize(phdr) and phoff + phnum * phentsize <= size:
+        end = max(end, phoff + phnum * phentsize)
+        raw = pread(phoff, phnum * phentsize)
+        for i in range(phnum):
+            p = struct.unpack_from(phdr, raw, i * phentsize)
+            offset, filesz = (p[2], p[5]) if is64 else (p[1], p[4])
+            if p[0] != 0 and offset + filesz <= size:
+                end = max(end, offset + filesz)
+    return int(end)

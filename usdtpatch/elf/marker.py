@@ -29,12 +29,13 @@ def marker_of(image: ElfImage) -> dict[str, object] | None:
     note = first_note(data)
     if note is None or note.owner != MARKER_OWNER or note.type != MARKER_TYPE:
         raise UnsupportedError(f"{MARKER_SECTION} is not a usdtpatch marker")
-    import json  # only a rewritten file has the note: `check` of others does not import it
+    from usdtpatch import jsondoc  # only a rewritten file has the note: `check` of others
+    # does not import json
 
     try:
-        doc = json.loads(note.desc.rstrip(b"\0"))
+        doc = jsondoc.loads(note.desc.rstrip(b"\0"))
     except ValueError as exc:
-        raise UnsupportedError(f"{MARKER_SECTION} does not hold valid JSON") from exc
+        raise UnsupportedError(f"{MARKER_SECTION} does not hold valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise UnsupportedError(f"{MARKER_SECTION} does not hold a JSON object")
     return doc

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import sys
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,9 +51,9 @@ class _Columns:
     """Every symbol of the tables read, in file order (tables in section order), by column."""
 
     infos: bytes  # st_info
-    shndx: list[int]
-    values: list[int]
-    sizes: list[int]
+    shndx: array[int]  # arrays, not lists: 2 and 8 bytes a symbol (a list of ints costs 8
+    values: array[int]  # for the pointer and 32 for each int: a 10-million-entry table took
+    sizes: array[int]  # gigabytes, issue 20 item 11)
     names: list[memoryview | list[int]]  # per table: st_name of each of its symbols
     starts: list[int]  # index of each table's first symbol in the columns
     strtabs: list[int]  # each table's string table section index
@@ -129,9 +130,9 @@ def _tables(image: ElfImage, types: tuple[int, ...] = _BOTH) -> Iterator[tuple[S
 
 def _columns(image: ElfImage, types: tuple[int, ...] = _BOTH) -> _Columns:
     infos = bytearray()
-    shndx: list[int] = []
-    values: list[int] = []
-    sizes: list[int] = []
+    shndx = array("H")
+    values = array("Q")
+    sizes = array("Q")
     names: list[memoryview | list[int]] = []
     starts: list[int] = []
     strtabs: list[int] = []
@@ -145,10 +146,10 @@ def _columns(image: ElfImage, types: tuple[int, ...] = _BOTH) -> _Columns:
         table = view[sec.offset : sec.offset + usable]
         if native:  # Elf64_Sym: name u32, info u8, other u8, shndx u16, value u64, size u64
             infos += table[4::SYM64_SIZE].tobytes()
-            shndx += table.cast("H")[3::12].tolist()
+            shndx.frombytes(table.cast("H")[3::12].tobytes())
             words = table.cast("Q")
-            values += words[1::3].tolist()
-            sizes += words[2::3].tolist()
+            values.frombytes(words[1::3].tobytes())
+            sizes.frombytes(words[2::3].tobytes())
             names.append(table.cast("I")[0::6])
             continue
         fmt = image.byteorder + ("IBBHQQ" if image.is64 else "IIIBBH")
@@ -186,8 +187,8 @@ def load_symbols(image: ElfImage) -> SymbolTable:
                                  reversed(cols.shndx)), reversed(values)))
     # Prefer a sized symbol, then a global one, then the one seen first: kept newest first, a
     # stable sort by rank, and a dict built in that order keep the best index for each address.
-    sized = list(map(truth, cols.sizes))
-    rank = list(map(add, map(add, sized, sized), cols.infos.translate(_IS_NONLOCAL)))
+    sized = bytes(map(truth, cols.sizes))
+    rank = bytes(map(add, map(add, sized, sized), cols.infos.translate(_IS_NONLOCAL)))
     ranked = sorted(keep, key=rank.__getitem__)
     best = dict(zip(map(values.__getitem__, ranked), ranked, strict=True))
     return SymbolTable(tuple(sorted(best)), best, cols, image)
@@ -372,7 +373,8 @@ def _symtab_region(image: ElfImage) -> tuple[Section, Section, int, tuple[str, .
     if strs.type != SHT_STRTAB or strs.allocated or strs.index == shstrndx or \
             strs.offset < sym.offset + sym.size or not 0 < sym.info <= sym.size // SYM64_SIZE:
         return None
-    if any(s.link == sym.index and s.type in (SHT_REL, SHT_RELA, SHT_GROUP, SHT_SYMTAB_SHNDX)
+    if any(s.link == sym.index and (s.type in (SHT_GROUP, SHT_SYMTAB_SHNDX) or
+                                    (s.type in (SHT_REL, SHT_RELA) and _names_symbols(image, s)))
            for s in image.sections):
         return None
     strs_end = strs.offset + strs.size
@@ -400,6 +402,19 @@ def _symtab_region(image: ElfImage) -> tuple[Section, Section, int, tuple[str, .
         return None  # which one a re-emitted copy replaces would not be defined
     return sym, strs, floor, tuple(n for n in moved
                                   if _section_end(image, n) > floor)
+
+
+def _names_symbols(image: ElfImage, rel: Section) -> bool:
+    """Whether a relocation section names any symbol by its index (which growing the table in
+    place would move). A static executable's `.rela.plt` links to `.symtab` but holds only
+    R_X86_64_IRELATIVE entries, whose symbol is 0: the table may grow there too."""
+    entsize = 24 if rel.type == SHT_RELA else 16
+    if rel.offset + rel.size > len(image.data) or rel.size % entsize:
+        return True
+    view = memoryview(image.data)[rel.offset : rel.offset + rel.size]
+    if sys.byteorder != "little":
+        return True  # the words below are read in this machine's order
+    return any(view.cast("I")[3 :: entsize // 4])  # r_info's high word: the symbol index
 
 
 def _section_end(image: ElfImage, name: str) -> int:

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import struct
 from itertools import pairwise
 from typing import Any
 
+from usdtpatch import jsondoc
 from usdtpatch.elf.image import (
     PT_LOAD,
     SHT_NOBITS,
@@ -181,7 +181,7 @@ def _marker(image: ElfImage) -> dict[str, Any]:
     if desc_at + descsz > len(data):
         raise _fail(f"{MARKER_SECTION}: descsz {descsz} runs past the section")
     try:
-        doc = json.loads(data[desc_at : desc_at + descsz].rstrip(b"\0"))
+        doc = jsondoc.loads(data[desc_at : desc_at + descsz].rstrip(b"\0"))
     except ValueError as exc:
         raise _fail(f"{MARKER_SECTION} does not hold JSON: {exc}") from exc
     if not isinstance(doc, dict):

@@ -56,6 +56,7 @@ from usdtpatch.emulate.machine import (
     new_x86_64,
 )
 from usdtpatch.errors import UnsupportedError
+from usdtpatch.lifetime import die_with_parent
 from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.relocate import Detour, jmp_rel32
@@ -534,8 +535,10 @@ class _Memo:
 _WORKER: dict[str, tuple[ElfImage, DetourVerifier]] = {}  # a worker process's own
 
 
-def _worker_start(image: ElfImage, runs: int, seed: int) -> None:
-    # Ctrl-C is the parent's: it stops the pool (a worker would print a traceback)
+def _worker_start(image: ElfImage, runs: int, seed: int, parent: int) -> None:
+    # a worker ends with its parent (killed or not: usdtpatch.lifetime); Ctrl-C is the
+    # parent's: it stops the pool (a worker would print a traceback)
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     verifier = DetourVerifier(runs, seed)
     verifier._image, verifier._pair = image, _new_pair(image)  # ready before the first job
@@ -564,7 +567,7 @@ def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int 
                     DetourVerifier(runs, seed))
     ctx = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_start,
-                               initargs=(image, runs, seed))
+                               initargs=(image, runs, seed, os.getpid()))
     try:
         # the first job forks every worker: make one now, before the planner's analysis
         # grows this process (a forked worker's memory starts as a copy of it)

@@ -186,7 +186,8 @@ def _build_id(image: ElfImage) -> str | None:
 
 
 def _symtab(image: ElfImage, syms: list[tuple[str, int, int]], text_index: int,
-            limit: int, cut: int | None = None) -> list[TailSection]:
+            limit: int, cut: int | None = None
+            ) -> tuple[list[TailSection], tuple[Finding, ...]]:
     """`.symtab` and its string table with a local STT_FUNC symbol per detour added: grown
     in place when they can be (usdtpatch.elf.symbols.symtab_in_place: nothing of the table is
     copied; sections in the room it takes are re-emitted after the segment), else a new copy
@@ -210,10 +211,36 @@ def _symtab(image: ElfImage, syms: list[tuple[str, int, int]], text_index: int,
             assert sec is not None
             out.append(TailSection(name, sec.type, image.section_data(sec),
                                    max(1, sec.addralign), sec.entsize))
-        return out
+        return out, ()
+    left_out = _symtab_copy_refused(image)
+    if left_out is not None:
+        return [], (left_out,)
     edit = symtab_with_functions(image, syms, text_index)
     return [TailSection(".symtab", SHT_SYMTAB, edit.symtab, 8, 24, edit.strtab_name, edit.info),
-            TailSection(edit.strtab_name, SHT_STRTAB, edit.strtab, 1)]
+            TailSection(edit.strtab_name, SHT_STRTAB, edit.strtab, 1)], ()
+
+
+SYMTAB_COPY_FLOOR = 64 << 10  # a table this small is copied whatever the file's size
+
+
+def _symtab_copy_refused(image: ElfImage) -> Finding | None:
+    """`detour-symbols-left-out` when `.symtab` cannot grow in place and copying it and its
+    strings to the end would grow the file by more than 1% (and 64 KiB): a file grows by at
+    most its detours, their tables and 1% (issue 22), and a 10-million-entry table is not
+    copied (issue 20, item 11: 2.4 GB of memory, a file twice its size)."""
+    from usdtpatch.findings import DETOUR_SYMBOLS_LEFT_OUT
+
+    old = image.section(".symtab")
+    if old is None or old.type != SHT_SYMTAB or not 0 < old.link < len(image.sections):
+        return None  # a new, small table
+    copied = old.size + image.sections[old.link].size
+    budget = max(SYMTAB_COPY_FLOOR, len(image.data) // 100)
+    if copied <= budget:
+        return None
+    return DETOUR_SYMBOLS_LEFT_OUT.finding(
+        f".symtab ({old.size // 24} entries) cannot grow where it is, and copying it with its "
+        f"strings ({copied} bytes) would grow the file by more than {budget} bytes (1%): the "
+        f"detours are left without symbols")
 
 
 def detour_symbols(plan: RewritePlan) -> list[tuple[str, int, int]]:
@@ -332,7 +359,8 @@ def build_rewrite(plan: RewritePlan) -> Built:
     syms = detour_symbols(plan)
     if fork is not None:
         syms += fork.symbols
-    symbols = _symtab(image, syms, text_index, plan.layout.offset, plan.layout.cut)
+    symbols, symbol_findings = _symtab(image, syms, text_index, plan.layout.offset,
+                                       plan.layout.cut)
     # what the marker must give back: the in-place edits, and the original bytes under a
     # section grown in place (restore truncates the file, so only bytes inside it count)
     kept = list(patches) + [(t.place[2], t.data) for t in symbols if t.place is not None
@@ -364,14 +392,14 @@ def build_rewrite(plan: RewritePlan) -> Built:
                          text_addr + len(text))]
     tail.append(TailSection(MARKER_SECTION, SHT_NOTE, marker_note(marker), 4))
     rw = Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail), renames, hdr_addr)
-    said: tuple[Finding, ...] = ()
+    said: tuple[Finding, ...] = symbol_findings
     if fork is not None:
         from usdtpatch.findings import FORK_GUARDED
 
         entry = dict(fork.marker)
         span = entry.get("table")
         count = (span[1] - span[0]) // 12 if isinstance(span, list) else 0
-        said = (FORK_GUARDED.finding(
+        said += (FORK_GUARDED.finding(
             f"fork guard added for {count} site(s): a forked child puts them back on the int3 "
             f"path; the output registers it when it loads, through {entry.get('hook')}"),)
     return Built(write(image, rw), said, fork is not None)

@@ -1,0 +1,44 @@
+"""JSON documents from files: the restore marker in `.note.usdtpatch`, plan files.
+
+json.loads recurses once per level of nesting: a marker or plan nested 100,000 deep raised
+RecursionError out of every command (issue 20, item 9), and one 2,000 deep that json accepts
+would still exhaust the recursion of the code walking it. No document usdtpatch reads nests
+deeper than a few levels, so nesting is bounded before the text is parsed (MAX_DEPTH), and
+every refusal is a ValueError with one sentence (json's own errors are ValueErrors too: a
+number of more than 4,300 digits among them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 64  # a plan nests 6 levels, the marker 3
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def nesting(data: bytes) -> int:
+    """How deep the arrays and objects of the JSON text `data` nest (strings skipped)."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(_STRING.sub(b"", data)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def loads(data: bytes | str) -> Any:
+    """The document in `data`; ValueError (one sentence) when it is not JSON or nests
+    deeper than MAX_DEPTH."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    deep = nesting(raw)
+    if deep > MAX_DEPTH:
+        raise ValueError(f"arrays and objects nested {deep} deep (at most {MAX_DEPTH})")
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:  # unreachable below MAX_DEPTH; kept as a last guard
+        raise ValueError("arrays and objects nested too deep") from exc

@@ -319,7 +319,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     """
     o, data, origin = _rewritten(path, out, form=form, guard=guard, fork_guard=fork_guard,
                                  verify=verify, in_place=in_place, progress=progress,
-                                 calls=calls, jobs=jobs, kernel=kernel)
+                                 calls=calls, jobs=jobs, kernel=kernel, prove=prove)
     if o.output is not None and data is not None:
         write_atomic(o.output, data, origin=origin, in_place=in_place)
     return o
@@ -329,12 +329,13 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
                guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
                verify: bool = True, in_place: bool = False,
                progress: Callable[[int, int], None] | None = None, calls: str = "auto",
-               jobs: int | None = None, kernel: str | None = None
+               jobs: int | None = None, kernel: str | None = None, prove: bool = True
                ) -> tuple[RewriteOutcome, bytes | None, Origin]:
     """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
     nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
     build step (usdtpatch.build.step) checks the bytes before it writes them."""
     _flag("verify", verify)
+    _flag("prove", prove)
     _flag("in_place", in_place)
     _jobs(jobs)
     choice = _form_choice(form, kernel)
@@ -392,6 +393,7 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     kernel that optimizes nothing. Raises usdtpatch.rewriter.marker.AlreadyRewritten for a
     file rewritten before."""
     _flag("verify", verify)
+    _flag("prove", prove)
     _jobs(jobs)
     choice = _form_choice(form, kernel)
     if choice.form is None:

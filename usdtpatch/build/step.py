@@ -209,7 +209,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "post-link", help="the build step: rewrite or check one linked file, write a report, "
                           "fail on findings")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the file the linker has just written")
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the result here (default: rewrite FILE in place)")
     p.add_argument("--check-only", action="store_true",

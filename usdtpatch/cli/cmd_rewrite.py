@@ -33,7 +33,9 @@ from usdtpatch.rewriter.report import rewrite_document
 
 def register(sub: Any) -> None:
     p = sub.add_parser("rewrite", help="turn 1-byte probe sites into 5-byte NOP sites")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="linked ELF files (executables, shared libraries), never changed "
+                        "unless --in-place")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("-o", "--output", metavar="OUT",
                        help="output file (one input) or existing directory (several)")
@@ -72,10 +74,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
     r = sub.add_parser("restore", help="give back the original of a rewritten file")
-    r.add_argument("file", metavar="FILE")
+    r.add_argument("file", metavar="FILE", help="a file written by `usdtpatch rewrite`")
     rwhere = r.add_mutually_exclusive_group(required=True)
-    rwhere.add_argument("-o", "--output", metavar="OUT")
-    rwhere.add_argument("--in-place", action="store_true")
+    rwhere.add_argument("-o", "--output", metavar="OUT",
+                        help="write the original here (its sha256 checked first)")
+    rwhere.add_argument("--in-place", action="store_true",
+                        help="replace FILE with its original")
     r.set_defaults(func=run_restore)
 
 

@@ -15,21 +15,29 @@ from rich.table import Table
 from rich.text import Text
 
 from usdtpatch.findings import FORM_CHOSEN
-from usdtpatch.report.plain import check_cells, check_summary_line, error_entry_line, list_cells
+from usdtpatch.report.plain import (
+    check_cells,
+    check_summary_line,
+    error_entry_line,
+    list_cells,
+    list_heading,
+    page_width,
+)
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
-PIPE_WIDTH = 160  # width when the output is not a terminal (rich would pick 80)
+PIPE_WIDTH = 160  # width when the output is not a terminal and $COLUMNS is unset (rich: 80)
 
 
 def make_console(file: IO[str] | None = None, width: int | None = None,
                  color: bool | None = None) -> Console:
-    """A console for `file`; to a pipe or file it is PIPE_WIDTH wide and has no colour."""
+    """A console for `file`; to a pipe or file it is $COLUMNS wide (else PIPE_WIDTH) and has
+    no colour."""
     console = Console(file=file, width=width, highlight=False, soft_wrap=False,
                       color_system=None if color is False else "auto", no_color=color is False)
     if width is None and not console.is_terminal:
-        console.width = PIPE_WIDTH
+        console.width = page_width() or PIPE_WIDTH
     return console
 
 
@@ -39,10 +47,7 @@ def _hex(v: int | None) -> str:
 
 def render_list(console: Console, doc: dict[str, Any]) -> None:
     for f in doc["files"]:
-        elf = f["elf"]
-        head = (f"{f['path']}: {f['probe_count']} probe(s), ELF{elf['class']} {elf['byteorder']}"
-                f"-endian {elf['machine']}")
-        console.print(Text(head, style="bold"))
+        console.print(Text(list_heading(f), style="bold"))
         if f["probes"]:
             table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
             for col in ("probe", "address", "offset", "semaphore", "site"):

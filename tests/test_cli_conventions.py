@@ -1,0 +1,138 @@
+"""The command line's conventions, the same in every command (issue 24, items 4, 5 and 9):
+
+- a format switch (--json, --sarif, --html) never takes a value, so it cannot take a FILE for
+  its output; a report goes to a file only through `--report FILE` (check, rewrite, post-link);
+- `--probe` is PROVIDER:NAME or NAME, shell patterns allowed, in list, show, plan and kcheck;
+- every positional argument and every option has help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fixture, run_cli
+from usdtpatch.cli import COMMANDS, build_parser
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.report.listing import probe_matches, probe_pattern
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser([])
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_command_is_checked() -> None:
+    assert set(_subparsers()) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_no_option_takes_an_optional_value(command: str) -> None:
+    """An option with an optional value (nargs='?') takes the next word when it is not an
+    option: `check --sarif prog` took prog as the SARIF output and then missed its FILE."""
+    p = _subparsers()[command]
+    bad = [a.option_strings for a in p._actions if a.option_strings and a.nargs == "?"]
+    assert bad == []
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_argument_has_help(command: str) -> None:
+    p = _subparsers()[command]
+    missing = [a.option_strings or a.dest for a in p._actions
+               if not a.help and not isinstance(a, argparse._HelpAction)]
+    assert missing == []
+
+
+def test_check_format_switches_print_to_stdout() -> None:
+    prog = fixture("forms-mixed")
+    res = run_cli("check", "--sarif", prog)  # prog is the input, not the SARIF output
+    assert res.rc in (EXIT_OK, EXIT_FAIL), res.err
+    log = json.loads(res.out)
+    assert log["version"] == "2.1.0"
+    assert log["runs"][0]["results"]
+    assert prog.read_bytes()[:4] == b"\x7fELF"  # not overwritten
+    res = run_cli("check", "--html", "--fail-on", "never", prog)
+    assert res.rc == EXIT_OK and res.out.startswith("<!DOCTYPE html>")
+    res = run_cli("check", "--json", "--fail-on", "never", prog)
+    assert json.loads(res.out)["schema"] == "usdtpatch/check"
+
+
+def test_check_report_file(tmp_path: Path) -> None:
+    prog = fixture("forms-mixed")
+    by_switch = tmp_path / "out.txt"
+    res = run_cli("check", "--sarif", "--report", by_switch, "--fail-on", "never", prog)
+    assert res.rc == EXIT_OK and res.out == ""
+    assert json.loads(by_switch.read_text())["version"] == "2.1.0"
+    for name, check in (("r.sarif", lambda t: json.loads(t)["version"] == "2.1.0"),
+                        ("r.json", lambda t: json.loads(t)["schema"] == "usdtpatch/check"),
+                        ("r.html", lambda t: t.startswith("<!DOCTYPE html>"))):
+        out = tmp_path / name
+        res = run_cli("check", "--report", out, "--fail-on", "never", prog)  # by extension
+        assert res.rc == EXIT_OK and res.out == "", res.err
+        assert check(out.read_text()), name
+    # a report file whose name says no format, without a switch: one line, nothing done
+    res = run_cli("check", "--report", tmp_path / "r.txt", prog)
+    assert res.rc == EXIT_UNUSABLE and res.out == ""
+    assert res.err.count("\n") == 1 and "--sarif" in res.err
+    assert not (tmp_path / "r.txt").exists()
+
+
+def test_probe_pattern_meaning() -> None:
+    assert probe_matches("parse", "demo", "parse")
+    assert probe_matches("demo:parse", "demo", "parse")
+    assert probe_matches("p*", "demo", "parse")
+    assert probe_matches("*:par?e", "demo", "parse")
+    assert probe_matches("de*:*", "demo", "parse")
+    assert not probe_matches("demo", "demo", "parse")  # a NAME alone is a name, not a provider
+    assert not probe_matches("other:parse", "demo", "parse")
+    assert not probe_matches("Parse", "demo", "parse")  # probe names are case-sensitive
+    assert not probe_matches("pars", "demo", "parse")  # a pattern matches the whole name
+    assert probe_pattern("parse") == "*:parse" and probe_pattern("demo:p*") == "demo:p*"
+
+
+def _listed(*args: str) -> list[str]:
+    doc = json.loads(run_cli("list", "--json", fixture("demo"), *args).out)
+    return [f"{p['provider']}:{p['name']}" for p in doc["files"][0]["probes"]]
+
+
+def test_list_probe_is_a_pattern() -> None:
+    assert _listed("--probe", "re*") == ["demo:reply", "demo:request"]
+    assert _listed("--probe", "demo:parse") == ["demo:parse"]
+    assert _listed("--probe", "parse") == ["demo:parse"]
+    assert _listed("--probe", "nope:*") == []
+    assert _listed("--provider", "d?mo", "--probe", "idle") == ["demo:idle"]
+
+
+def test_filtered_list_counts_what_it_shows() -> None:
+    head = run_cli("list", fixture("demo"), "--probe", "re*").out.splitlines()[0]
+    assert ": 2 of 4 probe(s) shown," in head
+    head = run_cli("list", fixture("demo")).out.splitlines()[0]
+    assert ": 4 probe(s)," in head
+
+
+def test_show_probe_takes_the_same_patterns() -> None:
+    by_name = run_cli("show", fixture("demo"), "--probe", "reply", "--json")
+    assert by_name.rc == EXIT_OK, by_name.err
+    sites = json.loads(by_name.out)["sites"]
+    assert [s["probe"] for s in sites] == ["demo:reply"]
+    both = json.loads(run_cli("show", fixture("demo"), "--probe", "demo:re*", "--json").out)
+    assert [s["probe"] for s in both["sites"]] == ["demo:reply", "demo:request"]
+    res = run_cli("show", fixture("demo"), "--probe", "nope")
+    assert res.rc == EXIT_UNUSABLE and res.err.count("\n") == 1
+
+
+def test_plan_probe_selects_sites() -> None:
+    res = run_cli("plan", fixture("demo"), "--probe", "idle", "--probe", "demo:parse", "--json")
+    assert res.rc == EXIT_OK, res.err
+    assert sorted(s["probe"] for s in json.loads(res.out)["sites"]) == ["demo:idle",
+                                                                         "demo:parse"]
+
+
+def test_kcheck_probe_help_is_the_shared_one() -> None:
+    p = _subparsers()["kcheck"]
+    (probe,) = [a for a in p._actions if "--probe" in a.option_strings]
+    assert "PROVIDER:NAME or NAME" in (probe.help or "")

@@ -131,7 +131,8 @@ def test_build_ext_is_idempotent_and_fails_on_findings(venv: tuple[Path, Path],
 
     # told not to guard the red-zone leaf and to fail on errors: the build stops
     pyproject = example / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('guard = "auto"', 'guard = "never"')
+    pyproject.write_text(pyproject.read_text().replace('redzone_guard = "auto"',
+                                                         'redzone_guard = "never"')
                          .replace('fail_on = "warning"', 'fail_on = "error"'))
     proc = run([py, "setup.py", "-q", "build_ext", "--force"], example, ok=False)
     assert proc.returncode != 0
@@ -139,7 +140,8 @@ def test_build_ext_is_idempotent_and_fails_on_findings(venv: tuple[Path, Path],
     assert "usdtpatch stopped the build of probedemo._probes" in proc.stderr
     assert not module.exists()
     # a wrong [tool.usdtpatch] is one clear error naming the file
-    pyproject.write_text(pyproject.read_text().replace('guard = "never"', 'guard = "maybe"'))
+    pyproject.write_text(pyproject.read_text().replace('redzone_guard = "never"',
+                                                         'redzone_guard = "maybe"'))
     proc = run([py, "setup.py", "-q", "build_ext", "--force"], example, ok=False)
     assert proc.returncode != 0
     assert f"usdtpatch: {Path('pyproject.toml')}: [tool.usdtpatch] redzone_guard must be" \

@@ -136,3 +136,28 @@ def test_kcheck_probe_help_is_the_shared_one() -> None:
     p = _subparsers()["kcheck"]
     (probe,) = [a for a in p._actions if "--probe" in a.option_strings]
     assert "PROVIDER:NAME or NAME" in (probe.help or "")
+
+
+def test_the_red_zone_guard_has_one_name(tmp_path: Path) -> None:
+    """--redzone-guard (rewrite, post-link, make), REDZONE_GUARD (CMake), redzone_guard (the
+    API, [tool.usdtpatch], Meson): no `guard` alone anywhere."""
+    import inspect
+
+    from usdtpatch import api, build
+    from usdtpatch.build.setuptools import read_options
+
+    for fn in (api.rewrite, api.rewrite_plan):
+        params = inspect.signature(fn).parameters
+        assert "redzone_guard" in params and "guard" not in params, fn.__name__
+    for command in ("rewrite", "post-link"):
+        opts = [a.option_strings for a in _subparsers()[command]._actions]
+        assert ["--redzone-guard"] in opts and ["--guard"] not in opts
+    assert "REDZONE_GUARD" in (build.HERE / "cmake" / "usdtpatchConfig.cmake").read_text()
+    assert "--redzone-guard $(USDTPATCH_REDZONE_GUARD)" in \
+        (build.HERE / "make" / "usdtpatch.mk").read_text()
+    p = tmp_path / "pyproject.toml"
+    p.write_text('[tool.usdtpatch]\nredzone_guard = "never"\n')
+    assert read_options(p).redzone_guard == "never"
+    p.write_text('[tool.usdtpatch]\nguard = "never"\n')
+    with pytest.raises(ValueError, match="redzone_guard"):
+        read_options(p)

@@ -133,7 +133,7 @@ class RewriteOutcome:
     path: str
     output: str | None
     form: Form | None  # None: --form auto found a kernel that optimizes nothing
-    guard: Guard
+    redzone_guard: Guard
     fork_guard: ForkGuard
     verified: bool
     changed: bool
@@ -156,7 +156,8 @@ class RewriteOutcome:
         from usdtpatch.rewriter.report import result_json
 
         return result_json(self.path, self.output,
-                           "auto" if self.form is None else self.form.value, self.guard.value,
+                           "auto" if self.form is None else self.form.value,
+                           self.redzone_guard.value,
                            self.verified, self.changed, self.sites, self.findings, self.note)
 
 
@@ -227,7 +228,8 @@ def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
 
 
 def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
-            guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+            redzone_guard: Guard | str = Guard.AUTO,
+            fork_guard: ForkGuard | str = ForkGuard.AUTO,
             verify: bool = True, in_place: bool = False,
             progress: Callable[[int, int], None] | None = None,
             calls: str = "auto", jobs: int | None = None,
@@ -250,7 +252,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     is (copied to `out`).
     """
     choice = _form_choice(form, kernel)
-    g = _enum(Guard, guard, "guard")
+    g = _enum(Guard, redzone_guard, "redzone_guard")
     fg = _enum(ForkGuard, fork_guard, "fork_guard")
     src = os.fspath(path)
     if in_place and out is not None and os.fspath(out) != src:
@@ -300,7 +302,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
-                 guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+                 redzone_guard: Guard | str = Guard.AUTO,
+                 fork_guard: ForkGuard | str = ForkGuard.AUTO,
                  verify: bool = True, calls: str = "auto", jobs: int | None = None,
                  kernel: str | None = None) -> RewritePlan:
     """The decisions a rewrite of `path` would take (frozen data), without building a file.
@@ -312,7 +315,7 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     if choice.form is None:
         raise UnsupportedError(choice.why)
     return _decide(_image(path), verify=verify, jobs=jobs, form=choice.form,
-                   guard=_enum(Guard, guard, "guard"),
+                   guard=_enum(Guard, redzone_guard, "redzone_guard"),
                    fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
 
 

@@ -141,8 +141,8 @@ PC_OUTSIDE_SEGMENTS = _code("pc-outside-segments", _E, "the probe address maps t
 UNSUPPORTED_ARCH = _code("unsupported-arch", _I, "not x86 code",
                          "usdtpatch rewrites x86-64 only")
 BIG_ENDIAN = _code("big-endian", _E, "a big-endian x86 ELF file")
-NOT_LINKED = _code("not-linked", _W, "not a linked file (ET_EXEC or ET_DYN)",
-                   "list the linked file")
+NOT_LINKED = _code("not-linked", _E, "not a linked file (ET_EXEC or ET_DYN)",
+                   "rewrite the linked file")
 NO_STAPSDT_BASE = _code("no-stapsdt-base", _I, "no .stapsdt.base section",
                         "note addresses are used as they are")
 NOTE_BASE_MOVED = _code("note-base-moved", _I, "the notes' base differs from .stapsdt.base",

@@ -105,7 +105,7 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
     try:
         t0 = time.monotonic()
-        o = api.rewrite(path, target, form=form, guard=guard, fork_guard=fork_guard,
+        o = api.rewrite(path, target, form=form, redzone_guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
                         jobs=1)  # -j runs files in parallel: one process per file
         return o.to_json(), o.failed, time.monotonic() - t0
@@ -186,7 +186,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 try:
                     size = _size(p) if report is not None else None
                     t0 = time.monotonic()
-                    o = api.rewrite(p, t, form=form, guard=guard, fork_guard=fork_guard,
+                    o = api.rewrite(p, t, form=form, redzone_guard=guard, fork_guard=fork_guard,
                                     verify=verify, in_place=in_place,
                                     progress=progress_for(Path(p).name), calls=calls,
                                     kernel=kernel)

@@ -37,12 +37,6 @@ def page_width() -> int | None:
     return columns if columns > 0 else None
 
 
-def error_entry_line(e: dict[str, str]) -> str:
-    """One unusable input of a document's `errors`, naming its file once."""
-    path, text = e["path"], e["error"]
-    return text if text.startswith(f"{path}:") else f"{path}: {text}"
-
-
 def _hex(v: int | None) -> str:
     return "-" if v is None else f"{v:#x}"
 
@@ -228,7 +222,8 @@ def check_summary_line(f: dict[str, Any]) -> str:
 
 
 def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
-    """`check`'s table report as text, or None when rich must lay it out."""
+    """`check`'s table report as text, or None when rich must lay it out. The document's
+    unusable inputs are not in it: their one line is on stderr (cmd_check.build_document)."""
     try:
         out: list[str] = []
         for f in doc["files"]:
@@ -242,8 +237,6 @@ def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
                 out += [_plain(finding_line(fd)) for fd in f["findings"]]
                 out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]]
             out += _page_lines(check_summary_line(f))
-        for e in doc["errors"]:
-            out += _page_lines(error_entry_line(e))
         return "".join(line + "\n" for line in out)
     except _Unsupported:
         return None

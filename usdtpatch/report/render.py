@@ -14,11 +14,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from usdtpatch.findings import FORM_CHOSEN
+from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
 from usdtpatch.report.plain import (
     check_cells,
     check_summary_line,
-    error_entry_line,
     list_cells,
     list_heading,
     page_width,
@@ -75,7 +74,8 @@ def render_findings(console: Console, findings: list[dict[str, str]]) -> None:
 
 
 def render_check(console: Console, doc: dict[str, Any], summary_only: bool = False) -> None:
-    """`check`'s table per file, its findings and the summary line."""
+    """`check`'s table per file, its findings and the summary line (an unusable input's
+    line is on stderr, once)."""
     for f in doc["files"]:
         elf = f["elf"]
         console.print(Text(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
@@ -94,8 +94,6 @@ def render_check(console: Console, doc: dict[str, Any], summary_only: bool = Fal
             for s in f["sites"]:
                 render_findings(console, s["findings"])
         console.print(Text(check_summary_line(f)))
-    for e in doc["errors"]:
-        console.print(Text(error_entry_line(e), style="bold red"))
 
 
 def render_show(console: Console, doc: dict[str, Any]) -> None:
@@ -146,11 +144,13 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
         verified = "each detour verified in the emulator" if f["verified"] else \
             "NOT verified (--no-verify)"
+        forked = any(x["code"] == FORK_GUARDED.code for x in f["findings"])
         console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
-                           f"red-zone guard {f['guard']}; {verified}"))
-        for x in f["findings"]:  # why this form (rewrite --form auto)
-            if x["code"] == FORM_CHOSEN.code:
-                console.print(Text(f"  {x['message']}"))
+                           f"red-zone guard {f['guard']}"
+                           f"{', fork guard added' if forked else ''}; {verified}"))
+        for x in f["findings"]:  # why this form (rewrite --form auto), what the fork guard does
+            if x["code"] in (FORM_CHOSEN.code, FORK_GUARDED.code):
+                console.print(Text(f"  {x['message']}"), soft_wrap=True)
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 

@@ -175,8 +175,8 @@ def test_read_options(tmp_path: Path) -> None:
     assert read_options(p) == StepOptions()  # no file: the defaults
     p.write_text('[project]\nname = "x"\n')
     assert read_options(p) == StepOptions()
-    p.write_text('[tool.usdtpatch]\nform = "combo5"\nredzone_guard = "always"\nfail-on = "warning"\n'
-                 'mode = "check"\nverify = false\nfork_guard = "never"\n')
+    p.write_text('[tool.usdtpatch]\nform = "combo5"\nredzone_guard = "always"\n'
+                 'fail-on = "warning"\nmode = "check"\nverify = false\nfork_guard = "never"\n')
     assert read_options(p) == StepOptions(mode="check", form="combo5", redzone_guard="always",
                                           fail_on="warning", verify=False, fork_guard="never")
 

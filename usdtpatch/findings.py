@@ -13,6 +13,8 @@ code, calls `lookup`, which raises on a code that is not registered.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -38,6 +40,9 @@ class Kind(Enum):
 
 
 DOC = "docs/findings.md"
+# The same page as package data (usdtpatch/data/findings.md, a link to docs/findings.md in the
+# source tree; wheels carry the file): `usdtpatch explain` and SARIF's rule help read it.
+_SHIPPED_DOC = os.path.join(os.path.dirname(__file__), "data", "findings.md")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,44 @@ def lookup(code: str) -> Code:
 
 def is_registered(code: str) -> bool:
     return code in _REGISTRY
+
+
+@functools.cache
+def _doc_sections() -> dict[str, str]:
+    """docs/findings.md's section of every code (the text under its "### `code`" heading),
+    from the copy shipped in the package; empty when it is missing (a broken install)."""
+    try:
+        with open(_SHIPPED_DOC, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    sections: dict[str, str] = {}
+    code: str | None = None
+    lines: list[str] = []
+    skipping = False  # inside the "triggered by" item: the project's own test inputs
+    for line in [*text.splitlines(), "## end"]:
+        if line.startswith(("## ", "### ")):
+            if code is not None:
+                sections[code] = "\n".join(lines).strip()
+            head = line[4:].strip() if line.startswith("### ") else ""
+            code = head.strip("`") if head.startswith("`") and head.endswith("`") else None
+            lines = []
+            skipping = False
+        elif code is not None:
+            if line.startswith("- "):
+                skipping = line.startswith("- triggered by")
+            if not skipping:
+                lines.append(line)
+    return sections
+
+
+def documentation(code: str) -> str:
+    """The documentation of a registered `code` (its docs/findings.md section: severity,
+    meaning, hint; not the test inputs that trigger it), or "" when the shipped page lacks
+    it. Raises
+    UnknownCode for a code that is not registered."""
+    lookup(code)
+    return _doc_sections().get(code, "")
 
 
 @dataclass(frozen=True, slots=True)

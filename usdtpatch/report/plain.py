@@ -27,6 +27,7 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any
 
+
 def page_width() -> int | None:
     """The width of the page a pipe or file is laid out for: $COLUMNS when it is a positive
     number, else None (unlimited)."""
@@ -154,7 +155,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[
     if not all(_printable("".join(col)) for col in columns):
         raise _Unsupported
     pads = [(0 if i == 0 else 1) + (0 if i == ncols - 1 else 1) for i in range(ncols)]
-    widths = [max(max(map(len, col)), 1) + pad for col, pad in zip(columns, pads, strict=True)]
+    widths = [max(*map(len, col), 1) + pad for col, pad in zip(columns, pads, strict=True)]
     if max_width is not None and sum(widths) > max_width:
         # a column of words: no narrower than its heading or its longest word
         minimum = [max(len(col[0]), max((len(x) for c in col[1:] for x in c.split()), default=1))

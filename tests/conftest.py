@@ -10,6 +10,14 @@ Markers (registered in pyproject.toml, `--strict-markers`):
 
 Processes: `start_process` (a fixture) and `started` (a context manager) start a program and
 always stop it by its pid, whatever the test does.
+
+Parallel runs (`make test` runs `pytest -n auto --dist loadgroup`, pytest-xdist): each module
+is one unit of work, so that its module-scoped fixtures (compiled programs, rewritten real
+binaries) are made once, on one worker; every `live` test is in one group, `uprobes`, run by
+one worker one test at a time: those tests attach the kernel's uprobes (directly, or through
+bpftrace, perf or bcc), count hits and time programs, and must not see another test's probes
+or share the CPUs with another tracer. A test that attaches uprobes without the `live`
+marker joins the group with `@pytest.mark.xdist_group("uprobes")`.
 """
 
 from __future__ import annotations
@@ -49,6 +57,24 @@ def live_kernel_reason() -> str | None:
         return ("the kernel has no uprobe syscall (336): nop5 sites are never optimized "
                 "before Linux 6.18")
     return None
+
+
+UPROBES_GROUP = "uprobes"
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The pytest-xdist group a test runs in (the module doc says why)."""
+    if item.get_closest_marker("live") is not None:
+        return UPROBES_GROUP
+    return item.nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # the marker exists only with pytest-xdist
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

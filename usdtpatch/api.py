@@ -19,7 +19,7 @@ through a temporary file and one rename, and an output that is an input is refus
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -178,9 +178,11 @@ def _verifier(enabled: bool) -> Verifier | None:
 
 
 def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
-            **options: Any) -> RewritePlan:
+            phase: Callable[[str], None] | None = None, **options: Any) -> RewritePlan:
     """plan_rewrite with every detour verified (when `verify`), by `jobs` processes
-    (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this process may use)."""
+    (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this process may use).
+    `phase("verify")` is called when a planning pass has handed its detours to the
+    verification and waits for it."""
     from usdtpatch.rewriter.plan import plan_rewrite
 
     if not verify:
@@ -205,7 +207,10 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None,
             check_rewritable(image)
             ps = read_probes(image)
             report.append(check(ps) if ps.notes is not None and ps.probes else None)
-        return plan_rewrite(image, verify=verifier, report=report[0], **options)
+        planned = plan_rewrite(image, verify=verifier, report=report[0], **options)
+        if phase is not None:
+            phase("verify")
+        return planned
 
     return plan_verified(image, plan, jobs=jobs, expected=expected)
 
@@ -233,7 +238,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
             verify: bool = True, in_place: bool = False,
             progress: Callable[[int, int], None] | None = None,
             calls: str = "auto", jobs: int | None = None,
-            kernel: str | None = None) -> RewriteOutcome:
+            kernel: str | None = None,
+            phase: Callable[[str], None] | None = None) -> RewriteOutcome:
     """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
 
     The output goes to `out` (a new regular file, or an existing one replaced atomically,
@@ -249,7 +255,9 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     default) takes the form the kernel optimizes: the running kernel's (usdtpatch.rewriter.
     kernel), or the generation `kernel` names ("6.18" or "nop10-series"); the outcome's
     findings say which and why, and where the kernel optimizes nothing the file is left as it
-    is (copied to `out`).
+    is (copied to `out`). `progress(done, total)` is called as the sites are decided, then
+    `phase(name)` as each later phase starts: "verify" (the emulator's check of the detours),
+    "build", "check" (the independent reader of the output), "write".
     """
     choice = _form_choice(form, kernel)
     g = _enum(Guard, redzone_guard, "redzone_guard")
@@ -281,7 +289,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
                               (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),))
     try:
         rp = _decide(image, verify=verify, jobs=jobs, form=f, guard=g, fork_guard=fg,
-                     progress=progress, calls=calls)
+                     progress=progress, calls=calls, phase=phase)
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         if target is not None and not in_place:
@@ -291,12 +299,16 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
         return outcome(rp.changed, rp.sites, rp.findings)
     findings = rp.findings
     result = data
+    say = phase if phase is not None else (lambda _name: None)
     if rp.changed:
         from usdtpatch.rewriter.build import build_rewrite, output_findings
 
+        say("build")
         built = build_rewrite(rp)
+        say("check")
         _validate(built.data, image)
         result, findings = built.data, output_findings(rp, built)
+    say("write")
     write_atomic(target, result, mode)
     return outcome(rp.changed, rp.sites, findings)
 
@@ -358,7 +370,8 @@ def restore(path: StrPath, out: StrPath | None = None, *,
 
 
 def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
-             trampoline: int | None, maps: StrPath | None, pid: int | None) -> Plan:
+             trampoline: int | None, maps: StrPath | None, pid: int | None,
+             red_zone: Mapping[int, str] | None = None) -> Plan:
     from usdtpatch.poke.plan import build_plan
     from usdtpatch.poke.trampoline import (
         check_load_base,
@@ -391,7 +404,8 @@ def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
         load_base = default_load_base(ps.image)
         source = "default"
     check_load_base(ps.image, load_base)
-    return build_plan(ps, path, form, load_base, source, entries, trampoline, mmap_min)
+    return build_plan(ps, path, form, load_base, source, entries, trampoline, mmap_min,
+                      red_zone)
 
 
 def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) -> None:
@@ -432,17 +446,19 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     Plan, or the path of a plan document), else the plan made with the placement options."""
     from usdtpatch.emulate.verify import verify_plan
     from usdtpatch.poke.plan import Plan as PlanType
+    from usdtpatch.poke.plan import red_zone_users
 
     src = os.fspath(path)
     ps = load(src)
+    users = red_zone_users(ps)  # check's red-zone rule, asked once for the plan and verify
     if isinstance(plan, PlanType):
         the_plan = plan
     elif plan is not None:
         the_plan = read_plan(plan)
     else:
         _placement(trampoline, maps, pid)
-        the_plan = _plan_of(ps, src, form, load_base, trampoline, maps, pid)
-    rep = verify_plan(the_plan, ps.image)
+        the_plan = _plan_of(ps, src, form, load_base, trampoline, maps, pid, users)
+    rep = verify_plan(the_plan, ps.image, users)
     # fork (docs/fork-guard.md): the child of a process whose nop5 sites are optimized
     from dataclasses import replace as _replace
 

@@ -186,10 +186,10 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 try:
                     size = _size(p) if report is not None else None
                     t0 = time.monotonic()
+                    shown = progress_for(Path(p).name)
                     o = api.rewrite(p, t, form=form, redzone_guard=guard, fork_guard=fork_guard,
-                                    verify=verify, in_place=in_place,
-                                    progress=progress_for(Path(p).name), calls=calls,
-                                    kernel=kernel)
+                                    verify=verify, in_place=in_place, progress=shown.sites,
+                                    phase=shown.phase, calls=calls, kernel=kernel)
                 except UsdtpatchError as exc:
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)

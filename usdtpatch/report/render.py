@@ -21,7 +21,9 @@ from usdtpatch.report.plain import (
     list_cells,
     list_heading,
     page_width,
+    plain_output,
 )
+from usdtpatch.report.plain import table as plain_table
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
@@ -154,37 +156,56 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 
-@contextmanager
-def site_progress(console: Console, after: float = 1.0
-                  ) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
-    """A progress bar per file on a terminal, shown once the work has taken `after` seconds.
+class FileProgress:
+    """The progress of one file's rewrite: `sites(done, total)` while the sites are decided,
+    `phase(name)` as each later phase starts (usdtpatch.api.rewrite's `progress` and `phase`
+    callbacks)."""
 
-    Yields `progress_for(label)`, which gives the `progress(done, total)` callback of one file;
-    off a terminal the callbacks do nothing.
+    def __init__(self, sites: Callable[[int, int], None], phase: Callable[[str], None]) -> None:
+        self.sites = sites
+        self.phase = phase
+
+
+@contextmanager
+def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[str], FileProgress]]:
+    """A progress bar per file on a terminal, shown once the work has taken `after` seconds:
+    the sites decided (a count), then each later phase by name (verify, build, check, write)
+    with its own elapsed time, so the bar never sits still on a finished count.
+
+    Yields `progress_for(label)`, the FileProgress of one file; off a terminal its callbacks
+    do nothing.
     """
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not console.is_terminal:
-        yield lambda _label: (lambda _done, _total: None)
+        yield lambda _label: FileProgress(lambda _done, _total: None, lambda _name: None)
         return
     bar = Progress("[progress.description]{task.description}", BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+                   TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=console,
+                   transient=True)
     started = time.monotonic()
     live = False
 
-    def progress_for(label: str) -> Callable[[int, int], None]:
-        task = bar.add_task(label, total=None)
+    def show() -> None:
+        nonlocal live
+        if not live and time.monotonic() - started >= after:
+            bar.start()
+            live = True
 
-        def update(done: int, total: int) -> None:
-            nonlocal live
-            if not live and time.monotonic() - started >= after:
-                bar.start()
-                live = True
-            bar.update(task, completed=done, total=total)
+    def progress_for(label: str) -> FileProgress:
+        task = bar.add_task(f"{label}: plan", total=None, count="")
 
-        return update
+        def sites(done: int, total: int) -> None:
+            show()
+            bar.update(task, completed=done, total=total, count=f"{done}/{total} sites")
+
+        def phase(name: str) -> None:
+            show()  # a phase of unknown length: a pulsing bar, its name, the time so far
+            bar.reset(task, total=None, description=f"{label}: {name}", count="")
+
+        return FileProgress(sites, phase)
 
     try:
         yield progress_for
@@ -195,7 +216,19 @@ def site_progress(console: Console, after: float = 1.0
 
 def render_table(out: IO[str], title: str, columns: list[tuple[str, Literal["left", "right"]]],
                  rows: list[list[str]], width: int = 140) -> None:
-    """A titled table of ready-made cells, columns as (name, justify): bench's tables."""
+    """A titled table of ready-made cells, columns as (name, justify): bench's tables. To a
+    pipe or file as plain text, as `list` and `check` print theirs (report/plain.py): the
+    title, then the rows, each on one line, no box."""
+    if plain_output(out) and all(c.isascii() for row in rows for c in row):
+        sizes = [max(len(name), *(len(r[i]) for r in rows)) for i, (name, _) in
+                 enumerate(columns)]
+        padded = [[c.rjust(n) if how == "right" else c
+                   for c, n, (_, how) in zip(row, sizes, columns, strict=True)] for row in rows]
+        heads = [name.rjust(n) if how == "right" else name
+                 for n, (name, how) in zip(sizes, columns, strict=True)]
+        lines = plain_table(heads, padded, [False] * len(columns))
+        out.write("".join(f"{line.rstrip()}\n" for line in [title, *lines]))
+        return
     t = Table(title=title, title_justify="left")
     for name, justify in columns:
         t.add_column(name, justify=justify)

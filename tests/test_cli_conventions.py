@@ -132,10 +132,30 @@ def test_plan_probe_selects_sites() -> None:
                                                                          "demo:parse"]
 
 
-def test_kcheck_probe_help_is_the_shared_one() -> None:
+def test_kcheck_probe_has_the_same_meaning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kcheck hands api.kcheck shell patterns over provider:name: a NAME alone becomes
+    *:NAME (the running kernel is not needed to see what it is asked)."""
+    from usdtpatch import api
+    from usdtpatch.errors import UnsupportedError
+
     p = _subparsers()["kcheck"]
     (probe,) = [a for a in p._actions if "--probe" in a.option_strings]
     assert "PROVIDER:NAME or NAME" in (probe.help or "")
+    asked: list[list[str]] = []
+
+    def fake(path: object, **kw: object) -> object:
+        asked.append(list(kw["probes"]))  # type: ignore[call-overload]
+        raise UnsupportedError("stop here")
+
+    monkeypatch.setattr(api, "kcheck", fake)
+    res = run_cli("kcheck", fixture("demo"), "--pid", "1", "--probe", "re*", "--probe",
+                  "demo:parse")
+    assert res.rc == EXIT_UNUSABLE and asked == [["*:re*", "demo:parse"]]
+    from fnmatch import fnmatchcase
+
+    names = ["demo:parse", "demo:reply", "demo:idle", "demo:request"]
+    assert [n for n in names if any(fnmatchcase(n, q) for q in asked[0])] == \
+        ["demo:parse", "demo:reply", "demo:request"]
 
 
 def test_the_red_zone_guard_has_one_name(tmp_path: Path) -> None:

@@ -34,6 +34,12 @@ from typing import Any
 
 import pytest
 
+# The CLI's piped tables and rich's page honour $COLUMNS (report/plain.py), and pytest-xdist's
+# workers are started with COLUMNS=80 and LINES=24: every test sees no page width unless it
+# sets one itself (monkeypatch), whoever runs it, serially or not.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 # --- the real kernel ----------------------------------------------------------------------
 
 

@@ -353,3 +353,29 @@ def test_plan_verify_and_check_give_one_red_zone_verdict(name: str) -> None:
         assert live  # the rule flags this one
     if name in ("nop5", "redzone-leaf-nored"):  # cleared by the rule; the writes still measured
         assert not live and any(s["red_zone_writes"] for s in verify["sites"])
+
+
+@pytest.mark.needs_cc
+def test_an_indexed_red_zone_access_is_one_verdict_too(tmp_path: Path) -> None:
+    """A leaf that fills its red zone through (%rsp,%rcx) with a negative %rcx (the live
+    kernel test's program, which the live test shows clobbered): check's rule flags it, and
+    plan and verify with it (before, check cleared it while plan and verify warned)."""
+    import subprocess
+
+    from tests.test_build_support import need
+    from tests.test_live_kernel import REDZONE_MAIN_C, REDZONE_S
+
+    need("gcc")
+    (tmp_path / "rz.S").write_text(REDZONE_S)
+    (tmp_path / "rzmain.c").write_text(REDZONE_MAIN_C)
+    exe = tmp_path / "redzone"
+    subprocess.run(["gcc", "-O2", "-o", exe, tmp_path / "rzmain.c", tmp_path / "rz.S"],
+                   check=True)
+    doc = json.loads(run_cli("check", "--json", "--fail-on", "never", exe).out)
+    (site,) = doc["files"][0]["sites"]
+    (live,) = [f for f in site["findings"] if f["code"] == "red-zone-live"]
+    assert "plus the register %rcx" in live["message"]
+    plan = json.loads(run_cli("plan", "--json", exe).out)
+    assert [f["code"] for f in plan["sites"][0]["findings"]] == [RED_ZONE_CLOBBER]
+    verify = json.loads(run_cli("verify", "--json", exe).out)
+    assert [h["code"] for h in verify["sites"][0]["hazards"]] == [RED_ZONE_CLOBBER]

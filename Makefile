@@ -131,9 +131,9 @@ lint: $(BIN)/.test
 typecheck: $(BIN)/.test
 	$(BIN)/mypy
 
-# Both CPUs (pytest-xdist): each test module is one unit of work, and every test that uses
-# the kernel's uprobes runs in one group, one at a time (tests/conftest.py says why).
-PYTEST_PARALLEL ?= -n auto --dist loadgroup
+# Both CPUs (pytest-xdist): each test module is one unit of work, and the tests that use the
+# kernel's uprobes run one at a time, under one lock (tests/conftest.py says why).
+PYTEST_PARALLEL ?= -n auto --dist loadscope
 unit: $(BIN)/.test
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 

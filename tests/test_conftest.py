@@ -102,26 +102,22 @@ def test_markers_are_registered(pytestconfig: pytest.Config) -> None:
     assert conftest.__doc__ is not None and "needs_cc" in conftest.__doc__
 
 
-def test_live_tests_run_in_one_group_and_modules_stay_whole(request: pytest.FixtureRequest
-                                                            ) -> None:
-    """make test's parallel run (--dist loadgroup) keeps every `live` test in one group (one
-    worker, one test at a time) and each module's other tests together."""
+def test_uprobe_lock_keeps_live_tests_apart() -> None:
+    """While one process holds the lock of the live tests, another (a second xdist worker, or
+    another test run) cannot take it; once released it can."""
+    probe = [sys.executable, "-c",
+             "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n"
+             "    sys.exit(1)\n", conftest.UPROBE_LOCK]
+    with conftest.uprobe_lock():
+        assert subprocess.run(probe, check=False).returncode == 1
+    assert subprocess.run(probe, check=False).returncode == 0
 
-    class Item:
-        def __init__(self, nodeid: str, live: bool) -> None:
-            self.nodeid, self.live = nodeid, live
 
-        def get_closest_marker(self, name: str) -> object:
-            return object() if name == "live" and self.live else None
-
-    def group(nodeid: str, live: bool) -> str:
-        return conftest.xdist_group_of(Item(nodeid, live))  # type: ignore[arg-type]
-
-    assert group("tests/test_kcheck.py::test_a", True) == conftest.UPROBES_GROUP
-    assert group("tests/test_sdt_kernel.py::test_b[x]", True) == conftest.UPROBES_GROUP
-    assert group("tests/test_kcheck.py::test_c", False) == "tests/test_kcheck.py"
-    assert group("tests/test_x.py::Cls::test_d", False) == "tests/test_x.py"
-    if request.config.pluginmanager.hasplugin("xdist"):  # and as the hook marked this run's
-        for i in request.session.items:
-            (mark,) = i.iter_markers("xdist_group")
-            assert (mark.args or (mark.kwargs["name"],))[0] == conftest.xdist_group_of(i)
+@pytest.mark.live
+def test_a_live_test_holds_the_lock() -> None:
+    probe = [sys.executable, "-c",
+             "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n"
+             "    sys.exit(1)\n", conftest.UPROBE_LOCK]
+    assert subprocess.run(probe, check=False).returncode == 1

@@ -73,10 +73,10 @@ UPROBE_LOCK = os.path.join(tempfile.gettempdir(), "usdtpatch-tests-uprobes.lock"
 
 
 @contextlib.contextmanager
-def uprobe_lock() -> Iterator[None]:
+def uprobe_lock(path: str = UPROBE_LOCK) -> Iterator[None]:
     """Hold the lock of the tests that use the kernel's uprobes (an exclusive flock on
-    UPROBE_LOCK, released when the descriptor closes: also when the process dies)."""
-    fd = os.open(UPROBE_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    `path`, released when the descriptor closes: also when the process dies)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

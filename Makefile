@@ -12,6 +12,14 @@ BIN := $(VENV)/bin
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
 	cmake meson ninja-build chromium ruby elfutils linux-perf openjdk-17-jre-headless \
 	libpython3.11
+# PostgreSQL 15: tests/test_rewrite_real_debs.py rewrites its postgres and runs a cluster of its
+# own with it (as the postgres user the package creates). Its service is never started: the
+# install runs under a policy-rc.d that forbids every start (removed after, if we made it).
+DEB_PACKAGES += postgresql-15
+# Installed without their recommended packages: chromium's would upgrade systemd and perl
+# (its simulated install then refused it and the 55 browser tests skipped); postgresql-15's
+# (sysstat) are not needed. Without them neither upgrades an installed package.
+DEB_NO_RECOMMENDS := chromium postgresql-15
 # Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
 # never installed: installing them pins their companion to the same version, so apt would
 # upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless
@@ -70,6 +78,8 @@ demo: $(BIN)/.runtime
 # the project's machines), one at a time and only a package whose installation upgrades no
 # installed package (checked with a simulated install first); elsewhere, or when a package
 # would upgrade something, the tests that need it skip with the reason.
+# No service is started by an installation: a policy-rc.d that forbids every start is put in
+# place for the loop when the machine has none, and removed after it.
 system-packages:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
@@ -78,12 +88,15 @@ system-packages:
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
 	  echo "note: missing Debian packages:$$missing (tests that need them will skip)"; exit 0; fi; \
 	apt-get update -qq || true; \
+	rcd=/usr/sbin/policy-rc.d; if [ ! -e $$rcd ]; then \
+	  printf '#!/bin/sh\nexit 101\n' > $$rcd && chmod 755 $$rcd && trap 'rm -f '$$rcd EXIT; fi; \
 	for p in $$missing; do \
-	  sim=$$(apt-get install -s --no-upgrade $$p 2>&1) || { echo "warning: cannot install $$p; tests that need it will skip"; continue; }; \
+	  opts="--no-upgrade"; case " $(DEB_NO_RECOMMENDS) " in *" $$p "*) opts="$$opts --no-install-recommends";; esac; \
+	  sim=$$(apt-get install -s $$opts $$p 2>&1) || { echo "warning: cannot install $$p; tests that need it will skip"; continue; }; \
 	  upg=$$(printf '%s\n' "$$sim" | sed -n 's/^Inst \([^ ]*\) \[.*/\1/p' | tr '\n' ' '); \
 	  if [ -n "$$upg" ]; then echo "warning: not installing $$p: it would upgrade $$upg; tests that need it will skip"; continue; fi; \
 	  echo "installing Debian package $$p"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade $$p >/dev/null \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$opts $$p >/dev/null \
 	    || echo "warning: could not install $$p; tests that need it will skip"; \
 	done
 
@@ -118,8 +131,11 @@ lint: $(BIN)/.test
 typecheck: $(BIN)/.test
 	$(BIN)/mypy
 
+# Both CPUs (pytest-xdist): each test module is one unit of work, and the tests that use the
+# kernel's uprobes run one at a time, under one lock (tests/conftest.py says why).
+PYTEST_PARALLEL ?= -n auto --dist loadscope
 unit: $(BIN)/.test
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
 test: system-packages test-data lint typecheck unit
 

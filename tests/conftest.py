@@ -10,21 +10,39 @@ Markers (registered in pyproject.toml, `--strict-markers`):
 
 Processes: `start_process` (a fixture) and `started` (a context manager) start a program and
 always stop it by its pid, whatever the test does.
+
+Parallel runs (`make test` runs `pytest -n auto --dist loadscope`, pytest-xdist): each module
+is one unit of work, so that its module-scoped fixtures (compiled programs, rewritten real
+binaries) are made once, on one worker, and its tests run in file order. Every `live` test
+holds one lock while it runs (`uprobe_lock`, a file lock every worker and every other test run
+of this machine shares): those tests attach the kernel's uprobes (directly, or through
+bpftrace, perf or bcc), count hits and time programs, and must not see another test's probes.
+A test that attaches uprobes without the `live` marker takes the lock with `uprobe_lock()`.
+(Not xdist_group/--dist loadgroup: with pytest 9.2 pytest-xdist 3.8 cannot attach the group
+to a test's node id, and the groups are silently ignored.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import select
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+
+# The CLI's piped tables and rich's page honour $COLUMNS (report/plain.py), and pytest-xdist's
+# workers are started with COLUMNS=80 and LINES=24: every test sees no page width unless it
+# sets one itself (monkeypatch), whoever runs it, serially or not.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 # --- the real kernel ----------------------------------------------------------------------
 
@@ -49,6 +67,31 @@ def live_kernel_reason() -> str | None:
         return ("the kernel has no uprobe syscall (336): nop5 sites are never optimized "
                 "before Linux 6.18")
     return None
+
+
+UPROBE_LOCK = os.path.join(tempfile.gettempdir(), "usdtpatch-tests-uprobes.lock")
+
+
+@contextlib.contextmanager
+def uprobe_lock(path: str = UPROBE_LOCK) -> Iterator[None]:
+    """Hold the lock of the tests that use the kernel's uprobes (an exclusive flock on
+    `path`, released when the descriptor closes: also when the process dies)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A `live` test runs, from its setup (module fixtures included) to its teardown, holding
+    uprobe_lock."""
+    if item.get_closest_marker("live") is None:
+        return (yield)
+    with uprobe_lock():
+        return (yield)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -173,4 +216,4 @@ def cpu0_reason() -> str | None:
 
 
 __all__ = ["StartProcess", "Started", "cpu0_reason", "live_kernel_reason", "pinned_to_cpu0",
-           "runtime_address", "started"]
+           "runtime_address", "started", "uprobe_lock"]

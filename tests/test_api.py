@@ -84,8 +84,8 @@ def test_in_place_and_refusals(prog: Path) -> None:
 
 
 def test_options_take_enums_or_strings(prog: Path) -> None:
-    a = api.rewrite(prog, form=api.Form.COMBO5, guard=api.Guard.NEVER, verify=False)
-    b = api.rewrite(prog, form="combo5", guard="never", verify=False)
+    a = api.rewrite(prog, form=api.Form.COMBO5, redzone_guard=api.Guard.NEVER, verify=False)
+    b = api.rewrite(prog, form="combo5", redzone_guard="never", verify=False)
     assert a.form is b.form is api.Form.COMBO5 and not a.verified
     assert [s.new_pc for s in a.sites] == [s.new_pc for s in b.sites]
     with pytest.raises(ValueError, match="form='nop7'"):

@@ -45,7 +45,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     src.mkdir()
     for name in ("usdtpatch", "sdt_headers"):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=_IGNORE)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "fixtures/bin/demo",
+                 "docs/findings.md"):  # the last two: what usdtpatch/data/ links to
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, src / name)
     wheels = root / "wheels"
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, src], root)
@@ -78,6 +80,31 @@ def test_wheel_carries_the_build_files(venv: tuple[Path, Path]) -> None:
     assert inc.is_relative_to(env) and not inc.is_symlink()
     assert (inc / "sys" / "sdt.h").read_bytes() == \
         (ROOT / "sdt_headers" / "sys" / "sdt.h").read_bytes()
+
+
+def test_installed_wheel_runs_demo_and_explain(venv: tuple[Path, Path],
+                                               tmp_path: Path) -> None:
+    """demo's program, the findings page (explain, SARIF's rule help) and the licence are in
+    the wheel: the installed tool needs no source tree (run from an empty folder)."""
+    env, wheels = venv
+    (wheel,) = wheels.glob("usdtpatch-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"usdtpatch/data/demo", "usdtpatch/data/findings.md"} <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
+               for n in names)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    usdtpatch = env / "bin" / "usdtpatch"
+    demo = run([usdtpatch, "demo"], cwd)
+    assert "demo done: every step passed" in demo.stdout
+    text = run([usdtpatch, "explain", "red-zone-live"], cwd).stdout
+    assert text.startswith("red-zone-live (error):") and "- meaning:" in text
+    sarif = json.loads(run([usdtpatch, "check", "--sarif", "--fail-on", "never",
+                            env / "lib" / "python3.11" / "site-packages" / "usdtpatch" /
+                            "data" / "demo"], cwd).stdout)
+    rules = sarif["runs"][0]["tool"]["driver"]["rules"]
+    assert rules and all("- meaning:" in r["help"]["text"] for r in rules)
+    assert "docs/findings.md" not in json.dumps(sarif)
 
 
 def _sdist(env: Path, work: Path) -> Path:
@@ -131,7 +158,8 @@ def test_build_ext_is_idempotent_and_fails_on_findings(venv: tuple[Path, Path],
 
     # told not to guard the red-zone leaf and to fail on errors: the build stops
     pyproject = example / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('guard = "auto"', 'guard = "never"')
+    pyproject.write_text(pyproject.read_text().replace('redzone_guard = "auto"',
+                                                         'redzone_guard = "never"')
                          .replace('fail_on = "warning"', 'fail_on = "error"'))
     proc = run([py, "setup.py", "-q", "build_ext", "--force"], example, ok=False)
     assert proc.returncode != 0
@@ -139,7 +167,8 @@ def test_build_ext_is_idempotent_and_fails_on_findings(venv: tuple[Path, Path],
     assert "usdtpatch stopped the build of probedemo._probes" in proc.stderr
     assert not module.exists()
     # a wrong [tool.usdtpatch] is one clear error naming the file
-    pyproject.write_text(pyproject.read_text().replace('guard = "never"', 'guard = "maybe"'))
+    pyproject.write_text(pyproject.read_text().replace('redzone_guard = "never"',
+                                                         'redzone_guard = "maybe"'))
     proc = run([py, "setup.py", "-q", "build_ext", "--force"], example, ok=False)
     assert proc.returncode != 0
     assert f"usdtpatch: {Path('pyproject.toml')}: [tool.usdtpatch] redzone_guard must be" \

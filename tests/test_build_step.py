@@ -44,7 +44,7 @@ def test_rewrite_in_place_then_nothing_changes(tmp_path: Path) -> None:
     assert sites_not_optimized(app) == []
     doc = report_of(report)
     assert doc["failed"] is False and doc["changed"] is True
-    assert "rewritten (1 detour)" in res.out
+    assert "rewritten (1 detour); form nop5, red-zone guard auto" in res.out  # what was used
     before = digest([app, report])
     again = run_cli("post-link", app, "--report", report, "--fail-on", "warning")
     assert again.rc == 0, again.err
@@ -175,15 +175,17 @@ def test_read_options(tmp_path: Path) -> None:
     assert read_options(p) == StepOptions()  # no file: the defaults
     p.write_text('[project]\nname = "x"\n')
     assert read_options(p) == StepOptions()
-    p.write_text('[tool.usdtpatch]\nform = "combo5"\nguard = "always"\nfail-on = "warning"\n'
-                 'mode = "check"\nverify = false\nfork_guard = "never"\n')
+    p.write_text('[tool.usdtpatch]\nform = "combo5"\nredzone_guard = "always"\n'
+                 'fail-on = "warning"\nmode = "check"\nverify = false\nfork_guard = "never"\n')
     assert read_options(p) == StepOptions(mode="check", form="combo5", redzone_guard="always",
                                           fail_on="warning", verify=False, fork_guard="never")
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ('[tool.usdtpatch]\nstrip = true\n', "has no key 'strip'"),
-    ('[tool.usdtpatch]\nguard = "sometimes"\n', "redzone_guard must be one of"),
+    ('[tool.usdtpatch]\nredzone-guard = "sometimes"\n', "redzone_guard must be one of"),
+    ('[tool.usdtpatch]\nguard = "never"\n', "no key 'guard' (the red-zone guard's key is "
+                                             "redzone_guard)"),
     ('[tool.usdtpatch]\nfork-guard = "sometimes"\n', "fork_guard must be one of"),
     ('[tool.usdtpatch]\nfail_on = 2\n', "fail_on has the wrong type"),
     ('[tool.usdtpatch]\nverify = "yes"\n', "verify has the wrong type"),

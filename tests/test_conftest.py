@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,27 @@ def test_markers_are_registered(pytestconfig: pytest.Config) -> None:
     assert {"slow", "live", "needs_cc"} <= names
     assert "--strict-markers" in pytestconfig.getini("addopts")
     assert conftest.__doc__ is not None and "needs_cc" in conftest.__doc__
+
+
+def _can_take(path: str | os.PathLike[str]) -> bool:
+    """Whether another process can take the lock `path` right now."""
+    probe = [sys.executable, "-c",
+             "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n"
+             "    sys.exit(1)\n", os.fspath(path)]
+    return subprocess.run(probe, check=False).returncode == 0
+
+
+def test_uprobe_lock_keeps_live_tests_apart(tmp_path: Path) -> None:
+    """While one process holds the lock, another (a second xdist worker, or another test run)
+    cannot take it; once released it can (a lock of this test's own: the live tests' one may
+    be held by another worker meanwhile)."""
+    path = str(tmp_path / "lock")
+    with conftest.uprobe_lock(path):
+        assert not _can_take(path)
+    assert _can_take(path)
+
+
+@pytest.mark.live
+def test_a_live_test_holds_the_lock() -> None:
+    assert not _can_take(conftest.UPROBE_LOCK)

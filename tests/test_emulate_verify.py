@@ -129,7 +129,9 @@ def test_cli_verify_passes_plan_output(tmp_path: Path) -> None:
     path.write_text(r.out)
     r = run_cli("verify", fixture("nop5"), "--plan", path)
     assert r.rc == 0, r.out
-    assert r.out.count("PASS") == 3 and "optimized-call-clobbers-red-zone" in r.out
+    assert r.out.count("PASS") == 3
+    # check's red-zone rule clears nop5's functions: no hazard, as check reports none
+    assert "optimized-call-clobbers-red-zone" not in r.out
     r = run_cli("verify", fixture("nop5"), "--json")
     doc = json.loads(r.out)
     assert doc["schema"] == "usdtpatch/verify" and doc["ok"] is True

@@ -327,7 +327,7 @@ def test_report_and_header_outputs_never_replace_their_input(prog: Path, tmp_pat
                                                              ) -> None:
     before = _sha(prog)
     for flag in ("--html", "--sarif"):
-        res = run_cli("check", prog, flag, prog)
+        res = run_cli("check", prog, flag, "--report", prog)
         assert res.rc == EXIT_UNUSABLE
         assert "--in-place" not in _one_line(res.err, "prog")
     assert _sha(prog) == before

@@ -87,7 +87,7 @@ def _want(f: dict[str, Any]) -> dict[str, int]:
 
 def _check_pair(tmp: Path, *files: Path) -> tuple[str, dict[str, Any]]:
     out = tmp / "r.html"
-    res = run_cli("check", "--html", out, "--fail-on", "never", *files)
+    res = run_cli("check", "--html", "--report", out, "--fail-on", "never", *files)
     assert res.rc == EXIT_OK, res.err
     doc = json.loads(run_cli("check", "--json", "--fail-on", "never", *files).out)
     return out.read_text(), doc
@@ -183,7 +183,7 @@ def test_unreadable_file_is_listed(tmp_path: Path) -> None:
     bad = tmp_path / "not-elf"
     bad.write_bytes(b"hello")
     out = tmp_path / "r.html"
-    res = run_cli("check", "--html", out, fixture("nop5"), bad)
+    res = run_cli("check", "--report", out, fixture("nop5"), bad)
     assert res.rc == EXIT_UNUSABLE
     page = out.read_text()
     assert "Files that could not be read" in page and "not-elf" in page
@@ -202,7 +202,7 @@ def test_report_mode_follows_umask(tmp_path: Path, umask_027: None) -> None:
     assert umask_mode() == 0o640
     for flag, name in (("--html", "r.html"), ("--sarif", "r.sarif")):
         out = tmp_path / name
-        assert run_cli("check", flag, out, fixture("nop5")).rc == EXIT_OK
+        assert run_cli("check", flag, "--report", out, fixture("nop5")).rc == EXIT_OK
         assert stat.S_IMODE(out.stat().st_mode) == 0o640, flag
     rep = tmp_path / "rw.html"
     assert run_cli("rewrite", "--dry-run", "--report", rep, fixture("nop5")).rc == EXIT_OK

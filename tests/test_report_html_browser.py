@@ -410,7 +410,7 @@ def _rewrite_values(s: dict[str, Any], name: str) -> list[str]:
 
 def _check(tmp: Path, *files: Path | str) -> tuple[Path, dict[str, Any]]:
     page = tmp / "report.html"
-    res = run_cli("check", "--html", page, "--fail-on", "never", *files)
+    res = run_cli("check", "--html", "--report", page, "--fail-on", "never", *files)
     assert res.rc == 0, res.err
     js = run_cli("check", "--json", "--fail-on", "never", *files)
     return page, json.loads(js.out)

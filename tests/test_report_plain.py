@@ -1,5 +1,7 @@
-"""report/plain.py lays out the `list` and `check` tables without rich: the text must be rich's,
-character for character, on every fixture, the real binaries and generated tables."""
+"""report/plain.py lays out the `list` and `check` tables without rich: on a page wide enough for
+every row the text is rich's, character for character, on every fixture, the real binaries and
+generated tables; on a narrower page ($COLUMNS) rows wrap only between the words of a word
+column, and no name is ever cut."""
 
 from __future__ import annotations
 
@@ -13,21 +15,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import REAL_BINARIES, fixture_files, run_cli
-from usdtpatch.report.plain import check_text, list_text, plain_output, wrap
+from usdtpatch.report.plain import check_text, list_text, plain_output, table, wrap_words
 from usdtpatch.report.render import make_console, render_check, render_list
 
 FILES = [*fixture_files(), *(p for p in REAL_BINARIES.values() if p.exists())]
 
 
+WIDE = 1 << 16  # a page no row is wider than
+
+
+@pytest.fixture(autouse=True)
+def _no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def _rich_list(doc: dict[str, Any]) -> str:
     buf = io.StringIO()
-    render_list(make_console(buf), doc)
+    render_list(make_console(buf, width=WIDE), doc)
     return buf.getvalue()
 
 
 def _rich_check(doc: dict[str, Any], summary_only: bool = False) -> str:
     buf = io.StringIO()
-    render_check(make_console(buf), doc, summary_only)
+    render_check(make_console(buf, width=WIDE), doc, summary_only)
     return buf.getvalue()
 
 
@@ -71,16 +81,70 @@ def test_generated_list_tables_are_richs(rows: list[tuple[str, str, str]], path:
         assert text == _rich_list(doc)
 
 
-@pytest.mark.parametrize("width", [1, 3, 10, 40])
-@given(text=st.text(alphabet="ab c\t", max_size=120))
-@settings(max_examples=60, deadline=None)
-def test_wrap_is_richs(width: int, text: str) -> None:
-    from rich.console import Console
-    from rich.text import Text
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_word, _word, _cell), min_size=1, max_size=6),
+       st.integers(10, 200))
+def test_narrow_pages_wrap_between_words_only(rows: list[tuple[str, str, str]],
+                                              width: int) -> None:
+    headers = ("probe", "function", "findings")
+    lines = table(headers, rows, (False, False, True), width)
+    widths = [max(len(c) for c in col) for col in zip(headers, *rows, strict=True)]
+    natural = widths[0] + 1 + 1 + widths[1] + 1 + 1 + widths[2]  # the gaps: 2 spaces each
+    longest = max(len(x) for r in rows for x in r[2].split())
+    if natural <= width:  # every row on one line
+        assert len(lines) == len(rows) + 1
+    elif widths[0] + widths[1] + 4 + max(longest, len("findings")) <= width:
+        assert all(len(line.rstrip()) <= width for line in lines)
+    # every cell is there whole: the names on the row's first line, the words in order
+    at = lines[0].index("findings")
+    starts = [i for i, line in enumerate(lines) if not line.startswith(" ")]
+    assert len(starts) == len(rows) + 1
+    for (probe, function, findings), i, end in zip(rows, starts[1:], [*starts[2:], len(lines)],
+                                                   strict=True):
+        assert lines[i][:at].split() == [probe, function]
+        assert [w for line in lines[i:end] for w in line[at:].split()] == findings.split()
+        assert all(not line[:at].strip() for line in lines[i + 1:end])
 
-    text = text.replace("\t", "  ")
-    lines = Text(text).wrap(Console(width=200), width, overflow="fold")
-    assert wrap(text, width) == [line.plain for line in lines]
+
+@pytest.mark.parametrize("width", [1, 3, 10, 40])
+@given(text=st.text(alphabet="ab c", max_size=120))
+@settings(max_examples=60, deadline=None)
+def test_wrap_words_never_cuts_a_word(width: int, text: str) -> None:
+    lines = wrap_words(text, width)
+    assert " ".join(lines).split() == text.split()
+    assert all(len(line) <= width or " " not in line for line in lines)
+
+
+def test_piped_check_honours_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers import fixture
+
+    path = fixture("demo")  # demo:parse has two finding codes
+    doc = json.loads(run_cli("check", "--json", "--fail-on", "never", path).out)
+    sites = doc["files"][0]["sites"]
+    wide = check_text(doc)
+    assert wide is not None
+    lines = wide.splitlines()
+    rows = lines[1 : 2 + len(sites)]  # the heading and one line per site
+    assert [r.split()[0] for r in rows[1:]] == [f"{s['provider']}:{s['name']}" for s in sites]
+    longest = max(len(r.rstrip()) for r in rows)
+    monkeypatch.setenv("COLUMNS", str(longest))
+    assert check_text(doc) == wide  # the page allows every row: unchanged
+    monkeypatch.setenv("COLUMNS", str(longest - 10))
+    narrow = check_text(doc)
+    assert narrow is not None
+    table_lines = narrow.splitlines()[1 : 3 + len(sites)]
+    assert len(table_lines) == len(sites) + 2  # demo:parse's findings on two lines
+    assert all(len(r.rstrip()) <= longest - 10 for r in table_lines)
+    for s in sites:  # the function and every finding code whole
+        assert s["function"] in narrow
+        for f in s["findings"]:
+            assert f" {f['code']}" in narrow
+    monkeypatch.setenv("COLUMNS", "20")  # narrower than the names: rows run past, uncut
+    tiny = check_text(doc)
+    assert tiny is not None and "parse+0x3a" in tiny and "red-zone-rewrite" in tiny
+    # through the command line, in a pipe (run_cli's stdout is not a terminal)
+    monkeypatch.setenv("COLUMNS", str(longest - 10))
+    assert run_cli("check", "--fail-on", "never", path).out.startswith(narrow)
 
 
 def test_non_ascii_is_left_to_rich() -> None:
@@ -110,7 +174,7 @@ def test_plain_only_where_rich_sees_no_terminal(monkeypatch: pytest.MonkeyPatch)
 def test_several_files_and_an_unreadable_one_are_richs(tmp_path: Path) -> None:
     from tests.helpers import fixture
 
-    missing = tmp_path / ("x" * 180)  # an error line longer than the page: it wraps
+    missing = tmp_path / ("x" * 180)  # an error line longer than rich's old page: one line
     res = run_cli("check", "--json", "--fail-on", "never", fixture("demo"), missing,
                   fixture("odd-note"))
     doc = json.loads(res.out)

@@ -19,7 +19,7 @@ through a temporary file and one rename, and an output that is an input is refus
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -188,7 +188,7 @@ class RewriteOutcome:
     path: str
     output: str | None
     form: Form | None  # None: --form auto found a kernel that optimizes nothing
-    guard: Guard
+    redzone_guard: Guard
     fork_guard: ForkGuard
     verified: bool
     changed: bool
@@ -211,7 +211,8 @@ class RewriteOutcome:
         from usdtpatch.rewriter.report import result_json
 
         return result_json(self.path, self.output,
-                           "auto" if self.form is None else self.form.value, self.guard.value,
+                           "auto" if self.form is None else self.form.value,
+                           self.redzone_guard.value,
                            self.verified, self.changed, self.sites, self.findings, self.note)
 
 
@@ -232,11 +233,12 @@ def _verifier(enabled: bool) -> Verifier | None:
 
 
 def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = True,
-            **options: Any) -> RewritePlan:
+            phase: Callable[[str], None] | None = None, **options: Any) -> RewritePlan:
     """plan_rewrite with every detour verified (when `verify`): proved where the prover can
     (usdtpatch.prove.verifier, in this process, `prove` on), the others by the emulator in
     `jobs` processes (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this
-    process may use)."""
+    process may use). `phase("verify")` is called when a planning pass has handed its
+    detours to the verification and waits for it."""
     from usdtpatch.rewriter.plan import plan_rewrite
 
     if not verify:
@@ -270,7 +272,10 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
             from usdtpatch.prove.verifier import ProvingVerifier
 
             verifier = ProvingVerifier(verifier, prover)
-        return plan_rewrite(image, verify=verifier, report=report[0], **options)
+        planned = plan_rewrite(image, verify=verifier, report=report[0], **options)
+        if phase is not None:
+            phase("verify")
+        return planned
 
     return plan_verified(image, plan, jobs=jobs, expected=expected)
 
@@ -293,11 +298,13 @@ def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
 
 
 def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
-            guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+            redzone_guard: Guard | str = Guard.AUTO,
+            fork_guard: ForkGuard | str = ForkGuard.AUTO,
             verify: bool = True, in_place: bool = False,
             progress: Callable[[int, int], None] | None = None,
             calls: str = "auto", jobs: int | None = None,
-            kernel: str | None = None, prove: bool = True) -> RewriteOutcome:
+            kernel: str | None = None, prove: bool = True,
+            phase: Callable[[str], None] | None = None) -> RewriteOutcome:
     """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
 
     The output goes to `out` (a new regular file, or an existing one replaced atomically,
@@ -315,21 +322,28 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     default) takes the form the kernel optimizes: the running kernel's (usdtpatch.rewriter.
     kernel), or the generation `kernel` names ("6.18" or "nop10-series"); the outcome's
     findings say which and why, and where the kernel optimizes nothing the file is left as it
-    is (copied to `out`).
+    is (copied to `out`). `progress(done, total)` is called as the sites are decided, then
+    `phase(name)` as each later phase starts: "verify" (the emulator's check of the detours),
+    "build", "check" (the independent reader of the output), "write".
     """
-    o, data, origin = _rewritten(path, out, form=form, guard=guard, fork_guard=fork_guard,
-                                 verify=verify, in_place=in_place, progress=progress,
-                                 calls=calls, jobs=jobs, kernel=kernel, prove=prove)
+    o, data, origin = _rewritten(path, out, form=form, redzone_guard=redzone_guard,
+                                 fork_guard=fork_guard, verify=verify, in_place=in_place,
+                                 progress=progress, calls=calls, jobs=jobs, kernel=kernel,
+                                 prove=prove, phase=phase)
     if o.output is not None and data is not None:
+        if phase is not None:
+            phase("write")
         write_atomic(o.output, data, origin=origin, in_place=in_place)
     return o
 
 
 def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
-               guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+               redzone_guard: Guard | str = Guard.AUTO,
+               fork_guard: ForkGuard | str = ForkGuard.AUTO,
                verify: bool = True, in_place: bool = False,
                progress: Callable[[int, int], None] | None = None, calls: str = "auto",
-               jobs: int | None = None, kernel: str | None = None, prove: bool = True
+               jobs: int | None = None, kernel: str | None = None, prove: bool = True,
+               phase: Callable[[str], None] | None = None
                ) -> tuple[RewriteOutcome, bytes | None, Origin]:
     """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
     nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
@@ -339,7 +353,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
     _flag("in_place", in_place)
     _jobs(jobs)
     choice = _form_choice(form, kernel)
-    g = _enum(Guard, guard, "guard")
+    g = _enum(Guard, redzone_guard, "redzone_guard")
     fg = _enum(ForkGuard, fork_guard, "fork_guard")
     src = os.fspath(path)
     if in_place and out is not None and os.fspath(out) != src:
@@ -366,7 +380,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
                               (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)), copy, origin
     try:
         rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
-                     fork_guard=fg, progress=progress, calls=calls)
+                     fork_guard=fg, progress=progress, calls=calls, phase=phase)
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         return outcome(False, note=str(exc)), copy, origin
@@ -374,17 +388,21 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
         return outcome(rp.changed, rp.sites, rp.findings), None, origin
     findings = rp.findings
     result = data
+    say = phase if phase is not None else (lambda _name: None)
     if rp.changed:
         from usdtpatch.rewriter.build import build_rewrite, output_findings
 
+        say("build")
         built = build_rewrite(rp)
+        say("check")
         _validate(built.data, image)
         result, findings = built.data, output_findings(rp, built)
     return outcome(rp.changed, rp.sites, findings), result, origin
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
-                 guard: Guard | str = Guard.AUTO, fork_guard: ForkGuard | str = ForkGuard.AUTO,
+                 redzone_guard: Guard | str = Guard.AUTO,
+                 fork_guard: ForkGuard | str = ForkGuard.AUTO,
                  verify: bool = True, calls: str = "auto", jobs: int | None = None,
                  kernel: str | None = None, prove: bool = True) -> RewritePlan:
     """The decisions a rewrite of `path` would take (frozen data), without building a file.
@@ -399,7 +417,7 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     if choice.form is None:
         raise UnsupportedError(choice.why)
     return _decide(_image(path), verify=verify, jobs=jobs, prove=prove, form=choice.form,
-                   guard=_enum(Guard, guard, "guard"),
+                   guard=_enum(Guard, redzone_guard, "redzone_guard"),
                    fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
 
 
@@ -443,7 +461,8 @@ def restore(path: StrPath, out: StrPath | None = None, *,
 
 
 def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
-             trampoline: int | None, maps: StrPath | None, pid: int | None) -> Plan:
+             trampoline: int | None, maps: StrPath | None, pid: int | None,
+             red_zone: Mapping[int, str] | None = None) -> Plan:
     from usdtpatch.poke.plan import build_plan
     from usdtpatch.poke.trampoline import (
         check_load_base,
@@ -476,7 +495,8 @@ def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
         load_base = default_load_base(ps.image)
         source = "default"
     check_load_base(ps.image, load_base)
-    return build_plan(ps, path, form, load_base, source, entries, trampoline, mmap_min)
+    return build_plan(ps, path, form, load_base, source, entries, trampoline, mmap_min,
+                      red_zone)
 
 
 def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) -> None:
@@ -517,18 +537,20 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     Plan, or the path of a plan document), else the plan made with the placement options."""
     from usdtpatch.emulate.verify import verify_plan
     from usdtpatch.poke.plan import Plan as PlanType
+    from usdtpatch.poke.plan import red_zone_users
 
     _placement_args(load_base, trampoline, pid)
     src = os.fspath(path)
     ps = load(src)
+    users = red_zone_users(ps)  # check's red-zone rule, asked once for the plan and verify
     if isinstance(plan, PlanType):
         the_plan = plan
     elif plan is not None:
         the_plan = read_plan(plan)
     else:
         _placement(trampoline, maps, pid)
-        the_plan = _plan_of(ps, src, form, load_base, trampoline, maps, pid)
-    rep = verify_plan(the_plan, ps.image)
+        the_plan = _plan_of(ps, src, form, load_base, trampoline, maps, pid, users)
+    rep = verify_plan(the_plan, ps.image, users)
     # fork (docs/fork-guard.md): the child of a process whose nop5 sites are optimized
     from dataclasses import replace as _replace
 

@@ -13,6 +13,8 @@ code, calls `lookup`, which raises on a code that is not registered.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -38,6 +40,9 @@ class Kind(Enum):
 
 
 DOC = "docs/findings.md"
+# The same page as package data (usdtpatch/data/findings.md, a link to docs/findings.md in the
+# source tree; wheels carry the file): `usdtpatch explain` and SARIF's rule help read it.
+_SHIPPED_DOC = os.path.join(os.path.dirname(__file__), "data", "findings.md")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,44 @@ def is_registered(code: str) -> bool:
     return code in _REGISTRY
 
 
+@functools.cache
+def _doc_sections() -> dict[str, str]:
+    """docs/findings.md's section of every code (the text under its "### `code`" heading),
+    from the copy shipped in the package; empty when it is missing (a broken install)."""
+    try:
+        with open(_SHIPPED_DOC, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    sections: dict[str, str] = {}
+    code: str | None = None
+    lines: list[str] = []
+    skipping = False  # inside the "triggered by" item: the project's own test inputs
+    for line in [*text.splitlines(), "## end"]:
+        if line.startswith(("## ", "### ")):
+            if code is not None:
+                sections[code] = "\n".join(lines).strip()
+            head = line[4:].strip() if line.startswith("### ") else ""
+            code = head.strip("`") if head.startswith("`") and head.endswith("`") else None
+            lines = []
+            skipping = False
+        elif code is not None:
+            if line.startswith("- "):
+                skipping = line.startswith("- triggered by")
+            if not skipping:
+                lines.append(line)
+    return sections
+
+
+def documentation(code: str) -> str:
+    """The documentation of a registered `code` (its docs/findings.md section: severity,
+    meaning, hint; not the test inputs that trigger it), or "" when the shipped page lacks
+    it. Raises
+    UnknownCode for a code that is not registered."""
+    lookup(code)
+    return _doc_sections().get(code, "")
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     code: str
@@ -141,8 +184,8 @@ PC_OUTSIDE_SEGMENTS = _code("pc-outside-segments", _E, "the probe address maps t
 UNSUPPORTED_ARCH = _code("unsupported-arch", _I, "not x86 code",
                          "usdtpatch rewrites x86-64 only")
 BIG_ENDIAN = _code("big-endian", _E, "a big-endian x86 ELF file")
-NOT_LINKED = _code("not-linked", _W, "not a linked file (ET_EXEC or ET_DYN)",
-                   "list the linked file")
+NOT_LINKED = _code("not-linked", _E, "not a linked file (ET_EXEC or ET_DYN)",
+                   "rewrite the linked file")
 NO_STAPSDT_BASE = _code("no-stapsdt-base", _I, "no .stapsdt.base section",
                         "note addresses are used as they are")
 NOTE_BASE_MOVED = _code("note-base-moved", _I, "the notes' base differs from .stapsdt.base",

@@ -6,11 +6,11 @@
     build-backend = "setuptools.build_meta"
 
     [tool.usdtpatch]
-    form = "nop5"          # nop5 | combo5 | combo10
-    guard = "auto"         # the red-zone guard: auto | always | never
-    fork_guard = "auto"    # auto | always | never (rewrite's --fork-guard)
-    fail_on = "warning"    # info | warning | error | never
-    mode = "rewrite"       # rewrite | check
+    form = "nop5"           # nop5 | combo5 | combo10
+    redzone_guard = "auto"  # auto | always | never (rewrite's --redzone-guard)
+    fork_guard = "auto"     # auto | always | never (rewrite's --fork-guard)
+    fail_on = "warning"     # info | warning | error | never
+    mode = "rewrite"        # rewrite | check
 
     # setup.py
     from setuptools import Extension, setup
@@ -40,8 +40,9 @@ from setuptools.errors import ExecError, SetupError
 from usdtpatch.build.step import StepOptions, run_step
 from usdtpatch.errors import UsdtpatchError
 
-# [tool.usdtpatch] key -> StepOptions field (both spellings of the two-word keys).
-_KEYS = {"form": "form", "guard": "redzone_guard", "redzone-guard": "redzone_guard",
+# [tool.usdtpatch] key -> StepOptions field (both spellings of the two-word keys), the names of
+# the command line's options (--redzone-guard, --fork-guard, --fail-on).
+_KEYS = {"form": "form", "redzone-guard": "redzone_guard",
          "redzone_guard": "redzone_guard", "fail-on": "fail_on", "fail_on": "fail_on",
          "fork-guard": "fork_guard", "fork_guard": "fork_guard", "mode": "mode",
          "verify": "verify"}
@@ -65,8 +66,9 @@ def read_options(pyproject: Path) -> StepOptions:
     for key, value in table.items():
         field = _KEYS.get(key)
         if field is None:
-            raise ValueError(f"{pyproject}: [tool.usdtpatch] has no key {key!r} (known: "
-                             f"form, guard, fork_guard, fail_on, mode, verify)")
+            hint = " (the red-zone guard's key is redzone_guard)" if key == "guard" else ""
+            raise ValueError(f"{pyproject}: [tool.usdtpatch] has no key {key!r}{hint} (known: "
+                             f"form, redzone_guard, fork_guard, fail_on, mode, verify)")
         if not isinstance(value, bool if field == "verify" else str):
             raise ValueError(f"{pyproject}: [tool.usdtpatch] {key} has the wrong type: "
                              f"{value!r}")

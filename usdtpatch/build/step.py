@@ -105,7 +105,7 @@ def _rewrite_findings(outcome: api.RewriteOutcome) -> list[dict[str, str]]:
     return out
 
 
-def _summary(entry: dict[str, Any] | None, doc: dict[str, Any]) -> str:
+def _summary(entry: dict[str, Any] | None, doc: dict[str, Any], opts: StepOptions) -> str:
     sites = doc["files"][0]["sites"]
     fast = sum(1 for s in sites if s["kernels"].get("6.18", {}).get("outcome") == "optimized")
     text = f"{len(sites)} site(s), {fast} optimized by a 6.18 kernel"
@@ -117,6 +117,9 @@ def _summary(entry: dict[str, Any] | None, doc: dict[str, Any]) -> str:
         else:
             counts = ", ".join(f"{n} {a}" for a, n in sorted(entry["counts"].items()))
             text += f"; rewritten ({counts})"
+        # the options a build fixes rather than taking the build machine's kernel
+        # (docs/build-integration.md, "Defaults")
+        text += f"; form {opts.form}, red-zone guard {opts.redzone_guard}"
     return text
 
 
@@ -142,7 +145,8 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
         kw: dict[str, Any] = {} if opts.fork_guard is None else \
             {"fork_guard": opts.fork_guard}
         outcome, data, origin = api._rewritten(
-            path, output, form=opts.form, guard=opts.redzone_guard, verify=opts.verify,
+            path, output, form=opts.form, redzone_guard=opts.redzone_guard,
+            verify=opts.verify,
             in_place=output is None, **kw)
         entry = outcome.to_json()
         rewrite_findings = _rewrite_findings(outcome)
@@ -156,7 +160,7 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
     findings = rewrite_findings + [f.to_json() for f in result.findings]
     failed = _reaches(findings, opts.fail_on)
     lines = [finding_line(target, f) for f in findings]
-    lines.append(f"usdtpatch: {target}: {_summary(entry, doc)}"
+    lines.append(f"usdtpatch: {target}: {_summary(entry, doc, opts)}"
                  + (f"; FAILED: a finding reaches --fail-on {opts.fail_on}" if failed
                     else ""))
     result_doc: dict[str, Any] = {
@@ -201,7 +205,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "post-link", help="the build step: rewrite or check one linked file, write a report, "
                           "fail on findings")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the file the linker has just written")
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the result here (default: rewrite FILE in place)")
     p.add_argument("--check-only", action="store_true",

@@ -45,6 +45,7 @@ COMMANDS = {
     "post-link": "cmd_postlink",
     "kcheck": "cmd_kcheck",
     "bench": "cmd_bench",
+    "explain": "cmd_explain",
 }
 
 

@@ -1,4 +1,9 @@
-"""`usdtpatch check FILE... [--json | --sarif [OUT] | --html OUT] [--fail-on LEVEL] [--summary]`.
+"""`usdtpatch check FILE... [--json | --sarif | --html] [--report FILE] [--fail-on LEVEL]
+[--summary]`.
+
+The format switches never take a value (so none can take a FILE for its output): the report
+goes to stdout, or with `--report FILE` to FILE, in the format of the switch or else of FILE's
+extension (.json, .sarif, .html), the convention of `rewrite --report` and `post-link --report`.
 
 Exit status: 0 when no finding reaches --fail-on (default: error), 1 when one does, 2 when an
 input is unusable (not ELF, unreadable) or the usage is wrong.
@@ -27,13 +32,19 @@ FORMS_LINE = ("site forms: Linux 6.18 to 7.2 optimize 5-byte NOPs (rewrite --for
 
 def register(sub: Any) -> None:
     p = sub.add_parser("check", help="judge every probe site as an optimized-uprobe candidate")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="ELF executables, shared libraries or other linked files")
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print a versioned JSON document")
-    fmt.add_argument("--sarif", nargs="?", const="-", metavar="OUT",
-                     help="write SARIF 2.1.0 to OUT (default: stdout)")
-    fmt.add_argument("--html", metavar="OUT", help="write a self-contained HTML page to OUT "
-                                                   "('-' for stdout)")
+    fmt.add_argument("--json", dest="format", action="store_const", const="json",
+                     help="the versioned JSON document instead of the table")
+    fmt.add_argument("--sarif", dest="format", action="store_const", const="sarif",
+                     help="SARIF 2.1.0 instead of the table (for CI code-scanning views)")
+    fmt.add_argument("--html", dest="format", action="store_const", const="html",
+                     help="a self-contained HTML page instead of the table")
+    p.add_argument("--report", metavar="FILE",
+                   help="write the JSON, SARIF or HTML report to FILE instead of stdout (the "
+                        "format: --json/--sarif/--html, else FILE's extension: .json, "
+                        ".sarif, .html)")
     p.add_argument("--fail-on", choices=FAIL_LEVELS, default="error",
                    help="exit 1 when a finding has this severity or worse (default: error)")
     p.add_argument("--summary", action="store_true", help="only the summary line per file")
@@ -90,30 +101,46 @@ def _emit(text: str, target: str, out: IO[str]) -> None:
         write_atomic(target, text.encode(), mode=umask_mode())  # a report, as open() makes
 
 
+def report_format(fmt: str | None, report: str | None) -> str | None:
+    """The report format: the switch's, else (with --report) FILE's extension; None for the
+    table. Raises OutputError for a --report FILE whose extension names no format."""
+    if fmt is not None or report is None:
+        return fmt
+    from usdtpatch.errors import OutputError
+    from usdtpatch.report.rewrite_report import report_kind
+
+    try:
+        return report_kind(report).lstrip(".")
+    except OutputError as exc:
+        raise OutputError(f"{exc}; or give --json, --sarif or --html") from None
+
+
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    report = args.sarif if args.sarif is not None else args.html
-    if report is not None and report != "-":
-        try:  # the report file is refused before any work if it is an input or not a file
-            check_output(report, args.files, can_in_place=False)
-        except UsdtpatchError as exc:
-            print(printable(f"usdtpatch: check: {exc}"), file=err)
-            return EXIT_UNUSABLE
-    views: list[list[dict[str, Any]]] | None = [] if args.html is not None else None
+    report: str | None = args.report
+    try:
+        fmt = report_format(args.format, report)
+        if report is not None and report != "-":  # refused before any work if it is an
+            check_output(report, args.files, can_in_place=False)  # input or not a file
+    except UsdtpatchError as exc:
+        print(printable(f"usdtpatch: check: {exc}"), file=err)
+        return EXIT_UNUSABLE
+    target = "-" if report is None else report
+    views: list[list[dict[str, Any]]] | None = [] if fmt == "html" else None
     doc = build_document(args.files, err, args.fail_on, views)
-    if args.json:
+    if fmt == "json":
         import json  # here: the table form does not pay for importing it
 
-        out.write(json.dumps(doc, indent=2) + "\n")  # one write, not one per token
-    elif args.sarif is not None:
+        _emit(json.dumps(doc, indent=2) + "\n", target, out)  # one write, not one per token
+    elif fmt == "sarif":
         import json
 
         from usdtpatch.report.sarif import sarif_document
 
-        _emit(json.dumps(sarif_document(doc), indent=2) + "\n", args.sarif, out)
-    elif args.html is not None:
+        _emit(json.dumps(sarif_document(doc), indent=2) + "\n", target, out)
+    elif fmt == "html":
         from usdtpatch.report.html import html_page
 
-        _emit(html_page(doc, views), args.html, out)
+        _emit(html_page(doc, views), target, out)
     else:
         from usdtpatch.report.plain import print_check
 

@@ -18,27 +18,25 @@ from typing import IO, Any
 from usdtpatch.cli import cmd_list
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE
 
-DEMO_FIXTURE = "fixtures/bin/demo"
+DEMO_FIXTURE = "fixtures/bin/demo"  # in the source tree; shipped as usdtpatch/data/demo
+_SHIPPED = Path(__file__).resolve().parents[1] / "data" / "demo"
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="show the toolkit at work on a bundled fixture")
-    p.add_argument("file", nargs="?", metavar="FILE", help=f"default: {DEMO_FIXTURE}")
+    p.add_argument("file", nargs="?", metavar="FILE",
+                   help=f"the file to work on (default: the bundled demo program, "
+                        f"{DEMO_FIXTURE} of the source tree, shipped in the package)")
     p.add_argument("--out", metavar="DIR",
                    help="where to leave the rewritten copy (default: a temporary folder)")
     p.set_defaults(func=run)
 
 
-def _default_demo_file() -> str | None:
-    candidate = Path(__file__).resolve().parents[2] / DEMO_FIXTURE
-    return str(candidate) if candidate.is_file() else None
-
-
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    target = args.file or _default_demo_file()
+    target = args.file or (str(_SHIPPED) if _SHIPPED.is_file() else None)
     if target is None:
-        print(f"usdtpatch: demo: no FILE given and {DEMO_FIXTURE} is not beside the package "
-              f"(run it from a source checkout: make demo)", file=err)
+        print(f"usdtpatch: demo: no FILE given and the bundled demo program {_SHIPPED} is "
+              f"missing (a damaged installation)", file=err)
         return EXIT_UNUSABLE
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

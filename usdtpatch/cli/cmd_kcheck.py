@@ -20,6 +20,7 @@ from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, 
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
 from usdtpatch.live.kcheck import KcheckReport, ProcessResult
+from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_pattern
 
 
 def register(sub: Any) -> None:
@@ -56,8 +57,8 @@ def _seconds(minimum: float, strict: bool) -> Callable[[str], float]:
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, metavar="PID", help="a running process that maps FILE")
     p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
-                   help="only the probes whose provider:name matches this shell pattern "
-                        "(repeatable; default: every probe of FILE)")
+                   help=f"only these probes: {PROBE_PATTERN_HELP} (repeatable; default: every "
+                        f"probe of FILE)")
     p.add_argument("--duration", type=_seconds(0, strict=True), default=5.0, metavar="SECONDS",
                    help="with --pid: how long to watch (default 5)")
     p.add_argument("--settle", type=_seconds(0, strict=False), default=2.0, metavar="SECONDS",
@@ -191,7 +192,8 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             with contextlib.suppress(ValueError):  # not the main thread: left as they are
                 previous[sig] = signal.signal(sig, _terminated)
         rep = api.kcheck(args.file, command=command or None, pid=args.pid,
-                         probes=args.probe, duration=args.duration, settle=args.settle,
+                         probes=[probe_pattern(p) for p in args.probe],
+                         duration=args.duration, settle=args.settle,
                          command_stdout=command_stdout)
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)

@@ -1,4 +1,6 @@
-"""`usdtpatch list FILE... [--json] [--provider P] [--probe NAME]`."""
+"""`usdtpatch list FILE... [--json] [--provider P] [--probe [PROVIDER:]NAME]`.
+
+Filtered, the heading of each file counts the probes shown and the file's total."""
 
 from __future__ import annotations
 
@@ -9,16 +11,24 @@ from typing import IO, Any
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.report.listing import file_json, list_document, relabel, selected
+from usdtpatch.report.listing import (
+    PROBE_PATTERN_HELP,
+    file_json,
+    list_document,
+    relabel,
+    selected,
+)
 from usdtpatch.sites.probes import Probe
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("list", help="list every USDT probe of ELF files")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="ELF executables, shared libraries, objects or core files")
     p.add_argument("--json", action="store_true", help="print a versioned JSON document")
-    p.add_argument("--provider", metavar="P", help="only probes of provider P")
-    p.add_argument("--probe", metavar="NAME", help="only probes called NAME")
+    p.add_argument("--provider", metavar="P",
+                   help="only probes of provider P (a shell pattern)")
+    p.add_argument("--probe", metavar="PATTERN", help=f"only these probes: {PROBE_PATTERN_HELP}")
     p.set_defaults(func=run)
 
 

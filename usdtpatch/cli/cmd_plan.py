@@ -1,9 +1,11 @@
 """`usdtpatch plan FILE [--trampoline ADDR | --maps FILE | --pid PID] [--load-base ADDR]
-[--form nop5|nop10] [--json]`: the kernel's write sequences for every probe site."""
+[--form nop5|nop10] [--probe PATTERN] [--json]`: the kernel's write sequences for every probe
+site (or those --probe selects)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import IO, Any
 
@@ -12,6 +14,7 @@ from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.poke.plan import Plan, SitePlan, plan_json
 from usdtpatch.poke.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10, Sequence
+from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.x86.describe import describe
 
 
@@ -59,8 +62,10 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="the kernel's write sequences for every probe site")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the ELF file whose sites are planned")
     add_placement_args(p)
+    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
+                   help=f"only these probes' sites: {PROBE_PATTERN_HELP} (repeatable)")
     p.add_argument("--json", action="store_true", help="print the versioned plan document")
     p.set_defaults(func=run)
 
@@ -77,6 +82,10 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE
+    if args.probe:
+        plan = dataclasses.replace(plan, sites=tuple(
+            s for s in plan.sites
+            if any(probe_matches(p, *s.probe.split(":", 1)) for p in args.probe)))
     if args.json:
         json.dump(plan_json(plan), out, indent=2)
         out.write("\n")

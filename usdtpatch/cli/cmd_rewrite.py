@@ -47,7 +47,9 @@ def _jobs(text: str) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("rewrite", help="turn 1-byte probe sites into 5-byte NOP sites")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="linked ELF files (executables, shared libraries), never changed "
+                        "unless --in-place")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("-o", "--output", metavar="OUT",
                        help="output file (one input) or existing directory (several)")
@@ -86,10 +88,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
     r = sub.add_parser("restore", help="give back the original of a rewritten file")
-    r.add_argument("file", metavar="FILE")
+    r.add_argument("file", metavar="FILE", help="a file written by `usdtpatch rewrite`")
     rwhere = r.add_mutually_exclusive_group(required=True)
-    rwhere.add_argument("-o", "--output", metavar="OUT")
-    rwhere.add_argument("--in-place", action="store_true")
+    rwhere.add_argument("-o", "--output", metavar="OUT",
+                        help="write the original here (its sha256 checked first)")
+    rwhere.add_argument("--in-place", action="store_true",
+                        help="replace FILE with its original")
     r.set_defaults(func=run_restore)
 
 
@@ -142,7 +146,7 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
     mark = len(WRITTEN)
     try:
         t0 = time.monotonic()
-        o = api.rewrite(path, target, form=form, guard=guard, fork_guard=fork_guard,
+        o = api.rewrite(path, target, form=form, redzone_guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
                         jobs=1)  # -j runs files in parallel: one process per file
         return o.to_json(), o.failed, time.monotonic() - t0
@@ -233,10 +237,10 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 try:
                     size = _size(p) if report is not None else None
                     t0 = time.monotonic()
-                    o = api.rewrite(p, t, form=form, guard=guard, fork_guard=fork_guard,
-                                    verify=verify, in_place=in_place,
-                                    progress=progress_for(Path(p).name), calls=calls,
-                                    kernel=kernel)
+                    shown = progress_for(Path(p).name)
+                    o = api.rewrite(p, t, form=form, redzone_guard=guard, fork_guard=fork_guard,
+                                    verify=verify, in_place=in_place, progress=shown.sites,
+                                    phase=shown.phase, calls=calls, kernel=kernel)
                 except UsdtpatchError as exc:
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)

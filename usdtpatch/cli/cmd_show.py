@@ -1,4 +1,4 @@
-"""`usdtpatch show FILE --probe PROVIDER:NAME [--json] [--context N]`.
+"""`usdtpatch show FILE --probe [PROVIDER:]NAME [--json] [--context N]`.
 
 The site and its patch window disassembled, before and after side by side: the window's
 instructions, the branch targets around them (marked T, with their kind), the probe (marked >),
@@ -19,6 +19,7 @@ from usdtpatch.elf.demangle import demangle
 from usdtpatch.elf.symbols import load_symbols
 from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.checkjson import site_json
+from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.sites.check import CheckReport, SiteCheck
 from usdtpatch.sites.targets import CodeContext, FunctionCode
 from usdtpatch.sites.windows import PatchWindow, WindowShape
@@ -27,8 +28,9 @@ from usdtpatch.x86.describe import describe
 
 def register(sub: Any) -> None:
     p = sub.add_parser("show", help="show one probe site and its patch window, before and after")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--probe", required=True, metavar="PROVIDER:NAME")
+    p.add_argument("file", metavar="FILE", help="the ELF file holding the probe")
+    p.add_argument("--probe", required=True, metavar="PATTERN",
+                   help=f"the probes to show (every site of each): {PROBE_PATTERN_HELP}")
     p.add_argument("--context", type=int, default=3, metavar="N",
                    help="instructions shown before and after the window (default 3)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -91,9 +93,6 @@ def _rows(fc: FunctionCode, s: SiteCheck, context: int) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    if ":" not in args.probe:
-        print(f"usdtpatch: show: --probe {args.probe!r}: expected PROVIDER:NAME", file=err)
-        return EXIT_UNUSABLE
     try:
         docs = _site_docs(args)
     except UsdtpatchError as exc:
@@ -114,9 +113,9 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 def _site_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The rows of every site of the probe (raises UsdtpatchError, naming what is wrong)."""
-    provider, name = args.probe.split(":", 1)
     report = api.check(args.file).report
-    sites = [s for s in report.sites if s.probe.provider == provider and s.probe.name == name]
+    sites = [s for s in report.sites
+             if probe_matches(args.probe, s.probe.provider, s.probe.name)]
     if not sites:
         known = ", ".join(sorted({s.probe.probe_id for s in report.sites})[:10]) or "none"
         raise InputError(f"{args.file}: no probe {args.probe} (probes: {known})")

@@ -28,7 +28,7 @@ VERIFY_SCHEMA_VERSION = 1
 def register(sub: Any) -> None:
     p = sub.add_parser("verify", help="check write sequences in the bundled emulator "
                                       "(exit 1 if a site fails)")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the ELF file whose sites are verified")
     p.add_argument("--plan", metavar="PLAN.json",
                    help="verify this plan (from `usdtpatch plan --json` or anyone else) "
                         "instead of planning FILE now")

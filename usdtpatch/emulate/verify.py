@@ -20,7 +20,8 @@ rel32 = trampoline - call end, no page crossing, unoptimize ends on the NOP.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 from usdtpatch.elf.image import ET_EXEC, ElfImage
@@ -69,7 +70,7 @@ from usdtpatch.findings import (
     lookup,
 )
 from usdtpatch.poke.nop10 import LEA_RSP_MINUS_128, NOP10_HEAD, NOP10_LENGTH, REX_W
-from usdtpatch.poke.plan import Plan, SitePlan, check_plan_matches
+from usdtpatch.poke.plan import Plan, SitePlan, check_plan_matches, red_zone_users
 from usdtpatch.poke.sequences import (
     CALL_REL32,
     INT3,
@@ -83,6 +84,7 @@ from usdtpatch.poke.sequences import (
     call_target,
 )
 from usdtpatch.poke.trampoline import TRAMPOLINE_NOP5, TRAMPOLINE_NOP10
+from usdtpatch.sites.probes import read_probes
 from usdtpatch.sites.rules import rule_618, rule_nop10
 from usdtpatch.x86.nops import RED_ZONE, decode_nop
 
@@ -486,8 +488,12 @@ def trampoline_code(protocol: str) -> bytes:
     return TRAMPOLINE_NOP10 if protocol == PROTOCOL_NOP10 else TRAMPOLINE_NOP5
 
 
-def verify_plan(plan: Plan, image: ElfImage) -> VerifyReport:
-    """Verify every site of `plan` against the file `image` in one emulator."""
+def verify_plan(plan: Plan, image: ElfImage,
+                red_zone: Mapping[int, str] | None = None) -> VerifyReport:
+    """Verify every site of `plan` against the file `image` in one emulator. The measured
+    writes below rsp of an unguarded site are a hazard only where `check`'s red-zone rule
+    says the function may keep live data there (`red_zone`: poke.plan.red_zone_users of the
+    file, worked out here when not given): the same sites as check's red-zone-live."""
     t0 = time.perf_counter()
     findings: list[Finding] = []
     for problem in check_plan_matches(plan, image):
@@ -533,6 +539,17 @@ def verify_plan(plan: Plan, image: ElfImage) -> VerifyReport:
                                         site.sequences.protocol if site.sequences else "-",
                                         SKIP, (), (), 0, (), why))
             continue
-        verdicts.append(verify_site(machine, site, image, load_base, set(mapped)))
+        v = verify_site(machine, site, image, load_base, set(mapped))
+        if any(h.code == OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code for h in v.hazards):
+            if red_zone is None:
+                red_zone = red_zone_users(read_probes(image))
+            reason = red_zone.get(site.index)
+            v = replace(v, hazards=tuple(
+                h if h.code != OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code else
+                replace(h, message=f"{h.message}, and the function may keep live data "
+                                   f"there: {reason}")
+                for h in v.hazards
+                if h.code != OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code or reason is not None))
+        verdicts.append(v)
     return VerifyReport(plan.path, plan.protocol, tuple(verdicts), tuple(findings),
                         time.perf_counter() - t0)

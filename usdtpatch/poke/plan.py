@@ -18,6 +18,7 @@ reusing an earlier trampoline within reach, as the kernel does when sites are hi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -127,13 +128,28 @@ def _kernel_site(form: SiteForm, code: bytes, before: bytes, protocol: str
     return 0, length, False, form.value
 
 
+def red_zone_users(ps: ProbeSet) -> dict[int, str]:
+    """`check`'s red-zone verdict (usdtpatch.sites.check, which asks sites/hazards.red_zone):
+    for each probe (by note index) whose function may keep live data below %rsp at the site,
+    the rule's reason. Plan and verify flag the optimized call's writes below rsp on these
+    sites only, the sites where check reports red-zone-live: one verdict from one rule."""
+    from usdtpatch.sites.check import check
+
+    if ps.notes is None or not ps.probes:
+        return {}
+    return {s.probe.index: s.red_zone.reason for s in check(ps).sites
+            if s.red_zone is not None and s.red_zone.may_use}
+
+
 def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base: int = 0,
                load_base_source: str = "default", maps: tuple[MapEntry, ...] | None = None,
-               trampoline: int | None = None, mmap_min_addr: int = 4096) -> Plan:
+               trampoline: int | None = None, mmap_min_addr: int = 4096,
+               red_zone: Mapping[int, str] | None = None) -> Plan:
     """The plan for every probe of `ps` under `protocol`, loaded at `load_base`.
 
     `trampoline` fixes the trampoline of every site; else `maps` (a snapshot of the process)
     or, without it, the file laid out at `load_base` decides where the kernel puts it.
+    `red_zone`: red_zone_users(ps), when the caller has it (else it is worked out here).
     """
     image = ps.image
     if not is_x86(image):
@@ -212,12 +228,17 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
             layout = (*layout, MapEntry(seqs.trampoline, seqs.trampoline + 4096, "r-xp", 0, 0,
                                         TRAMPOLINE_NAME))
         if protocol == PROTOCOL_NOP5 and seqs.protocol == PROTOCOL_NOP5 and not guarded:
-            site_findings.append(Finding(
-                OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code, Severity.WARNING,
-                "when optimized, the call and the trampoline's pushes write the 32 bytes "
-                "below rsp on every hit (verify measures it)",
-                "safe only if the function keeps nothing live below rsp here; "
-                "guard the site or build with -mno-red-zone", where))
+            if red_zone is None:
+                red_zone = red_zone_users(ps)
+            reason = red_zone.get(probe.index)
+            if reason is not None:  # check's red-zone-live site
+                site_findings.append(Finding(
+                    OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code, Severity.WARNING,
+                    "when optimized, the call and the trampoline's pushes write the 32 bytes "
+                    f"below rsp on every hit (verify measures it), and the function may keep "
+                    f"live data there: {reason}",
+                    "guard the site (rewrite --redzone-guard) or build with -mno-red-zone",
+                    where))
         sites.append(SitePlan(probe.probe_id, probe.index, link, addr, probe.offset + off, entry,
                               exit_, guarded, desc, seqs, tuple(site_findings)))
     return Plan(path, image.is64, image.type, protocol, load_base, load_base_source, tsource,

@@ -599,11 +599,7 @@ def _rewrite_site(fi: int, si: int, s: dict[str, Any], failures: frozenset[str],
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB ({n} bytes)"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.1f} KiB ({n} bytes)"
-    return f"{n} bytes"
+    return f"{n / (1 << 20):.2f} MiB ({n} bytes)"  # one unit in every report and the README
 
 
 def rewrite_html_page(doc: dict[str, Any], views: Views | None = None) -> str:

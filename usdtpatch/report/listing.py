@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any
 
 from usdtpatch import __version__
@@ -64,12 +65,31 @@ def probe_json(probe: Probe, names: dict[str, str], mode64: bool) -> dict[str, A
     }
 
 
+PROBE_PATTERN_HELP = ("PROVIDER:NAME or NAME (any provider); shell patterns allowed: "
+                      "'GetEnv*', 'hotspot:*', '*:gc__*'")
+
+
+def probe_pattern(text: str) -> str:
+    """The `--probe` option's one meaning in every command, as a shell pattern over
+    "provider:name": PROVIDER:NAME as it is, a NAME alone for that name in any provider."""
+    return text if ":" in text else f"*:{text}"
+
+
+def probe_matches(pattern: str, provider: str, name: str) -> bool:
+    """Whether the probe `provider:name` is one `--probe pattern` selects (case-sensitive,
+    as probe names are; a NAME alone matches the name in every provider)."""
+    if ":" in pattern:
+        return fnmatchcase(f"{provider}:{name}", pattern)
+    return fnmatchcase(name, pattern)
+
+
 def selected(ps: ProbeSet, provider: str | None = None,
              probe_name: str | None = None) -> list[Probe]:
-    """The probes of `ps` a listing shows (all, or those of a provider and/or name)."""
+    """The probes of `ps` a listing shows: all, or those whose provider matches `provider`
+    and that `--probe probe_name` selects (both shell patterns)."""
     return [p for p in ps.probes
-            if (provider is None or p.provider == provider)
-            and (probe_name is None or p.name == probe_name)]
+            if (provider is None or fnmatchcase(p.provider, provider))
+            and (probe_name is None or probe_matches(probe_name, p.provider, p.name))]
 
 
 def file_json(path: str, ps: ProbeSet, names: dict[str, str],

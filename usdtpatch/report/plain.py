@@ -2,14 +2,21 @@
 
 rich lays a table out by measuring every cell and rendering it through several layers of
 objects; on the 531 rows of libjvm.so that took longer than the analysis. Written to a pipe or
-a file, the tables carry no colour, so this module lays them out itself, with the rules rich
-applies to the tables report/render.py builds (no box, one space of padding between columns,
-none at the edges, no-wrap columns at their natural width, the two `fold` columns shrunk when
-the table is wider than the page and their cells word-wrapped, words longer than a line folded).
-The result is the same text, character for character (tests/test_report_plain.py compares the
-two on every fixture, the real binaries and generated tables). What these rules do not cover
-(non-ASCII or control characters, a column shrunk below its heading, a heading line wider than
-the page) is left to rich: `list_text` and `check_text` return None then.
+a file, the tables carry no colour, so this module lays them out itself, in rich's table style
+(no box, one space of padding between columns, none at the edges) but with rules made for
+text that is read by grep and awk as much as by people:
+
+- the page is `COLUMNS` wide when that is set, else unlimited (a pipe has no width): a row
+  stays on one line whenever the page allows it;
+- when a table is wider than the page, only the columns of space-separated words (check's
+  findings, list's arguments) shrink, never below their longest word or heading, and their
+  cells wrap between words: a name (probe, function, finding code, argument) is never cut or
+  broken across lines, and a table that cannot fit runs past the page instead;
+- the lines around the tables (file headings, findings, summaries, errors) are one line each.
+
+What these rules do not cover (non-ASCII or control characters, whose width on a page is not
+their length) is left to rich: `list_text` and `check_text` return None then. On a page wide
+enough for every row the text is rich's, character for character (tests/test_report_plain.py).
 
 This module imports nothing from rich; report/render.py takes its cells from here.
 """
@@ -17,19 +24,18 @@ This module imports nothing from rich; report/render.py takes its cells from her
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import IO, Any
 
-PIPE_WIDTH = 160  # the page width of a console that is not a terminal (report/render.py)
-_WORD = re.compile(r"\s*\S+\s*")
-_TRAILING_SPACE = re.compile(r"\s+$")
 
-
-def error_entry_line(e: dict[str, str]) -> str:
-    """One unusable input of a document's `errors`, naming its file once."""
-    path, text = e["path"], e["error"]
-    return text if text.startswith(f"{path}:") else f"{path}: {text}"
+def page_width() -> int | None:
+    """The width of the page a pipe or file is laid out for: $COLUMNS when it is a positive
+    number, else None (unlimited)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+    return columns if columns > 0 else None
 
 
 def _hex(v: int | None) -> str:
@@ -42,6 +48,15 @@ def _hex(v: int | None) -> str:
 LIST_HEADERS = ("probe", "address", "offset", "semaphore", "site", "function", "arguments")
 CHECK_HEADERS = ("probe", "address", "site", "6.18", "nop10 (unreleased)", "outcome",
                  "function", "findings")
+
+
+def list_heading(f: dict[str, Any]) -> str:
+    """The line above a file's `list` table: its probe count (with a filter: the probes shown
+    of the total) and its ELF kind."""
+    shown, total = len(f["probes"]), f["probe_count"]
+    count = f"{total} probe(s)" if shown == total else f"{shown} of {total} probe(s) shown"
+    elf = f["elf"]
+    return f"{f['path']}: {count}, ELF{elf['class']} {elf['byteorder']}-endian {elf['machine']}"
 
 
 def list_cells(p: dict[str, Any]) -> tuple[str, ...]:
@@ -98,105 +113,56 @@ def _plain(text: str) -> str:
     return text
 
 
-def wrap(text: str, width: int) -> list[str]:
-    """Word-wrap one line of printable ASCII to `width` columns as rich does (overflow "fold"):
-    a line breaks before a word that does not fit, a word longer than a line is cut into
-    pieces, whitespace at a break stays at the end of the line unless it passes the width."""
-    if width < 1:
-        raise _Unsupported
-    breaks: list[int] = []
-    offset = 0
-    for m in _WORD.finditer(text):
-        start, word = m.start(), m.group(0)
-        length = len(word.rstrip())
-        if width - offset >= length:
-            offset += len(word)
-        elif length > width:  # fold the word across lines
-            pieces = [word[i : i + width] for i in range(0, len(word), width)]
-            for n, piece in enumerate(pieces):
-                if start:
-                    breaks.append(start)
-                if n == len(pieces) - 1:
-                    offset = len(piece)
-                else:
-                    start += len(piece)
-        elif offset and start:
-            breaks.append(start)
-            offset = len(word)
+def wrap_words(text: str, width: int) -> list[str]:
+    """`text` broken into lines of at most `width` columns between its words (runs of spaces
+    at a break dropped); a word longer than `width` stays whole on a line of its own."""
     lines: list[str] = []
-    last = 0
-    for b in [*breaks, len(text)]:
-        lines.append(text[last:b])
-        last = b
-    out: list[str] = []
-    for line in lines:
-        cut = line
-        if len(line) > width:  # rstrip_end: drop whitespace past the width
-            space = _TRAILING_SPACE.search(line)
-            if space is not None:
-                cut = line[: len(line) - min(len(space.group(0)), len(line) - width)]
-        out.append(cut[:width])
-    return out
-
-
-def _ratio_reduce(total: int, ratios: list[int], maximums: list[int],
-                  values: list[int]) -> list[int]:
-    ratios = [r if m else 0 for r, m in zip(ratios, maximums, strict=True)]
-    total_ratio = sum(ratios)
-    if not total_ratio:
-        return values[:]
-    remaining = total
-    result: list[int] = []
-    for ratio, maximum, value in zip(ratios, maximums, values, strict=True):
-        if ratio and total_ratio > 0:
-            distributed = min(maximum, round(ratio * remaining / total_ratio))
-            result.append(value - distributed)
-            remaining -= distributed
-            total_ratio -= ratio
+    line = ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
         else:
-            result.append(value)
-    return result
+            line = f"{line} {word}" if line else word
+    return [*lines, line]
 
 
-def _collapse(widths: list[int], wrapable: list[bool], max_width: int) -> list[int]:
-    total = sum(widths)
-    excess = total - max_width
-    if any(wrapable):
-        while total and excess > 0:
-            max_column = max(w for w, a in zip(widths, wrapable, strict=True) if a)
-            second = max(w if a and w != max_column else 0
-                         for w, a in zip(widths, wrapable, strict=True))
-            difference = max_column - second
-            ratios = [1 if (w == max_column and a) else 0
-                      for w, a in zip(widths, wrapable, strict=True)]
-            if not any(ratios) or not difference:
-                break
-            widths = _ratio_reduce(excess, ratios, [min(excess, difference)] * len(widths),
-                                   widths)
-            total = sum(widths)
-            excess = total - max_width
+def _shrink(widths: list[int], minimum: list[int], max_width: int) -> list[int]:
+    """`widths` with the widest shrinkable columns narrowed, one column at a time, until the
+    total fits `max_width` or every column is at its minimum."""
+    widths = widths[:]
+    excess = sum(widths) - max_width
+    while excess > 0:
+        room = [w - m for w, m in zip(widths, minimum, strict=True)]
+        candidates = [i for i, r in enumerate(room) if r > 0]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: (widths[i], -i))
+        others = [widths[i] for i in candidates if i != widest and widths[i] < widths[widest]]
+        step = min(excess, room[widest], widths[widest] - max(others, default=0) or 1)
+        widths[widest] -= step
+        excess -= step
     return widths
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[bool],
-          max_width: int = PIPE_WIDTH) -> list[str]:
-    """The lines of a borderless table: `fold[i]` marks a column that may shrink and wrap."""
+          max_width: int | None = None) -> list[str]:
+    """The lines of a borderless table on a page of `max_width` columns (None: unlimited):
+    `fold[i]` marks a column of words that may shrink and wrap between them (the module's
+    doc gives the rules)."""
     ncols = len(headers)
     columns = list(zip(headers, *rows, strict=True))
     if not all(_printable("".join(col)) for col in columns):
         raise _Unsupported
     pads = [(0 if i == 0 else 1) + (0 if i == ncols - 1 else 1) for i in range(ncols)]
-    natural = [max(map(len, col)) + pad for col, pad in zip(columns, pads, strict=True)]
-    widths = [min(w, max_width) or 1 for w in natural]
-    if sum(widths) > max_width:
-        widths = _collapse(widths, list(fold), max_width)
-        if sum(widths) > max_width:
-            raise _Unsupported  # rich's last resort shrinks every column
-        widths = [min(n, w) for n, w in zip(natural, widths, strict=True)]
+    widths = [max(*map(len, col), 1) + pad for col, pad in zip(columns, pads, strict=True)]
+    if max_width is not None and sum(widths) > max_width:
+        # a column of words: no narrower than its heading or its longest word
+        minimum = [max(len(col[0]), max((len(x) for c in col[1:] for x in c.split()), default=1))
+                   + pad if f else w
+                   for w, f, col, pad in zip(widths, fold, columns, pads, strict=True)]
+        widths = _shrink(widths, minimum, max_width)
     inner = [w - pad for w, pad in zip(widths, pads, strict=True)]
-    for h, room in zip(headers, inner, strict=True):
-        if room < max(len(h), 1):
-            raise _Unsupported  # a heading would wrap
     # one format per line: the cell after its left padding, filled to the column's width
     line_format = "".join(("{:<%d}" if i == 0 else " {:<%d}") % max(1, w - (1 if i else 0))
                           for i, w in enumerate(widths))
@@ -206,7 +172,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[
         if all(len(row[i]) <= inner[i] for i in folding):
             lines.append(line_format.format(*row))
             continue
-        cells = [wrap(c, room) if f else [c]
+        cells = [wrap_words(c, room) if f and len(c) > room else [c]
                  for c, room, f in zip(row, inner, fold, strict=True)]
         for n in range(max(len(c) for c in cells)):
             lines.append(line_format.format(*(c[n] if n < len(c) else "" for c in cells)))
@@ -217,9 +183,9 @@ def _printable(text: str) -> bool:
     return text.isascii() and (text.isprintable() or not text)
 
 
-def _page_lines(text: str, max_width: int = PIPE_WIDTH) -> list[str]:
-    """A line of text printed by rich on a page of `max_width` columns (word-wrapped)."""
-    return wrap(_plain(text), max_width) if text else [""]
+def _page_lines(text: str) -> list[str]:
+    """A line of text around the tables: one line, however long."""
+    return [_plain(text)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,12 +197,10 @@ def list_text(doc: dict[str, Any]) -> str | None:
     try:
         out: list[str] = []
         for f in doc["files"]:
-            elf = f["elf"]
-            out += _page_lines(f"{f['path']}: {f['probe_count']} probe(s), ELF{elf['class']} "
-                               f"{elf['byteorder']}-endian {elf['machine']}")
+            out += _page_lines(list_heading(f))
             if f["probes"]:
                 out += table(LIST_HEADERS, [list_cells(p) for p in f["probes"]],
-                             (False,) * 5 + (True, True))
+                             (False,) * 6 + (True,), page_width())
             out += [_plain(finding_line(fd)) for fd in f["findings"]]
         return "".join(line + "\n" for line in out)
     except _Unsupported:
@@ -275,7 +239,8 @@ def check_summary_line(f: dict[str, Any]) -> str:
 
 
 def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
-    """`check`'s table report as text, or None when rich must lay it out."""
+    """`check`'s table report as text, or None when rich must lay it out. The document's
+    unusable inputs are not in it: their one line is on stderr (cmd_check.build_document)."""
     try:
         out: list[str] = []
         for f in doc["files"]:
@@ -284,13 +249,11 @@ def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
                                f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)")
             if f["sites"] and not summary_only:
                 out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]],
-                             (False,) * 6 + (True, True))
+                             (False,) * 7 + (True,), page_width())
             if not summary_only:
                 out += [_plain(finding_line(fd)) for fd in f["findings"]]
                 out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]]
             out += _page_lines(check_summary_line(f))
-        for e in doc["errors"]:
-            out += _page_lines(error_entry_line(e))
         return "".join(line + "\n" for line in out)
     except _Unsupported:
         return None
@@ -310,6 +273,16 @@ def plain_output(out: IO[str]) -> bool:
         return False
 
 
+# rich's page for what it lays out in a pipe (non-ASCII text): $COLUMNS, else wide enough
+# for any row (rich pads no line to the page's width)
+_UNLIMITED = 1 << 16
+
+
+def _rich_width(out: IO[str]) -> int | None:
+    """The width rich lays a table out at: the terminal's (None) or the plain page's."""
+    return (page_width() or _UNLIMITED) if plain_output(out) else None
+
+
 def print_list(out: IO[str], doc: dict[str, Any]) -> None:
     """Print `list`'s table report: plain text to a file or pipe, rich to a terminal."""
     text = list_text(doc) if plain_output(out) else None
@@ -318,7 +291,7 @@ def print_list(out: IO[str], doc: dict[str, Any]) -> None:
         return
     from usdtpatch.report.render import make_console, render_list
 
-    render_list(make_console(out), doc)
+    render_list(make_console(out, width=_rich_width(out)), doc)
 
 
 def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False) -> None:
@@ -329,4 +302,4 @@ def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False) -
         return
     from usdtpatch.report.render import make_console, render_check
 
-    render_check(make_console(out), doc, summary_only=summary_only)
+    render_check(make_console(out, width=_rich_width(out)), doc, summary_only=summary_only)

@@ -14,28 +14,32 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from usdtpatch.findings import FORM_CHOSEN
+from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
 from usdtpatch.report.plain import (
     check_cells,
     check_summary_line,
-    error_entry_line,
     list_cells,
+    list_heading,
+    page_width,
+    plain_output,
     verification_text,
 )
+from usdtpatch.report.plain import table as plain_table
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
-PIPE_WIDTH = 160  # width when the output is not a terminal (rich would pick 80)
+PIPE_WIDTH = 160  # width when the output is not a terminal and $COLUMNS is unset (rich: 80)
 
 
 def make_console(file: IO[str] | None = None, width: int | None = None,
                  color: bool | None = None) -> Console:
-    """A console for `file`; to a pipe or file it is PIPE_WIDTH wide and has no colour."""
+    """A console for `file`; to a pipe or file it is $COLUMNS wide (else PIPE_WIDTH) and has
+    no colour."""
     console = Console(file=file, width=width, highlight=False, soft_wrap=False,
                       color_system=None if color is False else "auto", no_color=color is False)
     if width is None and not console.is_terminal:
-        console.width = PIPE_WIDTH
+        console.width = page_width() or PIPE_WIDTH
     return console
 
 
@@ -45,10 +49,7 @@ def _hex(v: int | None) -> str:
 
 def render_list(console: Console, doc: dict[str, Any]) -> None:
     for f in doc["files"]:
-        elf = f["elf"]
-        head = (f"{f['path']}: {f['probe_count']} probe(s), ELF{elf['class']} {elf['byteorder']}"
-                f"-endian {elf['machine']}")
-        console.print(Text(head, style="bold"))
+        console.print(Text(list_heading(f), style="bold"))
         if f["probes"]:
             table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
             for col in ("probe", "address", "offset", "semaphore", "site"):
@@ -76,7 +77,8 @@ def render_findings(console: Console, findings: list[dict[str, str]]) -> None:
 
 
 def render_check(console: Console, doc: dict[str, Any], summary_only: bool = False) -> None:
-    """`check`'s table per file, its findings and the summary line."""
+    """`check`'s table per file, its findings and the summary line (an unusable input's
+    line is on stderr, once)."""
     for f in doc["files"]:
         elf = f["elf"]
         console.print(Text(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
@@ -95,8 +97,6 @@ def render_check(console: Console, doc: dict[str, Any], summary_only: bool = Fal
             for s in f["sites"]:
                 render_findings(console, s["findings"])
         console.print(Text(check_summary_line(f)))
-    for e in doc["errors"]:
-        console.print(Text(error_entry_line(e), style="bold red"))
 
 
 def render_show(console: Console, doc: dict[str, Any]) -> None:
@@ -146,46 +146,67 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
                 s.get("verification") or "-", detail)))
         console.print(table)
         counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
+        forked = any(x["code"] == FORK_GUARDED.code for x in f["findings"])
         console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
-                           f"red-zone guard {f['guard']}; verification: "
+                           f"red-zone guard {f['guard']}"
+                           f"{', fork guard added' if forked else ''}; verification: "
                            f"{verification_text(f)}"))
-        for x in f["findings"]:  # why this form (rewrite --form auto)
-            if x["code"] == FORM_CHOSEN.code:
-                console.print(Text(f"  {x['message']}"))
+        for x in f["findings"]:  # why this form (rewrite --form auto), what the fork guard does
+            if x["code"] in (FORM_CHOSEN.code, FORK_GUARDED.code):
+                console.print(Text(f"  {x['message']}"), soft_wrap=True)
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 
-@contextmanager
-def site_progress(console: Console, after: float = 1.0
-                  ) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
-    """A progress bar per file on a terminal, shown once the work has taken `after` seconds.
+class FileProgress:
+    """The progress of one file's rewrite: `sites(done, total)` while the sites are decided,
+    `phase(name)` as each later phase starts (usdtpatch.api.rewrite's `progress` and `phase`
+    callbacks)."""
 
-    Yields `progress_for(label)`, which gives the `progress(done, total)` callback of one file;
-    off a terminal the callbacks do nothing.
+    def __init__(self, sites: Callable[[int, int], None], phase: Callable[[str], None]) -> None:
+        self.sites = sites
+        self.phase = phase
+
+
+@contextmanager
+def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[str], FileProgress]]:
+    """A progress bar per file on a terminal, shown once the work has taken `after` seconds:
+    the sites decided (a count), then each later phase by name (verify, build, check, write)
+    with its own elapsed time, so the bar never sits still on a finished count.
+
+    Yields `progress_for(label)`, the FileProgress of one file; off a terminal its callbacks
+    do nothing.
     """
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not console.is_terminal:
-        yield lambda _label: (lambda _done, _total: None)
+        yield lambda _label: FileProgress(lambda _done, _total: None, lambda _name: None)
         return
     bar = Progress("[progress.description]{task.description}", BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+                   TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=console,
+                   transient=True)
     started = time.monotonic()
     live = False
 
-    def progress_for(label: str) -> Callable[[int, int], None]:
-        task = bar.add_task(label, total=None)
+    def show() -> None:
+        nonlocal live
+        if not live and time.monotonic() - started >= after:
+            bar.start()
+            live = True
 
-        def update(done: int, total: int) -> None:
-            nonlocal live
-            if not live and time.monotonic() - started >= after:
-                bar.start()
-                live = True
-            bar.update(task, completed=done, total=total)
+    def progress_for(label: str) -> FileProgress:
+        task = bar.add_task(f"{label}: plan", total=None, count="")
 
-        return update
+        def sites(done: int, total: int) -> None:
+            show()
+            bar.update(task, completed=done, total=total, count=f"{done}/{total} sites")
+
+        def phase(name: str) -> None:
+            show()  # a phase of unknown length: a pulsing bar, its name, the time so far
+            bar.reset(task, total=None, description=f"{label}: {name}", count="")
+
+        return FileProgress(sites, phase)
 
     try:
         yield progress_for
@@ -196,7 +217,19 @@ def site_progress(console: Console, after: float = 1.0
 
 def render_table(out: IO[str], title: str, columns: list[tuple[str, Literal["left", "right"]]],
                  rows: list[list[str]], width: int = 140) -> None:
-    """A titled table of ready-made cells, columns as (name, justify): bench's tables."""
+    """A titled table of ready-made cells, columns as (name, justify): bench's tables. To a
+    pipe or file as plain text, as `list` and `check` print theirs (report/plain.py): the
+    title, then the rows, each on one line, no box."""
+    if plain_output(out) and all(c.isascii() for row in rows for c in row):
+        sizes = [max(len(name), *(len(r[i]) for r in rows)) for i, (name, _) in
+                 enumerate(columns)]
+        padded = [[c.rjust(n) if how == "right" else c
+                   for c, n, (_, how) in zip(row, sizes, columns, strict=True)] for row in rows]
+        heads = [name.rjust(n) if how == "right" else name
+                 for n, (name, how) in zip(sizes, columns, strict=True)]
+        lines = plain_table(heads, padded, [False] * len(columns))
+        out.write("".join(f"{line.rstrip()}\n" for line in [title, *lines]))
+        return
     t = Table(title=title, title_justify="left")
     for name, justify in columns:
         t.add_column(name, justify=justify)

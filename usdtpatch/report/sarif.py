@@ -6,7 +6,9 @@ with `version` "2.1.0" and `$schema`, one `run` with `tool.driver` (name, versio
 `results` (ruleId, ruleIndex, level "error"/"warning"/"note", message.text, locations).
 A binary has no source lines: each result's location is the ELF file as an artifact, with the
 probe address as a `binary` region (`byteOffset` = the site's file offset) and a logical
-location naming the probe.
+location naming the probe. Each rule carries its help inline (`help.text` and
+`help.markdown`: the code's section of docs/findings.md, shipped in the package), since the
+reader of a CI's code-scanning view has no usdtpatch source tree to follow a link into.
 """
 
 from __future__ import annotations
@@ -14,11 +16,28 @@ from __future__ import annotations
 from typing import Any
 
 from usdtpatch import __version__
+from usdtpatch.findings import documentation, is_registered, lookup
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {"error": "error", "warning": "warning", "info": "note"}
-HELP_DOC = "docs/findings.md in the usdtpatch sources"
+
+
+def _rule(f: dict[str, str]) -> dict[str, Any]:
+    """The SARIF rule of a finding's code, with the code's documentation as its help."""
+    code = f["code"]
+    title = lookup(code).title if is_registered(code) else code
+    doc = documentation(code) if is_registered(code) else ""
+    text = doc or f["hint"] or title
+    return {
+        "id": code,
+        "name": "".join(p.capitalize() for p in code.split("-")),
+        "shortDescription": {"text": title},
+        "fullDescription": {"text": f"{code}: {title}"},
+        "help": {"text": f"{text}\n(usdtpatch explain {code} prints this)",
+                 "markdown": f"{text}\n\n(`usdtpatch explain {code}` prints this)"},
+        "defaultConfiguration": {"level": _LEVEL[f["severity"]]},
+    }
 
 
 def sarif_document(doc: dict[str, Any]) -> dict[str, Any]:
@@ -28,14 +47,7 @@ def sarif_document(doc: dict[str, Any]) -> dict[str, Any]:
 
     def rule_index(f: dict[str, str]) -> int:
         if f["code"] not in rules:
-            rules[f["code"]] = {
-                "id": f["code"],
-                "name": "".join(p.capitalize() for p in f["code"].split("-")),
-                "shortDescription": {"text": f["code"]},
-                "help": {"text": (f["hint"] + " " if f["hint"] else "")
-                         + f"See {HELP_DOC}, section {f['code']}."},
-                "defaultConfiguration": {"level": _LEVEL[f["severity"]]},
-            }
+            rules[f["code"]] = _rule(f)
         return list(rules).index(f["code"])
 
     for file in doc["files"]:

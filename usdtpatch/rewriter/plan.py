@@ -30,7 +30,7 @@ from usdtpatch.elf.ehframe import (
     personality_of,
     rows_at,
 )
-from usdtpatch.elf.image import EM_X86_64, SHT_RELA, ElfImage, Section
+from usdtpatch.elf.image import EM_X86_64, ET_DYN, ET_EXEC, SHT_RELA, ElfImage, Section
 from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
@@ -47,7 +47,13 @@ from usdtpatch.rewriter.forms import (
 )
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
 from usdtpatch.sites.check import CheckReport, SiteCheck, check
-from usdtpatch.sites.probes import BASE_SECTION, Probe, ProbeSet, read_probes
+from usdtpatch.sites.probes import (
+    BASE_SECTION,
+    Probe,
+    ProbeSet,
+    not_linked_message,
+    read_probes,
+)
 from usdtpatch.sites.rules import optimized_where_it_is
 from usdtpatch.sites.windows import (
     REL8_STUB,
@@ -210,6 +216,9 @@ def check_rewritable(image: ElfImage) -> None:
     if image.machine != EM_X86_64 or not image.is64 or not image.little_endian:
         raise UnsupportedError(f"rewriting needs x86-64 ELF64 little-endian code, this is "
                                f"{image.machine_name} ELF{64 if image.is64 else 32}")
+    if image.type not in (ET_EXEC, ET_DYN):
+        raise UnsupportedError(f"{not_linked_message(image.type)}: "
+                               f"{findings.NOT_LINKED.hint}")
 
 
 def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guard.AUTO,

@@ -137,6 +137,12 @@ def _function_stack(fc: FunctionCode) -> _FunctionStack:
             return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
                                                 f"{-m.disp} bytes below %{m.base}",
                                           ins.address), frame_at, lowered)
+        if m is not None and (m.base == "rsp" or m.base in copies) and m.index is not None:
+            # a register index may be negative: nothing proves the access stays above %rsp
+            return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
+                                                f"%{m.base} plus the register %{m.index}, "
+                                                f"which may reach below it", ins.address),
+                                  frame_at, lowered)
         mc = _RSP_COPY.match(op) if op.startswith("%rsp, %") else None
         if mc is not None and ins.base_mnemonic.startswith("mov"):
             reg = mc.group(1)

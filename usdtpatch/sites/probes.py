@@ -16,6 +16,7 @@ from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
     ET_EXEC,
+    ET_REL,
     SHT_NOTE,
     ElfImage,
 )
@@ -92,6 +93,12 @@ def is_x86(image: ElfImage) -> bool:
     return image.machine in (EM_X86_64, EM_386)
 
 
+def not_linked_message(elf_type: int) -> str:
+    """What not-linked says of an ELF file of type `elf_type` (not ET_EXEC nor ET_DYN)."""
+    what = "a relocatable object" if elf_type == ET_REL else "not an executable or shared object"
+    return f"not linked (ELF type {elf_type}: {what}): its note addresses are not final"
+
+
 def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet:
     """Every SDT probe of `image`, with findings for what is odd about the file or a note."""
     findings: list[Finding] = []
@@ -121,10 +128,9 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         findings.append(Finding(BIG_ENDIAN.code, Severity.ERROR,
                                 "big-endian x86 ELF: probes are listed, nothing else is done", "",
                                 ""))
-    if image.type not in (ET_EXEC, ET_DYN) and notes.sdt_notes:
-        findings.append(Finding(NOT_LINKED.code, Severity.WARNING,
-                                f"ELF type {image.type} is not an executable or shared object: "
-                                f"note addresses are not final", "list the linked file", ""))
+    linked = image.type in (ET_EXEC, ET_DYN)
+    if not linked and notes.sdt_notes:
+        findings.append(NOT_LINKED.finding(not_linked_message(image.type)))
 
     base_sec = image.section(BASE_SECTION)
     base_addr = base_sec.addr if base_sec is not None else 0
@@ -151,7 +157,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
             site = SiteClass(SiteForm.UNSUPPORTED_ARCH, 0, 0)
         else:
             site = classify_site(code)
-        if offset is None:
+        if offset is None and linked:  # an object's pcs are section offsets: not-linked
             findings.append(Finding(PC_OUTSIDE_SEGMENTS.code, Severity.ERROR,
                                     f"probe address {address:#x} is in no loadable segment's "
                                     f"file bytes", "the note or the file is damaged", where))

@@ -9,10 +9,11 @@
 # usdtpatch_rewrite rewrites the just-linked file in place (1-byte probe sites become 5-byte
 # NOP sites), checks the result, writes $(USDTPATCH_REPORT_DIR)/<name>.json and .html, and fails
 # the recipe when a finding reaches $(USDTPATCH_FAIL_ON); the failed file is removed so that the
-# next make runs the step again. usdtpatch_check only checks. Call usdtpatch_rewrite as the last
-# command that changes the file: after any strip or objcopy --only-keep-debug (binutils does not
-# keep the segment a rewrite adds, and the program it writes crashes). Each call touches
-# only its own file and report, so make -j is safe. A file that is already rewritten is left as
+# next make runs the step again. usdtpatch_check only checks. Call usdtpatch_rewrite right after
+# the link, before any strip, objcopy --only-keep-debug or eu-strip -f (the documented order:
+# rewrite, then strip or split debug information; those tools keep the segment a rewrite adds,
+# docs/build-integration.md). Each call touches only its own file and report, so make -j is
+# safe. A file that is already rewritten is left as
 # it is (byte for byte, mtime included).
 #
 # Settings (override on the command line, in the environment or before the include):

@@ -274,7 +274,10 @@ def test_a_10_million_entry_symtab_is_not_copied(tmp_path: Path) -> None:
     assert 0 < grown < size // 100, grown
     assert "detour-symbols-left-out" in done.stdout
     peak = int(done.stderr.strip().splitlines()[-1]) * 1024
-    assert peak < 4 * size, peak  # the file, its output and the symbol columns
+    # the file, its output, the symbol columns, and the one copy of the input's non-loaded end
+    # that the layout perf reads after strip makes (the end moves past the new segment:
+    # elf/writer.py plan_segment's cut; the marker's replay joins it back once)
+    assert peak < 4.5 * size, peak
     assert run_cli("restore", tmp_path / "out", "-o", tmp_path / "back").rc == 0
     assert filecmp.cmp(big, tmp_path / "back", shallow=False)
 

@@ -117,15 +117,15 @@ def _commands(base: Path) -> dict[str, tuple[list[str], str]]:
         "rewrite --in-place": (["rewrite", "--no-verify", "--in-place", str(b / "prog")],
                                "prog"),
         "restore -o": (["restore", str(b / "prog.rw"), "-o", str(b / "orig")], "orig"),
-        "check --html": (["check", str(b / "prog"), "--html", str(b / "page.html")],
-                         "page.html"),
+        "check --report": (["check", str(b / "prog"), "--report", str(b / "page.html")],
+                           "page.html"),
         "dtrace -h": (["dtrace", "-h", "-s", str(b / "p.d"), "-o", str(b / "p.h")], "p.h"),
     }
 
 
 @root_only
 @pytest.mark.parametrize("command", ["rewrite -o", "rewrite --in-place", "restore -o",
-                                     "check --html", "dtrace -h"])
+                                     "check --report", "dtrace -h"])
 @pytest.mark.parametrize("setuid", [False, True])
 @pytest.mark.parametrize("tmpfile", [True, False], ids=["O_TMPFILE", "O_EXCL"])
 def test_a_swapped_temporary_file_changes_nothing_elsewhere(

@@ -262,14 +262,16 @@ __all__ = ["MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "SDT_NOTE_SECTION",
            "validate_output"]
 
 
-def _replayed_sha256(data: FileBytes, marker: dict[str, Any]) -> str | None:
+def _replayed_sha256(data: FileBytes | bytearray, marker: dict[str, Any]) -> str | None:
     """The sha256 of what the marker's recipe gives back from `data` (the first `size` bytes,
     the ELF header and the patches written over them), hashed piece by piece without a copy
     of the file; None when the recipe would not give `size` bytes."""
     size = marker["size"]
     if marker.get("cut") is not None:  # the original's end was copied: replay on a copy
         at, copy = marker["cut"]
-        data = bytes(memoryview(data)[:at]) + bytes(memoryview(data)[copy : copy + size - at])
+        joined = bytearray(memoryview(data)[:at])  # one copy (a large end is not copied twice)
+        joined += memoryview(data)[copy : copy + size - at]
+        data = joined
     edits = sorted([(0, marker["header"]), *marker["patches"]], key=lambda e: e[0])
     if size > len(data) or any(off + len(raw) > size for off, raw in edits):
         return None

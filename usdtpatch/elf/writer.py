@@ -519,11 +519,12 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     copy_at = None
     if cut is not None:  # the input from the cut on, with the edits that fall there
         copy_at = cut_copy_at(lay, rw.alloc)
-        copy = bytearray(view[cut:])
+        out += b"\0" * (copy_at - base - len(out))
+        start = len(out)
+        out += view[cut:]  # appended in place: no second copy of a large end (a symbol table)
         for rel, data in in_copy:
-            copy += b"\0" * max(0, rel - len(copy))
-            copy[rel : rel + len(data)] = data
-        out += b"\0" * (copy_at - base - len(out)) + copy
+            out += b"\0" * max(0, start + rel - len(out))
+            out[start + rel : start + rel + len(data)] = data
 
     def copied(offset: int) -> int:
         """The output's file offset of the input's `offset` (moved when past the cut)."""

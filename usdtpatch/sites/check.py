@@ -52,6 +52,7 @@ from usdtpatch.sites.hazards import (
 )
 from usdtpatch.sites.probes import Probe, ProbeSet
 from usdtpatch.sites.targets import CodeContext, FunctionCode
+from usdtpatch.sites.waysin import WaysIn, build_ways_in
 from usdtpatch.sites.windows import WindowResult, WindowShape, find_window
 from usdtpatch.x86.nops import SiteForm
 
@@ -124,6 +125,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
                                 "function bounds come from symbols only", ".eh_frame_hdr"))
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
+    ctx.ways_in = _ways_in_index(ctx, probeset)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
@@ -131,6 +133,17 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     sites = tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes)
     findings.extend(_fork_findings(image, sites, forks))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
+
+
+def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
+    """The file-wide index of ways into the code around every probe (built once per file)."""
+    sites: list[tuple[int, int, int]] = []
+    for p in probeset.probes:
+        b = ctx.bounds(p.address)
+        sites.append((p.address, b.start, b.end) if b is not None else
+                     (p.address, p.address, p.address))
+    starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
+    return build_ways_in(ctx.image, sites, starts)
 
 
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],

@@ -41,6 +41,14 @@ from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
 from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.sites.functions import FunctionBounds, function_bounds, symbols_inside
+from usdtpatch.sites.waysin import (
+    ADDRESS_TAKEN,
+    BRANCH_REL8,
+    BRANCH_REL32,
+    CODE_KINDS,
+    WayIn,
+    WaysIn,
+)
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
 from usdtpatch.x86.nops import nop_run_length
 
@@ -140,6 +148,9 @@ class CodeContext:
         self._parts: dict[tuple[int, int], PartScan] = {}
         self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
         self._relative: dict[int, int] | None = None
+        # every way into the code around the probes from the whole file (check() builds it
+        # once; usdtpatch.sites.waysin); None: only the function's own analysis
+        self.ways_in: WaysIn | None = None
 
     def sweep(self, start: int, end: int) -> Sweep:
         key = (start, end)
@@ -318,11 +329,51 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
                 add(Target(t.address, COLD_JUMP if t.kind == JUMP else t.kind, t.source))
         unresolved.extend(f"in the related part at {other.start:#x}: {u}"
                           for u in scan.unresolved)
+    if ctx.ways_in is not None:
+        for addr, ways in ctx.ways_in.between(bounds.start, bounds.end):
+            known = {k.source for k in incoming.get(addr, ())}
+            for w in ways:
+                way = _way_in(ctx, bounds, own, w)
+                if way is not None and way.source not in known:
+                    known.add(way.source)
+                    add(way)
     all_targets = unresolved[0] if unresolved else None
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
                         own.sweep.bad, _padding_after(ctx, bounds),
                         {a: tuple(v) for a, v in incoming.items()},
                         _padding_before(ctx, bounds))
+
+
+def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn
+            ) -> Target | None:
+    """The file-wide index's way in `w` as a target of the function, or None when it is not
+    one: a branch of the function itself (its own disassembly has it), bytes that the linear
+    disassembly of the code holding them shows to be part of another instruction, or an
+    entry of one of the function's recognized jump tables (a JUMP_TABLE target already)."""
+    if w.kind not in CODE_KINDS:
+        for tb in own.tables:
+            if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:
+                return None
+        return Target(w.target, w.kind, w.source)
+    if bounds.contains(w.source):
+        if w.kind != ADDRESS_TAKEN:
+            return None
+        sw = own.sweep
+    else:
+        other = ctx.bounds(w.source)
+        if other is None or other.size > MAX_FUNCTION_BYTES:
+            return Target(w.target, w.kind, w.source)  # code of no known function: kept
+        sw = ctx.sweep(other.start, other.end)
+    i = bisect_left(sw.insns, w.source + 1, key=lambda x: x.address) - 1
+    ins = sw.insns[i] if i >= 0 else None
+    if ins is None or not ins.address <= w.source < ins.end:
+        return Target(w.target, w.kind, w.source) if sw.bad else None
+    if w.kind == ADDRESS_TAKEN:
+        return Target(w.target, w.kind, ins.address) if ins.rip_target == w.target else None
+    if ins.target != w.target or ins.flow not in (Flow.JMP, Flow.JCC, Flow.CALL):
+        return None
+    return Target(w.target, BRANCH_REL8 if w.kind == BRANCH_REL8 else BRANCH_REL32,
+                  ins.address)
 
 
 def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:

@@ -52,6 +52,13 @@ from usdtpatch.sites.targets import (
     FunctionCode,
     Target,
 )
+from usdtpatch.sites.waysin import (
+    ADDRESS_TAKEN,
+    BRANCH_REL8,
+    BRANCH_REL32,
+    DATA_WORD,
+    RELOCATION,
+)
 from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
 
@@ -366,6 +373,12 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
                 out.append(Retarget(addr, where, REL8_STUB, src.kind, stub=stub))
                 continue
             return f"the branch at {where:#x} is not a plain direct jmp/jcc/call"
+        if src.kind == BRANCH_REL32:
+            # from another function or section: the rewriter reads its encoding again
+            out.append(Retarget(addr, where, REL32, src.kind))
+            continue
+        if src.kind in _FIXED:
+            return _FIXED[src.kind].format(where)
         if src.kind == COLD_JUMP:
             # in another part: the rewriter reads its encoding (rel32 expected there)
             out.append(Retarget(addr, where, REL32, src.kind))
@@ -383,6 +396,17 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
             continue
         return f"it is a {src.kind}{f' from {where:#x}' if where is not None else ''}"
     return out
+
+
+# ways in that no rewrite can aim at the detour: the window is not used
+_FIXED = {
+    BRANCH_REL8: "the short jump from {:#x}, outside the function, has an 8-bit displacement",
+    ADDRESS_TAKEN: "its address is taken by the rip-relative lea at {:#x} (a computed goto or "
+                   "a code pointer kept in data)",
+    RELOCATION: "the relocation of the word at {:#x} holds its address (a code pointer the "
+                "loader stores: a computed-goto table, an .init_array-like table)",
+    DATA_WORD: "the data word at {:#x} holds its address (a code pointer in the file's data)",
+}
 
 
 def _stub_slot(fc: FunctionCode, src: int, s: int, e: int, taken: set[int]) -> int | None:

@@ -191,6 +191,9 @@ WINDOW_ALL_TARGETS = _code("window-all-targets", _W,
                            _BLOCK_HINT, (_F, _S))
 PROBE_NOT_DECODED = _code("probe-not-decoded", _W,
                           "the pc is not an instruction boundary", _BLOCK_HINT, (_F, _S))
+PROBE_NOT_CODE = _code("probe-not-code", _W,
+                       "the pc is data in code: a jump table, a constant island, padding",
+                       "fix the note's pc; the site is left as it is", (_F, _S))
 WINDOW_NO_FUNCTION_BOUNDS = _code("window-no-function-bounds", _W,
                                   "no FDE and no symbol covers the site", _BLOCK_HINT, (_F, _S))
 SITE_IN_RSEQ_CS = _code("site-in-rseq-cs", _W, "the site is inside an rseq critical section",

@@ -255,6 +255,10 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
         p = sc.probe
         if p.index in decided:
             continue
+        not_code = _not_code(sc)
+        if not_code is not None:
+            decided[p.index] = not_code
+            continue
         if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT) and \
                 sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
             # the kernel never optimizes a nop5 that crosses a page where it is: move it
@@ -724,6 +728,16 @@ class Relocations:
                 if rtype == R_X86_64_RELATIVE:
                     return addend, sec.addr + (entry - sec.offset) + 16  # r_addend's field
         return addend, None
+
+
+def _not_code(sc: SiteCheck) -> SiteDecision | None:
+    """The skip of a site whose pc check found not to be code (data in code, or not an
+    instruction boundary), whatever its form: no byte there is written."""
+    wr = sc.window
+    if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
+                                      findings.PROBE_NOT_DECODED.code):
+        return _skip(sc, wr.code, wr.reason)
+    return None
 
 
 def _page_crossing_window(p: Probe) -> PatchWindow:

@@ -101,6 +101,42 @@ class FunctionCode:
     incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
     # every way each target is reached (targets keeps the first, for display)
     padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
+    memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def in_table(self, address: int) -> JumpTable | None:
+        """The recognized jump table whose entries hold `address`, or None."""
+        for t in self.jump_tables:
+            if t.entry_size and t.table <= address < t.table + t.entries * t.entry_size:
+                return t
+        return None
+
+    def reached(self) -> frozenset[int]:
+        """The instruction addresses that decoding from the function's ways in reaches:
+        its start, its other symbols, landing pads, jump-table entries and every other
+        target (the file-wide ways in included), following fall-through and direct jumps,
+        stopping at an unconditional jmp, ret, or a stopping instruction (ud2, hlt, int3).
+        A call falls through (its return site is reached). Computed once per function."""
+        got = self.memo.get("reached")
+        if got is not None:
+            return got
+        seen: set[int] = set()
+        work = [k for a in self.targets if (k := self.index_of(a)) is not None]
+        stops = (Flow.JMP, Flow.RET, Flow.STOP, Flow.JMP_INDIRECT)
+        while work:
+            k = work.pop()
+            while k < len(self.insns) and self.insns[k].address not in seen:
+                ins = self.insns[k]
+                seen.add(ins.address)
+                if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
+                    j = self.index_of(ins.target)
+                    if j is not None:
+                        work.append(j)
+                if ins.flow in stops:
+                    break
+                k += 1
+        out = frozenset(seen)
+        self.memo["reached"] = out
+        return out
 
     def targets_between(self, lo: int, hi: int) -> list[int]:
         """Addresses of the explicit targets in the open interval (lo, hi), sorted, including

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from usdtpatch.findings import (
+    PROBE_NOT_CODE,
     PROBE_NOT_DECODED,
     SITE_CROSSES_PAGE,
     WINDOW_ALL_TARGETS,
@@ -201,6 +202,9 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
         return WindowResult(None, PROBE_NOT_DECODED.code,
                             f"the probe at {probe_address:#x} is not an instruction boundary of "
                             f"the function's linear disassembly ({why})", ())
+    not_code = _not_code(fc, probe_address)
+    if not_code is not None:
+        return WindowResult(None, PROBE_NOT_CODE.code, not_code, ())
     tried: list[str] = []
     try:
         w = _in_place(fc, i, code)
@@ -238,6 +242,24 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
                             f"every instruction counts as a branch target: {fc.all_targets}",
                             tuple(tried))
     return WindowResult(None, primary.code, "; ".join(tried[1:]), tuple(tried))
+
+
+def _not_code(fc: FunctionCode, pc: int) -> str | None:
+    """Why the probe at `pc` (an instruction boundary of the linear disassembly) is not code
+    (None: it is): inside a recognized jump table, or reached by no path from the function's
+    ways in (FunctionCode.reached)."""
+    table = fc.in_table(pc)
+    if table is not None:
+        return (f"the probe at {pc:#x} lies inside the jump table at {table.table:#x} "
+                f"({table.entries} entries of {table.entry_size} bytes, used by the jump at "
+                f"{table.jump:#x}): it is data")
+    if pc not in fc.reached():
+        why = (f" (and every instruction counts as a target: {fc.all_targets})"
+               if fc.all_targets is not None else "")
+        return (f"the probe at {pc:#x} is reached by no path from the function's start, "
+                f"symbols, landing pads, jump tables or any way in: data or padding in the "
+                f"code{why}")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

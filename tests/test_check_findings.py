@@ -163,6 +163,7 @@ TRIGGERED_ELSEWHERE = {
     "fork-guard-failed": "tests/test_fork_emulate.py",
     "fork-guard-unavailable": "tests/test_fork_guard.py",
     "probe-not-code": "tests/test_sites_datacode.py",
+    "fork-unknown": "tests/test_fork_static.py",
 }
 
 

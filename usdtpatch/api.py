@@ -285,6 +285,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
         if target is not None and not in_place:
             write_atomic(target, data, mode)
         return outcome(False, note=str(exc))
+    if rp.fork_refusal is not None:  # the plan's decision: a dry run refuses it too
+        raise UnsupportedError(rp.fork_refusal)
     if target is None:
         return outcome(rp.changed, rp.sites, rp.findings)
     findings = rp.findings

@@ -218,6 +218,12 @@ PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites 
                          "default), and usdtpatch's sys/sdt.h builds one in "
                          "(USDTPATCH_FORK_GUARD); without one, keep these probes on the int3 "
                          "path in processes that fork")
+FORK_UNKNOWN = _code("fork-unknown", _W,
+                     "no symbol names a fork and the code cannot tell whether it forks",
+                     "if the process forks, rewrite with --fork-guard always (the guard, or a "
+                     "refusal saying why it cannot be added), or keep its probes on the int3 "
+                     "path in processes that fork",
+                     (_F,))
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
 FORK_GUARD_FAILED = _code("fork-guard-failed", _E,

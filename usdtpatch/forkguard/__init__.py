@@ -107,7 +107,10 @@ def fork_exposure(image: ElfImage) -> str | None:
     the address space, or it is a shared object (whatever process loads it may fork).
 
     vfork, posix_spawn, system and popen are not counted: their child runs in the parent's
-    address space, trampoline included, until it execs."""
+    address space, trampoline included, until it execs. Where no symbol names a fork, the
+    code is asked (usdtpatch.sites.hazards.fork_evidence): a fork system call, or clone
+    without CLONE_VM. A system call whose number the code does not fix is not counted here:
+    check reports it (`fork-unknown`), and so does rewrite."""
     from usdtpatch.sites.hazards import FORK_COPIES_MM, imported_fork_family
 
     calls = [f for f in imported_fork_family(image) if f in FORK_COPIES_MM]
@@ -118,7 +121,17 @@ def fork_exposure(image: ElfImage) -> str | None:
         return f"it calls {', '.join(calls)}"
     if _kind(image) == "shared":
         return "it is a shared object (the process that loads it may fork)"
+    if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
+        # no symbol names a fork (a stripped static executable, a raw system call): the code
+        from usdtpatch.sites.hazards import fork_evidence_of
+
+        return fork_evidence_of(image).describe()
     return None
+
+
+def is_shared(image: ElfImage) -> bool:
+    """Whether `image` is a shared object (not an executable, static or dynamic)."""
+    return _kind(image) == "shared"
 
 
 def _kind(image: ElfImage) -> str:

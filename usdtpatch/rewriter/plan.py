@@ -167,6 +167,9 @@ class RewritePlan:
     new_args: tuple[tuple[int, str], ...]
     # no site to rewrite, but its 5-byte sites need the fork guard (docs/fork-guard.md)
     guard_only: bool = False
+    # why rewrite refuses the file: it may fork and cannot carry the fork guard (None: it
+    # does not refuse); decided here so that --dry-run says what the real run does
+    fork_refusal: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -427,14 +430,49 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                 tuple(w for _a, _o, _b, w in ways))
 
     ordered = tuple(decided[p.index] for p in ps.probes)
+    place_at = (text_addr + len(text) + 15) & ~15  # where the builder puts the guard
     if not patches:
         if _guard_only(image, ordered, fork_guard):
             return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, ordered,
-                               tuple(found), layout, text_addr, b"", (), (), (), True)
+                               tuple(found), layout, text_addr, b"", (), (), (), True,
+                               fork_guard_refusal(image, form, ordered, fork_guard, place_at))
         return empty(ordered, tuple(found), layout)
     return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, ordered,
                        tuple(found), layout, text_addr, bytes(text), tuple(unwind),
-                       tuple(patches), tuple(sorted(new_args.items())))
+                       tuple(patches), tuple(sorted(new_args.items())), False,
+                       fork_guard_refusal(image, form, ordered, fork_guard, place_at))
+
+
+def output_nop5_sites(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...]
+                      ) -> tuple[tuple[int, bytes], ...]:
+    """Every NOP the kernel will optimize in the output: (vaddr, its bytes in the output):
+    the rewritten sites (at their new pc) and the sites that already were 5-byte NOPs."""
+    off = form.optimized_offset
+    out = [(s.new_pc + off, form.bytes[off : off + form.optimized_length])
+           for s in sites if s.status is Status.REWRITTEN and s.new_pc is not None]
+    out += existing_nop5_sites(image, sites)
+    return tuple(sorted(out))
+
+
+def fork_guard_refusal(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
+                       fork_guard: ForkGuard, place_at: int) -> str | None:
+    """Why the rewrite of these decisions must be refused over the fork guard, or None: the
+    file may fork (forkguard.fork_exposure; with --fork-guard always, any file) and the guard
+    cannot be built for its optimized sites at `place_at`, where the builder puts it."""
+    if fork_guard is ForkGuard.NEVER:
+        return None
+    from usdtpatch import forkguard
+
+    exposure = forkguard.fork_exposure(image)
+    if fork_guard is ForkGuard.AUTO and exposure is None:
+        return None
+    try:
+        forkguard.build_guard(image, output_nop5_sites(image, form, sites), place_at)
+    except forkguard.GuardUnsupported as exc:
+        why = exposure or "--fork-guard always"
+        return (f"the fork guard cannot be added ({exc}) and the optimized sites would crash "
+                f"a forked child ({why}): rewrite with --fork-guard never to accept that")
+    return None
 
 
 def _guard_only(image: ElfImage, sites: tuple[SiteDecision, ...], fork_guard: ForkGuard

@@ -21,6 +21,7 @@ from usdtpatch.findings import (
     CFI_MALFORMED,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
+    FORK_UNKNOWN,
     NO_TRAMPOLINE_REACH,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
@@ -45,6 +46,7 @@ from usdtpatch.sites.hazards import (
     RedZone,
     RseqCs,
     StackMemo,
+    fork_evidence,
     imported_fork_family,
     red_zone,
     rseq_sections,
@@ -132,6 +134,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     stacks = StackMemo()
     sites = tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes)
     findings.extend(_fork_findings(image, sites, forks))
+    if not any(f in FORK_COPIES_MM for f in forks):
+        findings.extend(_code_fork_findings(ctx, sites))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
 
 
@@ -184,6 +188,44 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
                 out.append(FORK_GUARD_UNAVAILABLE.finding(
                     f"the file can fork and {len(exposed) - now} site(s) would be "
                     f"rewritten, but the fork guard cannot be added: {problem}"))
+    return out
+
+
+def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+    """Where no symbol names a fork that copies the address space: what the code says
+    (usdtpatch.sites.hazards.fork_evidence): `process-can-fork` for a fork or clone system
+    call, `fork-unknown` when it cannot tell; never silence for a file that may fork."""
+    from usdtpatch import forkguard
+
+    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
+    image = ctx.image
+    if not exposed or forkguard.coverage(image) is not None or forkguard.is_shared(image):
+        return []
+    ev = fork_evidence(ctx)
+    why = ev.describe() or ev.uncertainty()
+    if why is None:
+        return []
+    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
+    counts = (f"{now} site(s) optimizable as they are, {len(exposed) - now} after rewrite")
+    out: list[Finding] = []
+    if ev.forks:
+        out.append(Finding(
+            PROCESS_CAN_FORK.code, Severity.ERROR if now else Severity.WARNING,
+            f"no symbol names a fork, but {why}: a child forked while a site is optimized "
+            f"inherits the call to the trampoline but not its page and dies with SIGSEGV at "
+            f"the site ({counts})", PROCESS_CAN_FORK.hint, ""))
+    else:
+        out.append(FORK_UNKNOWN.finding(
+            f"no symbol names a fork and the code cannot tell whether the process forks "
+            f"({why}); if it does, a child forked while a site is optimized dies with "
+            f"SIGSEGV at the site ({counts})"))
+    if ev.forks and len(exposed) > now:
+        problem = forkguard.hook_problem(image)
+        if problem is not None:
+            out.append(FORK_GUARD_UNAVAILABLE.finding(
+                f"the file may fork and {len(exposed) - now} site(s) would be rewritten, but "
+                f"the fork guard cannot be added: {problem}; rewrite --fork-guard auto "
+                f"refuses the file (--fork-guard never accepts the risk)"))
     return out
 
 

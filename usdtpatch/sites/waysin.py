@@ -107,7 +107,7 @@ def _regions(probes: Iterable[int], starts: list[int]) -> set[int]:
     return out
 
 
-def _code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
+def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
     """(vaddr, file offset, size) of the executable bytes: SHF_EXECINSTR sections, else the
     executable PT_LOADs (a file without section headers)."""
     out: list[tuple[int, int, int]] = []
@@ -166,7 +166,7 @@ def _followed_by(data: bytes, at: list[int], allowed: frozenset[int]) -> list[in
 def _scan_code(image: ElfImage, protected: set[int],
                probes: Iterable[tuple[int, int, int]]) -> list[WayIn]:
     out: list[WayIn] = []
-    ranges = _code_ranges(image)
+    ranges = code_ranges(image)
     for vaddr, off, size in ranges:
         data = bytes(image.data[off:off + size])
         calls = _positions(data.translate(_E9_AS_E8), b"\xe8")  # e8 and e9: one pass

@@ -1,0 +1,121 @@
+"""Static executables that fork, with and without symbols (issue 19, item 3).
+
+tests/data/forkstatic.c is linked statically; a stripped copy has no symbol naming fork (its
+C library's `_Fork` makes the clone system call inline). The code itself is the evidence:
+
+- check reports `process-can-fork` with the system call's address (inside `_Fork`, as the
+  unstripped copy's symbols say) and `fork-guard-unavailable` (no `__register_atfork` to
+  register the guard with);
+- rewrite --fork-guard auto refuses the stripped file (exit 2, one line saying why and that
+  `--fork-guard never` accepts it), and so does `--dry-run`: the plan decides it; nothing is
+  written; `--fork-guard never` accepts it;
+- the unstripped copy gets the guard, and (live) traced by bpftrace every child survives;
+- tests/data/nofork-static.c, stripped, never forks, but its C library makes system calls
+  whose number the code does not fix: check says `fork-unknown`, never nothing, and rewrite
+  repeats it.
+Before, check said nothing about forking for both stripped files and rewrite exited 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+from usdtpatch.api import load
+from usdtpatch.sites.check import check
+
+DATA = ROOT / "tests" / "data"
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc"),
+              pytest.mark.skipif(not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists(),
+                                 reason="needs glibc's static library (libc6-dev)")]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("forkstatic")
+    paths: dict[str, Path] = {}
+    for name, src in (("fork", "forkstatic.c"), ("nofork", "nofork-static.c")):
+        exe = out / name
+        subprocess.run(["gcc", "-O2", "-static", "-I", str(ROOT / "fixtures" / "src"),
+                        str(DATA / src), "-o", str(exe)], check=True)
+        stripped = out / f"{name}-stripped"
+        subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
+        paths[name], paths[f"{name}-stripped"] = exe, stripped
+    return paths
+
+
+def _nm(path: Path, name: str) -> tuple[int, int]:
+    text = subprocess.run(["nm", "-S", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 4 and f[3] == name:
+            return int(f[0], 16), int(f[0], 16) + int(f[1], 16)
+    raise AssertionError(name)
+
+
+def test_check_finds_the_fork_in_code(built: dict[str, Path]) -> None:
+    rep = check(load(built["fork-stripped"]))
+    codes = {f.code: f for f in rep.findings}
+    assert "process-can-fork" in codes, [f.code for f in rep.findings]
+    m = re.search(r"system call at (0x[0-9a-f]+)", codes["process-can-fork"].message)
+    assert m is not None
+    lo, hi = _nm(built["fork"], "_Fork")
+    assert lo <= int(m.group(1), 16) < hi
+    assert "fork-guard-unavailable" in codes
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_rewrite_auto_refuses_the_stripped_file(built: dict[str, Path], tmp_path: Path,
+                                                dry: bool) -> None:
+    out = tmp_path / "out"
+    args = ["--dry-run"] if dry else ["-o", out]
+    res = run_cli("rewrite", built["fork-stripped"], *args)
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    assert "--fork-guard never" in res.err and "system call at" in res.err
+    assert len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err
+    assert not out.exists()
+    accepted = run_cli("rewrite", built["fork-stripped"], "-o", out, "--fork-guard", "never")
+    assert accepted.rc == 0, accepted.err
+
+
+def test_no_fork_found_is_said_not_silence(built: dict[str, Path], tmp_path: Path) -> None:
+    rep = check(load(built["nofork-stripped"]))
+    codes = [f.code for f in rep.findings]
+    assert "fork-unknown" in codes and "process-can-fork" not in codes
+    res = run_cli("rewrite", built["nofork-stripped"], "-o", tmp_path / "out", "--json")
+    assert res.rc == 0, res.err
+    said = [f["code"] for f in json.loads(res.out)["files"][0]["findings"]]
+    assert "fork-unknown" in said
+
+
+def _traced(path: Path) -> str:
+    script = f"usdt:{path}:sfork:site {{ @n = count(); }}"
+    done = subprocess.run(["bpftrace", "-e", script, "-c", f"{path} 3"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return "\n".join(sorted(ln for ln in done.stdout.splitlines()
+                            if ln.startswith(("child", "parent"))))
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+def test_guarded_static_children_survive_tracing(built: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = run_cli("rewrite", built["fork"], "-o", out, "--json")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)["files"][0]
+    assert any(f["code"] == "fork-guarded" for f in doc["findings"]), doc["findings"]
+    want = _traced(built["fork"])
+    assert "child-status 0" in want
+    assert _traced(out) == want

@@ -383,7 +383,7 @@ WINDOW_OVERLAPS_SITE = _code(
     "window-overlaps-site", _W,
     "the window overlaps another rewritten site's",
     "the earlier site's detour carries this one when its window covers it",
-    _S)
+    (_F, _S))
 GUARD_IMPOSSIBLE = _code(
     "guard-impossible", _W,
     "the red-zone guard cannot re-express an argument",

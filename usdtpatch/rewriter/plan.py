@@ -266,8 +266,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                 sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
             # the kernel never optimizes a nop5 that crosses a page where it is: move it
             win = _page_crossing_window(p)
-        elif p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5,
-                             SiteForm.COMBO10, SiteForm.NOP10):
+        elif _already_in_form(p.site.form, form):
             decided[p.index] = _skip(sc, findings.SITE_ALREADY_5_BYTE.code,
                                      f"already a {p.site.form.value} site")
             continue
@@ -766,6 +765,16 @@ class Relocations:
                 if rtype == R_X86_64_RELATIVE:
                     return addend, sec.addr + (entry - sec.offset) + 16  # r_addend's field
         return addend, None
+
+
+def _already_in_form(site: SiteForm, form: Form) -> bool:
+    """Whether a site of form `site` is left as it is for the target `form`: a 5-byte NOP
+    site (nop5, nop5-alt, combo5) always; a 10-byte one (nop10, combo10: only the queued
+    nop10 series optimizes it) only for a nop10-series target (--form combo10). For a 6.18
+    target it is rewritten like any NOP run: a nop5 in place, or guarded in a detour."""
+    if site in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
+        return True
+    return site in (SiteForm.COMBO10, SiteForm.NOP10) and form is Form.COMBO10
 
 
 def _not_code(sc: SiteCheck) -> SiteDecision | None:

@@ -9,7 +9,7 @@ The finding codes are documented in docs/findings.md.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
@@ -34,6 +34,7 @@ from usdtpatch.findings import (
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
+    WINDOW_OVERLAPS_SITE,
     Finding,
     Severity,
     lookup,
@@ -132,7 +133,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
-    sites = tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes)
+    sites = _together(tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes))
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
@@ -189,6 +190,41 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
                     f"the file can fork and {len(exposed) - now} site(s) would be "
                     f"rewritten, but the fork guard cannot be added: {problem}"))
     return out
+
+
+def _together(sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
+    """The sites as rewrite (default options) decides them together, walking them in address
+    order as usdtpatch.rewriter.plan does: the sites inside one window go along with the
+    first (one detour; `in-place` only for a window that holds one site and needs no red-zone
+    guard, else the window moves to a detour: `forward`); a window overlapping one already
+    taken is not used (`window-overlaps-site`)."""
+    by_address = sorted(sites, key=lambda s: s.probe.address)
+    decided: dict[int, SiteCheck] = {}
+    claimed: list[tuple[int, int]] = []
+    for sc in by_address:
+        if sc.probe.index in decided:
+            continue
+        w = sc.window.window if sc.window is not None else None
+        if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
+            continue
+        if any(s < w.end and w.start < e for s, e in claimed):
+            why = "its window overlaps another rewritten site's"
+            decided[sc.probe.index] = replace(
+                sc, outcome=BLOCKED, blocked=WINDOW_OVERLAPS_SITE.code,
+                findings=(*sc.findings, WINDOW_OVERLAPS_SITE.finding(
+                    f"{why} ([{w.start:#x}, {w.end:#x}))", sc.probe.probe_id)))
+            continue
+        members = [m for m in by_address if w.start <= m.probe.address < w.end]
+        guarded = any(m.red_zone is None or m.red_zone.may_use for m in members)
+        shape = w.shape.value
+        if w.shape is WindowShape.IN_PLACE and (len(members) > 1 or guarded):
+            shape = FORWARD  # the NOP run moves to a detour, with the guard or its neighbours
+        for m in members:
+            decided[m.probe.index] = replace(m, outcome=shape, blocked=None) \
+                if m.outcome != shape else m
+        claimed.append((w.start, w.end))
+        claimed.extend((r.source, r.source + 1) for r in w.retargets)
+    return tuple(decided.get(s.probe.index, s) for s in sites)
 
 
 def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:

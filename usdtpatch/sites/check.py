@@ -8,6 +8,7 @@ The finding codes are documented in docs/findings.md.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -199,6 +200,7 @@ def _together(sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
     guard, else the window moves to a detour: `forward`); a window overlapping one already
     taken is not used (`window-overlaps-site`)."""
     by_address = sorted(sites, key=lambda s: s.probe.address)
+    addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
     claimed: list[tuple[int, int]] = []
     for sc in by_address:
@@ -214,7 +216,7 @@ def _together(sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
                 findings=(*sc.findings, WINDOW_OVERLAPS_SITE.finding(
                     f"{why} ([{w.start:#x}, {w.end:#x}))", sc.probe.probe_id)))
             continue
-        members = [m for m in by_address if w.start <= m.probe.address < w.end]
+        members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
         guarded = any(m.red_zone is None or m.red_zone.may_use for m in members)
         shape = w.shape.value
         if w.shape is WindowShape.IN_PLACE and (len(members) > 1 or guarded):

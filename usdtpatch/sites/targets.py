@@ -182,6 +182,7 @@ class CodeContext:
         self._sweeps: dict[tuple[int, int], Sweep] = {}
         self._functions: dict[int, FunctionCode] = {}
         self._parts: dict[tuple[int, int], PartScan] = {}
+        self._bounds: dict[int, FunctionBounds | None] = {}
         self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
         self._relative: dict[int, int] | None = None
         # every way into the code around the probes from the whole file (check() builds it
@@ -200,10 +201,14 @@ class CodeContext:
         return got
 
     def bounds(self, address: int) -> FunctionBounds | None:
+        if address in self._bounds:
+            return self._bounds[address]
         try:
-            return function_bounds(address, self.cfi, self.symbols)
+            got = function_bounds(address, self.cfi, self.symbols)
         except CfiError:
-            return None
+            got = None
+        self._bounds[address] = got
+        return got
 
     def function(self, bounds: FunctionBounds) -> FunctionCode:
         got = self._functions.get(bounds.start)

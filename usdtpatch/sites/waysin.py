@@ -20,18 +20,19 @@ this index adds what lies outside it, found by scanning the whole file once:
 
 The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72)), less the
 function starts (a start is a target anyway). The scans are C-level passes (bytes.split,
-map, set intersection): libjvm.so's 14 MB of code and 100k relocations take about 0.1 s.
+map, set intersection).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import accumulate, compress, repeat
-from operator import add
+from itertools import compress, repeat
+from operator import add, itemgetter
 
 from usdtpatch.elf.image import (
     ET_EXEC,
@@ -93,15 +94,18 @@ class WaysIn:
             i += 1
 
 
-def _regions(probes: Iterable[int], starts: list[int]) -> set[int]:
-    """The protected addresses: [pc - BEFORE, pc + AFTER) of each probe, less function starts
-    (`starts` sorted)."""
+def _regions(sites: list[tuple[int, int, int]], starts: list[int]) -> set[int]:
+    """The protected addresses: [pc - BEFORE, pc + AFTER) of each probe, within its function
+    (and the padding after it) when its bounds are known, less function starts (`starts`
+    sorted): a window never leaves its function's bytes."""
     out: set[int] = set()
-    for pc in set(probes):
-        out.update(range(max(0, pc - BEFORE), pc + AFTER))
-    for pc in set(probes):
-        i = bisect_left(starts, pc - BEFORE)
-        while i < len(starts) and starts[i] < pc + AFTER:
+    for pc, fstart, fend in set(sites):
+        lo, hi = pc - BEFORE, pc + AFTER
+        if fstart < fend:
+            lo, hi = max(lo, fstart), min(hi, fend + 64)
+        out.update(range(max(0, lo), hi))
+        i = bisect_left(starts, lo)
+        while i < len(starts) and starts[i] < hi:
             out.discard(starts[i])
             i += 1
     return out
@@ -121,46 +125,34 @@ def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
     return out
 
 
-def _positions(data: bytes, byte: bytes) -> list[int]:
-    """Offsets of every occurrence of the one byte `byte` in `data` (C-level: split +
-    accumulate)."""
-    parts = data.split(byte)
-    if len(parts) == 1:
-        return []
-    out = list(accumulate(map(add, map(len, parts[:-1]), repeat(1)), initial=-1))
-    del out[0]
-    return out
+def _positions(data: bytes, pattern: re.Pattern[bytes]) -> list[int]:
+    """Offsets of every match of `pattern` in `data` (C-level: finditer, Match.start)."""
+    return list(map(re.Match.start, pattern.finditer(data)))
 
 
 def _rel32_hits(data: bytes, vaddr: int, opcode_at: list[int], head: int,
-                protected: set[int]) -> list[tuple[int, int]]:
+                shifted: set[int]) -> list[tuple[int, int]]:
     """(source vaddr, target) of each rel32 whose opcode ends `head` bytes after each offset
-    of `opcode_at` and whose target is protected."""
+    of `opcode_at` and whose target is protected (`shifted`: the protected addresses less
+    vaddr + 4)."""
     limit = len(data) - head - 4
     at = [p for p in opcode_at if p <= limit] if opcode_at and opcode_at[-1] > limit \
         else opcode_at
     disp_at = list(map(add, at, repeat(head)))
-    disps = [d for (d,) in map(_S32.unpack_from, repeat(data), disp_at)]
-    # target = vaddr + position + head + 4 + disp
-    targets = list(map(add, map(add, disp_at, disps), repeat(vaddr + 4)))
-    hits = protected.intersection(targets)
+    # offset of the displacement + the displacement = target - vaddr - 4
+    rel = list(map(add, disp_at, map(_FIRST, map(_S32.unpack_from, repeat(data), disp_at))))
+    hits = shifted.intersection(rel)
     if not hits:
         return []
-    return [(vaddr + at[i], targets[i])
-            for i in compress(range(len(targets)), map(hits.__contains__, targets))]
+    return [(vaddr + at[i], rel[i] + vaddr + 4)
+            for i in compress(range(len(rel)), map(hits.__contains__, rel))]
 
 
-_E9_AS_E8 = bytes.maketrans(b"\xe9", b"\xe8")
-_JCC2 = frozenset(range(0x80, 0x90))
-_RIP_MODRM = frozenset(m for m in range(256) if m & 0xC7 == 0x05)
+_FIRST = itemgetter(0)
+_CALL_JMP = re.compile(rb"[\xe8\xe9]")
+_JCC32 = re.compile(rb"\x0f[\x80-\x8f]")
+_LEA_RIP = re.compile(rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]")  # ModRM mod 00, rm 101
 _REL8 = frozenset({0xEB, *range(0x70, 0x80), 0xE0, 0xE1, 0xE2, 0xE3})
-
-
-def _followed_by(data: bytes, at: list[int], allowed: frozenset[int]) -> list[int]:
-    """The offsets of `at` whose next byte is in `allowed`."""
-    usable = [p for p in at if p + 1 < len(data)] if at and at[-1] + 1 >= len(data) else at
-    nxt = [data[p + 1] for p in usable]
-    return list(compress(usable, map(allowed.__contains__, nxt)))
 
 
 def _scan_code(image: ElfImage, protected: set[int],
@@ -169,15 +161,13 @@ def _scan_code(image: ElfImage, protected: set[int],
     ranges = code_ranges(image)
     for vaddr, off, size in ranges:
         data = bytes(image.data[off:off + size])
-        calls = _positions(data.translate(_E9_AS_E8), b"\xe8")  # e8 and e9: one pass
-        for src, t in _rel32_hits(data, vaddr, calls, 1, protected):
+        shifted = {t - vaddr - 4 for t in protected}
+        for src, t in _rel32_hits(data, vaddr, _positions(data, _CALL_JMP), 1, shifted):
             name = "call" if data[src - vaddr] == 0xE8 else "jmp"
             out.append(WayIn(t, BRANCH_REL32, src, f"{name} rel32 at {src:#x}"))
-        jcc = _followed_by(data, _positions(data, b"\x0f"), _JCC2)
-        for src, t in _rel32_hits(data, vaddr, jcc, 2, protected):
+        for src, t in _rel32_hits(data, vaddr, _positions(data, _JCC32), 2, shifted):
             out.append(WayIn(t, BRANCH_REL32, src, f"jcc rel32 at {src:#x}"))
-        lea = _followed_by(data, _positions(data, b"\x8d"), _RIP_MODRM)
-        for src, t in _rel32_hits(data, vaddr, lea, 2, protected):
+        for src, t in _rel32_hits(data, vaddr, _positions(data, _LEA_RIP), 2, shifted):
             out.append(WayIn(t, ADDRESS_TAKEN, src, f"rip-relative lea at {src:#x}"))
     # rel8: only sources within reach of a probe's region and outside its function (whose
     # own jumps its disassembly knows)
@@ -291,6 +281,6 @@ def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
     sites = list(probes)
     if not sites:
         return WaysIn(())
-    protected = _regions((pc for pc, _s, _e in sites), starts)
+    protected = _regions(sites, starts)
     return WaysIn([*_scan_code(image, protected, sites), *_scan_relocations(image, protected),
                    *_scan_words(image, protected)])

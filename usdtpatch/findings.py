@@ -404,7 +404,7 @@ WINDOW_CALL_UNWIND = _code(
     "a call in the window needs exception tables the detour cannot get, and cannot be "
     "emulated",
     "the site stays on the int3 path; a build with a 5-byte NOP header converts it",
-    _S)
+    (_F, _S))
 RELOCATION_FAILED = _code(
     "relocation-failed", _E,
     "the window's code cannot be relocated",

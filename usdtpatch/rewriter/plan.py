@@ -19,7 +19,7 @@ from itertools import pairwise
 from typing import Any
 
 from usdtpatch import findings
-from usdtpatch.elf.cfi import CfiError, CfiIndex, Lsda, load_cfi, parse_lsda
+from usdtpatch.elf.cfi import CfiIndex, Lsda, load_cfi
 from usdtpatch.elf.ehframe import (
     RSP,
     LsdaRow,
@@ -27,11 +27,9 @@ from usdtpatch.elf.ehframe import (
     Row,
     build_detour_lsda,
     detour_call_sites,
-    personality_of,
     rows_at,
 )
 from usdtpatch.elf.image import EM_X86_64, SHT_RELA, ElfImage, Section
-from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
@@ -46,6 +44,9 @@ from usdtpatch.rewriter.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
+from usdtpatch.sites.calls import CALL_CHOICES, CALLS_AUTO, MOVED, shadow_stack_marked
+from usdtpatch.sites.calls import DetourEh as _DetourEh
+from usdtpatch.sites.calls import call_technique as _call_technique
 from usdtpatch.sites.check import CheckReport, SiteCheck, check
 from usdtpatch.sites.probes import BASE_SECTION, Probe, ProbeSet, read_probes
 from usdtpatch.sites.rules import optimized_where_it_is
@@ -131,15 +132,6 @@ class DetourUnwind:
     rows: tuple[tuple[int, Row], ...]
     lsda: int | None = None
     personality: Personality | None = None
-
-
-# How the calls of a window are handled (plan_rewrite's `calls`, SiteDecision.calls).
-CALLS_AUTO = "auto"  # move, with an LSDA where needed; emulate only where that cannot be
-CALLS_MOVE = "move"  # always move (skip where the detour's LSDA cannot be built)
-CALLS_EMULATE = "emulate"  # emulate where possible (never in a SHSTK-marked file), else move
-CALL_CHOICES = (CALLS_AUTO, CALLS_MOVE, CALLS_EMULATE)
-MOVED = "moved"
-EMULATED = "emulated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,77 +497,6 @@ def existing_nop5_sites(image: ElfImage, sites: tuple[SiteDecision, ...]
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _DetourEh:
-    """What a detour that moves calls needs for exceptions: the function's LSDA and
-    personality (the detour gets its own LSDA, built from them)."""
-
-    lsda: Lsda
-    personality: Personality
-
-
-def shadow_stack_marked(image: ElfImage) -> bool:
-    """Whether `.note.gnu.property` marks the file as shadow-stack compatible (x86 feature
-    SHSTK): its process may run with a user-space shadow stack, where a `ret` must match a
-    `call`."""
-    sec = image.section(".note.gnu.property")
-    if sec is None:
-        return False
-    bits = x86_feature_1_and(bytes(image.section_data(sec)), image.is64)
-    return bool(bits is not None and bits & GNU_PROPERTY_X86_FEATURE_1_SHSTK)
-
-
-def _emulable(win: PatchWindow) -> str | None:
-    """Why the window's calls cannot be emulated (None: they can)."""
-    if len(win.calls) != 1:
-        return f"the window holds {len(win.calls)} calls"
-    last = win.insns[-1] if win.insns else None
-    if last is None or last.address != win.calls[0] or last.end != win.end:
-        return "its call is not the window's last instruction"
-    return None
-
-
-def _call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
-                    shstk: bool) -> tuple[str, frozenset[int], _DetourEh | None] | str:
-    """How the window's calls go along: (MOVED or EMULATED, the calls to emulate, what the
-    detour's LSDA is built from), or why neither technique is sound here."""
-    no_emulation = _emulable(win)
-    if shstk:
-        no_emulation = ("the file marks shadow stacks (an emulated call's ret would not "
-                        "match the shadow stack)")
-    if calls == CALLS_EMULATE and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
-    need = _calls_unwind(image, cfi, win)
-    if need is None:
-        return MOVED, frozenset(), None
-    eh = _detour_eh(image, cfi, win)
-    if not isinstance(eh, str):
-        return MOVED, frozenset(), eh
-    if calls == CALLS_AUTO and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
-    why = f"{need}; the detour's LSDA cannot be built ({eh})"
-    if calls != CALLS_MOVE:
-        why += f"; the call cannot be emulated ({no_emulation})"
-    return why
-
-
-def _detour_eh(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> _DetourEh | str:
-    """The function's LSDA and personality, checked by building an LSDA from them, or why
-    a detour cannot get one."""
-    fde = cfi.lookup(win.start)
-    if fde is None or fde.lsda is None:
-        return "no LSDA"
-    try:
-        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
-        personality = personality_of(image, fde.cie)
-        rows = [LsdaRow(c.start, c.end, c.landing_pad, c.action) for c in lsda.call_sites
-                if c.start < win.end and win.start < c.end]
-        build_detour_lsda(image, lsda, win.start, win.start, rows)  # a trial at the window
-    except (CfiError, UnsupportedError) as exc:
-        return str(exc)
-    return _DetourEh(lsda, personality)
-
-
 def _lsda_rows(lsda: Lsda, win: PatchWindow, detour: Detour) -> list[LsdaRow]:
     """The detour's call-site rows: each relocated instruction with its original row."""
     order = list(detour.insn_map)
@@ -585,37 +506,6 @@ def _lsda_rows(lsda: Lsda, win: PatchWindow, detour: Detour) -> list[LsdaRow]:
         if orig in ends:
             spans.append((orig, ends[orig], new, next_new))
     return detour_call_sites(lsda, spans)
-
-
-def _calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
-    """Why the window's calls cannot be moved into a detour whose FDE has no LSDA, or None.
-
-    An exception thrown by a moved call unwinds through the detour's FDE, which names no
-    personality: unwinding goes on to the caller. That is what the original does when its
-    function has no LSDA, or when the call's call-site entry has no landing pad and no action;
-    a call with a landing pad (a catch, a destructor), or one the table leaves out (which ends
-    in std::terminate, as in a noexcept function), would behave differently.
-    """
-    fde = cfi.lookup(win.start)
-    if fde is None or fde.lsda is None:
-        return None
-    try:
-        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
-    except CfiError as exc:
-        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
-    calls = set(win.calls)
-    for ins in win.insns:
-        if ins.address not in calls:
-            continue
-        at = ins.end - 1  # the unwinder looks up the return address minus one
-        entry = next((c for c in lsda.call_sites if c.start <= at < c.end), None)
-        if entry is None:
-            return (f"the call at {ins.address:#x} is left out of the function's call-site "
-                    f"table (an exception there ends in std::terminate)")
-        if entry.landing_pad is not None or entry.action:
-            return (f"the call at {ins.address:#x} has a landing pad at "
-                    f"{entry.landing_pad or 0:#x} in the function's LSDA")
-    return None
 
 
 class _WayIn(RelocationError):

@@ -34,12 +34,14 @@ from usdtpatch.findings import (
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
+    WINDOW_CALL_UNWIND,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
     Finding,
     Severity,
     lookup,
 )
+from usdtpatch.sites.calls import CALLS_AUTO, call_technique, shadow_stack_marked
 from usdtpatch.sites.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.sites.functions import FunctionBounds
 from usdtpatch.sites.hazards import (
@@ -134,7 +136,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
-    sites = _together(tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes))
+    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes))
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
@@ -193,12 +195,14 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     return out
 
 
-def _together(sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
+def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
     """The sites as rewrite (default options) decides them together, walking them in address
     order as usdtpatch.rewriter.plan does: the sites inside one window go along with the
     first (one detour; `in-place` only for a window that holds one site and needs no red-zone
     guard, else the window moves to a detour: `forward`); a window overlapping one already
-    taken is not used (`window-overlaps-site`)."""
+    taken is not used (`window-overlaps-site`); a window whose calls can neither move nor be
+    emulated (usdtpatch.sites.calls, `--calls auto`) is not used (`window-call-unwind`)."""
+    shstk: bool | None = None
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
@@ -216,6 +220,14 @@ def _together(sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
                 findings=(*sc.findings, WINDOW_OVERLAPS_SITE.finding(
                     f"{why} ([{w.start:#x}, {w.end:#x}))", sc.probe.probe_id)))
             continue
+        if w.calls:
+            shstk = shadow_stack_marked(ctx.image) if shstk is None else shstk
+            how = call_technique(ctx.image, ctx.cfi, w, CALLS_AUTO, shstk)
+            if isinstance(how, str):
+                decided[sc.probe.index] = replace(
+                    sc, outcome=BLOCKED, blocked=WINDOW_CALL_UNWIND.code,
+                    findings=(*sc.findings, WINDOW_CALL_UNWIND.finding(how, sc.probe.probe_id)))
+                continue
         members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
         guarded = any(m.red_zone is None or m.red_zone.may_use for m in members)
         shape = w.shape.value

@@ -12,8 +12,9 @@ this index adds what lies outside it, found by scanning the whole file once:
   that no instruction starts there (the bytes belong to another instruction);
 - rip-relative `lea` (`8d` with a rip-relative ModRM) anywhere in code: the address of a label
   taken (a computed goto's `&&label` at -O0, a `lea` kept in a register or on the stack);
-- relocations: every SHT_RELA entry whose value (R_X86_64_RELATIVE / IRELATIVE: the addend;
-  R_X86_64_64 and the other symbol relocations: the symbol's value + addend) lands in a region;
+- relocations: every entry of an allocated SHT_RELA table (the loader's) whose value
+  (R_X86_64_RELATIVE / IRELATIVE: the addend; R_X86_64_64 and the other symbol relocations:
+  the symbol's value + addend) lands in a region;
 - data words: every 8-byte-aligned 64-bit word and, in a fixed-address file, every
   4-byte-aligned 32-bit word of any allocated section whose value lands in a region (a non-PIE
   `&&label` table, an `.init_array`-like table, a table of handlers).
@@ -194,7 +195,9 @@ def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
     if not image.is64 or not image.little_endian or sys.byteorder != "little":
         return out
     for sec in image.sections:
-        if sec.type != SHT_RELA or sec.offset + sec.size > len(image.data):
+        # the loader's tables only: a kept static table (--emit-relocs) describes bytes the
+        # code and word scans read as they are
+        if sec.type != SHT_RELA or not sec.allocated or sec.offset + sec.size > len(image.data):
             continue
         usable = sec.size - sec.size % 24
         raw = memoryview(image.data)[sec.offset:sec.offset + usable]

@@ -26,6 +26,11 @@ a call's return value, or a `lea` of code outside the function are tail calls; a
 label inside the function is a computed goto (the label becomes a target); anything else is
 not understood and makes the function all-targets.
 
+The ways in from the rest of the file (branches of other functions and sections, addresses
+taken by `lea`, relocations and data words that hold an address inside the function) come
+from one file-wide index (usdtpatch.sites.waysin, `CodeContext.ways_in`), checked against the
+disassembly of the code that holds them and merged into the function's targets.
+
 Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep is cached.
 """
 

@@ -19,9 +19,10 @@ this index adds what lies outside it, found by scanning the whole file once:
   4-byte-aligned 32-bit word of any allocated section whose value lands in a region (a non-PIE
   `&&label` table, an `.init_array`-like table, a table of handlers).
 
-The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72)), less the
-function starts (a start is a target anyway). The scans are C-level passes (bytes.split,
-map, set intersection).
+The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72), within
+its function and the padding after it), less the function starts (a start is a target
+anyway). The scans are C-level passes (regex search, map, set intersection): linear in the
+file's code, about 0.5 s of CPU for libjvm.so's 14 MB (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -247,18 +247,18 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
 def _not_code(fc: FunctionCode, pc: int) -> str | None:
     """Why the probe at `pc` (an instruction boundary of the linear disassembly) is not code
     (None: it is): inside a recognized jump table, or reached by no path from the function's
-    ways in (FunctionCode.reached)."""
+    ways in (FunctionCode.reached; in an all-targets function every boundary counts)."""
     table = fc.in_table(pc)
     if table is not None:
         return (f"the probe at {pc:#x} lies inside the jump table at {table.table:#x} "
                 f"({table.entries} entries of {table.entry_size} bytes, used by the jump at "
                 f"{table.jump:#x}): it is data")
-    if pc not in fc.reached():
-        why = (f" (and every instruction counts as a target: {fc.all_targets})"
-               if fc.all_targets is not None else "")
+    if fc.all_targets is None and pc not in fc.reached():
+        # (in a function whose indirect jumps are not all understood, every boundary counts
+        # as reached, as it counts as a target)
         return (f"the probe at {pc:#x} is reached by no path from the function's start, "
                 f"symbols, landing pads, jump tables or any way in: data or padding in the "
-                f"code{why}")
+                f"code")
     return None
 
 

@@ -114,16 +114,19 @@ def _regions(sites: list[tuple[int, int, int]], starts: list[int]) -> set[int]:
 
 
 def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
-    """(vaddr, file offset, size) of the executable bytes: SHF_EXECINSTR sections, else the
-    executable PT_LOADs (a file without section headers)."""
+    """(vaddr, file offset, size) of the executable bytes the file holds: SHF_EXECINSTR
+    sections, else the executable PT_LOADs (a file without section headers); each clipped to
+    the end of the file (a damaged header may claim more)."""
     out: list[tuple[int, int, int]] = []
-    secs = [s for s in image.sections if s.flags & SHF_EXECINSTR and s.type != SHT_NOBITS
-            and s.allocated]
-    if secs:
-        return [(s.addr, s.offset, s.size) for s in secs]
-    for seg in image.segments:
-        if seg.type == PT_LOAD and seg.flags & PF_X:
-            out.append((seg.vaddr, seg.offset, seg.filesz))
+    secs = [(s.addr, s.offset, s.size) for s in image.sections
+            if s.flags & SHF_EXECINSTR and s.type != SHT_NOBITS and s.allocated]
+    if not secs:
+        secs = [(g.vaddr, g.offset, g.filesz) for g in image.segments
+                if g.type == PT_LOAD and g.flags & PF_X]
+    for vaddr, off, size in secs:
+        size = min(size, len(image.data) - off)
+        if off >= 0 and size > 0:
+            out.append((vaddr, off, size))
     return out
 
 

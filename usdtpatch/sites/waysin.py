@@ -123,8 +123,8 @@ def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
     if not secs:
         secs = [(g.vaddr, g.offset, g.filesz) for g in image.segments
                 if g.type == PT_LOAD and g.flags & PF_X]
-    for vaddr, off, size in secs:
-        size = min(size, len(image.data) - off)
+    for vaddr, off, claimed in secs:
+        size = min(claimed, len(image.data) - off)
         if off >= 0 and size > 0:
             out.append((vaddr, off, size))
     return out

@@ -147,3 +147,15 @@ def test_guarded_static_children_survive_tracing(built: dict[str, Path], tmp_pat
     bare = tmp_path / "bare"
     assert run_cli("rewrite", built[name], "-o", bare, "--fork-guard", "never").rc == 0
     assert "child-status 0" not in _traced(bare)  # unguarded, every traced child dies
+
+
+def test_hooked_guard_verifies_and_restores(built: dict[str, Path], tmp_path: Path) -> None:
+    """The emulator runs the hooked guard's child stub (`verify`: the child's sites are back
+    on the int3 path), and `restore` gives the original file back, byte for byte."""
+    out, back = tmp_path / "out", tmp_path / "back"
+    assert run_cli("rewrite", built["fork-stripped"], "-o", out).rc == 0
+    res = run_cli("verify", out)
+    assert res.rc == 0, res.out + res.err
+    assert "fork-guarded" in res.out and "re-armed" in res.out
+    assert run_cli("restore", out, "-o", back).rc == 0
+    assert back.read_bytes() == built["fork-stripped"].read_bytes()

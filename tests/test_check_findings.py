@@ -162,6 +162,8 @@ TRIGGERED_ELSEWHERE = {
     "fork-guarded": "tests/test_fork_guard.py",
     "fork-guard-failed": "tests/test_fork_emulate.py",
     "fork-guard-unavailable": "tests/test_fork_guard.py",
+    "probe-not-code": "tests/test_sites_datacode.py",
+    "fork-unknown": "tests/test_fork_static.py",
 }
 
 

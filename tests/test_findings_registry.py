@@ -36,6 +36,8 @@ NOT_CODES = frozenset({
     "call-indirect", "jmp-indirect",  # x86/decode.py branch kinds
     "call-target", "return-site", "landing-pad", "jump-table", "jump-from-other-part",
     "rseq-abort", "unknown-indirect",  # sites/targets.py target kinds
+    "branch-from-elsewhere", "short-branch-from-elsewhere", "address-taken", "data-word",
+    # sites/waysin.py: kinds of way in from the whole file
     "in-place",  # window shape / rewrite action
     "rel8-stub",  # sites/windows.py: how a branch into a window is retargeted
     "nop5-alt",  # site form

@@ -32,15 +32,8 @@ from usdtpatch.elf.cfi import load_cfi, parse_lsda
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.emulate.equivalence import verify_detour
 from usdtpatch.rewriter.build import build_rewrite
-from usdtpatch.rewriter.plan import (
-    EMULATED,
-    MOVED,
-    RewritePlan,
-    SiteDecision,
-    Status,
-    plan_rewrite,
-    shadow_stack_marked,
-)
+from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Status, plan_rewrite
+from usdtpatch.sites.calls import EMULATED, MOVED, shadow_stack_marked
 from usdtpatch.sites.windows import REL8_STUB, REL32, TABLE4, TABLE8
 from usdtpatch.x86.relocate import Detour
 

@@ -384,6 +384,8 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         return outcome(False, note=str(exc)), copy, origin
+    if rp.fork_refusal is not None:  # the plan's decision: a dry run refuses it too
+        raise UnsupportedError(rp.fork_refusal)
     if target is None:
         return outcome(rp.changed, rp.sites, rp.findings), None, origin
     findings = rp.findings

@@ -234,6 +234,9 @@ WINDOW_ALL_TARGETS = _code("window-all-targets", _W,
                            _BLOCK_HINT, (_F, _S))
 PROBE_NOT_DECODED = _code("probe-not-decoded", _W,
                           "the pc is not an instruction boundary", _BLOCK_HINT, (_F, _S))
+PROBE_NOT_CODE = _code("probe-not-code", _W,
+                       "the pc is data in code: a jump table, a constant island, padding",
+                       "fix the note's pc; the site is left as it is", (_F, _S))
 WINDOW_NO_FUNCTION_BOUNDS = _code("window-no-function-bounds", _W,
                                   "no FDE and no symbol covers the site", _BLOCK_HINT, (_F, _S))
 SITE_IN_RSEQ_CS = _code("site-in-rseq-cs", _W, "the site is inside an rseq critical section",
@@ -258,6 +261,12 @@ PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites 
                          "default), and usdtpatch's sys/sdt.h builds one in "
                          "(USDTPATCH_FORK_GUARD); without one, keep these probes on the int3 "
                          "path in processes that fork")
+FORK_UNKNOWN = _code("fork-unknown", _W,
+                     "no symbol names a fork and the code cannot tell whether it forks",
+                     "if the process forks, rewrite with --fork-guard always (the guard, or a "
+                     "refusal saying why it cannot be added), or keep its probes on the int3 "
+                     "path in processes that fork",
+                     (_F,))
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
 DETOUR_SYMBOLS_LEFT_OUT = _code(
@@ -420,7 +429,7 @@ WINDOW_OVERLAPS_SITE = _code(
     "window-overlaps-site", _W,
     "the window overlaps another rewritten site's",
     "the earlier site's detour carries this one when its window covers it",
-    _S)
+    (_F, _S))
 GUARD_IMPOSSIBLE = _code(
     "guard-impossible", _W,
     "the red-zone guard cannot re-express an argument",
@@ -441,7 +450,7 @@ WINDOW_CALL_UNWIND = _code(
     "a call in the window needs exception tables the detour cannot get, and cannot be "
     "emulated",
     "the site stays on the int3 path; a build with a 5-byte NOP header converts it",
-    _S)
+    (_F, _S))
 RELOCATION_FAILED = _code(
     "relocation-failed", _E,
     "the window's code cannot be relocated",

@@ -129,12 +129,14 @@ def site_views(path: str, report: CheckReport, sites: Sequence[SiteCheck] | None
     ps = report.probeset
     if sites is None:
         sites = report.sites
-    symbols = load_symbols(ps.image)
-    try:
-        cfi = load_cfi(ps.image)
-    except CfiError:
-        cfi = CfiIndex(ps.image, (), (), "none")
-    ctx = CodeContext(ps.image, cfi, symbols)
+    ctx = report.context  # check's: its functions know the file-wide ways in
+    if ctx is None:
+        symbols = load_symbols(ps.image)
+        try:
+            cfi = load_cfi(ps.image)
+        except CfiError:
+            cfi = CfiIndex(ps.image, (), (), "none")
+        ctx = CodeContext(ps.image, cfi, symbols)
     names = demangle([s.probe.function for s in sites if s.probe.function])
     docs: list[dict[str, Any]] = []
     for s in sites:

@@ -107,7 +107,10 @@ def fork_exposure(image: ElfImage) -> str | None:
     the address space, or it is a shared object (whatever process loads it may fork).
 
     vfork, posix_spawn, system and popen are not counted: their child runs in the parent's
-    address space, trampoline included, until it execs."""
+    address space, trampoline included, until it execs. Where no symbol names a fork, the
+    code is asked (usdtpatch.sites.hazards.fork_evidence): a fork system call, or clone
+    without CLONE_VM. A system call whose number the code does not fix is not counted here:
+    check reports it (`fork-unknown`), and so does rewrite."""
     from usdtpatch.sites.hazards import FORK_COPIES_MM, imported_fork_family
 
     calls = [f for f in imported_fork_family(image) if f in FORK_COPIES_MM]
@@ -118,7 +121,17 @@ def fork_exposure(image: ElfImage) -> str | None:
         return f"it calls {', '.join(calls)}"
     if _kind(image) == "shared":
         return "it is a shared object (the process that loads it may fork)"
+    if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
+        # no symbol names a fork (a stripped static executable, a raw system call): the code
+        from usdtpatch.sites.hazards import fork_evidence_of
+
+        return fork_evidence_of(image).describe()
     return None
+
+
+def is_shared(image: ElfImage) -> bool:
+    """Whether `image` is a shared object (not an executable, static or dynamic)."""
+    return _kind(image) == "shared"
 
 
 def _kind(image: ElfImage) -> str:
@@ -334,8 +347,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     if kind == "static":
         register_atfork = _symbol(image, "__register_atfork")
         if register_atfork is None:
-            raise GuardUnsupported("static executable whose symbol table does not name "
-                                   "__register_atfork (stripped, or fork handlers not linked)")
+            # no registration point: hook the fork system calls themselves
+            return _syscall_guard(image, todo, place_at)
     if dyn_entries:
         target, how, where = _find_hook(image, dyn_entries, relas)
     else:
@@ -396,6 +409,123 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                ("__usdtpatch_fork_register", code + _code.REGISTER,
                 len(_code.CODE) - _code.REGISTER))
     return GuardBuild(place_at, bytes(text), patches, tuple(a for a, _ in todo), table,
+                      symbols, how)
+
+
+# --- a static executable without __register_atfork: the fork system calls hooked -----------
+
+SYSCALL_HOOK_WINDOW = 7  # mov $N,%eax (b8 imm32) + syscall (0f 05)
+_CHILD_CALL = bytes([
+    0x48, 0x8D, 0x64, 0x24, 0x80,  # lea -0x80(%rsp),%rsp: past the red zone
+    0x50, 0x51, 0x52, 0x56, 0x57,  # push %rax, %rcx, %rdx, %rsi, %rdi
+    0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53,  # push %r8 .. %r11
+    0x9C,  # pushfq
+    0x55, 0x48, 0x89, 0xE5,  # push %rbp; mov %rsp,%rbp
+    0x48, 0x83, 0xE4, 0xF0,  # and $-16,%rsp
+])
+_CHILD_RETURN = bytes([
+    0x48, 0x89, 0xEC, 0x5D,  # mov %rbp,%rsp; pop %rbp
+    0x9D,  # popfq
+    0x41, 0x5B, 0x41, 0x5A, 0x41, 0x59, 0x41, 0x58,  # pop %r11 .. %r8
+    0x5F, 0x5E, 0x5A, 0x59, 0x58,  # pop %rdi, %rsi, %rdx, %rcx, %rax
+    0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00,  # lea 0x80(%rsp),%rsp
+])
+
+
+def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int]] | str:
+    """(window start, system call number) of each fork system call of a static executable
+    that the guard can hook (usdtpatch.sites.hazards.fork_evidence: fork, or clone without
+    CLONE_VM): `mov $N,%eax` right before the `syscall`, the `syscall` reached only from it
+    (no branch target there, no way in from the whole file), or why one cannot be hooked."""
+    from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
+    from usdtpatch.elf.symbols import load_symbols
+    from usdtpatch.sites.hazards import fork_evidence
+    from usdtpatch.sites.targets import CodeContext
+    from usdtpatch.sites.waysin import build_ways_in
+
+    try:
+        cfi = load_cfi(image)
+    except CfiError:
+        cfi = CfiIndex(image, (), (), "none")
+    ctx = CodeContext(image, cfi, load_symbols(image))
+    ev = fork_evidence(ctx)
+    if not ev.forks:  # (system calls of a number the code does not fix: fork-unknown)
+        return "no fork system call was found to hook"
+    out: list[tuple[int, int]] = []
+    for pc, what in ev.forks:
+        start = pc - 5
+        raw = bytes(image.read_vaddr(start, SYSCALL_HOOK_WINDOW))
+        bounds = ctx.bounds(pc)
+        if len(raw) != SYSCALL_HOOK_WINDOW or raw[0] != 0xB8 or raw[5:] != b"\x0f\x05" \
+                or bounds is None or not bounds.contains(start):
+            return f"the {what} system call at {pc:#x} is not `mov $N,%eax; syscall`"
+        ctx.ways_in = build_ways_in(image, [(pc, bounds.start, bounds.end)],
+                                    sorted({*cfi.starts, *ctx.symbols.addresses}))
+        fc = ctx.function(bounds)
+        if fc.all_targets is not None or fc.is_target(pc) or fc.index_of(start) is None:
+            return f"the {what} system call at {pc:#x} is reached other than from its mov"
+        out.append((start, int.from_bytes(raw[1:5], "little")))
+    return out
+
+
+def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
+                   place_at: int) -> GuardBuild:
+    """The guard of a static executable without `__register_atfork`: each fork system call
+    (fork_syscall_hooks) jumps to a copy that makes the call and, in the child (%rax 0),
+    calls the child stub with every register the code after it may read kept."""
+    hooks = fork_syscall_hooks(image)
+    if isinstance(hooks, str):
+        raise GuardUnsupported(f"static executable whose symbol table does not name "
+                               f"__register_atfork (stripped, or fork handlers not linked), "
+                               f"and {hooks}")
+    child = place_at + CHILD_STUB
+    code = place_at + CODE_AT
+    table = (code + len(_code.CODE) + 3) & ~3
+    table_end = table + ENTRY_SIZE * len(todo)
+    a = _Asm(child)
+    a.lea("rdi", table)
+    a.lea("rsi", table_end)
+    a.jmp(code + _code.REARM)
+    stub_child = bytes(a.code)
+    h = _Asm((table_end + 15) & ~15)
+    patches: list[tuple[int, bytes]] = []
+    starts: list[int] = []
+    for start, number in hooks:
+        at = h.pc
+        starts.append(at)
+        back = start + SYSCALL_HOOK_WINDOW
+        h.raw(b"\xb8" + struct.pack("<I", number) + b"\x0f\x05")  # the system call itself
+        h.raw(b"\x48\x85\xc0")  # test %rax,%rax
+        h.raw(b"\x0f\x85" + _rel32(h.pc + 6, at + 0))  # placeholder, fixed below
+        jnz_at = len(h.code) - 6
+        h.raw(_CHILD_CALL)
+        h.call(child)
+        h.raw(_CHILD_RETURN)
+        cont = h.pc
+        h.code[jnz_at + 2: jnz_at + 6] = _rel32(h.address + jnz_at + 6, cont)
+        h.jmp(back)
+        off = image.vaddr_to_offset(start)
+        if off is None:
+            raise GuardUnsupported(f"the fork system call at {start:#x} is not in the file")
+        patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc\xcc"))
+    text = bytearray(b"\xcc" * (h.pc - place_at))
+    text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
+    text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
+    for i, (addr, raw) in enumerate(todo):
+        entry = table + i * ENTRY_SIZE
+        rel = addr - entry
+        if not -(1 << 31) <= rel < (1 << 31) or rel == 0:
+            raise GuardUnsupported(f"site {addr:#x} is out of reach of the table")
+        text[entry - place_at: entry - place_at + ENTRY_SIZE] = (
+            struct.pack("<i", rel) + raw + b"\0\0\0")
+    text[h.address - place_at:] = h.code
+    how = ("the fork system call" + ("s" if len(hooks) > 1 else "") + " at "
+           + ", ".join(f"{s + 5:#x}" for s, _n in hooks)
+           + " (hooked: no __register_atfork to register with)")
+    symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
+               ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
+               ("__usdtpatch_fork_hooks", h.address, len(h.code)))
+    return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
                       symbols, how)
 
 

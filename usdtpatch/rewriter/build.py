@@ -55,7 +55,7 @@ from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter.forms import ForkGuard
 from usdtpatch.rewriter.marker import MARKER_SECTION, marker_note
-from usdtpatch.rewriter.plan import Action, RewritePlan, Status, existing_nop5_sites
+from usdtpatch.rewriter.plan import Action, RewritePlan, output_nop5_sites
 from usdtpatch.sites.probes import NOTE_SECTION
 
 TEXT_SECTION = ".usdtpatch.text"
@@ -99,12 +99,7 @@ def guard_sites(plan: RewritePlan) -> tuple[tuple[int, bytes], ...]:
 
     The rewritten sites (at their new pc) and the sites that already were 5-byte NOPs.
     """
-    form = plan.form
-    off = form.optimized_offset
-    out = [(s.new_pc + off, form.bytes[off : off + form.optimized_length])
-           for s in plan.sites if s.status is Status.REWRITTEN and s.new_pc is not None]
-    out += existing_nop5_sites(plan.image, plan.sites)
-    return tuple(sorted(out))
+    return output_nop5_sites(plan.image, plan.form, plan.sites)
 
 
 def _fork_guard(plan: RewritePlan, place_at: int) -> ForkGuardCode | None:
@@ -118,6 +113,8 @@ def _fork_guard(plan: RewritePlan, place_at: int) -> ForkGuardCode | None:
     every file; a file that needs it and cannot carry it is refused (UnsupportedError) unless
     --fork-guard never.
     """
+    if plan.fork_refusal is not None:  # the plan decided it (rewrite --dry-run says so too)
+        raise UnsupportedError(plan.fork_refusal)
     if plan.fork_guard is ForkGuard.NEVER:
         return None
     from usdtpatch import forkguard

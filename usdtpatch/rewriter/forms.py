@@ -81,27 +81,35 @@ def site_bytes(form: Form, guarded: bool) -> SiteBytes:
     return SiteBytes(form.bytes, 0, False)
 
 
-_RSP_DISP = re.compile(r"^(?P<head>-?\d+f?@)(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?\(%rsp\)$")
+_SIZE_HEAD = re.compile(r"^(?P<head>-?\d+f?@)?(?P<operand>.*)$", re.DOTALL)
+_RSP_DISP = re.compile(r"^(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?\(%rsp\)$")
+_STACK_REGS = ("rsp", "esp", "sp", "spl")
+_NAMES_STACK = re.compile(r"%(?:rsp|esp|sp|spl)\b")
 
 
 def guard_args(args: tuple[SdtArg, ...]) -> tuple[str, str | None]:
-    """The argument string for a guarded site (every `disp(%rsp)` gets disp + 128), or the
-    reason there is none (an argument that is %rsp itself or indexes with it)."""
+    """The argument string for a guarded site (every `disp(%rsp)` gets disp + 128, whatever
+    the argument's size: `24@8(%rsp)` too), or the reason there is none (an argument that is
+    %rsp itself, indexes with it, or names it in a form not rewritten). The operand text is
+    read from each argument's raw spec, so an operand the parser keeps as unknown (a size
+    the note format does not fix) moves with the others or refuses the guard."""
     out: list[str] = []
     for a in args:
         op = a.operand
-        if isinstance(op, RegOperand) and op.reg in ("rsp", "esp", "sp", "spl"):
+        m = _SIZE_HEAD.match(a.raw)
+        head, text = (m["head"] or "", m["operand"]) if m else ("", a.raw)
+        if isinstance(op, RegOperand) and op.reg in _STACK_REGS:
             return "", f"argument {a.raw!r} is the stack pointer itself"
-        if isinstance(op, MemOperand) and op.base == "rsp":
-            m = _RSP_DISP.match(a.raw)
-            if m is None:
-                return "", f"argument {a.raw!r} addresses the stack in a form not rewritten"
-            disp = int(m["disp"], 0) if m["disp"] else 0
-            out.append(f"{m['head']}{disp + RED_ZONE}(%rsp)")
-            continue
         if isinstance(op, MemOperand) and op.index == "rsp":
             return "", f"argument {a.raw!r} indexes with the stack pointer"
-        out.append(a.raw)
+        if _NAMES_STACK.search(text) is None:
+            out.append(a.raw)
+            continue
+        d = _RSP_DISP.match(text.strip())
+        if d is None:
+            return "", f"argument {a.raw!r} addresses the stack in a form not rewritten"
+        disp = int(d["disp"], 0) if d["disp"] else 0
+        out.append(f"{head}{disp + RED_ZONE}(%rsp)")
     return " ".join(out), None
 
 

@@ -19,7 +19,7 @@ from itertools import pairwise
 from typing import Any
 
 from usdtpatch import findings
-from usdtpatch.elf.cfi import CfiError, CfiIndex, Lsda, load_cfi, parse_lsda
+from usdtpatch.elf.cfi import CfiIndex, Lsda, load_cfi
 from usdtpatch.elf.ehframe import (
     RSP,
     LsdaRow,
@@ -27,11 +27,9 @@ from usdtpatch.elf.ehframe import (
     Row,
     build_detour_lsda,
     detour_call_sites,
-    personality_of,
     rows_at,
 )
 from usdtpatch.elf.image import EM_X86_64, ET_DYN, ET_EXEC, SHT_RELA, ElfImage, Section
-from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
@@ -46,6 +44,15 @@ from usdtpatch.rewriter.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
+from usdtpatch.sites.calls import (
+    CALL_CHOICES,
+    CALLS_AUTO,
+    EMULATED,
+    MOVED,
+    shadow_stack_marked,
+)
+from usdtpatch.sites.calls import DetourEh as _DetourEh
+from usdtpatch.sites.calls import call_technique as _call_technique
 from usdtpatch.sites.check import CheckReport, SiteCheck, check
 from usdtpatch.sites.probes import (
     BASE_SECTION,
@@ -142,14 +149,7 @@ class DetourUnwind:
     personality: Personality | None = None
 
 
-# How the calls of a window are handled (plan_rewrite's `calls`, SiteDecision.calls).
-CALLS_AUTO = "auto"  # move, with an LSDA where needed; emulate only where that cannot be
-CALLS_MOVE = "move"  # always move (skip where the detour's LSDA cannot be built)
-CALLS_EMULATE = "emulate"  # emulate where possible (never in a SHSTK-marked file), else move
-CALL_CHOICES = (CALLS_AUTO, CALLS_MOVE, CALLS_EMULATE)
-MOVED = "moved"
-EMULATED = "emulated"
-# SiteDecision.verification (EMULATED also names the emulator's check there)
+# SiteDecision.verification (EMULATED, the emulator's check, is sites.calls's word too)
 PROVED = "proved"
 NOT_VERIFIED = "not verified"
 VERIFICATIONS = (PROVED, EMULATED, NOT_VERIFIED)
@@ -180,6 +180,9 @@ class RewritePlan:
     new_args: tuple[tuple[int, str], ...]
     # no site to rewrite, but its 5-byte sites need the fork guard (docs/fork-guard.md)
     guard_only: bool = False
+    # why rewrite refuses the file: it may fork and cannot carry the fork guard (None: it
+    # does not refuse); decided here so that --dry-run says what the real run does
+    fork_refusal: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -271,12 +274,15 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
         p = sc.probe
         if p.index in decided:
             continue
+        not_code = _not_code(sc)
+        if not_code is not None:
+            decided[p.index] = not_code
+            continue
         if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT) and \
                 sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
             # the kernel never optimizes a nop5 that crosses a page where it is: move it
             win = _page_crossing_window(p)
-        elif p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5,
-                             SiteForm.COMBO10, SiteForm.NOP10):
+        elif _already_in_form(p.site.form, form):
             decided[p.index] = _skip(sc, findings.SITE_ALREADY_5_BYTE.code,
                                      f"already a {p.site.form.value} site")
             continue
@@ -446,14 +452,49 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                 tuple(w for _a, _o, _b, w in ways), verification)
 
     ordered = tuple(decided[p.index] for p in ps.probes)
+    place_at = (text_addr + len(text) + 15) & ~15  # where the builder puts the guard
     if not patches:
         if _guard_only(image, ordered, fork_guard):
             return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, ordered,
-                               tuple(found), layout, text_addr, b"", (), (), (), True)
+                               tuple(found), layout, text_addr, b"", (), (), (), True,
+                               fork_guard_refusal(image, form, ordered, fork_guard, place_at))
         return empty(ordered, tuple(found), layout)
     return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, ordered,
                        tuple(found), layout, text_addr, bytes(text), tuple(unwind),
-                       tuple(patches), tuple(sorted(new_args.items())))
+                       tuple(patches), tuple(sorted(new_args.items())), False,
+                       fork_guard_refusal(image, form, ordered, fork_guard, place_at))
+
+
+def output_nop5_sites(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...]
+                      ) -> tuple[tuple[int, bytes], ...]:
+    """Every NOP the kernel will optimize in the output: (vaddr, its bytes in the output):
+    the rewritten sites (at their new pc) and the sites that already were 5-byte NOPs."""
+    off = form.optimized_offset
+    out = [(s.new_pc + off, form.bytes[off : off + form.optimized_length])
+           for s in sites if s.status is Status.REWRITTEN and s.new_pc is not None]
+    out += existing_nop5_sites(image, sites)
+    return tuple(sorted(out))
+
+
+def fork_guard_refusal(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
+                       fork_guard: ForkGuard, place_at: int) -> str | None:
+    """Why the rewrite of these decisions must be refused over the fork guard, or None: the
+    file may fork (forkguard.fork_exposure; with --fork-guard always, any file) and the guard
+    cannot be built for its optimized sites at `place_at`, where the builder puts it."""
+    if fork_guard is ForkGuard.NEVER:
+        return None
+    from usdtpatch import forkguard
+
+    exposure = forkguard.fork_exposure(image)
+    if fork_guard is ForkGuard.AUTO and exposure is None:
+        return None
+    try:
+        forkguard.build_guard(image, output_nop5_sites(image, form, sites), place_at)
+    except forkguard.GuardUnsupported as exc:
+        why = exposure or "--fork-guard always"
+        return (f"the fork guard cannot be added ({exc}) and the optimized sites would crash "
+                f"a forked child ({why}): rewrite with --fork-guard never to accept that")
+    return None
 
 
 def _guard_only(image: ElfImage, sites: tuple[SiteDecision, ...], fork_guard: ForkGuard
@@ -487,77 +528,6 @@ def existing_nop5_sites(image: ElfImage, sites: tuple[SiteDecision, ...]
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _DetourEh:
-    """What a detour that moves calls needs for exceptions: the function's LSDA and
-    personality (the detour gets its own LSDA, built from them)."""
-
-    lsda: Lsda
-    personality: Personality
-
-
-def shadow_stack_marked(image: ElfImage) -> bool:
-    """Whether `.note.gnu.property` marks the file as shadow-stack compatible (x86 feature
-    SHSTK): its process may run with a user-space shadow stack, where a `ret` must match a
-    `call`."""
-    sec = image.section(".note.gnu.property")
-    if sec is None:
-        return False
-    bits = x86_feature_1_and(bytes(image.section_data(sec)), image.is64)
-    return bool(bits is not None and bits & GNU_PROPERTY_X86_FEATURE_1_SHSTK)
-
-
-def _emulable(win: PatchWindow) -> str | None:
-    """Why the window's calls cannot be emulated (None: they can)."""
-    if len(win.calls) != 1:
-        return f"the window holds {len(win.calls)} calls"
-    last = win.insns[-1] if win.insns else None
-    if last is None or last.address != win.calls[0] or last.end != win.end:
-        return "its call is not the window's last instruction"
-    return None
-
-
-def _call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
-                    shstk: bool) -> tuple[str, frozenset[int], _DetourEh | None] | str:
-    """How the window's calls go along: (MOVED or EMULATED, the calls to emulate, what the
-    detour's LSDA is built from), or why neither technique is sound here."""
-    no_emulation = _emulable(win)
-    if shstk:
-        no_emulation = ("the file marks shadow stacks (an emulated call's ret would not "
-                        "match the shadow stack)")
-    if calls == CALLS_EMULATE and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
-    need = _calls_unwind(image, cfi, win)
-    if need is None:
-        return MOVED, frozenset(), None
-    eh = _detour_eh(image, cfi, win)
-    if not isinstance(eh, str):
-        return MOVED, frozenset(), eh
-    if calls == CALLS_AUTO and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
-    why = f"{need}; the detour's LSDA cannot be built ({eh})"
-    if calls != CALLS_MOVE:
-        why += f"; the call cannot be emulated ({no_emulation})"
-    return why
-
-
-def _detour_eh(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> _DetourEh | str:
-    """The function's LSDA and personality, checked by building an LSDA from them, or why
-    a detour cannot get one."""
-    fde = cfi.lookup(win.start)
-    if fde is None or fde.lsda is None:
-        return "no LSDA"
-    try:
-        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
-        personality = personality_of(image, fde.cie)
-        rows = [LsdaRow(c.start, c.end, c.landing_pad, c.action) for c in lsda.call_sites
-                if c.start < win.end and win.start < c.end]
-        build_detour_lsda(image, lsda, win.start, win.start, rows)  # a trial at the window
-    except (CfiError, UnsupportedError) as exc:
-        return str(exc)
-    return _DetourEh(lsda, personality)
-
-
 def _lsda_rows(lsda: Lsda, win: PatchWindow, detour: Detour) -> list[LsdaRow]:
     """The detour's call-site rows: each relocated instruction with its original row."""
     order = list(detour.insn_map)
@@ -567,37 +537,6 @@ def _lsda_rows(lsda: Lsda, win: PatchWindow, detour: Detour) -> list[LsdaRow]:
         if orig in ends:
             spans.append((orig, ends[orig], new, next_new))
     return detour_call_sites(lsda, spans)
-
-
-def _calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
-    """Why the window's calls cannot be moved into a detour whose FDE has no LSDA, or None.
-
-    An exception thrown by a moved call unwinds through the detour's FDE, which names no
-    personality: unwinding goes on to the caller. That is what the original does when its
-    function has no LSDA, or when the call's call-site entry has no landing pad and no action;
-    a call with a landing pad (a catch, a destructor), or one the table leaves out (which ends
-    in std::terminate, as in a noexcept function), would behave differently.
-    """
-    fde = cfi.lookup(win.start)
-    if fde is None or fde.lsda is None:
-        return None
-    try:
-        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
-    except CfiError as exc:
-        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
-    calls = set(win.calls)
-    for ins in win.insns:
-        if ins.address not in calls:
-            continue
-        at = ins.end - 1  # the unwinder looks up the return address minus one
-        entry = next((c for c in lsda.call_sites if c.start <= at < c.end), None)
-        if entry is None:
-            return (f"the call at {ins.address:#x} is left out of the function's call-site "
-                    f"table (an exception there ends in std::terminate)")
-        if entry.landing_pad is not None or entry.action:
-            return (f"the call at {ins.address:#x} has a landing pad at "
-                    f"{entry.landing_pad or 0:#x} in the function's LSDA")
-    return None
 
 
 class _WayIn(RelocationError):
@@ -747,6 +686,26 @@ class Relocations:
                 if rtype == R_X86_64_RELATIVE:
                     return addend, sec.addr + (entry - sec.offset) + 16  # r_addend's field
         return addend, None
+
+
+def _already_in_form(site: SiteForm, form: Form) -> bool:
+    """Whether a site of form `site` is left as it is for the target `form`: a 5-byte NOP
+    site (nop5, nop5-alt, combo5) always; a 10-byte one (nop10, combo10: only the queued
+    nop10 series optimizes it) only for a nop10-series target (--form combo10). For a 6.18
+    target it is rewritten like any NOP run: a nop5 in place, or guarded in a detour."""
+    if site in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
+        return True
+    return site in (SiteForm.COMBO10, SiteForm.NOP10) and form is Form.COMBO10
+
+
+def _not_code(sc: SiteCheck) -> SiteDecision | None:
+    """The skip of a site whose pc check found not to be code (data in code, or not an
+    instruction boundary), whatever its form: no byte there is written."""
+    wr = sc.window
+    if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
+                                      findings.PROBE_NOT_DECODED.code):
+        return _skip(sc, wr.code, wr.reason)
+    return None
 
 
 def _page_crossing_window(p: Probe) -> PatchWindow:

@@ -8,8 +8,9 @@ The finding codes are documented in docs/findings.md.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
@@ -21,6 +22,7 @@ from usdtpatch.findings import (
     CFI_MALFORMED,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
+    FORK_UNKNOWN,
     NO_TRAMPOLINE_REACH,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
@@ -32,11 +34,14 @@ from usdtpatch.findings import (
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
+    WINDOW_CALL_UNWIND,
     WINDOW_NO_FUNCTION_BOUNDS,
+    WINDOW_OVERLAPS_SITE,
     Finding,
     Severity,
     lookup,
 )
+from usdtpatch.sites.calls import CALLS_AUTO, call_technique, shadow_stack_marked
 from usdtpatch.sites.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.sites.functions import FunctionBounds
 from usdtpatch.sites.hazards import (
@@ -45,6 +50,7 @@ from usdtpatch.sites.hazards import (
     RedZone,
     RseqCs,
     StackMemo,
+    fork_evidence,
     imported_fork_family,
     red_zone,
     rseq_sections,
@@ -52,6 +58,7 @@ from usdtpatch.sites.hazards import (
 )
 from usdtpatch.sites.probes import Probe, ProbeSet
 from usdtpatch.sites.targets import CodeContext, FunctionCode
+from usdtpatch.sites.waysin import WaysIn, build_ways_in
 from usdtpatch.sites.windows import WindowResult, WindowShape, find_window
 from usdtpatch.x86.nops import SiteForm
 
@@ -124,13 +131,27 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
                                 "function bounds come from symbols only", ".eh_frame_hdr"))
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
+    ctx.ways_in = _ways_in_index(ctx, probeset)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
-    sites = tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes)
+    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes))
     findings.extend(_fork_findings(image, sites, forks))
+    if not any(f in FORK_COPIES_MM for f in forks):
+        findings.extend(_code_fork_findings(ctx, sites))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
+
+
+def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
+    """The file-wide index of ways into the code around every probe (built once per file)."""
+    sites: list[tuple[int, int, int]] = []
+    for p in probeset.probes:
+        b = ctx.bounds(p.address)
+        sites.append((p.address, b.start, b.end) if b is not None else
+                     (p.address, p.address, p.address))
+    starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
+    return build_ways_in(ctx.image, sites, starts)
 
 
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
@@ -171,6 +192,90 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
                 out.append(FORK_GUARD_UNAVAILABLE.finding(
                     f"the file can fork and {len(exposed) - now} site(s) would be "
                     f"rewritten, but the fork guard cannot be added: {problem}"))
+    return out
+
+
+def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
+    """The sites as rewrite (default options) decides them together, walking them in address
+    order as usdtpatch.rewriter.plan does: the sites inside one window go along with the
+    first (one detour; `in-place` only for a window that holds one site and needs no red-zone
+    guard, else the window moves to a detour: `forward`); a window overlapping one already
+    taken is not used (`window-overlaps-site`); a window whose calls can neither move nor be
+    emulated (usdtpatch.sites.calls, `--calls auto`) is not used (`window-call-unwind`)."""
+    shstk: bool | None = None
+    by_address = sorted(sites, key=lambda s: s.probe.address)
+    addresses = [s.probe.address for s in by_address]
+    decided: dict[int, SiteCheck] = {}
+    claimed: list[tuple[int, int]] = []
+    for sc in by_address:
+        if sc.probe.index in decided:
+            continue
+        w = sc.window.window if sc.window is not None else None
+        if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
+            continue
+        if any(s < w.end and w.start < e for s, e in claimed):
+            why = "its window overlaps another rewritten site's"
+            decided[sc.probe.index] = replace(
+                sc, outcome=BLOCKED, blocked=WINDOW_OVERLAPS_SITE.code,
+                findings=(*sc.findings, WINDOW_OVERLAPS_SITE.finding(
+                    f"{why} ([{w.start:#x}, {w.end:#x}))", sc.probe.probe_id)))
+            continue
+        if w.calls:
+            shstk = shadow_stack_marked(ctx.image) if shstk is None else shstk
+            how = call_technique(ctx.image, ctx.cfi, w, CALLS_AUTO, shstk)
+            if isinstance(how, str):
+                decided[sc.probe.index] = replace(
+                    sc, outcome=BLOCKED, blocked=WINDOW_CALL_UNWIND.code,
+                    findings=(*sc.findings, WINDOW_CALL_UNWIND.finding(how, sc.probe.probe_id)))
+                continue
+        members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
+        guarded = any(m.red_zone is None or m.red_zone.may_use for m in members)
+        shape = w.shape.value
+        if w.shape is WindowShape.IN_PLACE and (len(members) > 1 or guarded):
+            shape = FORWARD  # the NOP run moves to a detour, with the guard or its neighbours
+        for m in members:
+            decided[m.probe.index] = replace(m, outcome=shape, blocked=None) \
+                if m.outcome != shape else m
+        claimed.append((w.start, w.end))
+        claimed.extend((r.source, r.source + 1) for r in w.retargets)
+    return tuple(decided.get(s.probe.index, s) for s in sites)
+
+
+def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+    """Where no symbol names a fork that copies the address space: what the code says
+    (usdtpatch.sites.hazards.fork_evidence): `process-can-fork` for a fork or clone system
+    call, `fork-unknown` when it cannot tell; never silence for a file that may fork."""
+    from usdtpatch import forkguard
+
+    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
+    image = ctx.image
+    if not exposed or forkguard.coverage(image) is not None or forkguard.is_shared(image):
+        return []
+    ev = fork_evidence(ctx)
+    why = ev.describe() or ev.uncertainty()
+    if why is None:
+        return []
+    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
+    counts = (f"{now} site(s) optimizable as they are, {len(exposed) - now} after rewrite")
+    out: list[Finding] = []
+    if ev.forks:
+        out.append(Finding(
+            PROCESS_CAN_FORK.code, Severity.ERROR if now else Severity.WARNING,
+            f"no symbol names a fork, but {why}: a child forked while a site is optimized "
+            f"inherits the call to the trampoline but not its page and dies with SIGSEGV at "
+            f"the site ({counts})", PROCESS_CAN_FORK.hint, ""))
+    else:
+        out.append(FORK_UNKNOWN.finding(
+            f"no symbol names a fork and the code cannot tell whether the process forks "
+            f"({why}); if it does, a child forked while a site is optimized dies with "
+            f"SIGSEGV at the site ({counts})"))
+    if ev.forks and len(exposed) > now:
+        problem = forkguard.hook_problem(image)
+        if problem is not None:
+            out.append(FORK_GUARD_UNAVAILABLE.finding(
+                f"the file may fork and {len(exposed) - now} site(s) would be rewritten, but "
+                f"the fork guard cannot be added: {problem}; rewrite --fork-guard auto "
+                f"refuses the file (--fork-guard never accepts the risk)"))
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import struct
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from usdtpatch.elf.args import MemOperand
@@ -32,7 +33,18 @@ from usdtpatch.findings import (
     SEMAPHORE_UNMAPPED,
 )
 from usdtpatch.sites.probes import Probe
-from usdtpatch.sites.targets import CodeContext, FunctionCode
+from usdtpatch.sites.targets import (
+    ENTRY,
+    LANDING_PAD,
+    SYMBOL,
+    CodeContext,
+    FunctionCode,
+    _copies,
+    _Graph,
+    _reaching_defs,
+    _regs_alias,
+)
+from usdtpatch.sites.waysin import code_ranges
 from usdtpatch.x86.decode import CodeInsn, Flow
 
 RED_ZONE = 128
@@ -280,3 +292,151 @@ def semaphore_problems(probe: Probe, image: ElfImage) -> tuple[SemaphoreProblem,
             f"semaphore {sem.address:#x} is in {sem.section or 'no section'}, not .probes",
             "bcc and perf look semaphores up through .probes"))
     return tuple(out)
+
+
+# --- fork in code: the system calls themselves ---------------------------------------------
+
+SYS_CLONE, SYS_FORK, SYS_VFORK, SYS_CLONE3 = 56, 57, 58, 435
+CLONE_VM = 0x100
+FORK_SYSCALL_NAMES = {SYS_CLONE: "clone", SYS_FORK: "fork", SYS_VFORK: "vfork",
+                      SYS_CLONE3: "clone3"}
+
+
+@dataclass(frozen=True, slots=True)
+class ForkEvidence:
+    """What the file's code says about forking, where its symbols say nothing (a stripped
+    static executable): each entry is (address of the `syscall`, what it is).
+
+    `forks`: a fork, or a clone without CLONE_VM (the child gets a copy of the address space,
+    without the trampoline page); `shared`: vfork, or clone with CLONE_VM (the child shares
+    the parent's memory); `unknown`: a system call whose number (or clone's flags) the code
+    does not fix before it, or a call of the `syscall` function: it may fork."""
+
+    forks: tuple[tuple[int, str], ...]
+    shared: tuple[tuple[int, str], ...]
+    unknown: tuple[tuple[int, str], ...]
+
+    def describe(self) -> str | None:
+        """Why the process forks a copy of itself, or None."""
+        if self.forks:
+            at, what = self.forks[0]
+            more = f" (and {len(self.forks) - 1} more)" if len(self.forks) > 1 else ""
+            return f"its code makes the {what} system call at {at:#x}{more}"
+        return None
+
+    def uncertainty(self) -> str | None:
+        """Why it cannot be told whether the process forks (no fork found), or None."""
+        if self.unknown and not self.forks:
+            at, what = self.unknown[0]
+            more = f" (and {len(self.unknown) - 1} more)" if len(self.unknown) > 1 else ""
+            where = f" at {at:#x}" if at else ""
+            return f"it may fork: {what}{where}{more}"
+        return None
+
+
+def fork_evidence(ctx: CodeContext) -> ForkEvidence:
+    """Every `syscall` instruction of the file's executable code, classified by the constant
+    the instructions before it (in its function's linear disassembly, on straight-line code)
+    put in %eax: fork, vfork, clone (with clone's flags from %edi), clone3; and the import
+    of `syscall` (the number is an argument). A `syscall` whose function cannot be decoded,
+    or whose number is not such a constant, is `unknown`."""
+
+    image = ctx.image
+    forks: list[tuple[int, str]] = []
+    shared: list[tuple[int, str]] = []
+    unknown: list[tuple[int, str]] = []
+    if "syscall" in set(symbol_names(image)) and image.section(".dynsym") is not None:
+        unknown.append((0, "it calls syscall(2), whose number is an argument"))
+    for vaddr, off, size in code_ranges(image):
+        data = bytes(image.data[off:off + size])
+        at = data.find(b"\x0f\x05")
+        while at >= 0:
+            pc = vaddr + at
+            kind = _syscall_kind(ctx, pc)
+            if kind is not None:
+                bucket, what = kind
+                {"forks": forks, "shared": shared, "unknown": unknown}[bucket].append((pc, what))
+            at = data.find(b"\x0f\x05", at + 1)
+    return ForkEvidence(tuple(forks), tuple(shared), tuple(unknown))
+
+
+def fork_evidence_of(image: ElfImage) -> ForkEvidence:
+    """fork_evidence with the file's own call frame information and symbols."""
+    from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
+    from usdtpatch.elf.symbols import load_symbols
+
+    try:
+        cfi = load_cfi(image)
+    except CfiError:
+        cfi = CfiIndex(image, (), (), "none")
+    return fork_evidence(CodeContext(image, cfi, load_symbols(image)))
+
+
+def _syscall_kind(ctx: CodeContext, pc: int) -> tuple[str, str] | None:
+    """("forks" | "shared" | "unknown", description) of the syscall at `pc`, or None when it
+    is not a fork (a known other number) or the bytes are not a `syscall` instruction."""
+    bounds = ctx.bounds(pc)
+    if bounds is None:
+        return "unknown", "a syscall in code of no known function"
+    sw = ctx.sweep(bounds.start, bounds.end)
+    insns = sw.insns
+    k = bisect_left(insns, pc, key=lambda x: x.address)
+    if k >= len(insns) or insns[k].address != pc or insns[k].base_mnemonic != "syscall":
+        return None if not sw.bad else ("unknown", "a syscall in code that does not decode")
+    number = _constant_before(insns, k, "rax", ctx.function(bounds))
+    if number is None:
+        return "unknown", "a syscall whose number is not a constant set before it"
+    if number in (SYS_FORK,):
+        return "forks", "fork"
+    if number == SYS_VFORK:
+        return "shared", "vfork"
+    if number == SYS_CLONE:
+        flags = _constant_before(insns, k, "rdi", ctx.function(bounds))
+        if flags is None:
+            return "unknown", "a clone system call whose flags are not a constant"
+        if flags & CLONE_VM:
+            return "shared", f"clone (flags {flags:#x}, CLONE_VM)"
+        return "forks", f"clone (flags {flags:#x}, without CLONE_VM)"
+    if number == SYS_CLONE3:
+        return "unknown", "a clone3 system call (its flags are in memory)"
+    return None
+
+
+def _constant_before(insns: tuple[CodeInsn, ...], k: int, reg: str,
+                     fc: FunctionCode) -> int | None:
+    """The one constant `reg` holds before instruction k on every path that reaches it
+    within the function (`mov $N`, `xor r,r`, register copies followed), or None when a path
+    brings another value, an argument or a call's result, or the paths disagree."""
+    g = _Graph(insns, {a for a, t in fc.targets.items()
+                       if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
+    got = _values(g, k, reg, 0)
+    return got.pop() if got is not None and len(got) == 1 else None
+
+
+def _values(g: _Graph, k: int, reg: str, depth: int) -> set[int] | None:
+    defs = _reaching_defs(g, k, reg)
+    if not defs or depth > 4:
+        return None
+    out: set[int] = set()
+    for kind, p in defs:
+        if kind != "def":
+            return None  # an argument, or a call's result
+        ins = g.insns[p]
+        ops = ins.operands
+        base = ins.base_mnemonic
+        if base.startswith("mov") and len(ops) == 2 and ops[0].startswith("$"):
+            try:
+                out.add(int(ops[0][1:], 0) & 0xFFFFFFFF)
+            except ValueError:
+                return None
+        elif base.startswith("xor") and len(ops) == 2 and \
+                _regs_alias(ops[0]) == _regs_alias(ops[1]) == reg:
+            out.add(0)
+        elif (cp := _copies(ins)) is not None and cp[1] == reg:
+            sub = _values(g, p, cp[0], depth + 1)
+            if sub is None:
+                return None
+            out |= sub
+        else:
+            return None
+    return out

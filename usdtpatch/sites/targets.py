@@ -26,6 +26,11 @@ a call's return value, or a `lea` of code outside the function are tail calls; a
 label inside the function is a computed goto (the label becomes a target); anything else is
 not understood and makes the function all-targets.
 
+The ways in from the rest of the file (branches of other functions and sections, addresses
+taken by `lea`, relocations and data words that hold an address inside the function) come
+from one file-wide index (usdtpatch.sites.waysin, `CodeContext.ways_in`), checked against the
+disassembly of the code that holds them and merged into the function's targets.
+
 Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep is cached.
 """
 
@@ -41,6 +46,14 @@ from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
 from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.sites.functions import FunctionBounds, function_bounds, symbols_inside
+from usdtpatch.sites.waysin import (
+    ADDRESS_TAKEN,
+    BRANCH_REL8,
+    BRANCH_REL32,
+    CODE_KINDS,
+    WayIn,
+    WaysIn,
+)
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
 from usdtpatch.x86.nops import nop_run_length
 
@@ -93,6 +106,42 @@ class FunctionCode:
     incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
     # every way each target is reached (targets keeps the first, for display)
     padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
+    memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def in_table(self, address: int) -> JumpTable | None:
+        """The recognized jump table whose entries hold `address`, or None."""
+        for t in self.jump_tables:
+            if t.entry_size and t.table <= address < t.table + t.entries * t.entry_size:
+                return t
+        return None
+
+    def reached(self) -> frozenset[int]:
+        """The instruction addresses that decoding from the function's ways in reaches:
+        its start, its other symbols, landing pads, jump-table entries and every other
+        target (the file-wide ways in included), following fall-through and direct jumps,
+        stopping at an unconditional jmp, ret, or a stopping instruction (ud2, hlt, int3).
+        A call falls through (its return site is reached). Computed once per function."""
+        got = self.memo.get("reached")
+        if got is not None:
+            return got
+        seen: set[int] = set()
+        work = [k for a in self.targets if (k := self.index_of(a)) is not None]
+        stops = (Flow.JMP, Flow.RET, Flow.STOP, Flow.JMP_INDIRECT)
+        while work:
+            k = work.pop()
+            while k < len(self.insns) and self.insns[k].address not in seen:
+                ins = self.insns[k]
+                seen.add(ins.address)
+                if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
+                    j = self.index_of(ins.target)
+                    if j is not None:
+                        work.append(j)
+                if ins.flow in stops:
+                    break
+                k += 1
+        out = frozenset(seen)
+        self.memo["reached"] = out
+        return out
 
     def targets_between(self, lo: int, hi: int) -> list[int]:
         """Addresses of the explicit targets in the open interval (lo, hi), sorted, including
@@ -138,8 +187,12 @@ class CodeContext:
         self._sweeps: dict[tuple[int, int], Sweep] = {}
         self._functions: dict[int, FunctionCode] = {}
         self._parts: dict[tuple[int, int], PartScan] = {}
+        self._bounds: dict[int, FunctionBounds | None] = {}
         self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
         self._relative: dict[int, int] | None = None
+        # every way into the code around the probes from the whole file (check() builds it
+        # once; usdtpatch.sites.waysin); None: only the function's own analysis
+        self.ways_in: WaysIn | None = None
 
     def sweep(self, start: int, end: int) -> Sweep:
         key = (start, end)
@@ -153,10 +206,14 @@ class CodeContext:
         return got
 
     def bounds(self, address: int) -> FunctionBounds | None:
+        if address in self._bounds:
+            return self._bounds[address]
         try:
-            return function_bounds(address, self.cfi, self.symbols)
+            got = function_bounds(address, self.cfi, self.symbols)
         except CfiError:
-            return None
+            got = None
+        self._bounds[address] = got
+        return got
 
     def function(self, bounds: FunctionBounds) -> FunctionCode:
         got = self._functions.get(bounds.start)
@@ -318,11 +375,51 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
                 add(Target(t.address, COLD_JUMP if t.kind == JUMP else t.kind, t.source))
         unresolved.extend(f"in the related part at {other.start:#x}: {u}"
                           for u in scan.unresolved)
+    if ctx.ways_in is not None:
+        for addr, ways in ctx.ways_in.between(bounds.start, bounds.end):
+            known = {k.source for k in incoming.get(addr, ())}
+            for w in ways:
+                way = _way_in(ctx, bounds, own, w)
+                if way is not None and way.source not in known:
+                    known.add(way.source)
+                    add(way)
     all_targets = unresolved[0] if unresolved else None
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
                         own.sweep.bad, _padding_after(ctx, bounds),
                         {a: tuple(v) for a, v in incoming.items()},
                         _padding_before(ctx, bounds))
+
+
+def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn
+            ) -> Target | None:
+    """The file-wide index's way in `w` as a target of the function, or None when it is not
+    one: a branch of the function itself (its own disassembly has it), bytes that the linear
+    disassembly of the code holding them shows to be part of another instruction, or an
+    entry of one of the function's recognized jump tables (a JUMP_TABLE target already)."""
+    if w.kind not in CODE_KINDS:
+        for tb in own.tables:
+            if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:
+                return None
+        return Target(w.target, w.kind, w.source)
+    if bounds.contains(w.source):
+        if w.kind != ADDRESS_TAKEN:
+            return None
+        sw = own.sweep
+    else:
+        other = ctx.bounds(w.source)
+        if other is None or other.size > MAX_FUNCTION_BYTES:
+            return Target(w.target, w.kind, w.source)  # code of no known function: kept
+        sw = ctx.sweep(other.start, other.end)
+    i = bisect_left(sw.insns, w.source + 1, key=lambda x: x.address) - 1
+    ins = sw.insns[i] if i >= 0 else None
+    if ins is None or not ins.address <= w.source < ins.end:
+        return Target(w.target, w.kind, w.source) if sw.bad else None
+    if w.kind == ADDRESS_TAKEN:
+        return Target(w.target, w.kind, ins.address) if ins.rip_target == w.target else None
+    if ins.target != w.target or ins.flow not in (Flow.JMP, Flow.JCC, Flow.CALL):
+        return None
+    return Target(w.target, BRANCH_REL8 if w.kind == BRANCH_REL8 else BRANCH_REL32,
+                  ins.address)
 
 
 def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from usdtpatch.findings import (
+    PROBE_NOT_CODE,
     PROBE_NOT_DECODED,
     SITE_CROSSES_PAGE,
     WINDOW_ALL_TARGETS,
@@ -51,6 +52,13 @@ from usdtpatch.sites.targets import (
     RETURN_SITE,
     FunctionCode,
     Target,
+)
+from usdtpatch.sites.waysin import (
+    ADDRESS_TAKEN,
+    BRANCH_REL8,
+    BRANCH_REL32,
+    DATA_WORD,
+    RELOCATION,
 )
 from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
@@ -194,6 +202,9 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
         return WindowResult(None, PROBE_NOT_DECODED.code,
                             f"the probe at {probe_address:#x} is not an instruction boundary of "
                             f"the function's linear disassembly ({why})", ())
+    not_code = _not_code(fc, probe_address)
+    if not_code is not None:
+        return WindowResult(None, PROBE_NOT_CODE.code, not_code, ())
     tried: list[str] = []
     try:
         w = _in_place(fc, i, code)
@@ -231,6 +242,24 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
                             f"every instruction counts as a branch target: {fc.all_targets}",
                             tuple(tried))
     return WindowResult(None, primary.code, "; ".join(tried[1:]), tuple(tried))
+
+
+def _not_code(fc: FunctionCode, pc: int) -> str | None:
+    """Why the probe at `pc` (an instruction boundary of the linear disassembly) is not code
+    (None: it is): inside a recognized jump table, or reached by no path from the function's
+    ways in (FunctionCode.reached; in an all-targets function every boundary counts)."""
+    table = fc.in_table(pc)
+    if table is not None:
+        return (f"the probe at {pc:#x} lies inside the jump table at {table.table:#x} "
+                f"({table.entries} entries of {table.entry_size} bytes, used by the jump at "
+                f"{table.jump:#x}): it is data")
+    if fc.all_targets is None and pc not in fc.reached():
+        # (in a function whose indirect jumps are not all understood, every boundary counts
+        # as reached, as it counts as a target)
+        return (f"the probe at {pc:#x} is reached by no path from the function's start, "
+                f"symbols, landing pads, jump tables or any way in: data or padding in the "
+                f"code")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +395,12 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
                 out.append(Retarget(addr, where, REL8_STUB, src.kind, stub=stub))
                 continue
             return f"the branch at {where:#x} is not a plain direct jmp/jcc/call"
+        if src.kind == BRANCH_REL32:
+            # from another function or section: the rewriter reads its encoding again
+            out.append(Retarget(addr, where, REL32, src.kind))
+            continue
+        if src.kind in _FIXED:
+            return _FIXED[src.kind].format(where)
         if src.kind == COLD_JUMP:
             # in another part: the rewriter reads its encoding (rel32 expected there)
             out.append(Retarget(addr, where, REL32, src.kind))
@@ -383,6 +418,17 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
             continue
         return f"it is a {src.kind}{f' from {where:#x}' if where is not None else ''}"
     return out
+
+
+# ways in that no rewrite can aim at the detour: the window is not used
+_FIXED = {
+    BRANCH_REL8: "the short jump from {:#x}, outside the function, has an 8-bit displacement",
+    ADDRESS_TAKEN: "its address is taken by the rip-relative lea at {:#x} (a computed goto or "
+                   "a code pointer kept in data)",
+    RELOCATION: "the relocation of the word at {:#x} holds its address (a code pointer the "
+                "loader stores: a computed-goto table, an .init_array-like table)",
+    DATA_WORD: "the data word at {:#x} holds its address (a code pointer in the file's data)",
+}
 
 
 def _stub_slot(fc: FunctionCode, src: int, s: int, e: int, taken: set[int]) -> int | None:

@@ -294,9 +294,28 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
             insns += made
             pos = made[-1].address - address + made[-1].size
         if pos < end:
+            other = _by_length(code[pos:pos + 15], address + pos, mode64)
+            if other is not None:
+                insns.append(other)
+                pos += other.size
+                continue
             bad.append(address + pos)
             pos += 1
     return Sweep(address, address + end, tuple(insns), tuple(bad))
+
+
+def _by_length(code: bytes, address: int, mode64: bool) -> CodeInsn | None:
+    """An instruction capstone does not decode, decoded by iced-x86 (usdtpatch.x86.relocate,
+    the one module that imports it): its length and text, when it is one that falls through
+    to the next instruction (`serialize` and other instructions newer than capstone's
+    tables); None when iced does not know it either, or it passes control elsewhere."""
+    from usdtpatch.x86.relocate import decode_one
+
+    got = decode_one(code, address, mode64)
+    if got is None:
+        return None
+    size, mnemonic, op_str = got
+    return _make(address, size, mnemonic, op_str)
 
 
 _Facts = tuple[str, Flow, int | None, MemRef | None]

@@ -1,0 +1,70 @@
+"""check = rewrite (issue 19, item 4): for every site of every fixture and of the real
+binaries the tests use, what `check` predicts (its outcome column) is what `rewrite` (default
+options, verification on) decides:
+
+- optimizable as it is -> left as it is (`site-already-5-byte`);
+- in place -> in place; forward or backward -> a detour (or moved along in another site's);
+- blocked by CODE -> skipped with CODE; not applicable -> skipped.
+
+Before, check promised "in place" to combo10 and nop10 sites that rewrite skipped, and to
+the DTrace -G sites that rewrite moves together to one detour.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REAL_BINARIES, fixture_files
+from usdtpatch import api
+from usdtpatch.errors import UnsupportedError
+from usdtpatch.sites.check import SiteCheck
+
+
+def _predicted(s: SiteCheck) -> tuple[str, str | None]:
+    if s.outcome == "optimizable":
+        return "skipped", "site-already-5-byte"
+    if s.outcome == "in-place":
+        return "in-place", None
+    if s.outcome in ("forward", "backward"):
+        return "detour", None
+    if s.outcome == "blocked":
+        return "skipped", s.blocked
+    return "skipped", "*"  # not applicable: any reason
+
+
+def _mismatches(path: Path) -> list[str]:
+    rep = api.check(path).report
+    try:
+        plan = api.rewrite_plan(path, fork_guard="never")
+    except UnsupportedError:
+        # not x86-64 ELF64: rewrite refuses the file; check promises no rewrite there
+        return [f"{path.name} {s.probe.probe_id}: check {s.outcome}" for s in rep.sites
+                if s.outcome in ("in-place", "forward", "backward")]
+    decided = {d.probe.index: d for d in plan.sites}
+    out = []
+    for s in rep.sites:
+        d = decided[s.probe.index]
+        action = "detour" if d.action.value == "moved" else d.action.value
+        want = _predicted(s)
+        if want == ("skipped", "*") and action == "skipped":
+            continue
+        if (action, d.code) != want:
+            out.append(f"{path.name} {s.probe.probe_id} {s.probe.address:#x}: check {want}, "
+                       f"rewrite {(action, d.code)} {d.reason}")
+    return out
+
+
+@pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
+def test_check_predicts_rewrite_on_fixtures(path: Path) -> None:
+    assert _mismatches(path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL_BINARIES))
+def test_check_predicts_rewrite_on_real_binaries(name: str) -> None:
+    path = REAL_BINARIES[name]
+    if not path.exists():
+        pytest.skip(f"{path} is not installed")
+    assert _mismatches(path) == []

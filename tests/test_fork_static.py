@@ -1,0 +1,161 @@
+"""Static executables that fork, with and without symbols (issue 19, item 3).
+
+tests/data/forkstatic.c is linked statically; a stripped copy has no symbol naming fork (its
+C library's `_Fork` makes the clone system call inline). The code itself is the evidence:
+
+- check reports `process-can-fork` with the system call's address (inside `_Fork`, as the
+  unstripped copy's symbols say);
+- with no `__register_atfork` symbol to register the guard with, rewrite hooks that system
+  call (`mov $56,%eax; syscall` jumps to a copy that re-arms the sites in the child), and
+  (live) traced by bpftrace every child survives, unstripped or stripped; with
+  `--fork-guard never` every traced child dies of SIGSEGV (the guard is the fix);
+- tests/data/rawfork-static.c forks by its own system call, which cannot be hooked (another
+  instruction between the number and the `syscall`): rewrite --fork-guard auto refuses it
+  (exit 2, one line saying why and that `--fork-guard never` accepts it), and so does
+  `--dry-run`: the plan decides it; nothing is written; `--fork-guard never` accepts it;
+- tests/data/nofork-static.c, stripped, never forks, but its C library makes system calls
+  whose number the code does not fix: check says `fork-unknown`, never nothing, and rewrite
+  repeats it.
+Before, check said nothing about forking for the stripped files and rewrite exited 0 with
+an unguarded output whose traced children died.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+from usdtpatch.api import load
+from usdtpatch.sites.check import check
+
+DATA = ROOT / "tests" / "data"
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc"),
+              pytest.mark.skipif(not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists(),
+                                 reason="needs glibc's static library (libc6-dev)")]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("forkstatic")
+    paths: dict[str, Path] = {}
+    for name, src in (("fork", "forkstatic.c"), ("nofork", "nofork-static.c"),
+                      ("rawfork", "rawfork-static.c")):
+        exe = out / name
+        subprocess.run(["gcc", "-O2", "-static", "-I", str(ROOT / "fixtures" / "src"),
+                        str(DATA / src), "-o", str(exe)], check=True)
+        stripped = out / f"{name}-stripped"
+        subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
+        paths[name], paths[f"{name}-stripped"] = exe, stripped
+    return paths
+
+
+def _nm(path: Path, name: str) -> tuple[int, int]:
+    text = subprocess.run(["nm", "-S", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 4 and f[3] == name:
+            return int(f[0], 16), int(f[0], 16) + int(f[1], 16)
+    raise AssertionError(name)
+
+
+def test_check_finds_the_fork_in_code(built: dict[str, Path]) -> None:
+    rep = check(load(built["fork-stripped"]))
+    codes = {f.code: f for f in rep.findings}
+    assert "process-can-fork" in codes, [f.code for f in rep.findings]
+    m = re.search(r"system call at (0x[0-9a-f]+)", codes["process-can-fork"].message)
+    assert m is not None
+    lo, hi = _nm(built["fork"], "_Fork")
+    assert lo <= int(m.group(1), 16) < hi
+    assert "fork-guard-unavailable" not in codes  # the system call can be hooked
+    raw = {f.code: f for f in check(load(built["rawfork-stripped"])).findings}
+    assert "process-can-fork" in raw and "fork-guard-unavailable" in raw
+
+
+def test_rewrite_hooks_the_fork_system_call(built: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = run_cli("rewrite", built["fork-stripped"], "-o", out, "--json")
+    assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "hooked" in said["fork-guarded"], said
+    lo, hi = _nm(built["fork"], "_Fork")
+    image = load(out).image
+    jumps = [a for a in range(lo, hi) if image.read_vaddr(a, 1) == b"\xe9"
+             and image.read_vaddr(a + 5, 2) == b"\xcc\xcc"]
+    assert jumps, "no jmp over the fork system call in _Fork"
+    run = [subprocess.run([str(p), "2"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout for p in (built["fork-stripped"], out)]
+    assert run[0] == run[1]
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_rewrite_auto_refuses_a_fork_it_cannot_hook(built: dict[str, Path], tmp_path: Path,
+                                                    dry: bool) -> None:
+    out = tmp_path / "out"
+    args = ["--dry-run"] if dry else ["-o", out]
+    res = run_cli("rewrite", built["rawfork-stripped"], *args)
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    assert "--fork-guard never" in res.err and "system call at" in res.err
+    assert len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err
+    assert not out.exists()
+    accepted = run_cli("rewrite", built["rawfork-stripped"], "-o", out, "--fork-guard",
+                       "never")
+    assert accepted.rc == 0, accepted.err
+
+
+def test_no_fork_found_is_said_not_silence(built: dict[str, Path], tmp_path: Path) -> None:
+    rep = check(load(built["nofork-stripped"]))
+    codes = [f.code for f in rep.findings]
+    assert "fork-unknown" in codes and "process-can-fork" not in codes
+    res = run_cli("rewrite", built["nofork-stripped"], "-o", tmp_path / "out", "--json")
+    assert res.rc == 0, res.err
+    said = [f["code"] for f in json.loads(res.out)["files"][0]["findings"]]
+    assert "fork-unknown" in said
+
+
+def _traced(path: Path) -> str:
+    script = f"usdt:{path}:sfork:site {{ @n = count(); }}"
+    done = subprocess.run(["bpftrace", "-e", script, "-c", f"{path} 3"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return "\n".join(sorted(ln for ln in done.stdout.splitlines()
+                            if ln.startswith(("child", "parent"))))
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+@pytest.mark.parametrize("name", ["fork", "fork-stripped"])
+def test_guarded_static_children_survive_tracing(built: dict[str, Path], tmp_path: Path,
+                                                 name: str) -> None:
+    out = tmp_path / "out"
+    res = run_cli("rewrite", built[name], "-o", out, "--json")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)["files"][0]
+    assert any(f["code"] == "fork-guarded" for f in doc["findings"]), doc["findings"]
+    want = _traced(built[name])
+    assert want.count("child-status 0") == 3
+    assert _traced(out) == want
+    bare = tmp_path / "bare"
+    assert run_cli("rewrite", built[name], "-o", bare, "--fork-guard", "never").rc == 0
+    assert "child-status 0" not in _traced(bare)  # unguarded, every traced child dies
+
+
+def test_hooked_guard_verifies_and_restores(built: dict[str, Path], tmp_path: Path) -> None:
+    """The emulator runs the hooked guard's child stub (`verify`: the child's sites are back
+    on the int3 path), and `restore` gives the original file back, byte for byte."""
+    out, back = tmp_path / "out", tmp_path / "back"
+    assert run_cli("rewrite", built["fork-stripped"], "-o", out).rc == 0
+    res = run_cli("verify", out)
+    assert res.rc == 0, res.out + res.err
+    assert "fork-guarded" in res.out and "re-armed" in res.out
+    assert run_cli("restore", out, "-o", back).rc == 0
+    assert back.read_bytes() == built["fork-stripped"].read_bytes()

@@ -1,0 +1,293 @@
+"""Every way into the code around the probes from the whole file: one index, built once per file.
+
+A patch window must have no way in strictly inside it that the rewrite does not aim at the
+detour (docs/rewrite.md, "What is proven before a window is used"). A function's own branches,
+jump tables, landing pads and related `.cold` parts are its analysis's (usdtpatch.sites.targets);
+this index adds what lies outside it, found by scanning the whole file once:
+
+- direct branches from any executable section: every `e8`/`e9` (call/jmp rel32) and `0f 80-8f`
+  (jcc rel32) byte sequence whose displacement lands in a region, and every `eb`/`70-7f`/`e0-e3`
+  (rel8) within reach of one. The scan reads bytes, not instructions: a hit is kept unless the
+  linear disassembly of the function holding it (done lazily, by the function analysis) shows
+  that no instruction starts there (the bytes belong to another instruction);
+- rip-relative `lea` (`8d` with a rip-relative ModRM) anywhere in code: the address of a label
+  taken (a computed goto's `&&label` at -O0, a `lea` kept in a register or on the stack);
+- relocations: every entry of an allocated SHT_RELA table (the loader's) whose value
+  (R_X86_64_RELATIVE / IRELATIVE: the addend; R_X86_64_64 and the other symbol relocations:
+  the symbol's value + addend) lands in a region;
+- data words: every 8-byte-aligned 64-bit word and, in a fixed-address file, every
+  4-byte-aligned 32-bit word of any allocated section whose value lands in a region (a non-PIE
+  `&&label` table, an `.init_array`-like table, a table of handlers).
+
+The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72), within
+its function and the padding after it), less the function starts (a start is a target
+anyway). The scans are C-level passes (regex search, map, set intersection): linear in the
+file's code, about 0.5 s of CPU for libjvm.so's 14 MB (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import sys
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import add, itemgetter
+
+from usdtpatch.elf.image import (
+    ET_EXEC,
+    PF_X,
+    PT_LOAD,
+    SHT_NOBITS,
+    SHT_RELA,
+    ElfImage,
+)
+
+BEFORE = 128  # bytes before a probe a window may start (8 instructions, rounded up)
+AFTER = 72  # bytes after a probe a window may end (64 + the probe)
+SHF_EXECINSTR = 0x4
+R_X86_64_RELATIVE = 8
+R_X86_64_IRELATIVE = 37
+R_X86_64_NONE = 0
+
+# kinds of way in (Target.kind in the function analysis)
+BRANCH_REL32 = "branch-from-elsewhere"  # a direct jmp/jcc/call rel32 outside the function
+BRANCH_REL8 = "short-branch-from-elsewhere"  # a direct jmp/jcc rel8 outside the function
+ADDRESS_TAKEN = "address-taken"  # a rip-relative lea of the address (code anywhere)
+RELOCATION = "relocation"  # a relocation whose value is the address
+DATA_WORD = "data-word"  # an absolute word in the file's bytes holding the address
+
+CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, ADDRESS_TAKEN})
+_S32 = struct.Struct("<i")
+
+
+@dataclass(frozen=True, slots=True)
+class WayIn:
+    """One way into `target`: `source` is the branch or `lea` instruction's address (code
+    kinds), or the address of the word or relocated place (data kinds); `what` describes it."""
+
+    target: int
+    kind: str
+    source: int
+    what: str
+
+
+class WaysIn:
+    """The index: target -> every way in found by the file-wide scans."""
+
+    def __init__(self, ways: Iterable[WayIn]) -> None:
+        by: dict[int, list[WayIn]] = {}
+        for w in ways:
+            by.setdefault(w.target, []).append(w)
+        self._by = {a: tuple(v) for a, v in by.items()}
+        self._sorted = sorted(self._by)
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def between(self, lo: int, hi: int) -> Iterator[tuple[int, tuple[WayIn, ...]]]:
+        """(target, ways) of every target in [lo, hi), in address order."""
+        i = bisect_left(self._sorted, lo)
+        while i < len(self._sorted) and self._sorted[i] < hi:
+            a = self._sorted[i]
+            yield a, self._by[a]
+            i += 1
+
+
+def _regions(sites: list[tuple[int, int, int]], starts: list[int]) -> set[int]:
+    """The protected addresses: [pc - BEFORE, pc + AFTER) of each probe, within its function
+    (and the padding after it) when its bounds are known, less function starts (`starts`
+    sorted): a window never leaves its function's bytes."""
+    out: set[int] = set()
+    for pc, fstart, fend in set(sites):
+        lo, hi = pc - BEFORE, pc + AFTER
+        if fstart < fend:
+            lo, hi = max(lo, fstart), min(hi, fend + 64)
+        out.update(range(max(0, lo), hi))
+        i = bisect_left(starts, lo)
+        while i < len(starts) and starts[i] < hi:
+            out.discard(starts[i])
+            i += 1
+    return out
+
+
+def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
+    """(vaddr, file offset, size) of the executable bytes the file holds: SHF_EXECINSTR
+    sections, else the executable PT_LOADs (a file without section headers); each clipped to
+    the end of the file (a damaged header may claim more)."""
+    out: list[tuple[int, int, int]] = []
+    secs = [(s.addr, s.offset, s.size) for s in image.sections
+            if s.flags & SHF_EXECINSTR and s.type != SHT_NOBITS and s.allocated]
+    if not secs:
+        secs = [(g.vaddr, g.offset, g.filesz) for g in image.segments
+                if g.type == PT_LOAD and g.flags & PF_X]
+    for vaddr, off, claimed in secs:
+        size = min(claimed, len(image.data) - off)
+        if off >= 0 and size > 0:
+            out.append((vaddr, off, size))
+    return out
+
+
+def _positions(data: bytes, pattern: re.Pattern[bytes]) -> list[int]:
+    """Offsets of every match of `pattern` in `data` (C-level: finditer, Match.start)."""
+    return list(map(re.Match.start, pattern.finditer(data)))
+
+
+def _rel32_hits(data: bytes, vaddr: int, opcode_at: list[int], head: int,
+                shifted: set[int]) -> list[tuple[int, int]]:
+    """(source vaddr, target) of each rel32 whose opcode ends `head` bytes after each offset
+    of `opcode_at` and whose target is protected (`shifted`: the protected addresses less
+    vaddr + 4)."""
+    limit = len(data) - head - 4
+    at = [p for p in opcode_at if p <= limit] if opcode_at and opcode_at[-1] > limit \
+        else opcode_at
+    disp_at = list(map(add, at, repeat(head)))
+    # offset of the displacement + the displacement = target - vaddr - 4
+    rel = list(map(add, disp_at, map(_FIRST, map(_S32.unpack_from, repeat(data), disp_at))))
+    hits = shifted.intersection(rel)
+    if not hits:
+        return []
+    return [(vaddr + at[i], rel[i] + vaddr + 4)
+            for i in compress(range(len(rel)), map(hits.__contains__, rel))]
+
+
+_FIRST = itemgetter(0)
+_CALL_JMP = re.compile(rb"[\xe8\xe9]")
+_JCC32 = re.compile(rb"\x0f[\x80-\x8f]")
+_LEA_RIP = re.compile(rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]")  # ModRM mod 00, rm 101
+_REL8 = frozenset({0xEB, *range(0x70, 0x80), 0xE0, 0xE1, 0xE2, 0xE3})
+
+
+def _scan_code(image: ElfImage, protected: set[int],
+               probes: Iterable[tuple[int, int, int]]) -> list[WayIn]:
+    out: list[WayIn] = []
+    ranges = code_ranges(image)
+    for vaddr, off, size in ranges:
+        data = bytes(image.data[off:off + size])
+        shifted = {t - vaddr - 4 for t in protected}
+        for src, t in _rel32_hits(data, vaddr, _positions(data, _CALL_JMP), 1, shifted):
+            name = "call" if data[src - vaddr] == 0xE8 else "jmp"
+            out.append(WayIn(t, BRANCH_REL32, src, f"{name} rel32 at {src:#x}"))
+        for src, t in _rel32_hits(data, vaddr, _positions(data, _JCC32), 2, shifted):
+            out.append(WayIn(t, BRANCH_REL32, src, f"jcc rel32 at {src:#x}"))
+        for src, t in _rel32_hits(data, vaddr, _positions(data, _LEA_RIP), 2, shifted):
+            out.append(WayIn(t, ADDRESS_TAKEN, src, f"rip-relative lea at {src:#x}"))
+    # rel8: only sources within reach of a probe's region and outside its function (whose
+    # own jumps its disassembly knows)
+    spans: set[tuple[int, int]] = set()
+    for pc, fstart, fend in probes:
+        lo, hi = pc - BEFORE - 130, pc + AFTER + 128
+        spans.update(((lo, min(hi, fstart)), (max(lo, fend), hi)) if fstart < fend
+                     else ((lo, hi),))
+    for lo, hi in sorted(spans):
+        for vaddr, off, size in ranges:
+            a, b = max(lo, vaddr), min(hi, vaddr + size)
+            for src in range(a, b - 1):
+                op = image.data[off + src - vaddr]
+                if op in _REL8:
+                    d = image.data[off + src - vaddr + 1]
+                    t = src + 2 + (d - 256 if d > 127 else d)
+                    if t in protected:
+                        out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
+    return out
+
+
+def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
+    out: list[WayIn] = []
+    if not image.is64 or not image.little_endian or sys.byteorder != "little":
+        return out
+    for sec in image.sections:
+        # the loader's tables only: a kept static table (--emit-relocs) describes bytes the
+        # code and word scans read as they are
+        if sec.type != SHT_RELA or not sec.allocated or sec.offset + sec.size > len(image.data):
+            continue
+        usable = sec.size - sec.size % 24
+        raw = memoryview(image.data)[sec.offset:sec.offset + usable]
+        if not usable:
+            continue
+        words, signed = raw.cast("Q"), raw.cast("q")
+        addends = signed[2::3].tolist()
+        hit = protected.intersection(addends)
+        infos = words[1::3].tolist()
+        places = words[0::3].tolist()
+        symval = _symbol_values(image, sec.link)
+        for i, info in enumerate(infos):
+            rtype, sym = info & 0xFFFFFFFF, info >> 32
+            if rtype in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
+                if addends[i] in hit:
+                    out.append(WayIn(addends[i], RELOCATION, places[i],
+                                     f"R_X86_64_RELATIVE at {places[i]:#x}"))
+            elif rtype != R_X86_64_NONE and sym:
+                value = symval(sym)
+                if value is not None and value + addends[i] in protected:
+                    out.append(WayIn(value + addends[i], RELOCATION, places[i],
+                                     f"relocation (type {rtype}) at {places[i]:#x}"))
+    return out
+
+
+def _symbol_values(image: ElfImage, link: int) -> Callable[[int], int | None]:
+    """A function: symbol index -> its defined value in the symbol table `link`, or None."""
+    secs = image.sections
+    tab = secs[link] if 0 < link < len(secs) else None
+    cache: dict[int, int | None] = {}
+
+    def value(i: int) -> int | None:
+        if tab is None:
+            return None
+        got = cache.get(i, -1)
+        if got != -1:
+            return got
+        at = tab.offset + i * 24
+        val: int | None = None
+        if at + 24 <= min(len(image.data), tab.offset + tab.size):
+            _n, _info, _other, shndx, v, _size = struct.unpack_from("<IBBHQQ", image.data, at)
+            val = v if shndx != 0 else None
+        cache[i] = val
+        return val
+
+    return value
+
+
+def _scan_words(image: ElfImage, protected: set[int]) -> list[WayIn]:
+    """Absolute words of a fixed-address file. A position-independent file holds no usable
+    absolute code address in its bytes: the loader stores each one through a relocation
+    (_scan_relocations)."""
+    out: list[WayIn] = []
+    if not image.little_endian or sys.byteorder != "little" or image.type != ET_EXEC:
+        return out
+    small = {a for a in protected if a < 1 << 32}
+    for sec in image.sections:
+        if not sec.allocated or sec.type == SHT_NOBITS or not sec.size or \
+                sec.offset + sec.size > len(image.data):
+            continue
+        for size, want in ((8, protected), (4, small)):
+            if not want:
+                continue
+            first = (-sec.addr) % size
+            n = (sec.size - first) // size
+            if n <= 0:
+                continue
+            raw = memoryview(image.data)[sec.offset + first:sec.offset + first + n * size]
+            vals = raw.cast("Q") if size == 8 else raw.cast("I")
+            hit = want.intersection(vals)
+            if not hit:
+                continue
+            for i in compress(range(n), map(hit.__contains__, vals)):
+                place = sec.addr + first + i * size
+                out.append(WayIn(vals[i], DATA_WORD, place,
+                                 f"{size}-byte word at {place:#x} in {sec.name or 'data'}"))
+    return out
+
+
+def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
+                  starts: list[int]) -> WaysIn:
+    """The file-wide index for `probes`: (link-time pc, start, end of its function; start ==
+    end when unknown); `starts` are the function starts (FDE starts and symbols), sorted."""
+    sites = list(probes)
+    if not sites:
+        return WaysIn(())
+    protected = _regions(sites, starts)
+    return WaysIn([*_scan_code(image, protected, sites), *_scan_relocations(image, protected),
+                   *_scan_words(image, protected)])

@@ -137,3 +137,26 @@ def test_runner_before_pid_and_cleanup(runner: Runner) -> None:
     scoped = runner.run(_case(run="test -z \"$(pidof sleep)\" && echo " + NOTIFY
                             + " && echo none", expect="^none$"))
     assert scoped.status == "pass", scoped
+
+
+def test_fetch_source_refuses_a_package_that_is_not_installed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/fetch_source.py (make bpftrace-src): one line and exit 1, the reason kept beside
+    the destination for the tests' skip, nothing else written."""
+    from tools.fetch_source import main
+
+    dest = tmp_path / "src"
+    assert main(["usdtpatch-no-such-package", str(dest), "--cache", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usdtpatch-no-such-package" in err
+    assert "not installed" in (tmp_path / "src.error").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.error"]
+
+
+def test_fetch_source_apt_stays_private(tmp_path: Path) -> None:
+    """Every directory apt is told to use is under the private configuration."""
+    from tools.fetch_source import apt_options
+
+    opts = apt_options(tmp_path)
+    dirs = [o.split("=", 1)[1] for o in opts if o.startswith("Dir::") and "status" not in o]
+    assert len(dirs) == 5 and all(d.startswith(str(tmp_path)) for d in dirs)

@@ -7,8 +7,8 @@ deb-src entry for the archive the installed version comes from (its URI, suite a
 as `apt-cache madison` names them, and the Signed-By keyring of the system's entry for that
 URI), and its own state, lists and cache directories. Nothing is installed and nothing of the
 system's apt configuration is read for sources or changed. The .dsc, .orig and .debian files
-are unpacked with `dpkg-source -x` into DEST (replaced atomically: DEST.new, then renamed),
-with the version in DEST/.version.
+are unpacked with `dpkg-source -x` (or, without dpkg-dev, the tarballs with tar) into DEST
+(replaced as a whole: DEST.new, then renamed), with the version in DEST/.version.
 
 Exit status 0 when DEST holds the sources (fetched now or already there), 1 with one line on
 stderr when they cannot be had (no apt, no network to the archive, no such version): the tests
@@ -44,10 +44,13 @@ def _run(cmd: list[str], cwd: Path | None = None, timeout: float = 300) -> str:
 
 
 def installed_version(package: str) -> str:
-    out = _run(["dpkg-query", "-W", "-f=${Version}\\n${Source}\\n", package]).splitlines()
-    if not out or not out[0]:
+    try:
+        out = _run(["dpkg-query", "-W", "-f=${Version}", package]).strip()
+    except FetchError:
+        out = ""
+    if not out:
         raise FetchError(f"{package} is not installed")
-    return out[0]
+    return out
 
 
 def source_name(package: str) -> str:
@@ -103,8 +106,8 @@ def apt_options(conf: Path) -> list[str]:
 
 
 def fetch(package: str, dest: Path, cache: Path) -> str:
-    if not shutil.which("apt-get") or not shutil.which("dpkg-source"):
-        raise FetchError("apt-get and dpkg-source are needed (Debian dpkg-dev)")
+    if not shutil.which("apt-get"):
+        raise FetchError("apt-get is needed")
     version = installed_version(package)
     stamp = dest / ".version"
     if stamp.is_file() and stamp.read_text().strip() == version:
@@ -129,12 +132,29 @@ def fetch(package: str, dest: Path, cache: Path) -> str:
         raise FetchError(f"apt-get source fetched no .dsc for {src}={version}")
     new = dest.with_name(dest.name + ".new")
     shutil.rmtree(new, ignore_errors=True)
-    _run(["dpkg-source", "--no-check", "-x", str(dscs[0]), str(new)], timeout=600)
+    if shutil.which("dpkg-source"):
+        _run(["dpkg-source", "--no-check", "-x", str(dscs[0]), str(new)], timeout=600)
+    else:
+        _untar(download, new)
     (new / ".version").write_text(version + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     new.rename(dest)
     shutil.rmtree(download, ignore_errors=True)
     return version
+
+
+def _untar(download: Path, new: Path) -> None:
+    """Without dpkg-dev: the upstream tarball into `new` (its top folder stripped) and the
+    debian/ tarball into new/debian (a 3.0 (quilt) package's patches are not applied: tell it
+    by the debian/patches/series left in place)."""
+    origs = sorted(download.glob("*.orig.tar.*"))
+    debs = sorted(download.glob("*.debian.tar.*"))
+    if len(origs) != 1:
+        raise FetchError(f"no dpkg-source, and {len(origs)} .orig tarballs to unpack")
+    new.mkdir(parents=True)
+    _run(["tar", "-xf", str(origs[0]), "-C", str(new), "--strip-components=1"], timeout=600)
+    for deb in debs:
+        _run(["tar", "-xf", str(deb), "-C", str(new)], timeout=600)
 
 
 def main(argv: list[str] | None = None) -> int:

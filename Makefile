@@ -123,7 +123,7 @@ unit: $(BIN)/.test
 
 test: system-packages test-data lint typecheck unit
 
-# --- bpftrace's own USDT runtime tests (tests/test_bpftrace_usdt.py) ----------------------
+# --- sys/sdt.h (issue 21): bpftrace's own USDT runtime tests (tests/test_bpftrace_usdt.py) --
 # Debian's bpftrace source package at the installed bpftrace's version, unpacked into
 # $(BPFTRACE_SRC) (tests/runtime/usdt, tests/testprogs, tests/testlibs) with a private apt
 # configuration: a deb-src entry for the archive the installed version comes from, and apt's
@@ -136,7 +136,12 @@ BPFTRACE_SRC := $(DEB_CACHE)/bpftrace-src
 bpftrace-src: $(BIN)/.runtime
 	@$(BIN)/python -m tools.fetch_source bpftrace $(BPFTRACE_SRC) --cache $(DEB_CACHE) || true
 unit: bpftrace-src
-# --- end of bpftrace's tests --------------------------------------------------------------
+# The header's red-zone guard, untraced cost per probe pass (docs/performance.md).
+.PHONY: bench-sdt-guard
+bench-sdt-guard: $(BIN)/.test
+	$(BIN)/python -m bench.bench_sdt_guard
+bench: bench-sdt-guard
+# --- end of sys/sdt.h's block ------------------------------------------------------------
 
 fixtures:
 	$(MAKE) -C fixtures

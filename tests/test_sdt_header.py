@@ -400,3 +400,18 @@ def test_check_of_a_default_build_has_no_red_zone_live(tmp_path: Path, opt: str,
     assert "red-zone-live" in codes["nop5"]
     assert "red-zone-live" not in codes["default"]
     assert "red-zone-live" not in codes["asked"]
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_no_red_zone_is_invisible_to_the_preprocessor(cc: str) -> None:
+    """Why the build has to say -DUSDTPATCH_REDZONE_GUARD=0 for -mno-red-zone code: the
+    compilers predefine the same macros with and without -mno-red-zone (if one ever tells,
+    this fails and the header can detect it)."""
+    need_toolchain(cc)
+    macros = []
+    for flags in ([], ["-mno-red-zone"]):
+        proc = subprocess.run([cc, *flags, "-dM", "-E", "-x", "c", "-"], input="",
+                              capture_output=True, text=True, check=True, timeout=60)
+        macros.append(sorted(proc.stdout.splitlines()))
+    assert len(macros[0]) > 100
+    assert macros[0] == macros[1]

@@ -14,8 +14,9 @@
  *   args = space-separated "[-]N[f]@OPERAND": N the size in bytes, "-" when signed, "f" for
  *     a floating-point value, OPERAND in the assembler's syntax (AT&T on x86).
  *
- * What differs from systemtap's header is only the probe instruction (and, on request, the
- * red-zone guard around it).  On x86-64, USDTPATCH_SITE_FORM picks it:
+ * What differs from systemtap's header is only the probe instruction, the red-zone guard
+ * around it (by default, see below: then the argument operands are registers), and the
+ * fork guard's table entry.  On x86-64, USDTPATCH_SITE_FORM picks the instruction:
  *   nop5    (default) 0f 1f 44 00 00        nopl 0x0(%rax,%rax,1); the note pc is on it.
  *                                           Linux 6.18+ turns it into a call to the uprobe
  *                                           trampoline on the first hit (no int3 any more).
@@ -42,11 +43,13 @@
  * always built without a red zone), in x32 code, in assembler files (.S: their note
  * operands are hand-written text the header cannot re-express, see below), and with nop1
  * and combo10; -DUSDTPATCH_REDZONE_GUARD=1 asks for it there.  With the guard no argument
- * may be addressed
- * through %rsp in the note (rsp is 128 lower at the probe than where the compiler computed
- * the operand): the guarded form gives every C argument the constraint "nr" (a register or
- * an immediate; never memory), so no note operand mentions %rsp and no displacement needs
- * adjusting.  See docs/sdt-header.md for why this is done at compile time rather than by
+ * may be addressed through %rsp in the note (rsp is 128 lower at the probe than where the
+ * compiler computed the operand): the guarded form gives every C argument the constraint
+ * "nr" (a register or an immediate; never memory), so no note operand mentions %rsp and no
+ * displacement needs adjusting.  A probe with an argument that fits no general register
+ * (long double, __int128, _Complex, a struct of 3 or 16 bytes) cannot be guarded: it gets
+ * systemtap's 1-byte nop and "nor" operands (never optimized, so nothing is written below
+ * rsp).  See docs/sdt-header.md for why this is done at compile time rather than by
  * rewriting operand text in the assembler.  In .S files the arguments are written by hand:
  * with the guard, write rsp-relative ones with their displacement + 128.
  * Other architectures emit their usual 1-byte nop ("nop 0" on ia64 and s390).

@@ -200,10 +200,10 @@ CFI_MALFORMED = _code("cfi-malformed", _W, "call frame information cannot be rea
 
 # -- hazards (check) --
 RED_ZONE_LIVE = _code("red-zone-live", _E, "an optimized site in a function using its red zone",
-                      "built with usdtpatch's sys/sdt.h: keep its red-zone guard on (the "
-                      "default; do not define USDTPATCH_REDZONE_GUARD=0, or define "
-                      "USDTPATCH_REDZONE_GUARD=1), or build this code with -mno-red-zone; "
-                      "or rewrite the site with usdtpatch's red-zone-safe detour")
+                      "built with usdtpatch's sys/sdt.h, keep its red-zone guard on: it is "
+                      "the default, off only with -DUSDTPATCH_REDZONE_GUARD=0; or build this "
+                      "code with -mno-red-zone; or rewrite the site with usdtpatch's "
+                      "red-zone-safe detour")
 RED_ZONE_REWRITE = _code("red-zone-rewrite", _W,
                          "a site to rewrite in a function that may use its red zone",
                          "the rewrite must wrap the probe in lea -0x80(%rsp),%rsp / "

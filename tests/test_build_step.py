@@ -83,10 +83,10 @@ def test_fails_on_the_red_zone_hazard_and_removes_the_file(tmp_path: Path) -> No
 
 
 def test_header_route_failure_names_the_header_guard(tmp_path: Path) -> None:
-    """A program built with usdtpatch's sys/sdt.h without its red-zone guard
-    (-DUSDTPATCH_REDZONE_GUARD=0: fixtures/bin/redzone-leaf-nop5), checked by the step: the
-    failing line ends with the hint, and the hint (line and JSON) names the header's guard
-    macro as well as -mno-red-zone and the rewrite."""
+    """An unguarded nop5 site in a red-zone leaf, as usdtpatch's sys/sdt.h builds it with
+    -DUSDTPATCH_REDZONE_GUARD=0 (fixtures/bin/redzone-leaf-nop5, built with the fixtures'
+    own nop5 macro), checked by the step: the failing line ends with the hint, and the hint
+    (line and JSON) names the header's guard macro as well as -mno-red-zone and the rewrite."""
     app = _copy(tmp_path, "redzone-leaf-nop5")
     report = tmp_path / "app.json"
     res = run_cli("post-link", "--check-only", app, "--fail-on", "error", "--report", report)

@@ -11,6 +11,10 @@ variants of the same test programs:
 - `header`: built the same way with usdtpatch's <sys/sdt.h> first on the include path (its
   defaults: nop5 sites, the red-zone guard and the fork guard on).
 
+Besides bpftrace's cases: usdt_sized_args traced on every hit for a second (the case
+"usdt sized arguments" reads only the first hit, which takes the breakpoint path, so it
+cannot see the red-zone hazard), and `usdtpatch check` of the two usdtpatch variants.
+
 A case that fails on the systemtap build with Debian's bpftrace is skipped with the reason
 (it says nothing about usdtpatch); a case skipped there (REQUIRES, REQUIRES_FEATURE) is
 skipped everywhere; every other case must pass in all three variants. Some cases race by
@@ -30,6 +34,7 @@ Tracefs is mounted at /sys/kernel/tracing when it is not.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +44,7 @@ from pathlib import Path
 import pytest
 
 from tests.bpftrace_cases import Case, Outcome, Runner, parse_cases
+from tests.conftest import started
 from tests.test_sdt_support import ROOT, SDT_INCLUDE, BuildError, have, load_probes, run_cc
 
 SOURCES = ROOT / "build" / "cache" / "bpftrace-src"
@@ -206,6 +212,43 @@ def test_check_finds_no_red_zone_hazard(suite: Suite, variant: str) -> None:
         total += len(report.sites)
     assert total >= 50  # 51 sites in all
     assert sites == total if variant == "header" else sites >= total - 12  # 39 of 51
+
+
+SIZED = ('usdt:{bin}:test:probe1 {{ @a[arg0] = count(); }} '
+         'usdt:{bin}:test:probe2 {{ @b[arg0] = count(); }} interval:s:1 {{ exit(); }}')
+
+
+def _sized_args_values(binary: Path) -> dict[str, dict[int, int]]:
+    """bpftrace's usdt_sized_args (a -O0 main that keeps a = 0xdeadbeef, b = 1 in its red
+    zone and probes them in a loop), traced on every hit for a second: {map: {value: hits}}."""
+    with started([binary], cwd=binary.parent) as prog:
+        proc = subprocess.run(["bpftrace", "-e", SIZED.format(bin=binary), "-p",
+                               str(prog.pid)], capture_output=True, text=True, timeout=120,
+                              check=False)
+    out: dict[str, dict[int, int]] = {"a": {}, "b": {}}
+    for m in re.finditer(r"^@([ab])\[(-?\d+)\]: (\d+)$", proc.stdout, re.M):
+        out[m[1]][int(m[2])] = int(m[3])
+    assert out["a"] and out["b"], proc.stdout[-1000:] + proc.stderr[-1000:]
+    return out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_hit_reads_what_the_program_passed(suite: Suite, variant: str,
+                                                 tmp_path: Path) -> None:
+    """"usdt sized arguments" prints one hit; here every hit is read for a second: each one
+    must read a = 0xdeadbeef and b = 1, in every variant. The control, usdtpatch's header
+    with -DUSDTPATCH_REDZONE_GUARD=0 (its old default), reads the trampoline's return address
+    for b on the optimized hits (4198730 = 0x40114a in the issue), so this test can fail."""
+    values = _sized_args_values(suite.dirs[variant] / "testprogs" / "usdt_sized_args")
+    assert (set(values["a"]), set(values["b"])) == ({0xDEADBEEF}, {1}), values
+    assert sum(values["b"].values()) > 1000  # optimized hits, not only the first int3 one
+    if variant == "header":
+        src = SOURCES / "tests" / "testprogs" / "usdt_sized_args.c"
+        control = tmp_path / "usdt_sized_args"
+        run_cc(["gcc", *CFLAGS, f"-I{SDT_INCLUDE}", "-DUSDTPATCH_REDZONE_GUARD=0", str(src),
+                "-no-pie", "-o", str(control)])
+        bad = _sized_args_values(control)
+        assert set(bad["b"]) != {1}, f"the unguarded build read b right: {bad}"
 
 
 def _describe(o: Outcome) -> str:

@@ -33,10 +33,12 @@ Tracefs is mounted at /sys/kernel/tracing when it is not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,8 +150,11 @@ class Suite:
     outcomes: dict[tuple[str, str], Outcome]
 
 
+MOUNTNS_DIR = Path("/tmp/bpftrace-unshare-mountns-test")  # made by mountns_wrapper.c
+
+
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory: pytest.TempPathFactory) -> Suite:
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
     """Every case in every variant, the three variants side by side (each in its own
     directory, its processes seen only by its own `pidof`)."""
     if not have("bpftrace", "gcc", "pidof"):
@@ -173,10 +178,16 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Suite:
         return {(variant, c.id): runner.run(c, ATTEMPTS) for c in CASES}
 
     outcomes: dict[tuple[str, str], Outcome] = {}
-    with ThreadPoolExecutor(max_workers=len(VARIANTS)) as pool:
-        for done in pool.map(run_all, VARIANTS):
-            outcomes.update(done)
-    return Suite(dirs, outcomes)
+    had_mountns_dir = MOUNTNS_DIR.exists()
+    try:
+        with ThreadPoolExecutor(max_workers=len(VARIANTS)) as pool:
+            for done in pool.map(run_all, VARIANTS):
+                outcomes.update(done)
+        yield Suite(dirs, outcomes)
+    finally:
+        if not had_mountns_dir:
+            with contextlib.suppress(OSError):
+                MOUNTNS_DIR.rmdir()  # empty: the bind mounts were in the cases' namespaces
 
 
 def test_the_cases_were_read() -> None:

@@ -122,9 +122,11 @@ def compare_notes_guarded(theirs: ProbeSet, ours: ProbeSet) -> list[str]:
     holding the same value, and an immediate must be the same immediate. A probe whose
     arguments do not all fit a register is not guarded (systemtap's nop and operands), nor
     is a probe of an assembler file (its operands are hand-written text):
-    its site is a 1-byte nop and its operands are systemtap's, but for where on the stack a
-    value is: the guarded probes around it keep their values in registers, so the function's
-    stack slots may be laid out differently (same base register, other displacement)."""
+    its site is a 1-byte nop and its operands are systemtap's, but for which register or
+    stack slot the compiler chose: the guarded probes around it keep their values in
+    registers, so the function's registers and stack slots may be allocated differently
+    (a register for a register; the same base register, another displacement, for a stack
+    slot; seen with g++ -O3 and clang -O0)."""
     from usdtpatch.elf.args import ImmOperand
 
     a, b = theirs.probes, ours.probes
@@ -174,6 +176,10 @@ def _guarded(ps: ProbeSet, p: Probe) -> bool:
 
 
 def _same_stack_slot_kind(x: object, y: object) -> bool:
+    """Two registers, or two stack slots off the same base register: the same kind of
+    location, which the compiler may have chosen differently."""
+    if isinstance(x, RegOperand) and isinstance(y, RegOperand):
+        return True
     return (isinstance(x, MemOperand) and isinstance(y, MemOperand) and x.base == y.base
             and x.base in ("rsp", "rbp") and (x.index, x.scale, x.symbol)
             == (y.index, y.scale, y.symbol))
@@ -347,3 +353,8 @@ def test_compare_notes_guarded_immediates_and_fallback() -> None:
     assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(slot, b"\x90")) == []
     other = [("p", "a", 0x2000, 0, "-4@%edi 8@-16(%rbp)"), _BASE_NOTES[1]]
     assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(other, b"\x90"))
+    # another register for a register is allowed there, a register for memory is not
+    reg = [("p", "a", 0x2000, 0, "-4@%esi 8@-16(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(reg, b"\x90")) == []
+    mem = [("p", "a", 0x2000, 0, "-4@-4(%rbp) 8@-16(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(mem, b"\x90"))

@@ -139,6 +139,26 @@ unit: $(BIN)/.test
 
 test: system-packages test-data lint typecheck unit
 
+# --- sys/sdt.h (issue 21): bpftrace's own USDT runtime tests (tests/test_bpftrace_usdt.py) --
+# Debian's bpftrace source package at the installed bpftrace's version, unpacked into
+# $(BPFTRACE_SRC) (tests/runtime/usdt, tests/testprogs, tests/testlibs) with a private apt
+# configuration: a deb-src entry for the archive the installed version comes from, and apt's
+# own state, lists and cache under $(DEB_CACHE)/apt-src (tools/fetch_source.py). Nothing is
+# installed and the system's apt configuration is not changed. bpftrace is Apache-2.0: its
+# tests are fetched at test time and built from there, never copied into this repository.
+# Without network to the archive the tests skip with the reason ($(BPFTRACE_SRC).error).
+BPFTRACE_SRC := $(DEB_CACHE)/bpftrace-src
+.PHONY: bpftrace-src
+bpftrace-src: $(BIN)/.runtime
+	@$(BIN)/python -m tools.fetch_source bpftrace $(BPFTRACE_SRC) --cache $(DEB_CACHE) || true
+unit: bpftrace-src
+# The header's red-zone guard, untraced cost per probe pass (docs/performance.md).
+.PHONY: bench-sdt-guard
+bench-sdt-guard: $(BIN)/.test
+	$(BIN)/python -m bench.bench_sdt_guard
+bench: bench-sdt-guard
+# --- end of sys/sdt.h's block ------------------------------------------------------------
+
 fixtures:
 	$(MAKE) -C fixtures
 

@@ -82,6 +82,25 @@ def test_fails_on_the_red_zone_hazard_and_removes_the_file(tmp_path: Path) -> No
     assert run_cli("post-link", app, "--fail-on", "error").rc == 0
 
 
+def test_header_route_failure_names_the_header_guard(tmp_path: Path) -> None:
+    """An unguarded nop5 site in a red-zone leaf, as usdtpatch's sys/sdt.h builds it with
+    -DUSDTPATCH_REDZONE_GUARD=0 (fixtures/bin/redzone-leaf-nop5, built with the fixtures'
+    own nop5 macro), checked by the step: the failing line ends with the hint, and the hint
+    (line and JSON) names the header's guard macro as well as -mno-red-zone and the rewrite."""
+    app = _copy(tmp_path, "redzone-leaf-nop5")
+    report = tmp_path / "app.json"
+    res = run_cli("post-link", "--check-only", app, "--fail-on", "error", "--report", report)
+    assert res.rc == 1
+    line = next(x for x in res.err.splitlines() if "[red-zone-live]" in x)
+    hint = report_of(report)["findings"][0]["hint"]
+    assert line.endswith(f" (hint: {hint})")
+    for what in ("USDTPATCH_REDZONE_GUARD", "-mno-red-zone", "rewrite"):
+        assert what in hint
+    # warnings keep their one short line
+    res = run_cli("post-link", "--check-only", _copy(tmp_path, "redzone-leaf"))
+    assert all("(hint: " not in x for x in res.err.splitlines() if " warning [" in x)
+
+
 def test_keep_on_failure_and_output_on_failure(tmp_path: Path) -> None:
     app = _copy(tmp_path)
     original = sha(app)

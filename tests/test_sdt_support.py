@@ -19,7 +19,7 @@ import pytest
 from usdtpatch.api import load
 from usdtpatch.elf.args import MemOperand, RegOperand
 from usdtpatch.elf.image import ET_REL
-from usdtpatch.sites.probes import ProbeSet
+from usdtpatch.sites.probes import Probe, ProbeSet
 
 ROOT = Path(__file__).resolve().parent.parent
 SDT_INCLUDE = ROOT / "sdt_headers"
@@ -55,7 +55,9 @@ def run_cc(cmd: list[str], cwd: Path | None = None) -> None:
     """Run one compiler command; a failure raises BuildError with the command and stderr."""
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
     if proc.returncode != 0:
-        raise BuildError(f"{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        err = proc.stderr if len(proc.stderr) <= 6000 else \
+            f"{proc.stderr[:2000]}\n[...]\n{proc.stderr[-4000:]}"
+        raise BuildError(f"{' '.join(cmd)}\n{err}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,77 @@ def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool =
             elif x.operand != y.operand:
                 out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
     return out
+
+
+def compare_notes_guarded(theirs: ProbeSet, ours: ProbeSet) -> list[str]:
+    """Differences between systemtap's build and a guarded build of ours (the default): the
+    notes agree field by field (provider, name, base, semaphore, and each argument's size,
+    sign and float flag), but a guarded site's arguments are registers or immediates, never
+    memory (the "nr" constraint): where systemtap's names memory, ours names a register
+    holding the same value, and an immediate must be the same immediate. A probe whose
+    arguments do not all fit a register is not guarded (systemtap's nop and operands), nor
+    is a probe of an assembler file (its operands are hand-written text):
+    its site is a 1-byte nop and its operands are systemtap's, but for which register or
+    stack slot the compiler chose: the guarded probes around it keep their values in
+    registers, so the function's registers and stack slots may be allocated differently
+    (a register for a register; the same base register, another displacement, for a stack
+    slot; seen with g++ -O3 and clang -O0)."""
+    from usdtpatch.elf.args import ImmOperand
+
+    a, b = theirs.probes, ours.probes
+    out: list[str] = []
+    if len(a) != len(b):
+        out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
+    for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
+        where = f"note {i} ({pa.probe_id})"
+        for field in ("provider", "name"):
+            va, vb = getattr(pa.note, field), getattr(pb.note, field)
+            if va != vb:
+                out.append(f"{where}: {field} {va!r} != {vb!r}")
+        for field in ("base", "semaphore"):
+            va, vb = getattr(pa.note, field), getattr(pb.note, field)
+            wa, wb = _pointee(theirs, va), _pointee(ours, vb)
+            if wa != wb:
+                out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
+        if len(pa.args) != len(pb.args):
+            out.append(f"{where}: args {pa.note.args!r} != {pb.note.args!r}")
+            continue
+        fallback = not _guarded(ours, pb)
+        for j, (x, y) in enumerate(zip(pa.args, pb.args, strict=True)):
+            if (x.size, x.signed, x.is_float) != (y.size, y.signed, y.is_float):
+                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+            elif fallback:
+                if x.operand != y.operand and not _same_stack_slot_kind(x.operand, y.operand):
+                    out.append(f"{where}: unguarded fallback arg {j} {x.raw!r} != {y.raw!r}")
+            elif isinstance(y.operand, MemOperand):
+                out.append(f"{where}: arg {j} {y.raw!r} is memory at a guarded site")
+            elif isinstance(x.operand, ImmOperand) and x.operand != y.operand:
+                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+            elif not isinstance(y.operand, (RegOperand, ImmOperand)):
+                out.append(f"{where}: arg {j} {y.raw!r} is not a register or immediate")
+    return out
+
+
+GUARD_IN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
+
+
+def _guarded(ps: ProbeSet, p: Probe) -> bool:
+    """Whether the red-zone guard's `lea -0x80(%rsp),%rsp` is right before the site (for a
+    set without an image, as the comparator's own tests make: whether the site is not a
+    1-byte nop)."""
+    if ps.image is None:
+        return p.code[:1] != b"\x90"
+    return bool(ps.image.read_vaddr(p.address - len(GUARD_IN), len(GUARD_IN)) == GUARD_IN)
+
+
+def _same_stack_slot_kind(x: object, y: object) -> bool:
+    """Two registers, or two stack slots off the same base register: the same kind of
+    location, which the compiler may have chosen differently."""
+    if isinstance(x, RegOperand) and isinstance(y, RegOperand):
+        return True
+    return (isinstance(x, MemOperand) and isinstance(y, MemOperand) and x.base == y.base
+            and x.base in ("rsp", "rbp") and (x.index, x.scale, x.symbol)
+            == (y.index, y.scale, y.symbol))
 
 
 def _pointee(ps: ProbeSet, addr: int) -> str:
@@ -197,8 +270,9 @@ def test_parse_readelf_notes_ignores_other_notes() -> None:
                                "    Build ID: 6cdeb36b\n") == []
 
 
-def _fake_set(notes: list[tuple[str, str, int, int, str]]) -> ProbeSet:
-    """A ProbeSet built from note fields only (the comparator reads nothing else)."""
+def _fake_set(notes: list[tuple[str, str, int, int, str]], code: bytes = b"") -> ProbeSet:
+    """A ProbeSet built from note fields (and the site's bytes) only: the comparators read
+    nothing else."""
     from usdtpatch.elf.args import parse_args
     from usdtpatch.elf.notes import SdtNote
     from usdtpatch.sites.probes import Probe
@@ -206,7 +280,7 @@ def _fake_set(notes: list[tuple[str, str, int, int, str]]) -> ProbeSet:
 
     probes = tuple(
         Probe(i, SdtNote(0, 0x1000 + i, base, sem, prov, name, args), 0x1000 + i, None, None,
-              parse_args(args), SiteClass(SiteForm.NOP5, 5, 5), b"", None, 0)
+              parse_args(args), SiteClass(SiteForm.NOP5, 5, 5), code, None, 0)
         for i, (prov, name, base, sem, args) in enumerate(notes))
     return ProbeSet(None, None, probes, ())  # type: ignore[arg-type]
 
@@ -245,3 +319,42 @@ def test_rsp_relative_finds_base_and_index_uses() -> None:
     ps = _fake_set([("p", "a", 0, 0, "8@8(%rsp) 8@(%rax,%rbx,8) -4@%esp 8@-8(%rbp)")])
     assert rsp_relative(ps) == ["p:a: 8@8(%rsp)"]
     assert rsp_relative(_fake_set([("p", "a", 0, 0, "8@%rdi 8@g(%rip)")])) == []
+
+
+def test_compare_notes_guarded_accepts_registers_for_memory() -> None:
+    guarded = [("p", "a", 0x2000, 0, "-4@%edi 8@%rax"), ("p", "b", 0x2000, 0x4000, "")]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(guarded)) == []
+
+
+@pytest.mark.parametrize("changed", [
+    [("p", "a", 0x2000, 0, "-4@%edi 8@-16(%rsp)"), _BASE_NOTES[1]],  # memory at a guarded site
+    [("p", "a", 0x2000, 0, "-4@%edi -8@%rax"), _BASE_NOTES[1]],  # sign
+    [("p", "a", 0x2000, 0, "-4@%edi 4@%eax"), _BASE_NOTES[1]],  # size
+    [("q", "a", 0x2000, 0, "-4@%edi 8@%rax"), _BASE_NOTES[1]],  # provider
+    [("p", "a", 0x2000, 0, "-4@%edi 8@%rax"), ("p", "b", 0x2000, 0, "")],  # semaphore
+    [("p", "a", 0x2000, 0, "-4@%edi"), _BASE_NOTES[1]],  # argument count
+    [("p", "a", 0x2000, 0, "-4@%edi 8@%rax")],  # note count
+], ids=["memory", "sign", "size", "provider", "semaphore", "arg-count", "note-count"])
+def test_compare_notes_guarded_rejects(changed: list[tuple[str, str, int, int, str]]) -> None:
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(changed))
+
+
+def test_compare_notes_guarded_immediates_and_fallback() -> None:
+    imm = [("p", "c", 0, 0, "-4@$5")]
+    assert compare_notes_guarded(_fake_set(imm), _fake_set(imm)) == []
+    assert compare_notes_guarded(_fake_set(imm), _fake_set([("p", "c", 0, 0, "-4@$6")]))
+    assert compare_notes_guarded(_fake_set(imm), _fake_set([("p", "c", 0, 0, "-4@%eax")]))
+    # an unguarded fallback site (1-byte nop) must equal systemtap's exactly, memory and all
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(_BASE_NOTES, b"\x90")) == []
+    regs = [("p", "a", 0x2000, 0, "-4@%edi 8@%rax"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(regs, b"\x90"))
+    # another stack slot of the same frame is allowed there, another base register is not
+    slot = [("p", "a", 0x2000, 0, "-4@%edi 8@-24(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(slot, b"\x90")) == []
+    other = [("p", "a", 0x2000, 0, "-4@%edi 8@-16(%rbp)"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(other, b"\x90"))
+    # another register for a register is allowed there, a register for memory is not
+    reg = [("p", "a", 0x2000, 0, "-4@%esi 8@-16(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(reg, b"\x90")) == []
+    mem = [("p", "a", 0x2000, 0, "-4@-4(%rbp) 8@-16(%rsp)"), _BASE_NOTES[1]]
+    assert compare_notes_guarded(_fake_set(_BASE_NOTES), _fake_set(mem, b"\x90"))

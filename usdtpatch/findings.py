@@ -246,7 +246,9 @@ CFI_MALFORMED = _code("cfi-malformed", _W, "call frame information cannot be rea
 
 # -- hazards (check) --
 RED_ZONE_LIVE = _code("red-zone-live", _E, "an optimized site in a function using its red zone",
-                      "build this code with -mno-red-zone, or rewrite the site with usdtpatch's "
+                      "built with usdtpatch's sys/sdt.h, keep its red-zone guard on: it is "
+                      "the default, off only with -DUSDTPATCH_REDZONE_GUARD=0; or build this "
+                      "code with -mno-red-zone; or rewrite the site with usdtpatch's "
                       "red-zone-safe detour")
 RED_ZONE_REWRITE = _code("red-zone-rewrite", _W,
                          "a site to rewrite in a function that may use its red zone",

@@ -14,8 +14,9 @@
  *   args = space-separated "[-]N[f]@OPERAND": N the size in bytes, "-" when signed, "f" for
  *     a floating-point value, OPERAND in the assembler's syntax (AT&T on x86).
  *
- * What differs from systemtap's header is only the probe instruction (and, on request, the
- * red-zone guard around it).  On x86-64, USDTPATCH_SITE_FORM picks it:
+ * What differs from systemtap's header is only the probe instruction, the red-zone guard
+ * around it (by default, see below: then the argument operands are registers), and the
+ * fork guard's table entry.  On x86-64, USDTPATCH_SITE_FORM picks the instruction:
  *   nop5    (default) 0f 1f 44 00 00        nopl 0x0(%rax,%rax,1); the note pc is on it.
  *                                           Linux 6.18+ turns it into a call to the uprobe
  *                                           trampoline on the first hit (no int3 any more).
@@ -29,18 +30,28 @@
  * USDTPATCH_FORK_GUARD (default 1 with nop5 and combo5; 0 leaves it out) records every site
  * in a table and registers, once per linked object, an atfork child handler that re-arms the
  * sites a forked child inherited optimized (see "The fork guard" below).
- * USDTPATCH_REDZONE_GUARD (defined, to anything) wraps the site in
+ * USDTPATCH_REDZONE_GUARD, the red-zone guard, wraps the site in
  *   48 8d 64 24 80              lea -0x80(%rsp),%rsp
  *   <site>
  *   48 8d a4 24 80 00 00 00     lea 0x80(%rsp),%rsp
  * so that the optimized path's call (which writes the 32 bytes below rsp) lands below the
- * 128-byte red zone.  Then no argument may be addressed through %rsp in the note (rsp is
- * 128 lower at the probe than where the compiler computed the operand): the guarded form
- * gives every C argument the constraint "nr" (a register or an immediate; never memory), so
- * no note operand mentions %rsp and no displacement needs adjusting.  See
- * docs/sdt-header.md for why this is done at compile time rather than by rewriting operand
- * text in the assembler.  In .S files the arguments are written by hand: with the guard,
- * write rsp-relative ones with their displacement + 128.
+ * 128-byte red zone.  It is ON by default with the forms Linux 6.18 optimizes (nop5 and
+ * combo5) in 64-bit code, because a function may keep live data there (gcc -O0 leaf
+ * functions do) and an optimized hit would overwrite it.  -DUSDTPATCH_REDZONE_GUARD=0 turns
+ * it off, for code built with -mno-red-zone (neither gcc nor clang tells the preprocessor
+ * about -mno-red-zone, so the build has to say it); it is off in kernel code (__KERNEL__,
+ * always built without a red zone), in x32 code, in assembler files (.S: their note
+ * operands are hand-written text the header cannot re-express, see below), and with nop1
+ * and combo10; -DUSDTPATCH_REDZONE_GUARD=1 asks for it there.  With the guard no argument
+ * may be addressed through %rsp in the note (rsp is 128 lower at the probe than where the
+ * compiler computed the operand): the guarded form gives every C argument the constraint
+ * "nr" (a register or an immediate; never memory), so no note operand mentions %rsp and no
+ * displacement needs adjusting.  A probe with an argument that fits no general register
+ * (long double, __int128, _Complex, a struct of 3 or 16 bytes) cannot be guarded: it gets
+ * systemtap's 1-byte nop and "nor" operands (never optimized, so nothing is written below
+ * rsp).  See docs/sdt-header.md for why this is done at compile time rather than by
+ * rewriting operand text in the assembler.  In .S files the arguments are written by hand:
+ * with the guard, write rsp-relative ones with their displacement + 128.
  * Other architectures emit their usual 1-byte nop ("nop 0" on ia64 and s390).
  *
  * The argument descriptors: each C argument gets two asm operands, in this order, exactly
@@ -92,7 +103,25 @@
 # else
 #  error "USDTPATCH_SITE_FORM must be one of nop5, combo5, combo10, nop1"
 # endif
-# ifdef USDTPATCH_REDZONE_GUARD
+/* Whether to guard: _USDT_RZ_ASKED is 1 when the build defined USDTPATCH_REDZONE_GUARD to
+   anything but 0 (an empty definition counts as 1: `-DUSDTPATCH_REDZONE_GUARD=`), 0 for
+   -DUSDTPATCH_REDZONE_GUARD=0, and undefined when the build said nothing. */
+# if defined(USDTPATCH_REDZONE_GUARD)
+#  if (0 - USDTPATCH_REDZONE_GUARD - 1) == -1
+#   define _USDT_RZ_ASKED 0
+#  else
+#   define _USDT_RZ_ASKED 1
+#  endif
+# endif
+# if defined(_USDT_RZ_ASKED)
+#  define _USDT_RZ _USDT_RZ_ASKED
+# elif (_USDT_FORM == 1 || _USDT_FORM == 2) && defined(__LP64__) && !defined(__KERNEL__) \
+       && !defined(__ASSEMBLER__)
+#  define _USDT_RZ 1
+# else
+#  define _USDT_RZ 0
+# endif
+# if _USDT_RZ
 /* lea -0x80(%rsp),%rsp ... lea 0x80(%rsp),%rsp */
 #  define _USDT_GUARD_IN .byte 0x48, 0x8d, 0x64, 0x24, 0x80
 #  define _USDT_GUARD_OUT .byte 0x48, 0x8d, 0xa4, 0x24, 0x80, 0x00, 0x00, 0x00
@@ -265,7 +294,15 @@ template <> struct __usdt_signed_type<signed char> { static const bool __value =
 template <> struct __usdt_signed_type<short> { static const bool __value = true; };
 template <> struct __usdt_signed_type<int> { static const bool __value = true; };
 template <> struct __usdt_signed_type<long> { static const bool __value = true; };
+/* long long is C++11: before, g++ -pedantic warns even under __extension__ */
+#  if __cplusplus < 201103L
+#   pragma GCC diagnostic push
+#   pragma GCC diagnostic ignored "-Wlong-long"
+#  endif
 template <> struct __usdt_signed_type<long long> { static const bool __value = true; };
+#  if __cplusplus < 201103L
+#   pragma GCC diagnostic pop
+#  endif
 template <> struct __usdt_signed_type<char> {
   static const bool __value = ((char)-1 < (char)1);
 };
@@ -286,9 +323,7 @@ template <> struct __usdt_signed_type<wchar_t> {
   ((int)(((_USDT_SIZE(x) / 10) % 10) << 8) | (int)((_USDT_SIZE(x) % 10) << 4)   \
    | (_USDT_SIZE(x) >= 10 ? 8 : 0) | (_USDT_IS_FLOAT(x) ? 2 : 0) | (_USDT_SIGNED(x) ? 1 : 0))
 
-# ifdef _USDT_GUARDED
-#  define _USDT_CONSTRAINT "nr"
-# elif defined(STAP_SDT_ARG_CONSTRAINT)
+# if defined(STAP_SDT_ARG_CONSTRAINT)
 #  define _USDT_CONSTRAINT _USDT_XSTR(STAP_SDT_ARG_CONSTRAINT)
 # elif defined(__powerpc__)
 #  define _USDT_CONSTRAINT "nZr"
@@ -310,6 +345,16 @@ template <> struct __usdt_signed_type<wchar_t> {
 
 # define _USDT_OPS(i, x) \
   [__usdt_d##i] "n"(_USDT_DESC(x)), [__usdt_a##i] _USDT_CONSTRAINT(x)
+/* The guarded form's operands: a register or an immediate, never memory (see above). */
+# define _USDT_ROPS(i, x) [__usdt_d##i] "n"(_USDT_DESC(x)), [__usdt_a##i] "nr"(x)
+/* Whether an argument fits a general register, as "nr" needs: a pointer (or an array or a
+   function, which decay to one), or a value of 1, 2, 4 or 8 bytes that is not complex.  A
+   probe with an argument that does not (long double, __int128, a large or odd-sized struct,
+   _Complex) cannot be guarded: it gets systemtap's 1-byte nop site (never optimized, so
+   nothing is written below rsp) and systemtap's operands. */
+# define _USDT_FIT1(x)                                                          \
+  (_USDT_CLASS(x) != 9                                                          \
+   && (_USDT_SIZE(x) == 1 || _USDT_SIZE(x) == 2 || _USDT_SIZE(x) == 4 || _USDT_SIZE(x) == 8))
 
 /* One argument's text, [-]N[f]@OPERAND, from its descriptor D: `.fill COUNT, 1, BYTE` with a
    COUNT of 0 or 1 emits a character only when its bit is set (no .if blocks: an asm's line
@@ -354,6 +399,46 @@ template <> struct __usdt_signed_type<wchar_t> {
 # define _USDT_PAD_11 "\n\n\n\n\n\n\n\n" _USDT_FG_PAD
 # define _USDT_PAD_12 "\n\n\n\n\n\n\n" _USDT_FG_PAD
 
+# define _USDT_FIT_0() 1
+# define _USDT_FIT_1(a) _USDT_FIT1(a)
+# define _USDT_FIT_2(a, b) (_USDT_FIT1(a) && _USDT_FIT1(b))
+# define _USDT_FIT_3(a, b, c) (_USDT_FIT_2(a, b) && _USDT_FIT1(c))
+# define _USDT_FIT_4(a, b, c, d) (_USDT_FIT_3(a, b, c) && _USDT_FIT1(d))
+# define _USDT_FIT_5(a, b, c, d, e) (_USDT_FIT_4(a, b, c, d) && _USDT_FIT1(e))
+# define _USDT_FIT_6(a, b, c, d, e, f) (_USDT_FIT_5(a, b, c, d, e) && _USDT_FIT1(f))
+# define _USDT_FIT_7(a, b, c, d, e, f, g) (_USDT_FIT_6(a, b, c, d, e, f) && _USDT_FIT1(g))
+# define _USDT_FIT_8(a, b, c, d, e, f, g, h) \
+  (_USDT_FIT_7(a, b, c, d, e, f, g) && _USDT_FIT1(h))
+# define _USDT_FIT_9(a, b, c, d, e, f, g, h, i) \
+  (_USDT_FIT_8(a, b, c, d, e, f, g, h) && _USDT_FIT1(i))
+# define _USDT_FIT_10(a, b, c, d, e, f, g, h, i, j) \
+  (_USDT_FIT_9(a, b, c, d, e, f, g, h, i) && _USDT_FIT1(j))
+# define _USDT_FIT_11(a, b, c, d, e, f, g, h, i, j, k) \
+  (_USDT_FIT_10(a, b, c, d, e, f, g, h, i, j) && _USDT_FIT1(k))
+# define _USDT_FIT_12(a, b, c, d, e, f, g, h, i, j, k, l) \
+  (_USDT_FIT_11(a, b, c, d, e, f, g, h, i, j, k) && _USDT_FIT1(l))
+
+# define _USDT_ROPERANDS_0() [__usdt_none] "g"(0)
+# define _USDT_ROPERANDS_1(a) _USDT_ROPS(1, a)
+# define _USDT_ROPERANDS_2(a, b) _USDT_ROPERANDS_1(a), _USDT_ROPS(2, b)
+# define _USDT_ROPERANDS_3(a, b, c) _USDT_ROPERANDS_2(a, b), _USDT_ROPS(3, c)
+# define _USDT_ROPERANDS_4(a, b, c, d) _USDT_ROPERANDS_3(a, b, c), _USDT_ROPS(4, d)
+# define _USDT_ROPERANDS_5(a, b, c, d, e) _USDT_ROPERANDS_4(a, b, c, d), _USDT_ROPS(5, e)
+# define _USDT_ROPERANDS_6(a, b, c, d, e, f) \
+  _USDT_ROPERANDS_5(a, b, c, d, e), _USDT_ROPS(6, f)
+# define _USDT_ROPERANDS_7(a, b, c, d, e, f, g) \
+  _USDT_ROPERANDS_6(a, b, c, d, e, f), _USDT_ROPS(7, g)
+# define _USDT_ROPERANDS_8(a, b, c, d, e, f, g, h) \
+  _USDT_ROPERANDS_7(a, b, c, d, e, f, g), _USDT_ROPS(8, h)
+# define _USDT_ROPERANDS_9(a, b, c, d, e, f, g, h, i) \
+  _USDT_ROPERANDS_8(a, b, c, d, e, f, g, h), _USDT_ROPS(9, i)
+# define _USDT_ROPERANDS_10(a, b, c, d, e, f, g, h, i, j) \
+  _USDT_ROPERANDS_9(a, b, c, d, e, f, g, h, i), _USDT_ROPS(10, j)
+# define _USDT_ROPERANDS_11(a, b, c, d, e, f, g, h, i, j, k) \
+  _USDT_ROPERANDS_10(a, b, c, d, e, f, g, h, i, j), _USDT_ROPS(11, k)
+# define _USDT_ROPERANDS_12(a, b, c, d, e, f, g, h, i, j, k, l) \
+  _USDT_ROPERANDS_11(a, b, c, d, e, f, g, h, i, j, k), _USDT_ROPS(12, l)
+
 # define _USDT_OPERANDS_0() [__usdt_none] "g"(0)
 # define _USDT_OPERANDS_1(a) _USDT_OPS(1, a)
 # define _USDT_OPERANDS_2(a, b) _USDT_OPERANDS_1(a), _USDT_OPS(2, b)
@@ -378,10 +463,13 @@ template <> struct __usdt_signed_type<wchar_t> {
    that emit the argument string without its terminating NUL. */
 # define _USDT_BODY(provider, name, argtext) \
   _USDT_BODY_E(provider, name, argtext, _USDT_FG_ENTRY_STR)
-# define _USDT_BODY_E(provider, name, argtext, fgentry)                        \
-  _USDT_GUARD_IN_STR "\n"                                              \
-  _USDT_SITE_STR "\n"                                             \
-  _USDT_GUARD_OUT_STR "\n"                                             \
+# define _USDT_BODY_E(provider, name, argtext, fgentry) \
+  _USDT_BODY_S(provider, name, argtext, fgentry, _USDT_GUARD_IN_STR, _USDT_SITE_STR, \
+               _USDT_GUARD_OUT_STR)
+# define _USDT_BODY_S(provider, name, argtext, fgentry, gin, site, gout)       \
+  gin "\n"                                                                     \
+  site "\n"                                                                    \
+  gout "\n"                                                                    \
   fgentry                                                                      \
   _USDT_NOTE_SECTION_STR "\n"                                          \
   ".balign 4\n"                                                                \
@@ -391,8 +479,8 @@ template <> struct __usdt_signed_type<wchar_t> {
   "774: " _USDT_XSTR(_USDT_ADDR) " 771b\n"                                     \
   _USDT_XSTR(_USDT_ADDR) " _.stapsdt.base\n"                                   \
   _USDT_XSTR(_USDT_ADDR) " " _USDT_XSTR(_USDT_SEMA_ADDR(provider, name)) "\n"  \
-  ".asciz \"" _USDT_XSTR(provider) "\"\n"                                      \
-  ".asciz \"" _USDT_XSTR(name) "\"\n"                                          \
+  ".asciz " _USDT_XSTR(_USDT_XSTR(provider)) "\n"                               \
+  ".asciz " _USDT_XSTR(_USDT_XSTR(name)) "\n"                                   \
   argtext                                                                      \
   ".byte 0\n"                                                                  \
   "775: .balign 4\n"                                                           \
@@ -416,12 +504,50 @@ template <> struct __usdt_signed_type<wchar_t> {
 #  define _USDT_SEMA_USE(provider, name)
 # endif
 
+/* A probe is one asm statement for the site and the note, and one for the base.  The
+   asm strings of a probe exceed the 509 characters C90 promises: `__extension__` on a
+   statement expression keeps -std=c89 -pedantic quiet about it, as about nothing else. */
+# ifdef _USDT_GUARDED
+/* Guarded: the guarded nop5 site with register operands when every argument fits a
+   register, else systemtap's site and operands.  The choice is a constant: in C,
+   __builtin_choose_expr compiles only the chosen asm; in C++ the other branch of the `if`
+   is dropped before code is generated (at -O0 too; g++ -O0 still warns "unsupported size
+   for integer register" for a 16-byte argument there). */
+#  ifdef _USDT_FORK_GUARDED
+#   define _USDT_FALLBACK_PAD "\n\n\n\n\n"
+#  else
+#   define _USDT_FALLBACK_PAD ""
+#  endif
+#  define _USDT_GUARDED_ASM(provider, name, n, arglist)                                \
+  __extension__ ({ __asm__ __volatile__(                                               \
+      _USDT_BODY_E(provider, name, _USDT_TEXT_##n, _USDT_FG_ENTRY_LO_STR)              \
+      _USDT_PAD_##n ::_USDT_ROPERANDS_##n arglist); })
+#  define _USDT_FALLBACK_ASM(provider, name, n, arglist)                               \
+  __extension__ ({ __asm__ __volatile__(                                               \
+      _USDT_BODY_S(provider, name, _USDT_TEXT_##n, "", "", "771: nop", "")             \
+      _USDT_PAD_##n _USDT_FALLBACK_PAD ::_USDT_OPERANDS_##n arglist); })
+#  ifdef __cplusplus
+#   define _USDT_PROBE_ASM(provider, name, n, arglist)                                 \
+  if (_USDT_FIT_##n arglist)                                                           \
+    _USDT_GUARDED_ASM(provider, name, n, arglist);                                     \
+  else                                                                                 \
+    _USDT_FALLBACK_ASM(provider, name, n, arglist);
+#  else
+#   define _USDT_PROBE_ASM(provider, name, n, arglist)                                 \
+  __builtin_choose_expr(_USDT_FIT_##n arglist,                                         \
+                        _USDT_GUARDED_ASM(provider, name, n, arglist),                 \
+                        _USDT_FALLBACK_ASM(provider, name, n, arglist));
+#  endif
+# else
+#  define _USDT_PROBE_ASM(provider, name, n, arglist)                                  \
+  __extension__ ({ __asm__ __volatile__(                                               \
+      _USDT_BODY_E(provider, name, _USDT_TEXT_##n, _USDT_FG_ENTRY_LO_STR)              \
+      _USDT_PAD_##n ::_USDT_OPERANDS_##n arglist); });
+# endif
 # define _USDT_PROBE(provider, name, n, arglist)                                       \
   do {                                                                                 \
     _USDT_SEMA_USE(provider, name)                                                     \
-    __asm__ __volatile__(_USDT_BODY_E(provider, name, _USDT_TEXT_##n,                 \
-                                      _USDT_FG_ENTRY_LO_STR) _USDT_PAD_##n             \
-                         ::_USDT_OPERANDS_##n arglist);                                \
+    _USDT_PROBE_ASM(provider, name, n, arglist)                                        \
     __asm__ __volatile__(_USDT_BASE);                                                  \
   } while (0)
 
@@ -432,13 +558,19 @@ template <> struct __usdt_signed_type<wchar_t> {
    supplies in the asm's input list. */
 # define _USDT_ASM_ARGS_1(text) ".ascii \"" #text "\"\n"
 # define _USDT_ASM_ARGS_2(mark, tmpl) tmpl
-# if (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L) || defined(__cplusplus)
+# ifdef _USDT_GUARDED
+#  define _USDT_ASM_OPERANDS(n) _USDT_ROPERANDS_##n
+# else
+#  define _USDT_ASM_OPERANDS(n) _USDT_OPERANDS_##n
+# endif
+# if (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L) \
+     || (defined(__cplusplus) && __cplusplus >= 201103L)
 #  define _USDT_ASM_NARGS(...) _USDT_ASM_NARGS_(__VA_ARGS__, 2, 1, 0)
 #  define _USDT_ASM_NARGS_(a, b, n, ...) n
 #  define _USDT_ASM_ARGS_N(n, ...) _USDT_CAT(_USDT_ASM_ARGS_, n)(__VA_ARGS__)
 #  define STAP_PROBE_ASM(provider, name, ...)  \
   _USDT_BODY(provider, name, _USDT_ASM_ARGS_N(_USDT_ASM_NARGS(__VA_ARGS__), __VA_ARGS__)) _USDT_BASE
-#  define STAP_PROBE_ASM_OPERANDS(n, ...) _USDT_OPERANDS_##n(__VA_ARGS__)
+#  define STAP_PROBE_ASM_OPERANDS(n, ...) _USDT_ASM_OPERANDS(n)(__VA_ARGS__)
 # else
 #  define STAP_PROBE_ASM(provider, name, args) \
   _USDT_BODY(provider, name, _USDT_ASM_ARGS_1(args)) _USDT_BASE
@@ -457,7 +589,7 @@ template <> struct __usdt_signed_type<wchar_t> {
      __usdtpatch_fork_rearm   rearm.c's usdtpatch_rearm, as built by the recipe
    The empty entry (rel 0, skipped) makes __start_/__stop___usdtpatch_fork_sites exist in
    every object that has the handler. */
-__asm__(".ifndef __usdtpatch_fork_child\n"
+__extension__ __asm__(".ifndef __usdtpatch_fork_child\n"
   ".pushsection .text.__usdtpatch_fork_guard, \"axG\", @progbits, __usdtpatch_fork_guard, comdat\n"
   ".balign 16\n"
   ".globl __usdtpatch_fork_child\n"

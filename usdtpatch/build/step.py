@@ -81,9 +81,11 @@ def report_paths(report: str | os.PathLike[str]) -> tuple[Path, Path]:
 
 
 def finding_line(path: str, f: dict[str, str]) -> str:
-    """A finding as the one line a build log shows."""
+    """A finding as the one line a build log shows; an error (what fails a build) ends with
+    its hint, what to do about it."""
     where = f" {f['where']}:" if f.get("where") else ""
-    return f"usdtpatch: {path}: {f['severity']} [{f['code']}]{where} {f['message']}"
+    hint = f" (hint: {f['hint']})" if f.get("hint") and f["severity"] == "error" else ""
+    return f"usdtpatch: {path}: {f['severity']} [{f['code']}]{where} {f['message']}{hint}"
 
 
 def _reaches(findings: list[dict[str, str]], fail_on: str) -> bool:

@@ -338,8 +338,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
             RED_ZONE_LIVE.code, Severity.ERROR,
             f"the site is optimized on 6.18 and its function may keep live data below %rsp: "
             f"{rz.reason}; every optimized hit overwrites the {CLOBBERED} bytes below %rsp",
-            "build this code with -mno-red-zone, or rewrite the site with usdtpatch's "
-            "red-zone-safe detour", where))
+            RED_ZONE_LIVE.hint, where))
     elif rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
         findings.append(Finding(
             RED_ZONE_REWRITE.code, Severity.WARNING,

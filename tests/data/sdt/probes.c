@@ -72,9 +72,7 @@ int operand_kinds(int idx, struct point *p, enum color col, int n) {
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L
 int c99_kinds(_Bool flag, long double ld, int n) {
   STAP_PROBE2(fix, c99, flag, (long long)n << 33);
-#ifndef USDTPATCH_REDZONE_GUARD /* a long double fits no general register */
-  STAP_PROBE1(fix, longdouble, ld);
-#endif
+  STAP_PROBE1(fix, longdouble, ld); /* fits no general register: never guarded */
   return flag ? n : -n;
 }
 #endif

@@ -11,6 +11,11 @@
 SEMA(sema, plain);
 SEMA(sema, guarded);
 SEMA(sema, twelve);
+SEMA(sema, enabled);
+SEMA(sema, enabled12);
+/* what dtrace -h generates for a probe: the _ENABLED() test of its semaphore */
+#define SEMA_ENABLED_ENABLED() __builtin_expect(sema_enabled_semaphore, 0)
+#define SEMA_ENABLED12_ENABLED() __builtin_expect(sema_enabled12_semaphore, 0)
 #ifdef SDT_USE_VARIADIC
 SEMA(sema, v0);
 SEMA(sema, v3);
@@ -25,6 +30,11 @@ int sema_probes(int n) {
   if (sema_twelve_semaphore)
     STAP_PROBE12(sema, twelve, n, n + 1, n + 2, n + 3, n + 4, n + 5, n + 6, n + 7, n + 8,
                  n + 9, n + 10, n + 11);
+  if (SEMA_ENABLED_ENABLED())
+    DTRACE_PROBE2(sema, enabled, n, (long)acc);
+  if (SEMA_ENABLED12_ENABLED())
+    DTRACE_PROBE12(sema, enabled12, n, acc, n + 1, acc + 1, n + 2, acc + 2, n + 3, acc + 3,
+                   n + 4, acc + 4, n + 5, &acc);
 #ifdef SDT_USE_VARIADIC
   STAP_PROBEV(sema, v0);
   STAP_PROBEV(sema, v3, n, (long)acc, (unsigned char)n);

@@ -5,7 +5,8 @@
 #                     [FORK_GUARD auto|always|never] [REPORT <file.json>]
 #                     [FAIL_ON info|warning|error|never] [NO_VERIFY])
 #   usdtpatch_check(<target> [REPORT <file.json>] [FAIL_ON info|warning|error|never])
-#   usdtpatch_use_headers(<target> [FORM nop5|combo5|combo10|nop1] [REDZONE_GUARD])
+#   usdtpatch_use_headers(<target> [FORM nop5|combo5|combo10|nop1]
+#                         [REDZONE_GUARD | NO_REDZONE_GUARD])
 #
 # Found with `cmake -Dusdtpatch_DIR="$(usdtpatch --cmake-dir)"` (or CMAKE_PREFIX_PATH), and with
 # no flag at all in scikit-build-core builds that list usdtpatch in build-system.requires (the
@@ -129,10 +130,12 @@ function(usdtpatch_check target)
 endfunction()
 
 # usdtpatch's sys/sdt.h first on the target's include path: 5-byte NOP sites at build time,
-# nothing to rewrite. FORM picks the site form (USDTPATCH_SITE_FORM), REDZONE_GUARD wraps every
-# site in the red-zone guard (USDTPATCH_REDZONE_GUARD).
+# nothing to rewrite. FORM picks the site form (USDTPATCH_SITE_FORM). The header's red-zone
+# guard is on by default with nop5 and combo5; NO_REDZONE_GUARD turns it off
+# (USDTPATCH_REDZONE_GUARD=0: only for code built with -mno-red-zone), REDZONE_GUARD asks for it
+# with every form (USDTPATCH_REDZONE_GUARD=1).
 function(usdtpatch_use_headers target)
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "REDZONE_GUARD" "FORM" "")
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "REDZONE_GUARD;NO_REDZONE_GUARD" "FORM" "")
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "usdtpatch_use_headers: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
   endif()
@@ -144,8 +147,12 @@ function(usdtpatch_use_headers target)
     _usdtpatch_choice(FORM "${ARG_FORM}" "nop5;combo5;combo10;nop1")
     target_compile_definitions(${target} PRIVATE USDTPATCH_SITE_FORM=${ARG_FORM})
   endif()
-  if(ARG_REDZONE_GUARD)
-    target_compile_definitions(${target} PRIVATE USDTPATCH_REDZONE_GUARD)
+  if(ARG_REDZONE_GUARD AND ARG_NO_REDZONE_GUARD)
+    message(FATAL_ERROR "usdtpatch_use_headers: REDZONE_GUARD and NO_REDZONE_GUARD together")
+  elseif(ARG_REDZONE_GUARD)
+    target_compile_definitions(${target} PRIVATE USDTPATCH_REDZONE_GUARD=1)
+  elseif(ARG_NO_REDZONE_GUARD)
+    target_compile_definitions(${target} PRIVATE USDTPATCH_REDZONE_GUARD=0)
   endif()
 endfunction()
 

@@ -6,8 +6,23 @@ instruction until control leaves it, and the rewritten code runs from the same a
 `jmp` to the detour) until control leaves the window and the detour. Both must leave to the
 same address with the same general registers, flags and vector registers, the same memory
 written, and must reach the probe the same number of times with the same registers there (so a
-tracer reads the same argument values). A state in which the original faults must fault in the
-rewrite too; it is not counted.
+tracer reads the same argument values).
+
+Loops: a run also stops where control first comes back to an instruction it already ran (in
+the original's addresses: a detour's copy of an instruction counts as that instruction, the
+rewritten window's `jmp` as its start). A `while (1)` around the probe never leaves its
+window; both runs are compared at that back edge like at an exit.
+
+Faults: a state in which the original faults is judged on what it shows: the rewrite must
+fault at the copy of the same instruction, the same way, with the same probe hits, registers
+and memory written before it.
+
+No aliasing: the two machines differ only in the bytes the rewrite changes (the window, the
+patched ways in), so a state that reads those bytes as data says nothing about the detour.
+Pointer values are drawn from the file's data segments and the stack above the frame being
+run (never the code pages, the detour, or the frame below rsp that pushes and the guard
+write), code pages and the detour are mapped read-only (a write through a random pointer
+faults in both runs), and a state whose run still reads the changed bytes is not judged.
 
 Reference: docs/rewrite.md ("How a site is rewritten"); the rule: "the same exit address,
 the same registers and flags, the same memory writes, and the probe reached exactly when the
@@ -41,13 +56,15 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.image import PF_W, PF_X, ElfImage
 from usdtpatch.emulate.machine import (
     GPR_NAMES,
     HOOK_CODE,
+    HOOK_MEM_READ,
     HOOK_MEM_UNMAPPED,
     HOOK_MEM_WRITE,
     MEM_FETCH_UNMAPPED,
+    PROT_CODE,
     REG_RIP,
     RegReader,
     RegWriter,
@@ -90,6 +107,11 @@ class _Run:
     hits: list[tuple[int, ...]] = field(default_factory=list)
     writes: set[int] = field(default_factory=set)
     steps: int = 0
+    # the original address of every instruction run (a detour's copy counts as its original)
+    seen: set[int] = field(default_factory=set)
+    last: int | None = None  # the original address of the last instruction started
+    looped: bool = False  # stopped at a loop's back edge (an instruction run before)
+    aliased: bool = False  # read the bytes the rewrite changes: the state says nothing
 
 
 class _Sandbox:
@@ -104,6 +126,10 @@ class _Sandbox:
         for seg in load_segments(image):
             self._map(seg.lo, seg.hi - seg.lo)
             self.uc.mem_write(seg.address, seg.data)
+        # code pages are read-only, as in a process: a write through a random pointer into
+        # code faults in both runs instead of changing the code one of them then runs
+        for lo, hi in code_pages(image):
+            self.uc.mem_protect(lo, hi - lo, PROT_CODE)
         self._map(STACK_TOP - STACK_SIZE, STACK_SIZE)
         self.reader = RegReader(self.uc)  # one batch call instead of 33 reg_reads
         self.writer = RegWriter(self.uc)
@@ -111,6 +137,11 @@ class _Sandbox:
         self.allowed: list[tuple[int, int]] = []
         self.probes: set[int] = set()
         self.saved: dict[int, int] = {}
+        # the rewritten machine's view: detour address -> the original instruction it copies;
+        # addresses in [detour_lo, detour_hi) not in it are the detour's own (site, jmp end)
+        self.coord: dict[int, int] = {}
+        self.detour_lo = self.detour_hi = 0
+        self.patch_jmp: int | None = None  # the rewritten window's start (its `jmp detour`)
         self.uc.hook_add(HOOK_MEM_UNMAPPED, self._on_unmapped)
         self.uc.hook_add(HOOK_MEM_WRITE, self._on_write)
         self.uc.hook_add(HOOK_CODE, self._on_code)
@@ -166,8 +197,33 @@ class _Sandbox:
             run.fault = "too many instructions (the window loops)"
             uc.emu_stop()
             return
+        # A loop inside the window (`while (1)` around the probe) never leaves it: both runs
+        # stop where control first comes back to an instruction already run (the back edge,
+        # in the original's addresses), and are compared there like at an exit.
+        if address == self.patch_jmp:
+            where: int | None = None if address not in run.seen else address
+            if where is not None:
+                run.exit, run.looped = where, True
+                uc.emu_stop()
+                return
+        else:
+            where = self.coord.get(address)
+            if where is None and not self.detour_lo <= address < self.detour_hi:
+                where = address
+            if where is not None:
+                if where in run.seen:
+                    run.exit, run.looped = where, True
+                    uc.emu_stop()
+                    return
+                run.seen.add(where)
+                run.last = where
         if address in self.probes:
             run.hits.append(self.regs())
+
+    def _on_read(self, uc: Any, _access: int, _address: int, _size: int, _value: int,
+                 _user: Any) -> None:
+        self.run.aliased = True  # a data read of the bytes the rewrite changes
+        uc.emu_stop()
 
     def regs(self) -> tuple[int, ...]:
         """GPRs, status flags, xmm0-15 (not rip: it differs between window and detour)."""
@@ -208,25 +264,64 @@ class _Sandbox:
 class _Pair:
     original: _Sandbox
     rewritten: _Sandbox
-    segments: list[tuple[int, int]] = field(default_factory=list)  # loaded [lo, hi)
+    segments: list[tuple[int, int]] = field(default_factory=list)  # loaded data [lo, hi)
+    # what no drawn value may point into: the code pages, and the detour being checked
+    avoid: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _value(rng: random.Random, segments: list[tuple[int, int]]) -> int:
-    """A random register value: any 64 bits, a stack or segment address, or a small int."""
-    kind = rng.randrange(4)
-    if kind == 1:
-        return STACK_TOP - STACK_SIZE + 0x1000 + rng.randrange(STACK_SIZE - 0x2000)
-    if kind == 2 and segments:
-        lo, hi = rng.choice(segments)
-        return lo + rng.randrange(max(1, hi - lo))
-    if kind == 3:
-        return rng.getrandbits(rng.choice((8, 16, 32)))
-    return rng.getrandbits(64)
+FRAME_BELOW = 0x1000  # bytes below rsp a moved call, the guard or a push may write
+FRAME_ABOVE = 0x100  # a stack pointer drawn lies at least this far above rsp
+
+
+def code_pages(image: ElfImage) -> list[tuple[int, int]]:
+    """The pages [lo, hi) of the executable PT_LOADs that no writable one shares."""
+    code: set[int] = set()
+    data: set[int] = set()
+    for seg in load_segments(image):
+        pages = range(seg.lo, seg.hi, PAGE)
+        if seg.flags & PF_W:
+            data.update(pages)
+        elif seg.flags & PF_X:
+            code.update(pages)
+    return _runs(sorted(code - data))
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in pages:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + PAGE)
+        else:
+            out.append((p, p + PAGE))
+    return out
+
+
+def _value(rng: random.Random, pair: _Pair, rsp: int) -> int:
+    """A random register value: any 64 bits, an address in the stack above the frame being
+    run or in a data segment, or a small int; never one inside `pair.avoid` (code pages, the
+    detour) or the frame below rsp, whose bytes differ between the two runs."""
+    while True:
+        kind = rng.randrange(4)
+        if kind == 1:
+            lo = rsp + FRAME_ABOVE
+            v = lo + rng.randrange(STACK_TOP - FRAME_ABOVE - lo)
+        elif kind == 2 and pair.segments:
+            lo, hi = rng.choice(pair.segments)
+            v = lo + rng.randrange(max(1, hi - lo))
+        elif kind == 3:
+            v = rng.getrandbits(rng.choice((8, 16, 32)))
+        else:
+            v = rng.getrandbits(64)
+        if not (rsp - FRAME_BELOW <= v < rsp + FRAME_ABOVE
+                or any(lo <= v < hi for lo, hi in pair.avoid)):
+            return v
 
 
 def _new_pair(image: ElfImage) -> _Pair:
-    return _Pair(_Sandbox(image), _Sandbox(image),
-                 [(seg.address, seg.address + seg.memsz) for seg in load_segments(image)])
+    code = code_pages(image)
+    data = [(seg.address, seg.address + seg.memsz) for seg in load_segments(image)
+            if not seg.flags & PF_X]
+    return _Pair(_Sandbox(image), _Sandbox(image), data, code)
 
 
 class DetourVerifier:
@@ -346,6 +441,8 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     for box in (pair.original, rw):
         box._map(lo, hi - lo)
         box.uc.mem_write(detour.address, detour.code)
+        for p_lo, p_hi in _runs(fresh):
+            box.uc.mem_protect(p_lo, p_hi - p_lo, PROT_CODE)
     patch = jmp_rel32(window.start, detour.address)
     patch += b"\xcc" * (window.size - len(patch))
     rw.uc.mem_write(window.start, patch)
@@ -358,19 +455,31 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     calls = set(window.calls)
     returns = {i.end: mapping[i.end] for i in window.insns
                if i.address in calls and i.end in mapping}
+    # the rewritten machine's instructions in the original's addresses (the loop check)
+    rw.coord = {n: o for o, n in detour.insn_map}
+    rw.detour_lo, rw.detour_hi = detour.address, detour.end
+    rw.patch_jmp = window.start
+    # a data read of the bytes the rewrite changes (a random pointer into the window or a
+    # patched branch) reads different bytes in the two machines: the state is not judged
+    changed = [(window.start, window.end), *extra]
+    hooks = [(box, box.uc.hook_add(HOOK_MEM_READ, box._on_read, None, max(0, c_lo - 15),
+                                   c_hi - 1))
+             for box in (pair.original, rw) for c_lo, c_hi in changed]
+    saved_avoid = pair.avoid
+    pair.avoid = [*pair.avoid, (lo, hi)]
     rng = random.Random(seed ^ entry)
     done = attempts = 0
     try:
         while done < runs:
             attempts += 1
             if attempts > 4 * runs:
-                return (f"only {done} of {runs} random states ran the original window to its "
-                        f"end without a fault")
+                return (f"only {done} of {runs} random states could be judged (the others "
+                        f"read the bytes the rewrite changes)")
             # a fully random register is almost never a mappable address, so a window that
             # loads through one would fault in nearly every state: mix in pointers into the
-            # stack and the file's segments, and small values
-            regs = [_value(rng, pair.segments) for _ in _GPRS]
+            # stack above the frame and the file's data segments, and small values
             rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
+            regs = [_value(rng, pair, rsp) for _ in _GPRS]
             regs[_GPRS.index("rsp")] = rsp
             xmm = [rng.getrandbits(128) for _ in range(_XMM_COUNT)]
             flags = rng.getrandbits(12) & _STATUS_FLAGS
@@ -383,17 +492,26 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
                 new_entry, regs, xmm, flags, stack,
                 [(window.start, window.end), (detour.address, detour.end), *extra],
                 new_probes, s)
+            if a.aliased or b.aliased:
+                continue
             if a.fault is not None:
+                # judged on what it shows: the same instruction faults the same way, after
+                # the same probe hits and writes, with the same registers
                 if b.fault is None:
                     return f"the original faults ({a.fault}) where the detour does not"
-                continue
-            if returns:
-                b_mem = _returns_as_original(a_mem, b_mem, b_regs, returns)
-            why = _compare(a, a_regs, a_mem, b, b_regs, b_mem)
+                why = _compare_faults(a, a_regs, a_mem, b, b_regs, b_mem)
+            else:
+                if returns:
+                    b_mem = _returns_as_original(a_mem, b_mem, b_regs, returns)
+                why = _compare(a, a_regs, a_mem, b, b_regs, b_mem)
             if why is not None:
                 return f"state {done}: {why}"
             done += 1
     finally:
+        for box, h in hooks:
+            box.uc.hook_del(h)
+        pair.avoid = saved_avoid
+        rw.coord, rw.detour_lo, rw.detour_hi, rw.patch_jmp = {}, 0, 0, None
         # the next site starts from the original (all of [start, end): `code` stops short of
         # `end` when the window ends in the padding after a function)
         rw.uc.mem_write(window.start, image.read_vaddr(window.start, window.size))
@@ -404,6 +522,27 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
                     box.uc.mem_unmap(page, PAGE)
                     box.mapped.discard(page)
             _drop_translations(box, lo, hi)
+    return None
+
+
+def _compare_faults(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
+                    b_regs: tuple[int, ...], b_mem: dict[int, int]) -> str | None:
+    """Both runs faulted: at the copy of the same instruction, the same way, with the same
+    probe hits, registers and memory written before it."""
+    if a.last != b.last:
+        at = f"{b.last:#x}" if b.last is not None else "an instruction of its own"
+        return f"the detour faults at the copy of {at}, the original at {a.last:#x}"
+    if a.fault != b.fault:
+        return f"the detour faults with {b.fault}, the original with {a.fault}"
+    if len(a.hits) != len(b.hits):
+        return f"reaches the probe {len(b.hits)} times before the fault instead of {len(a.hits)}"
+    for i, (ha, hb) in enumerate(zip(a.hits, b.hits, strict=True)):
+        if ha != hb:
+            return f"registers at probe hit {i} differ: {_diff(ha, hb)}"
+    if a_regs != b_regs:
+        return f"registers at the fault differ: {_diff(a_regs, b_regs)}"
+    if a_mem != b_mem:
+        return "memory written before the fault differs"
     return None
 
 

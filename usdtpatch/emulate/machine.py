@@ -56,6 +56,8 @@ UcError: Any = _UC.UcError
 HOOK_CODE: int = _UC.UC_HOOK_CODE
 HOOK_MEM_UNMAPPED: int = _UC.UC_HOOK_MEM_UNMAPPED
 HOOK_MEM_WRITE: int = UC_HOOK_MEM_WRITE
+HOOK_MEM_READ: int = _UC.UC_HOOK_MEM_READ
+PROT_CODE: int = _UC.UC_PROT_READ | _UC.UC_PROT_EXEC  # what code pages are mapped as
 MEM_FETCH_UNMAPPED: int = _UC.UC_MEM_FETCH_UNMAPPED
 REG_RIP: int = X.UC_X86_REG_RIP
 # What the fork model (usdtpatch.emulate.fork) uses.
@@ -155,6 +157,7 @@ class LoadedSegment:
     data: bytes
     lo: int
     hi: int
+    flags: int = 0  # p_flags (PF_X, PF_W, PF_R)
 
 
 def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, ...]:
@@ -176,7 +179,8 @@ def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, .
         addr = load_base + seg.vaddr
         out.append(LoadedSegment(addr, seg.memsz,
                                  bytes(image.data[seg.offset: seg.offset + seg.filesz]),
-                                 addr & ~(PAGE - 1), (addr + seg.memsz + PAGE - 1) & ~(PAGE - 1)))
+                                 addr & ~(PAGE - 1), (addr + seg.memsz + PAGE - 1) & ~(PAGE - 1),
+                                 seg.flags))
     return tuple(out)
 
 

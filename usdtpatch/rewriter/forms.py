@@ -81,12 +81,15 @@ def site_bytes(form: Form, guarded: bool) -> SiteBytes:
     return SiteBytes(form.bytes, 0, False)
 
 
-_RSP_DISP = re.compile(r"^(?P<head>-?\d+f?@)(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?\(%rsp\)$")
+# disp(%rsp) or disp(%rsp,%index,scale): the guard moves rsp, not the index
+_RSP_DISP = re.compile(r"^(?P<head>-?\d+f?@)(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?"
+                       r"\(%rsp(?P<index>,%[a-z0-9]+(?:,[1248])?)?\)$")
 
 
 def guard_args(args: tuple[SdtArg, ...]) -> tuple[str, str | None]:
-    """The argument string for a guarded site (every `disp(%rsp)` gets disp + 128), or the
-    reason there is none (an argument that is %rsp itself or indexes with it)."""
+    """The argument string for a guarded site (every `disp(%rsp)` and `disp(%rsp,%i,s)`
+    gets disp + 128), or the reason there is none (an argument that is %rsp itself or
+    indexes with it)."""
     out: list[str] = []
     for a in args:
         op = a.operand
@@ -97,7 +100,7 @@ def guard_args(args: tuple[SdtArg, ...]) -> tuple[str, str | None]:
             if m is None:
                 return "", f"argument {a.raw!r} addresses the stack in a form not rewritten"
             disp = int(m["disp"], 0) if m["disp"] else 0
-            out.append(f"{m['head']}{disp + RED_ZONE}(%rsp)")
+            out.append(f"{m['head']}{disp + RED_ZONE}(%rsp{m['index'] or ''})")
             continue
         if isinstance(op, MemOperand) and op.index == "rsp":
             return "", f"argument {a.raw!r} indexes with the stack pointer"

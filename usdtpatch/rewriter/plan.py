@@ -46,6 +46,7 @@ from usdtpatch.rewriter.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
+from usdtpatch.rewriter.merge import join_following
 from usdtpatch.sites.check import CheckReport, SiteCheck, check
 from usdtpatch.sites.probes import BASE_SECTION, Probe, ProbeSet, read_probes
 from usdtpatch.sites.rules import optimized_where_it_is
@@ -249,7 +250,8 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     for sc in rep.sites:
         by_address.setdefault(sc.probe.address, []).append(sc)
 
-    for n, sc in enumerate(sorted(rep.sites, key=lambda s: s.probe.address)):
+    order = sorted(rep.sites, key=lambda s: s.probe.address)
+    for n, sc in enumerate(order):
         if progress is not None:
             progress(n, len(rep.sites))
         p = sc.probe
@@ -271,7 +273,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                                          findings.NO_PATCH_WINDOW.code,
                                          wr.reason if wr is not None else "no patch window")
                 continue
-            win = wr.window
+            win = join_following(wr.window, order, n)  # rewriter/merge.py
         if any(s < win.end and win.start < e for s, e in claimed):
             decided[p.index] = _skip(sc, findings.WINDOW_OVERLAPS_SITE.code,
                                      "its window overlaps another rewritten site's")

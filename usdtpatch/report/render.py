@@ -14,8 +14,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from usdtpatch.findings import FORM_CHOSEN
-from usdtpatch.report.plain import check_cells, check_summary_line, error_entry_line, list_cells
+from usdtpatch.report.plain import (
+    REWRITE_HEADERS,
+    check_cells,
+    check_summary_line,
+    error_entry_line,
+    list_cells,
+    rewrite_cells,
+    rewrite_summary_line,
+)
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
@@ -128,24 +135,16 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
             console.print(Text(f"  {f['note']}"))
             continue
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for col in ("probe", "address", "action", "new pc", "guard", "cost"):
+        for col in REWRITE_HEADERS[:-1]:
             table.add_column(col, no_wrap=True)
-        table.add_column("detail", overflow="fold", ratio=1)
+        table.add_column(REWRITE_HEADERS[-1], overflow="fold", ratio=1)
         for s in f["sites"]:
-            cost = f"+{s['extra_jumps_per_pass']} jmp" if s["extra_jumps_per_pass"] else "0"
-            detail = s["reason"] if s["code"] is None else f"[{s['code']}] {s['reason']}"
-            table.add_row(*(Text(c) for c in (
-                f"{s['provider']}:{s['name']}", _hex(s["address"]), s["action"],
-                _hex(s["new_pc"]), "lea -128" if s["guarded"] else "-", cost, detail)))
+            table.add_row(*(Text(c) for c in rewrite_cells(s)))
         console.print(table)
-        counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
-        verified = "each detour verified in the emulator" if f["verified"] else \
-            "NOT verified (--no-verify)"
-        console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
-                           f"red-zone guard {f['guard']}; {verified}"))
-        for x in f["findings"]:  # why this form (rewrite --form auto)
-            if x["code"] == FORM_CHOSEN.code:
-                console.print(Text(f"  {x['message']}"))
+        line, chosen = rewrite_summary_line(f)
+        console.print(Text(line))
+        for c in chosen:  # why this form (rewrite --form auto)
+            console.print(Text(c))
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 

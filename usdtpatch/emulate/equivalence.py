@@ -44,12 +44,10 @@ Windows that hold a `call` and windows with ways in from outside add shapes:
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
 import random
 import signal
-import struct
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -65,12 +63,14 @@ from usdtpatch.emulate.machine import (
     HOOK_MEM_WRITE,
     MEM_FETCH_UNMAPPED,
     PROT_CODE,
+    REG_NAMES,
     REG_RIP,
     RegReader,
     RegWriter,
     UcError,
     load_segments,
     new_x86_64,
+    raw_regs,
 )
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.sites.windows import PatchWindow
@@ -89,22 +89,35 @@ STACK_SIZE = 0x20000
 _GPRS = GPR_NAMES
 _XMM_COUNT = 16
 _STATUS_FLAGS = 0x8D5  # CF PF AF ZF SF OF
+_FLAGS_AT = 16 * REG_NAMES.index("rflags")  # offsets in RegReader.read_raw's slots
+_RIP_AT = 16 * REG_NAMES.index("rip")
+_RSP_AT = 16 * REG_NAMES.index("rsp")
+
+
+def _read_bytes(uc: Any, addresses: set[int]) -> dict[int, int]:
+    """{address: byte} of `addresses`, read a run of consecutive ones at a time."""
+    out: dict[int, int] = {}
+    run: list[int] = []
+    for a in sorted(addresses):
+        if run and a != run[-1] + 1:
+            out.update(zip(run, uc.mem_read(run[0], len(run)), strict=True))
+            run = []
+        run.append(a)
+    if run:
+        out.update(zip(run, uc.mem_read(run[0], len(run)), strict=True))
+    return out
 
 
 def _pattern(page: int, seed: int) -> bytes:
-    out = bytearray()
-    counter = 0
-    while len(out) < PAGE:
-        out += hashlib.blake2b(struct.pack("<QQQ", page, seed, counter), digest_size=64).digest()
-        counter += 1
-    return bytes(out[:PAGE])
+    """The seeded bytes of a page first touched in a run (the same in both machines)."""
+    return random.Random((page << 32) ^ seed).randbytes(PAGE)
 
 
 @dataclass
 class _Run:
     exit: int | None = None
     fault: str | None = None
-    hits: list[tuple[int, ...]] = field(default_factory=list)
+    hits: list[bytes] = field(default_factory=list)
     writes: set[int] = field(default_factory=set)
     steps: int = 0
     # the original address of every instruction run (a detour's copy counts as its original)
@@ -225,18 +238,22 @@ class _Sandbox:
         self.run.aliased = True  # a data read of the bytes the rewrite changes
         uc.emu_stop()
 
-    def regs(self) -> tuple[int, ...]:
-        """GPRs, status flags, xmm0-15 (not rip: it differs between window and detour)."""
-        r = self.reader.read()
-        return (*(r[n] for n in _GPRS), r["rflags"] & _STATUS_FLAGS,
-                *(r[f"xmm{i}"] for i in range(16)))
+    def regs(self) -> bytes:
+        """GPRs, status flags, xmm0-15 as RegReader's raw slots, rip's cleared (it differs
+        between window and detour) and rflags masked to the status flags: compared as
+        bytes, decoded only to say what differs (`_diff`)."""
+        raw = bytearray(self.reader.read_raw())
+        raw[_RIP_AT:_RIP_AT + 16] = bytes(16)
+        flags = int.from_bytes(raw[_FLAGS_AT:_FLAGS_AT + 8], "little") & _STATUS_FLAGS
+        raw[_FLAGS_AT:_FLAGS_AT + 8] = flags.to_bytes(8, "little")
+        return bytes(raw)
 
-    def execute(self, entry: int, regs: list[int], xmm: list[int], flags: int,
-                stack: bytes, allowed: list[tuple[int, int]], probes: set[int],
-                seed: int) -> tuple[_Run, tuple[int, ...], dict[int, int]]:
+    def execute(self, entry: int, state: bytes, stack: bytes, allowed: list[tuple[int, int]],
+                probes: set[int], seed: int) -> tuple[_Run, bytes, dict[int, int]]:
+        """Run from `entry` with the registers `state` (RegWriter.write_raw's slots)."""
         self.seed = seed
         self.uc.mem_write(STACK_TOP - len(stack), stack)
-        self.writer.write(regs, flags | 0x2, xmm)
+        self.writer.write_raw(state)
         self.run = _Run()
         self.allowed = allowed
         self.probes = probes
@@ -247,7 +264,7 @@ class _Sandbox:
             if self.run.exit is None:  # else: left through an unmapped fetch (an exit)
                 self.run.fault = str(exc)
         final = self.regs()
-        memory = {a: self.uc.mem_read(a, 1)[0] for a in self.run.writes}
+        memory = _read_bytes(self.uc, self.run.writes)
         for a, old in self.saved.items():  # undo the run's writes
             if a // PAGE * PAGE not in self.lazy:
                 self.uc.mem_write(a, bytes([old]))
@@ -267,6 +284,13 @@ class _Pair:
     segments: list[tuple[int, int]] = field(default_factory=list)  # loaded data [lo, hi)
     # what no drawn value may point into: the code pages, and the detour being checked
     avoid: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def avoid_span(self) -> tuple[int, int]:
+        """[lowest, highest) address of `avoid` (a quick test before the exact one)."""
+        if not self.avoid:
+            return 0, 0
+        return min(lo for lo, _ in self.avoid), max(hi for _, hi in self.avoid)
 
 
 FRAME_BELOW = 0x1000  # bytes below rsp a moved call, the guard or a push may write
@@ -300,21 +324,47 @@ def _value(rng: random.Random, pair: _Pair, rsp: int) -> int:
     """A random register value: any 64 bits, an address in the stack above the frame being
     run or in a data segment, or a small int; never one inside `pair.avoid` (code pages, the
     detour) or the frame below rsp, whose bytes differ between the two runs."""
+    avoid = pair.avoid
+    low, high = pair.avoid_span
     while True:
-        kind = rng.randrange(4)
+        x = rng.getrandbits(64)
+        kind, x = x & 3, x >> 2
         if kind == 1:
             lo = rsp + FRAME_ABOVE
-            v = lo + rng.randrange(STACK_TOP - FRAME_ABOVE - lo)
+            v = lo + x % (STACK_TOP - FRAME_ABOVE - lo)
         elif kind == 2 and pair.segments:
-            lo, hi = rng.choice(pair.segments)
-            v = lo + rng.randrange(max(1, hi - lo))
+            lo, hi = pair.segments[x % len(pair.segments)]
+            v = lo + (x >> 8) % max(1, hi - lo)
         elif kind == 3:
-            v = rng.getrandbits(rng.choice((8, 16, 32)))
+            v = (x >> 2) & ((1 << (8, 16, 32, 32)[x & 3]) - 1)
         else:
             v = rng.getrandbits(64)
-        if not (rsp - FRAME_BELOW <= v < rsp + FRAME_ABOVE
-                or any(lo <= v < hi for lo, hi in pair.avoid)):
-            return v
+        if rsp - FRAME_BELOW <= v < rsp + FRAME_ABOVE:
+            continue
+        if low <= v < high and any(lo <= v < hi for lo, hi in avoid):
+            continue
+        return v
+
+
+STACK_BYTES = 0x8000  # the random stack written below STACK_TOP for each state
+STACK_POOL = 0x20000  # random bytes a site's states take their stacks from
+
+
+def _draw_state(rng: random.Random, pair: _Pair, pool: bytes) -> tuple[bytes, bytes]:
+    """One random initial state: the registers as RegWriter.write_raw's slots (GPRs, rflags,
+    xmm0-15) and the stack's bytes. A fully random register is almost never a mappable
+    address, so a window that loads through one would fault in nearly every state: pointers
+    into the stack above the frame and the file's data segments, and small values, are
+    mixed in (`_value`). The stack is a slice of `pool` at a random offset (drawing 32 KiB
+    of random bytes per state was half the check's time)."""
+    rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
+    gprs = [_value(rng, pair, rsp) for _ in _GPRS]
+    gprs[_GPRS.index("rsp")] = rsp
+    flags = (rng.getrandbits(12) & _STATUS_FLAGS) | 0x2
+    state = b"".join(v.to_bytes(16, "little") for v in (*gprs, flags)) + \
+        rng.randbytes(16 * _XMM_COUNT)
+    at = rng.randrange(len(pool) - STACK_BYTES)
+    return state, pool[at:at + STACK_BYTES]
 
 
 def _new_pair(image: ElfImage) -> _Pair:
@@ -468,6 +518,7 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     saved_avoid = pair.avoid
     pair.avoid = [*pair.avoid, (lo, hi)]
     rng = random.Random(seed ^ entry)
+    pool = rng.randbytes(STACK_POOL)
     done = attempts = 0
     try:
         while done < runs:
@@ -475,21 +526,12 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
             if attempts > 4 * runs:
                 return (f"only {done} of {runs} random states could be judged (the others "
                         f"read the bytes the rewrite changes)")
-            # a fully random register is almost never a mappable address, so a window that
-            # loads through one would fault in nearly every state: mix in pointers into the
-            # stack above the frame and the file's data segments, and small values
-            rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
-            regs = [_value(rng, pair, rsp) for _ in _GPRS]
-            regs[_GPRS.index("rsp")] = rsp
-            xmm = [rng.getrandbits(128) for _ in range(_XMM_COUNT)]
-            flags = rng.getrandbits(12) & _STATUS_FLAGS
-            stack = rng.randbytes(0x8000)
+            state, stack = _draw_state(rng, pair, pool)
             s = rng.getrandbits(32)
             a, a_regs, a_mem = pair.original.execute(
-                entry, regs, xmm, flags, stack, [(window.start, window.end), *extra],
-                set(probes), s)
+                entry, state, stack, [(window.start, window.end), *extra], set(probes), s)
             b, b_regs, b_mem = rw.execute(
-                new_entry, regs, xmm, flags, stack,
+                new_entry, state, stack,
                 [(window.start, window.end), (detour.address, detour.end), *extra],
                 new_probes, s)
             if a.aliased or b.aliased:
@@ -525,8 +567,8 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     return None
 
 
-def _compare_faults(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
-                    b_regs: tuple[int, ...], b_mem: dict[int, int]) -> str | None:
+def _compare_faults(a: _Run, a_regs: bytes, a_mem: dict[int, int], b: _Run,
+                    b_regs: bytes, b_mem: dict[int, int]) -> str | None:
     """Both runs faulted: at the copy of the same instruction, the same way, with the same
     probe hits, registers and memory written before it."""
     if a.last != b.last:
@@ -547,11 +589,11 @@ def _compare_faults(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: 
 
 
 def _returns_as_original(a_mem: dict[int, int], b_mem: dict[int, int],
-                         b_regs: tuple[int, ...], returns: dict[int, int]) -> dict[int, int]:
+                         b_regs: bytes, returns: dict[int, int]) -> dict[int, int]:
     """`b_mem` with a moved call's return address put back as the original's: when the
     rewritten run stopped at a callee's entry and the 8 bytes at its rsp hold the detour's
     copy of a return address where the original's hold that return address."""
-    rsp = b_regs[_GPRS.index("rsp")]
+    rsp = int.from_bytes(b_regs[_RSP_AT:_RSP_AT + 8], "little")
     if not all(a in b_mem and a in a_mem for a in range(rsp, rsp + 8)):
         return b_mem
     got = int.from_bytes(bytes(b_mem[a] for a in range(rsp, rsp + 8)), "little")
@@ -568,8 +610,8 @@ def _drop_translations(box: _Sandbox, lo: int, hi: int) -> None:
     box.uc.ctl_remove_cache(lo // PAGE * PAGE, (hi + PAGE - 1) // PAGE * PAGE)
 
 
-def _compare(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
-             b_regs: tuple[int, ...], b_mem: dict[int, int]) -> str | None:
+def _compare(a: _Run, a_regs: bytes, a_mem: dict[int, int], b: _Run,
+             b_regs: bytes, b_mem: dict[int, int]) -> str | None:
     if b.fault is not None:
         return f"the detour faults ({b.fault}) where the original does not"
     if a.exit != b.exit:
@@ -587,27 +629,28 @@ def _compare(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
     return None
 
 
-def _diff(a: tuple[int, ...], b: tuple[int, ...]) -> str:
-    names = [*_GPRS, "rflags", *(f"xmm{i}" for i in range(16))]
-    return ", ".join(f"{n} {x:#x} != {y:#x}" for n, x, y in zip(names, a, b, strict=True)
-                     if x != y)
+def _diff(a: bytes, b: bytes) -> str:
+    x, y = raw_regs(a), raw_regs(b)
+    return ", ".join(f"{n} {x[n]:#x} != {y[n]:#x}" for n in REG_NAMES if x[n] != y[n])
 
 
 # ---------------------------------------------------------------------------------------
 # Verifying many detours at once, across processes (docs/performance.md, "Rewrite")
 #
 # The planner asks about one detour at a time and lays out the next one after the answer.
-# `plan_verified` runs the planner with a verifier that answers from a memo and records what
-# it cannot answer yet (answering "equivalent" for now); the recorded detours are verified in
-# worker processes, all at once, and the planner runs again with the answers, until it asks
-# nothing new. The last run asked only questions with known answers, so its decisions are
-# those a planner verifying one detour at a time would take. A detour that failed frees its
-# place, and the detours after it move: an answer holds for the same window relocated to
-# another address (the same instructions, branches and site bytes at the same offsets), so
-# the memo is keyed by the detour's shape, not its address, and a moved detour is not run
-# again. Results do not depend on which worker ran a detour: every check starts from the same
-# machine state (`_verify_one` unmaps the detour's pages again). A worker that dies (the
-# emulator crashing) stops the rewrite with an UnsupportedError instead of a hang.
+# `plan_verified` runs the planner with a verifier that answers from a memo and records
+# what it cannot answer yet (answering "equivalent" for now); the recorded detours are
+# verified in worker processes, all at once, and the planner runs again with the answers,
+# until it asks nothing new or every new answer is "equivalent" (the answer that run was
+# given for now: a run with the real answers would decide the same). The last run's answers
+# were then all true, so its decisions are those a planner verifying one detour at a time
+# would take. A detour that failed frees its place, and the detours after it move: an
+# answer holds for the same window relocated to another address (the same instructions,
+# branches and site bytes at the same offsets), so the memo is keyed by the detour's shape,
+# not its address, and a moved detour is not run again. Results do not depend on which
+# worker ran a detour: every check starts from the same machine state (`_verify_one` unmaps
+# the detour's pages again). A worker that dies (the emulator crashing) stops the rewrite
+# with an UnsupportedError instead of a hang.
 
 JOBS_MIN_DETOURS = 24  # fewer detours: the pool's start-up costs more than it saves
 
@@ -659,15 +702,20 @@ class _Memo:
             self.batch = []
 
     def settle(self) -> bool:
-        """Wait for every answer asked for; False when nothing was asked."""
+        """Wait for every answer asked for; False when the planner's run stands: nothing was
+        asked, or every answer is "equivalent", the answer it was given for now (a planner
+        run again with the same answers takes the same decisions)."""
         self.send()
         if not self.sent:
             return False
+        changed = False
         for keys, pending in self.sent:
-            self.answers.update(zip(keys, pending.result(), strict=True))
+            for key, why in zip(keys, pending.result(), strict=True):
+                self.answers[key] = why
+                changed = changed or why is not None
         self.sent.clear()
         self.asked.clear()
-        return True
+        return changed
 
 
 _WORKER: dict[str, tuple[ElfImage, DetourVerifier]] = {}  # a worker process's own

@@ -473,6 +473,20 @@ class RegReader:
             out[REG_NAMES[i]] = int.from_bytes(raw[16 * i: 16 * i + 16], "little")
         return out
 
+    def read_raw(self) -> bytes:
+        """REG_NAMES as 16-byte little-endian slots, in order (a GPR, rflags or rip fills the
+        low 8 bytes of its slot, the rest zero): a value to compare without building ints."""
+        if self.raw is not None and self.raw(self.ids, self.ptrs, self.count) == 0:
+            return self.buf.raw  # the high halves of the 8-byte slots stay zero (memset)
+        r = self._slow()
+        return b"".join(r[n].to_bytes(16, "little") for n in REG_NAMES)
+
+
+def raw_regs(raw: bytes) -> dict[str, int]:
+    """RegReader.read_raw's slots as {name: value}."""
+    return {n: int.from_bytes(raw[16 * i: 16 * i + 16], "little")
+            for i, n in enumerate(REG_NAMES)}
+
 
 class RegWriter:
     """Writes GPRs, rflags and xmm0-15 in one uc_reg_write_batch call (see RegReader); falls
@@ -502,6 +516,18 @@ class RegWriter:
             self.raw = None
         for rid, v in zip(self.IDS, values, strict=True):
             self.uc.reg_write(rid, v)
+
+    def write_raw(self, raw: bytes) -> None:
+        """IDS as 16-byte little-endian slots (GPRs, rflags, xmm0-15), one call."""
+        if len(raw) != 16 * self.n:
+            raise ValueError(f"{len(raw)} bytes, not {16 * self.n}")
+        if self.raw is not None:
+            ctypes.memmove(self.buf, raw, len(raw))
+            if self.raw(self.ids, self.ptrs, self.count) == 0:
+                return
+            self.raw = None
+        for i, rid in enumerate(self.IDS):
+            self.uc.reg_write(rid, int.from_bytes(raw[16 * i: 16 * i + 16], "little"))
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -59,7 +59,8 @@ def join_following(win: PatchWindow, order: Sequence[SiteCheck], n: int) -> Patc
     """`win`, the window of `order[n]` (sites in address order), joined with the window of
     each later 1-byte site whose probe lies past `win`'s end and whose window overlaps it.
     Looks only at the sites within MAX_WINDOW bytes: constant work per site."""
-    for sc in order[n + 1:]:
+    for k in range(n + 1, len(order)):  # no slice: a copy of the rest per site is quadratic
+        sc = order[k]
         p = sc.probe
         if p.address >= win.start + MAX_WINDOW:
             break

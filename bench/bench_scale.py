@@ -3,12 +3,14 @@
 Synthetic shared libraries (bench/synthetic_asm.py: one probe per 8-byte function, with
 its FDE) with 1k, 10k, 100k and 1M probes, and one whose notes all name one pc. Each command
 runs as a fresh process (`python -m usdtpatch`, output to /dev/null, so the tables are laid
-out as for a file); printed per size: the median wall time, the time per probe, the ratio of
-that to the smallest size's time per probe (1.0 = linear; a quadratic step shows as ~10 per
-decade), and the child's peak RSS per probe.
+out as for a file); first on a file with one probe (the fixed cost: interpreter, imports),
+then per size: the median wall time, the time per probe above the fixed cost, the ratio of
+that to the smallest size's (1.0 = linear; a quadratic step shows as ~10 per decade), and
+the child's peak RSS per probe.
 
     .venv/bin/python -m bench.bench_scale [--sizes 1000,10000,100000,1000000] [--runs 3]
                                           [--shared-pc 1000000] [--dir DIR]
+                                          [--large-commands list,check,rewrite]
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def main() -> None:
     ap.add_argument("--shared-pc", type=int, default=1_000_000, metavar="N",
                     help="also N notes that share one pc (0: not)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "usdtpatch-scale")
+    ap.add_argument("--large-commands", default="list,check,rewrite", metavar="LIST",
+                    help="the commands run at 1M probes (check needs ~10 KB per site)")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -66,14 +70,18 @@ def main() -> None:
     cases = [(n, build(args.dir, n), False) for n in sizes]
     if args.shared_pc:
         cases.append((args.shared_pc, build(args.dir, args.shared_pc, shared_pc=True), True))
+    one = build(args.dir, 1)
+    fixed = {c: measure(one, c, args.runs, out)[0] for c in COMMANDS}
+    print("fixed cost (1 probe): " + ", ".join(f"{c} {t:.2f} s" for c, t in fixed.items()))
     base: dict[str, float] = {}
     print(f"{'probes':>9} {'command':8} {'seconds':>9} {'us/probe':>9} {'ratio':>6} "
           f"{'peak MB':>8} {'B/probe':>8}")
     for n, path, shared in cases:
         runs = args.runs if n < 100_000 else 1
-        for command in COMMANDS:
+        chosen = COMMANDS if n < 1_000_000 else args.large_commands.split(",")
+        for command in chosen:
             wall, rss = measure(path, command, runs, out)
-            per = wall / n * 1e6
+            per = max(0.0, wall - fixed[command]) / n * 1e6
             if not shared:
                 base.setdefault(command, per)
             ratio = per / base[command] if command in base else float("nan")

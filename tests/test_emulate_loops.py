@@ -23,7 +23,7 @@ import pytest
 
 from usdtpatch.api import load, rewrite_plan
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.emulate.equivalence import _new_pair, _value, verify_detour
+from usdtpatch.emulate.equivalence import _gprs, _new_pair, verify_detour
 from usdtpatch.rewriter.plan import Action, SiteDecision
 from usdtpatch.sites.check import check
 from usdtpatch.sites.windows import PatchWindow
@@ -204,7 +204,12 @@ def test_random_pointers_avoid_code_and_stack_frame(built: dict[str, Path]) -> N
     assert code
     rng = random.Random(7)
     rsp = 0x7FFF_EFFF_0000
-    for _ in range(20000):
-        v = _value(rng, pair, rsp)
+    values = [v for _ in range(2000) for v in _gprs(rng, pair, rsp)]
+    for v in values:
         assert not any(lo <= v < hi for lo, hi in code), hex(v)
         assert not rsp - 0x1000 <= v < rsp + 0x100, hex(v)
+    # and each kind is drawn: data pointers, stack pointers above the frame, small ints
+    data = [(lo, hi) for lo, hi in pair.segments]
+    assert sum(any(lo <= v < hi for lo, hi in data) for v in values) > len(values) // 8
+    assert sum(rsp + 0x100 <= v < 0x7FFF_F000_0000 for v in values) > len(values) // 8
+    assert sum(v < 1 << 32 for v in values) > len(values) // 8

@@ -48,6 +48,7 @@ import multiprocessing
 import os
 import random
 import signal
+import struct
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -320,32 +321,45 @@ def _runs(pages: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _value(rng: random.Random, pair: _Pair, rsp: int) -> int:
-    """A random register value: any 64 bits, an address in the stack above the frame being
-    run or in a data segment, or a small int; never one inside `pair.avoid` (code pages, the
-    detour) or the frame below rsp, whose bytes differ between the two runs."""
-    avoid = pair.avoid
+_SMALL = (0xFF, 0xFFFF, 0xFFFF_FFFF, 0xFFFF_FFFF)
+_MASK64 = (1 << 64) - 1
+
+
+def _gprs(rng: random.Random, pair: _Pair, rsp: int, count: int = len(GPR_NAMES)
+          ) -> list[int]:
+    """`count` random register values, each one of: any 64 bits, an address in the stack
+    above the frame being run or in a data segment, or a small int; never one inside
+    `pair.avoid` (code pages, the detour) or the frame below rsp, whose bytes differ between
+    the two runs. Drawn 64 bits at a time from one batch of random bytes (a Random call per
+    value was most of the check's time)."""
     low, high = pair.avoid_span
-    while True:
-        x = rng.getrandbits(64)
-        kind, x = x & 3, x >> 2
-        if kind == 1:
-            lo = rsp + FRAME_ABOVE
-            v = lo + x % (STACK_TOP - FRAME_ABOVE - lo)
-        elif kind == 2 and pair.segments:
-            lo, hi = pair.segments[x % len(pair.segments)]
-            v = lo + (x >> 8) % max(1, hi - lo)
-        elif kind == 3:
-            v = (x >> 2) & ((1 << (8, 16, 32, 32)[x & 3]) - 1)
-        else:
-            v = rng.getrandbits(64)
-        if rsp - FRAME_BELOW <= v < rsp + FRAME_ABOVE:
-            continue
-        if low <= v < high and any(lo <= v < hi for lo, hi in avoid):
-            continue
-        return v
+    avoid, segments = pair.avoid, pair.segments
+    stack_lo = rsp + FRAME_ABOVE
+    stack_span = STACK_TOP - FRAME_ABOVE - stack_lo
+    frame_lo, frame_hi = rsp - FRAME_BELOW, rsp + FRAME_ABOVE
+    out: list[int] = []
+    while len(out) < count:
+        for x in struct.unpack("<32Q", rng.randbytes(256)):
+            kind, y = x & 3, x >> 2
+            if kind == 1:
+                v = stack_lo + y % stack_span
+            elif kind == 2 and segments:
+                lo, hi = segments[y % len(segments)]
+                v = lo + (y >> 8) % max(1, hi - lo)
+            elif kind == 3:
+                v = (y >> 2) & _SMALL[y & 3]
+            else:
+                v = (x ^ (x >> 31)) & _MASK64  # any 64 bits (the low two mixed in again)
+            if frame_lo <= v < frame_hi or \
+                    (low <= v < high and any(lo <= v < hi for lo, hi in avoid)):
+                continue
+            out.append(v)
+            if len(out) == count:
+                break
+    return out
 
 
+_SLOTS = struct.Struct("<" + "Q8x" * (len(GPR_NAMES) + 1))  # GPRs, rflags: 16-byte slots
 STACK_BYTES = 0x8000  # the random stack written below STACK_TOP for each state
 STACK_POOL = 0x20000  # random bytes a site's states take their stacks from
 
@@ -355,14 +369,13 @@ def _draw_state(rng: random.Random, pair: _Pair, pool: bytes) -> tuple[bytes, by
     xmm0-15) and the stack's bytes. A fully random register is almost never a mappable
     address, so a window that loads through one would fault in nearly every state: pointers
     into the stack above the frame and the file's data segments, and small values, are
-    mixed in (`_value`). The stack is a slice of `pool` at a random offset (drawing 32 KiB
+    mixed in (`_gprs`). The stack is a slice of `pool` at a random offset (drawing 32 KiB
     of random bytes per state was half the check's time)."""
     rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
-    gprs = [_value(rng, pair, rsp) for _ in _GPRS]
+    gprs = _gprs(rng, pair, rsp)
     gprs[_GPRS.index("rsp")] = rsp
     flags = (rng.getrandbits(12) & _STATUS_FLAGS) | 0x2
-    state = b"".join(v.to_bytes(16, "little") for v in (*gprs, flags)) + \
-        rng.randbytes(16 * _XMM_COUNT)
+    state = _SLOTS.pack(*gprs, flags) + rng.randbytes(16 * _XMM_COUNT)
     at = rng.randrange(len(pool) - STACK_BYTES)
     return state, pool[at:at + STACK_BYTES]
 

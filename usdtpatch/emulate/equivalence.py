@@ -148,7 +148,7 @@ class _Sandbox:
         self.reader = RegReader(self.uc)  # one batch call instead of 33 reg_reads
         self.writer = RegWriter(self.uc)
         self.run: _Run = _Run()
-        self.allowed: list[tuple[int, int]] = []
+        self.allowed: frozenset[int] = frozenset()  # the addresses a run may execute
         self.probes: set[int] = set()
         self.saved: dict[int, int] = {}
         # the rewritten machine's view: detour address -> the original instruction it copies;
@@ -180,7 +180,7 @@ class _Sandbox:
             # address, rip has the whole one) address, e.g. a `ret` of the window popping a
             # random return address: that is the window's exit, not a fault of the window
             rip = uc.reg_read(REG_RIP)
-            if not any(lo <= rip < hi for lo, hi in self.allowed):
+            if rip not in self.allowed:
                 self.run.exit = rip
                 return False
         page = address // PAGE * PAGE
@@ -203,7 +203,7 @@ class _Sandbox:
     def _on_code(self, uc: Any, address: int, _size: int, _user: Any) -> None:
         run = self.run
         run.steps += 1
-        if not any(lo <= address < hi for lo, hi in self.allowed):
+        if address not in self.allowed:
             run.exit = address
             uc.emu_stop()
             return
@@ -249,7 +249,7 @@ class _Sandbox:
         raw[_FLAGS_AT:_FLAGS_AT + 8] = flags.to_bytes(8, "little")
         return bytes(raw)
 
-    def execute(self, entry: int, state: bytes, stack: bytes, allowed: list[tuple[int, int]],
+    def execute(self, entry: int, state: bytes, stack: bytes, allowed: frozenset[int],
                 probes: set[int], seed: int) -> tuple[_Run, bytes, dict[int, int]]:
         """Run from `entry` with the registers `state` (RegWriter.write_raw's slots)."""
         self.seed = seed
@@ -530,6 +530,10 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
              for box in (pair.original, rw) for c_lo, c_hi in changed]
     saved_avoid = pair.avoid
     pair.avoid = [*pair.avoid, (lo, hi)]
+    # where each run may go (a set of addresses: tested at every instruction)
+    a_allowed = _addresses([(window.start, window.end), *extra])
+    b_allowed = a_allowed | _addresses([(detour.address, detour.end)])
+    old_probes = set(probes)
     rng = random.Random(seed ^ entry)
     pool = rng.randbytes(STACK_POOL)
     done = attempts = 0
@@ -541,12 +545,9 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
                         f"read the bytes the rewrite changes)")
             state, stack = _draw_state(rng, pair, pool)
             s = rng.getrandbits(32)
-            a, a_regs, a_mem = pair.original.execute(
-                entry, state, stack, [(window.start, window.end), *extra], set(probes), s)
-            b, b_regs, b_mem = rw.execute(
-                new_entry, state, stack,
-                [(window.start, window.end), (detour.address, detour.end), *extra],
-                new_probes, s)
+            a, a_regs, a_mem = pair.original.execute(entry, state, stack, a_allowed,
+                                                     old_probes, s)
+            b, b_regs, b_mem = rw.execute(new_entry, state, stack, b_allowed, new_probes, s)
             if a.aliased or b.aliased:
                 continue
             if a.fault is not None:
@@ -578,6 +579,10 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
                     box.mapped.discard(page)
             _drop_translations(box, lo, hi)
     return None
+
+
+def _addresses(ranges: list[tuple[int, int]]) -> frozenset[int]:
+    return frozenset(a for lo, hi in ranges for a in range(lo, hi))
 
 
 def _compare_faults(a: _Run, a_regs: bytes, a_mem: dict[int, int], b: _Run,

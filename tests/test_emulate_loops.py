@@ -15,6 +15,7 @@ still be rejected.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,7 +26,6 @@ from usdtpatch.api import load, rewrite_plan
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.emulate.equivalence import _gprs, _new_pair, verify_detour
 from usdtpatch.rewriter.plan import Action, SiteDecision
-from usdtpatch.sites.check import check
 from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.nops import NOP5
 from usdtpatch.x86.relocate import Detour, jmp_rel32
@@ -99,8 +99,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _decisions(path: Path) -> dict[str, SiteDecision]:
-    rp = rewrite_plan(str(path), form="nop5", jobs=1)
-    return {s.probe.name: s for s in rp.sites}
+    return _plan(path)[1]
 
 
 @pytest.mark.parametrize("name", list(BUILDS))
@@ -115,14 +114,18 @@ def test_every_site_converts_with_the_check(built: dict[str, Path], name: str) -
     assert bad == {}
 
 
+@functools.cache
+def _plan(path: Path) -> tuple[ElfImage, dict[str, SiteDecision]]:
+    """The file's image and its decisions (one rewrite_plan per file for the module)."""
+    rp = rewrite_plan(str(path), form="nop5", jobs=1)
+    return load(str(path)).image, {d.probe.name: d for d in rp.sites}
+
+
 def _site(path: Path, probe: str) -> tuple[ElfImage, PatchWindow, Detour]:
-    ps = load(str(path))
-    sc = next(s for s in check(ps).sites if s.probe.name == probe)
-    assert sc.window is not None and sc.window.window is not None
-    d = next(d for d in rewrite_plan(str(path), form="nop5", jobs=1).sites
-             if d.probe.name == probe)
+    image, decided = _plan(path)
+    d = decided[probe]
     assert d.detour is not None and d.window is not None
-    return ps.image, d.window, d.detour
+    return image, d.window, d.detour
 
 
 def _body(w: PatchWindow, d: Detour, change: dict[int, bytes]) -> Detour:
@@ -213,3 +216,28 @@ def test_random_pointers_avoid_code_and_stack_frame(built: dict[str, Path]) -> N
     assert sum(any(lo <= v < hi for lo, hi in data) for v in values) > len(values) // 8
     assert sum(rsp + 0x100 <= v < 0x7FFF_F000_0000 for v in values) > len(values) // 8
     assert sum(v < 1 << 32 for v in values) > len(values) // 8
+
+
+SELF_READ_C = r"""
+#include <sys/sdt.h>
+int main(void)
+{
+    long v;
+    STAP_PROBE(t, selfread);
+    /* reads the 8 bytes from the probe's nop on: the bytes a rewrite changes */
+    __asm__ __volatile__ ("movq -8(%%rip), %0" : "=r" (v));
+    return (int)v;
+}
+"""
+
+
+def test_a_window_reading_its_own_bytes_is_refused(tmp_path: Path) -> None:
+    """A window that loads the bytes the rewrite changes (its own code) behaves differently
+    once rewritten: no state can be judged, and the site is skipped, not converted."""
+    src = tmp_path / "selfread.c"
+    src.write_text(SELF_READ_C)
+    exe = tmp_path / "selfread"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True, capture_output=True)
+    (d,) = rewrite_plan(str(exe), form="nop5", jobs=1).sites
+    assert d.action is Action.SKIPPED and d.code == "verification-failed"
+    assert "could be judged" in d.reason

@@ -12,7 +12,7 @@ argument: a caller that skips verification says so with `verify=None`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import pairwise
@@ -592,13 +592,15 @@ def _entries(win: PatchWindow, detour: Detour) -> tuple[tuple[int, int], ...]:
 
 
 def _retarget_patches(image: ElfImage, win: PatchWindow, detour: Detour,
-                      claimed: Claims, relocs: Relocations
+                      claimed: Sequence[tuple[int, int]], relocs: Relocations
                       ) -> list[tuple[int, int, bytes, str]]:
     """The edits that aim every way into the window from outside at the detour's copy:
     (vaddr, file offset, new bytes, description). RelocationError says why one cannot be."""
     mapping = dict(detour.insn_map)
     out: list[tuple[int, int, bytes, str]] = []
     stubs: dict[int, int] = {}
+    if not isinstance(claimed, Claims):
+        claimed = Claims(claimed)
     for r in win.retargets:
         copy = mapping.get(r.target)
         if copy is None:

@@ -253,9 +253,9 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
     if as_json:
         out.write(json.dumps(doc) + "\n")
     else:
-        from usdtpatch.report.render import make_console, render_rewrite
+        from usdtpatch.report.plain import print_rewrite
 
-        render_rewrite(make_console(out), doc)
+        print_rewrite(out, doc)
     if report is not None:
         rdoc = report_document(doc, extras)
         try:

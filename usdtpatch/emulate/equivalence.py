@@ -6,8 +6,23 @@ instruction until control leaves it, and the rewritten code runs from the same a
 `jmp` to the detour) until control leaves the window and the detour. Both must leave to the
 same address with the same general registers, flags and vector registers, the same memory
 written, and must reach the probe the same number of times with the same registers there (so a
-tracer reads the same argument values). A state in which the original faults must fault in the
-rewrite too; it is not counted.
+tracer reads the same argument values).
+
+Loops: a run also stops where control first comes back to an instruction it already ran (in
+the original's addresses: a detour's copy of an instruction counts as that instruction, the
+rewritten window's `jmp` as its start). A `while (1)` around the probe never leaves its
+window; both runs are compared at that back edge like at an exit.
+
+Faults: a state in which the original faults is judged on what it shows: the rewrite must
+fault at the copy of the same instruction, the same way, with the same probe hits, registers
+and memory written before it.
+
+No aliasing: the two machines differ only in the bytes the rewrite changes (the window, the
+patched ways in), so a state that reads those bytes as data says nothing about the detour.
+Pointer values are drawn from the file's data segments and the stack above the frame being
+run (never the code pages, the detour, or the frame below rsp that pushes and the guard
+write), code pages and the detour are mapped read-only (a write through a random pointer
+faults in both runs), and a state whose run still reads the changed bytes is not judged.
 
 Reference: docs/rewrite.md ("How a site is rewritten"); the rule: "the same exit address,
 the same registers and flags, the same memory writes, and the probe reached exactly when the
@@ -29,7 +44,6 @@ Windows that hold a `call` and windows with ways in from outside add shapes:
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
 import random
@@ -41,19 +55,23 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.image import PF_W, PF_X, ElfImage
 from usdtpatch.emulate.machine import (
     GPR_NAMES,
     HOOK_CODE,
+    HOOK_MEM_READ,
     HOOK_MEM_UNMAPPED,
     HOOK_MEM_WRITE,
     MEM_FETCH_UNMAPPED,
+    PROT_CODE,
+    REG_NAMES,
     REG_RIP,
     RegReader,
     RegWriter,
     UcError,
     load_segments,
     new_x86_64,
+    raw_regs,
 )
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.lifetime import die_with_parent
@@ -73,24 +91,42 @@ STACK_SIZE = 0x20000
 _GPRS = GPR_NAMES
 _XMM_COUNT = 16
 _STATUS_FLAGS = 0x8D5  # CF PF AF ZF SF OF
+_FLAGS_AT = 16 * REG_NAMES.index("rflags")  # offsets in RegReader.read_raw's slots
+_RIP_AT = 16 * REG_NAMES.index("rip")
+_RSP_AT = 16 * REG_NAMES.index("rsp")
+
+
+def _read_bytes(uc: Any, addresses: set[int]) -> dict[int, int]:
+    """{address: byte} of `addresses`, read a run of consecutive ones at a time."""
+    out: dict[int, int] = {}
+    run: list[int] = []
+    for a in sorted(addresses):
+        if run and a != run[-1] + 1:
+            out.update(zip(run, uc.mem_read(run[0], len(run)), strict=True))
+            run = []
+        run.append(a)
+    if run:
+        out.update(zip(run, uc.mem_read(run[0], len(run)), strict=True))
+    return out
 
 
 def _pattern(page: int, seed: int) -> bytes:
-    out = bytearray()
-    counter = 0
-    while len(out) < PAGE:
-        out += hashlib.blake2b(struct.pack("<QQQ", page, seed, counter), digest_size=64).digest()
-        counter += 1
-    return bytes(out[:PAGE])
+    """The seeded bytes of a page first touched in a run (the same in both machines)."""
+    return random.Random((page << 32) ^ seed).randbytes(PAGE)
 
 
 @dataclass
 class _Run:
     exit: int | None = None
     fault: str | None = None
-    hits: list[tuple[int, ...]] = field(default_factory=list)
+    hits: list[bytes] = field(default_factory=list)
     writes: set[int] = field(default_factory=set)
     steps: int = 0
+    # the original address of every instruction run (a detour's copy counts as its original)
+    seen: set[int] = field(default_factory=set)
+    last: int | None = None  # the original address of the last instruction started
+    looped: bool = False  # stopped at a loop's back edge (an instruction run before)
+    aliased: bool = False  # read the bytes the rewrite changes: the state says nothing
 
 
 class _Sandbox:
@@ -105,13 +141,22 @@ class _Sandbox:
         for seg in load_segments(image):
             self._map(seg.lo, seg.hi - seg.lo)
             self.uc.mem_write(seg.address, seg.data)
+        # code pages are read-only, as in a process: a write through a random pointer into
+        # code faults in both runs instead of changing the code one of them then runs
+        for lo, hi in code_pages(image):
+            self.uc.mem_protect(lo, hi - lo, PROT_CODE)
         self._map(STACK_TOP - STACK_SIZE, STACK_SIZE)
         self.reader = RegReader(self.uc)  # one batch call instead of 33 reg_reads
         self.writer = RegWriter(self.uc)
         self.run: _Run = _Run()
-        self.allowed: list[tuple[int, int]] = []
+        self.allowed: frozenset[int] = frozenset()  # the addresses a run may execute
         self.probes: set[int] = set()
         self.saved: dict[int, int] = {}
+        # the rewritten machine's view: detour address -> the original instruction it copies;
+        # addresses in [detour_lo, detour_hi) not in it are the detour's own (site, jmp end)
+        self.coord: dict[int, int] = {}
+        self.detour_lo = self.detour_hi = 0
+        self.patch_jmp: int | None = None  # the rewritten window's start (its `jmp detour`)
         self.uc.hook_add(HOOK_MEM_UNMAPPED, self._on_unmapped)
         self.uc.hook_add(HOOK_MEM_WRITE, self._on_write)
         self.uc.hook_add(HOOK_CODE, self._on_code)
@@ -136,7 +181,7 @@ class _Sandbox:
             # address, rip has the whole one) address, e.g. a `ret` of the window popping a
             # random return address: that is the window's exit, not a fault of the window
             rip = uc.reg_read(REG_RIP)
-            if not any(lo <= rip < hi for lo, hi in self.allowed):
+            if rip not in self.allowed:
                 self.run.exit = rip
                 return False
         page = address // PAGE * PAGE
@@ -159,7 +204,7 @@ class _Sandbox:
     def _on_code(self, uc: Any, address: int, _size: int, _user: Any) -> None:
         run = self.run
         run.steps += 1
-        if not any(lo <= address < hi for lo, hi in self.allowed):
+        if address not in self.allowed:
             run.exit = address
             uc.emu_stop()
             return
@@ -167,21 +212,50 @@ class _Sandbox:
             run.fault = "too many instructions (the window loops)"
             uc.emu_stop()
             return
+        # A loop inside the window (`while (1)` around the probe) never leaves it: both runs
+        # stop where control first comes back to an instruction already run (the back edge,
+        # in the original's addresses), and are compared there like at an exit.
+        if address == self.patch_jmp:
+            where: int | None = None if address not in run.seen else address
+            if where is not None:
+                run.exit, run.looped = where, True
+                uc.emu_stop()
+                return
+        else:
+            where = self.coord.get(address)
+            if where is None and not self.detour_lo <= address < self.detour_hi:
+                where = address
+            if where is not None:
+                if where in run.seen:
+                    run.exit, run.looped = where, True
+                    uc.emu_stop()
+                    return
+                run.seen.add(where)
+                run.last = where
         if address in self.probes:
             run.hits.append(self.regs())
 
-    def regs(self) -> tuple[int, ...]:
-        """GPRs, status flags, xmm0-15 (not rip: it differs between window and detour)."""
-        r = self.reader.read()
-        return (*(r[n] for n in _GPRS), r["rflags"] & _STATUS_FLAGS,
-                *(r[f"xmm{i}"] for i in range(16)))
+    def _on_read(self, uc: Any, _access: int, _address: int, _size: int, _value: int,
+                 _user: Any) -> None:
+        self.run.aliased = True  # a data read of the bytes the rewrite changes
+        uc.emu_stop()
 
-    def execute(self, entry: int, regs: list[int], xmm: list[int], flags: int,
-                stack: bytes, allowed: list[tuple[int, int]], probes: set[int],
-                seed: int) -> tuple[_Run, tuple[int, ...], dict[int, int]]:
+    def regs(self) -> bytes:
+        """GPRs, status flags, xmm0-15 as RegReader's raw slots, rip's cleared (it differs
+        between window and detour) and rflags masked to the status flags: compared as
+        bytes, decoded only to say what differs (`_diff`)."""
+        raw = bytearray(self.reader.read_raw())
+        raw[_RIP_AT:_RIP_AT + 16] = bytes(16)
+        flags = int.from_bytes(raw[_FLAGS_AT:_FLAGS_AT + 8], "little") & _STATUS_FLAGS
+        raw[_FLAGS_AT:_FLAGS_AT + 8] = flags.to_bytes(8, "little")
+        return bytes(raw)
+
+    def execute(self, entry: int, state: bytes, stack: bytes, allowed: frozenset[int],
+                probes: set[int], seed: int) -> tuple[_Run, bytes, dict[int, int]]:
+        """Run from `entry` with the registers `state` (RegWriter.write_raw's slots)."""
         self.seed = seed
         self.uc.mem_write(STACK_TOP - len(stack), stack)
-        self.writer.write(regs, flags | 0x2, xmm)
+        self.writer.write_raw(state)
         self.run = _Run()
         self.allowed = allowed
         self.probes = probes
@@ -192,7 +266,7 @@ class _Sandbox:
             if self.run.exit is None:  # else: left through an unmapped fetch (an exit)
                 self.run.fault = str(exc)
         final = self.regs()
-        memory = {a: self.uc.mem_read(a, 1)[0] for a in self.run.writes}
+        memory = _read_bytes(self.uc, self.run.writes)
         for a, old in self.saved.items():  # undo the run's writes
             if a // PAGE * PAGE not in self.lazy:
                 self.uc.mem_write(a, bytes([old]))
@@ -209,25 +283,109 @@ class _Sandbox:
 class _Pair:
     original: _Sandbox
     rewritten: _Sandbox
-    segments: list[tuple[int, int]] = field(default_factory=list)  # loaded [lo, hi)
+    segments: list[tuple[int, int]] = field(default_factory=list)  # loaded data [lo, hi)
+    # what no drawn value may point into: the code pages, and the detour being checked
+    avoid: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def avoid_span(self) -> tuple[int, int]:
+        """[lowest, highest) address of `avoid` (a quick test before the exact one)."""
+        if not self.avoid:
+            return 0, 0
+        return min(lo for lo, _ in self.avoid), max(hi for _, hi in self.avoid)
 
 
-def _value(rng: random.Random, segments: list[tuple[int, int]]) -> int:
-    """A random register value: any 64 bits, a stack or segment address, or a small int."""
-    kind = rng.randrange(4)
-    if kind == 1:
-        return STACK_TOP - STACK_SIZE + 0x1000 + rng.randrange(STACK_SIZE - 0x2000)
-    if kind == 2 and segments:
-        lo, hi = rng.choice(segments)
-        return lo + rng.randrange(max(1, hi - lo))
-    if kind == 3:
-        return rng.getrandbits(rng.choice((8, 16, 32)))
-    return rng.getrandbits(64)
+FRAME_BELOW = 0x1000  # bytes below rsp a moved call, the guard or a push may write
+FRAME_ABOVE = 0x100  # a stack pointer drawn lies at least this far above rsp
+
+
+def code_pages(image: ElfImage) -> list[tuple[int, int]]:
+    """The pages [lo, hi) of the executable PT_LOADs that no writable one shares."""
+    code: set[int] = set()
+    data: set[int] = set()
+    for seg in load_segments(image):
+        pages = range(seg.lo, seg.hi, PAGE)
+        if seg.flags & PF_W:
+            data.update(pages)
+        elif seg.flags & PF_X:
+            code.update(pages)
+    return _runs(sorted(code - data))
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in pages:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + PAGE)
+        else:
+            out.append((p, p + PAGE))
+    return out
+
+
+_SMALL = (0xFF, 0xFFFF, 0xFFFF_FFFF, 0xFFFF_FFFF)
+_MASK64 = (1 << 64) - 1
+
+
+def _gprs(rng: random.Random, pair: _Pair, rsp: int, count: int = len(GPR_NAMES)
+          ) -> list[int]:
+    """`count` random register values, each one of: any 64 bits, an address in the stack
+    above the frame being run or in a data segment, or a small int; never one inside
+    `pair.avoid` (code pages, the detour) or the frame below rsp, whose bytes differ between
+    the two runs. Drawn 64 bits at a time from one batch of random bytes (a Random call per
+    value was most of the check's time)."""
+    low, high = pair.avoid_span
+    avoid, segments = pair.avoid, pair.segments
+    stack_lo = rsp + FRAME_ABOVE
+    stack_span = STACK_TOP - FRAME_ABOVE - stack_lo
+    frame_lo, frame_hi = rsp - FRAME_BELOW, rsp + FRAME_ABOVE
+    out: list[int] = []
+    while len(out) < count:
+        for x in struct.unpack("<32Q", rng.randbytes(256)):
+            kind, y = x & 3, x >> 2
+            if kind == 1:
+                v = stack_lo + y % stack_span
+            elif kind == 2 and segments:
+                lo, hi = segments[y % len(segments)]
+                v = lo + (y >> 8) % max(1, hi - lo)
+            elif kind == 3:
+                v = (y >> 2) & _SMALL[y & 3]
+            else:
+                v = (x ^ (x >> 31)) & _MASK64  # any 64 bits (the low two mixed in again)
+            if frame_lo <= v < frame_hi or \
+                    (low <= v < high and any(lo <= v < hi for lo, hi in avoid)):
+                continue
+            out.append(v)
+            if len(out) == count:
+                break
+    return out
+
+
+_SLOTS = struct.Struct("<" + "Q8x" * (len(GPR_NAMES) + 1))  # GPRs, rflags: 16-byte slots
+STACK_BYTES = 0x8000  # the random stack written below STACK_TOP for each state
+STACK_POOL = 0x20000  # random bytes a site's states take their stacks from
+
+
+def _draw_state(rng: random.Random, pair: _Pair, pool: bytes) -> tuple[bytes, bytes]:
+    """One random initial state: the registers as RegWriter.write_raw's slots (GPRs, rflags,
+    xmm0-15) and the stack's bytes. A fully random register is almost never a mappable
+    address, so a window that loads through one would fault in nearly every state: pointers
+    into the stack above the frame and the file's data segments, and small values, are
+    mixed in (`_gprs`). The stack is a slice of `pool` at a random offset (drawing 32 KiB
+    of random bytes per state was half the check's time)."""
+    rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
+    gprs = _gprs(rng, pair, rsp)
+    gprs[_GPRS.index("rsp")] = rsp
+    flags = (rng.getrandbits(12) & _STATUS_FLAGS) | 0x2
+    state = _SLOTS.pack(*gprs, flags) + rng.randbytes(16 * _XMM_COUNT)
+    at = rng.randrange(len(pool) - STACK_BYTES)
+    return state, pool[at:at + STACK_BYTES]
 
 
 def _new_pair(image: ElfImage) -> _Pair:
-    return _Pair(_Sandbox(image), _Sandbox(image),
-                 [(seg.address, seg.address + seg.memsz) for seg in load_segments(image)])
+    code = code_pages(image)
+    data = [(seg.address, seg.address + seg.memsz) for seg in load_segments(image)
+            if not seg.flags & PF_X]
+    return _Pair(_Sandbox(image), _Sandbox(image), data, code)
 
 
 class DetourVerifier:
@@ -347,6 +505,8 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     for box in (pair.original, rw):
         box._map(lo, hi - lo)
         box.uc.mem_write(detour.address, detour.code)
+        for p_lo, p_hi in _runs(fresh):
+            box.uc.mem_protect(p_lo, p_hi - p_lo, PROT_CODE)
     patch = jmp_rel32(window.start, detour.address)
     patch += b"\xcc" * (window.size - len(patch))
     rw.uc.mem_write(window.start, patch)
@@ -359,42 +519,56 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     calls = set(window.calls)
     returns = {i.end: mapping[i.end] for i in window.insns
                if i.address in calls and i.end in mapping}
+    # the rewritten machine's instructions in the original's addresses (the loop check)
+    rw.coord = {n: o for o, n in detour.insn_map}
+    rw.detour_lo, rw.detour_hi = detour.address, detour.end
+    rw.patch_jmp = window.start
+    # a data read of the bytes the rewrite changes (a random pointer into the window or a
+    # patched branch) reads different bytes in the two machines: the state is not judged
+    changed = [(window.start, window.end), *extra]
+    hooks = [(box, box.uc.hook_add(HOOK_MEM_READ, box._on_read, None, max(0, c_lo - 15),
+                                   c_hi - 1))
+             for box in (pair.original, rw) for c_lo, c_hi in changed]
+    saved_avoid = pair.avoid
+    pair.avoid = [*pair.avoid, (lo, hi)]
+    # where each run may go (a set of addresses: tested at every instruction)
+    a_allowed = _addresses([(window.start, window.end), *extra])
+    b_allowed = a_allowed | _addresses([(detour.address, detour.end)])
+    old_probes = set(probes)
     rng = random.Random(seed ^ entry)
+    pool = rng.randbytes(STACK_POOL)
     done = attempts = 0
     try:
         while done < runs:
             attempts += 1
             if attempts > 4 * runs:
-                return (f"only {done} of {runs} random states ran the original window to its "
-                        f"end without a fault")
-            # a fully random register is almost never a mappable address, so a window that
-            # loads through one would fault in nearly every state: mix in pointers into the
-            # stack and the file's segments, and small values
-            regs = [_value(rng, pair.segments) for _ in _GPRS]
-            rsp = STACK_TOP - 0x4000 - 8 * rng.randrange(256)
-            regs[_GPRS.index("rsp")] = rsp
-            xmm = [rng.getrandbits(128) for _ in range(_XMM_COUNT)]
-            flags = rng.getrandbits(12) & _STATUS_FLAGS
-            stack = rng.randbytes(0x8000)
+                return (f"only {done} of {runs} random states could be judged (the others "
+                        f"read the bytes the rewrite changes)")
+            state, stack = _draw_state(rng, pair, pool)
             s = rng.getrandbits(32)
-            a, a_regs, a_mem = pair.original.execute(
-                entry, regs, xmm, flags, stack, [(window.start, window.end), *extra],
-                set(probes), s)
-            b, b_regs, b_mem = rw.execute(
-                new_entry, regs, xmm, flags, stack,
-                [(window.start, window.end), (detour.address, detour.end), *extra],
-                new_probes, s)
+            a, a_regs, a_mem = pair.original.execute(entry, state, stack, a_allowed,
+                                                     old_probes, s)
+            b, b_regs, b_mem = rw.execute(new_entry, state, stack, b_allowed, new_probes, s)
+            if a.aliased or b.aliased:
+                continue
             if a.fault is not None:
+                # judged on what it shows: the same instruction faults the same way, after
+                # the same probe hits and writes, with the same registers
                 if b.fault is None:
                     return f"the original faults ({a.fault}) where the detour does not"
-                continue
-            if returns:
-                b_mem = _returns_as_original(a_mem, b_mem, b_regs, returns)
-            why = _compare(a, a_regs, a_mem, b, b_regs, b_mem)
+                why = _compare_faults(a, a_regs, a_mem, b, b_regs, b_mem)
+            else:
+                if returns:
+                    b_mem = _returns_as_original(a_mem, b_mem, b_regs, returns)
+                why = _compare(a, a_regs, a_mem, b, b_regs, b_mem)
             if why is not None:
                 return f"state {done}: {why}"
             done += 1
     finally:
+        for box, h in hooks:
+            box.uc.hook_del(h)
+        pair.avoid = saved_avoid
+        rw.coord, rw.detour_lo, rw.detour_hi, rw.patch_jmp = {}, 0, 0, None
         # the next site starts from the original (all of [start, end): `code` stops short of
         # `end` when the window ends in the padding after a function)
         rw.uc.mem_write(window.start, image.read_vaddr(window.start, window.size))
@@ -408,12 +582,37 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     return None
 
 
+def _addresses(ranges: list[tuple[int, int]]) -> frozenset[int]:
+    return frozenset(a for lo, hi in ranges for a in range(lo, hi))
+
+
+def _compare_faults(a: _Run, a_regs: bytes, a_mem: dict[int, int], b: _Run,
+                    b_regs: bytes, b_mem: dict[int, int]) -> str | None:
+    """Both runs faulted: at the copy of the same instruction, the same way, with the same
+    probe hits, registers and memory written before it."""
+    if a.last != b.last:
+        at = f"{b.last:#x}" if b.last is not None else "an instruction of its own"
+        return f"the detour faults at the copy of {at}, the original at {a.last:#x}"
+    if a.fault != b.fault:
+        return f"the detour faults with {b.fault}, the original with {a.fault}"
+    if len(a.hits) != len(b.hits):
+        return f"reaches the probe {len(b.hits)} times before the fault instead of {len(a.hits)}"
+    for i, (ha, hb) in enumerate(zip(a.hits, b.hits, strict=True)):
+        if ha != hb:
+            return f"registers at probe hit {i} differ: {_diff(ha, hb)}"
+    if a_regs != b_regs:
+        return f"registers at the fault differ: {_diff(a_regs, b_regs)}"
+    if a_mem != b_mem:
+        return "memory written before the fault differs"
+    return None
+
+
 def _returns_as_original(a_mem: dict[int, int], b_mem: dict[int, int],
-                         b_regs: tuple[int, ...], returns: dict[int, int]) -> dict[int, int]:
+                         b_regs: bytes, returns: dict[int, int]) -> dict[int, int]:
     """`b_mem` with a moved call's return address put back as the original's: when the
     rewritten run stopped at a callee's entry and the 8 bytes at its rsp hold the detour's
     copy of a return address where the original's hold that return address."""
-    rsp = b_regs[_GPRS.index("rsp")]
+    rsp = int.from_bytes(b_regs[_RSP_AT:_RSP_AT + 8], "little")
     if not all(a in b_mem and a in a_mem for a in range(rsp, rsp + 8)):
         return b_mem
     got = int.from_bytes(bytes(b_mem[a] for a in range(rsp, rsp + 8)), "little")
@@ -430,8 +629,8 @@ def _drop_translations(box: _Sandbox, lo: int, hi: int) -> None:
     box.uc.ctl_remove_cache(lo // PAGE * PAGE, (hi + PAGE - 1) // PAGE * PAGE)
 
 
-def _compare(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
-             b_regs: tuple[int, ...], b_mem: dict[int, int]) -> str | None:
+def _compare(a: _Run, a_regs: bytes, a_mem: dict[int, int], b: _Run,
+             b_regs: bytes, b_mem: dict[int, int]) -> str | None:
     if b.fault is not None:
         return f"the detour faults ({b.fault}) where the original does not"
     if a.exit != b.exit:
@@ -449,27 +648,28 @@ def _compare(a: _Run, a_regs: tuple[int, ...], a_mem: dict[int, int], b: _Run,
     return None
 
 
-def _diff(a: tuple[int, ...], b: tuple[int, ...]) -> str:
-    names = [*_GPRS, "rflags", *(f"xmm{i}" for i in range(16))]
-    return ", ".join(f"{n} {x:#x} != {y:#x}" for n, x, y in zip(names, a, b, strict=True)
-                     if x != y)
+def _diff(a: bytes, b: bytes) -> str:
+    x, y = raw_regs(a), raw_regs(b)
+    return ", ".join(f"{n} {x[n]:#x} != {y[n]:#x}" for n in REG_NAMES if x[n] != y[n])
 
 
 # ---------------------------------------------------------------------------------------
 # Verifying many detours at once, across processes (docs/performance.md, "Rewrite")
 #
 # The planner asks about one detour at a time and lays out the next one after the answer.
-# `plan_verified` runs the planner with a verifier that answers from a memo and records what
-# it cannot answer yet (answering "equivalent" for now); the recorded detours are verified in
-# worker processes, all at once, and the planner runs again with the answers, until it asks
-# nothing new. The last run asked only questions with known answers, so its decisions are
-# those a planner verifying one detour at a time would take. A detour that failed frees its
-# place, and the detours after it move: an answer holds for the same window relocated to
-# another address (the same instructions, branches and site bytes at the same offsets), so
-# the memo is keyed by the detour's shape, not its address, and a moved detour is not run
-# again. Results do not depend on which worker ran a detour: every check starts from the same
-# machine state (`_verify_one` unmaps the detour's pages again). A worker that dies (the
-# emulator crashing) stops the rewrite with an UnsupportedError instead of a hang.
+# `plan_verified` runs the planner with a verifier that answers from a memo and records
+# what it cannot answer yet (answering "equivalent" for now); the recorded detours are
+# verified in worker processes, all at once, and the planner runs again with the answers,
+# until it asks nothing new or every new answer is "equivalent" (the answer that run was
+# given for now: a run with the real answers would decide the same). The last run's answers
+# were then all true, so its decisions are those a planner verifying one detour at a time
+# would take. A detour that failed frees its place, and the detours after it move: an
+# answer holds for the same window relocated to another address (the same instructions,
+# branches and site bytes at the same offsets), so the memo is keyed by the detour's shape,
+# not its address, and a moved detour is not run again. Results do not depend on which
+# worker ran a detour: every check starts from the same machine state (`_verify_one` unmaps
+# the detour's pages again). A worker that dies (the emulator crashing) stops the rewrite
+# with an UnsupportedError instead of a hang.
 
 JOBS_MIN_DETOURS = 24  # fewer detours: the pool's start-up costs more than it saves
 
@@ -521,15 +721,20 @@ class _Memo:
             self.batch = []
 
     def settle(self) -> bool:
-        """Wait for every answer asked for; False when nothing was asked."""
+        """Wait for every answer asked for; False when the planner's run stands: nothing was
+        asked, or every answer is "equivalent", the answer it was given for now (a planner
+        run again with the same answers takes the same decisions)."""
         self.send()
         if not self.sent:
             return False
+        changed = False
         for keys, pending in self.sent:
-            self.answers.update(zip(keys, pending.result(), strict=True))
+            for key, why in zip(keys, pending.result(), strict=True):
+                self.answers[key] = why
+                changed = changed or why is not None
         self.sent.clear()
         self.asked.clear()
-        return True
+        return changed
 
 
 _WORKER: dict[str, tuple[ElfImage, DetourVerifier]] = {}  # a worker process's own

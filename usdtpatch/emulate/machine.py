@@ -56,6 +56,8 @@ UcError: Any = _UC.UcError
 HOOK_CODE: int = _UC.UC_HOOK_CODE
 HOOK_MEM_UNMAPPED: int = _UC.UC_HOOK_MEM_UNMAPPED
 HOOK_MEM_WRITE: int = UC_HOOK_MEM_WRITE
+HOOK_MEM_READ: int = _UC.UC_HOOK_MEM_READ
+PROT_CODE: int = _UC.UC_PROT_READ | _UC.UC_PROT_EXEC  # what code pages are mapped as
 MEM_FETCH_UNMAPPED: int = _UC.UC_MEM_FETCH_UNMAPPED
 REG_RIP: int = X.UC_X86_REG_RIP
 # What the fork model (usdtpatch.emulate.fork) uses.
@@ -155,6 +157,7 @@ class LoadedSegment:
     data: bytes
     lo: int
     hi: int
+    flags: int = 0  # p_flags (PF_X, PF_W, PF_R)
 
 
 def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, ...]:
@@ -176,7 +179,8 @@ def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, .
         addr = load_base + seg.vaddr
         out.append(LoadedSegment(addr, seg.memsz,
                                  bytes(image.data[seg.offset: seg.offset + seg.filesz]),
-                                 addr & ~(PAGE - 1), (addr + seg.memsz + PAGE - 1) & ~(PAGE - 1)))
+                                 addr & ~(PAGE - 1), (addr + seg.memsz + PAGE - 1) & ~(PAGE - 1),
+                                 seg.flags))
     return tuple(out)
 
 
@@ -469,6 +473,20 @@ class RegReader:
             out[REG_NAMES[i]] = int.from_bytes(raw[16 * i: 16 * i + 16], "little")
         return out
 
+    def read_raw(self) -> bytes:
+        """REG_NAMES as 16-byte little-endian slots, in order (a GPR, rflags or rip fills the
+        low 8 bytes of its slot, the rest zero): a value to compare without building ints."""
+        if self.raw is not None and self.raw(self.ids, self.ptrs, self.count) == 0:
+            return self.buf.raw  # the high halves of the 8-byte slots stay zero (memset)
+        r = self._slow()
+        return b"".join(r[n].to_bytes(16, "little") for n in REG_NAMES)
+
+
+def raw_regs(raw: bytes) -> dict[str, int]:
+    """RegReader.read_raw's slots as {name: value}."""
+    return {n: int.from_bytes(raw[16 * i: 16 * i + 16], "little")
+            for i, n in enumerate(REG_NAMES)}
+
 
 class RegWriter:
     """Writes GPRs, rflags and xmm0-15 in one uc_reg_write_batch call (see RegReader); falls
@@ -498,6 +516,18 @@ class RegWriter:
             self.raw = None
         for rid, v in zip(self.IDS, values, strict=True):
             self.uc.reg_write(rid, v)
+
+    def write_raw(self, raw: bytes) -> None:
+        """IDS as 16-byte little-endian slots (GPRs, rflags, xmm0-15), one call."""
+        if len(raw) != 16 * self.n:
+            raise ValueError(f"{len(raw)} bytes, not {16 * self.n}")
+        if self.raw is not None:
+            ctypes.memmove(self.buf, raw, len(raw))
+            if self.raw(self.ids, self.ptrs, self.count) == 0:
+                return
+            self.raw = None
+        for i, rid in enumerate(self.IDS):
+            self.uc.reg_write(rid, int.from_bytes(raw[16 * i: 16 * i + 16], "little"))
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -27,6 +27,8 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any
 
+from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
+
 
 def page_width() -> int | None:
     """The width of the page a pipe or file is laid out for: $COLUMNS when it is a positive
@@ -87,6 +89,31 @@ def check_cells(s: dict[str, Any]) -> tuple[str, ...]:
     return (f"{s['provider']}:{s['name']}", _hex(s["address"]), s["site"]["form"],
             k["6.18"]["outcome"], k["nop10-series"]["outcome"], outcome_text(s),
             s["function"] or "-", " ".join(sorted({x["code"] for x in s["findings"]})) or "-")
+
+
+REWRITE_HEADERS = ("probe", "address", "action", "new pc", "guard", "cost", "verified",
+                   "detail")
+
+
+def rewrite_cells(s: dict[str, Any]) -> tuple[str, ...]:
+    """One site of a rewrite document's table."""
+    cost = f"+{s['extra_jumps_per_pass']} jmp" if s["extra_jumps_per_pass"] else "0"
+    detail = s["reason"] if s["code"] is None else f"[{s['code']}] {s['reason']}"
+    return (f"{s['provider']}:{s['name']}", _hex(s["address"]), s["action"],
+            _hex(s["new_pc"]), "lea -128" if s["guarded"] else "-", cost,
+            s.get("verification") or "-", detail)
+
+
+def rewrite_summary_line(f: dict[str, Any]) -> tuple[str, list[str]]:
+    """The summary line of one file of a rewrite document, and the messages of its
+    `form_chosen` and `fork-guarded` findings (why this form, what the fork guard does)."""
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
+    forked = any(x["code"] == FORK_GUARDED.code for x in f["findings"])
+    line = (f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, red-zone guard "
+            f"{f['guard']}{', fork guard added' if forked else ''}; verification: "
+            f"{verification_text(f)}")
+    return line, [f"  {x['message']}" for x in f["findings"]
+                  if x["code"] in (FORM_CHOSEN.code, FORK_GUARDED.code)]
 
 
 def finding_line(fd: dict[str, str]) -> str:
@@ -259,6 +286,30 @@ def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
         return None
 
 
+def rewrite_text(doc: dict[str, Any]) -> str | None:
+    """`rewrite`'s table report as text, or None when rich must lay it out (100,000 sites
+    took rich 24 s; this is one pass over the rows)."""
+    try:
+        out: list[str] = []
+        for f in doc["files"]:
+            dest = f["output"] or "(dry run: nothing written)"
+            out += _page_lines(f"{f['path']} -> {dest}")
+            if f.get("note"):
+                out += _page_lines(f"  {f['note']}")
+                continue
+            out += table(REWRITE_HEADERS, [rewrite_cells(s) for s in f["sites"]],
+                         (False,) * 7 + (True,), page_width())
+            line, chosen = rewrite_summary_line(f)
+            out += _page_lines(line)
+            for c in chosen:
+                out += _page_lines(c)
+            out += [_plain(finding_line(fd)) for fd in f["findings"]
+                    if fd["severity"] != "info"]
+        return "".join(line + "\n" for line in out)
+    except _Unsupported:
+        return None
+
+
 def plain_output(out: IO[str]) -> bool:
     """Whether rich would treat `out` as a plain file (no terminal, no forced colour)."""
     env = os.environ
@@ -303,3 +354,14 @@ def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False) -
     from usdtpatch.report.render import make_console, render_check
 
     render_check(make_console(out, width=_rich_width(out)), doc, summary_only=summary_only)
+
+
+def print_rewrite(out: IO[str], doc: dict[str, Any]) -> None:
+    """Print `rewrite`'s table report: plain text to a file or pipe, rich to a terminal."""
+    text = rewrite_text(doc) if plain_output(out) else None
+    if text is not None:
+        out.write(text)
+        return
+    from usdtpatch.report.render import make_console, render_rewrite
+
+    render_rewrite(make_console(out, width=_rich_width(out)), doc)

@@ -14,15 +14,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
 from usdtpatch.report.plain import (
+    REWRITE_HEADERS,
     check_cells,
     check_summary_line,
     list_cells,
     list_heading,
     page_width,
     plain_output,
-    verification_text,
+    rewrite_cells,
+    rewrite_summary_line,
 )
 from usdtpatch.report.plain import table as plain_table
 
@@ -134,26 +135,16 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
             console.print(Text(f"  {f['note']}"))
             continue
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for col in ("probe", "address", "action", "new pc", "guard", "cost", "verified"):
+        for col in REWRITE_HEADERS[:-1]:
             table.add_column(col, no_wrap=True)
-        table.add_column("detail", overflow="fold", ratio=1)
+        table.add_column(REWRITE_HEADERS[-1], overflow="fold", ratio=1)
         for s in f["sites"]:
-            cost = f"+{s['extra_jumps_per_pass']} jmp" if s["extra_jumps_per_pass"] else "0"
-            detail = s["reason"] if s["code"] is None else f"[{s['code']}] {s['reason']}"
-            table.add_row(*(Text(c) for c in (
-                f"{s['provider']}:{s['name']}", _hex(s["address"]), s["action"],
-                _hex(s["new_pc"]), "lea -128" if s["guarded"] else "-", cost,
-                s.get("verification") or "-", detail)))
+            table.add_row(*(Text(c) for c in rewrite_cells(s)))
         console.print(table)
-        counts = ", ".join(f"{n} {k}" for k, n in sorted(f["counts"].items()))
-        forked = any(x["code"] == FORK_GUARDED.code for x in f["findings"])
-        console.print(Text(f"  {len(f['sites'])} site(s): {counts}; form {f['form']}, "
-                           f"red-zone guard {f['guard']}"
-                           f"{', fork guard added' if forked else ''}; verification: "
-                           f"{verification_text(f)}"))
-        for x in f["findings"]:  # why this form (rewrite --form auto), what the fork guard does
-            if x["code"] in (FORM_CHOSEN.code, FORK_GUARDED.code):
-                console.print(Text(f"  {x['message']}"), soft_wrap=True)
+        line, chosen = rewrite_summary_line(f)
+        console.print(Text(line))
+        for c in chosen:  # why this form (rewrite --form auto), what the fork guard does
+            console.print(Text(c), soft_wrap=True)
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 

@@ -82,17 +82,20 @@ def site_bytes(form: Form, guarded: bool) -> SiteBytes:
 
 
 _SIZE_HEAD = re.compile(r"^(?P<head>-?\d+f?@)?(?P<operand>.*)$", re.DOTALL)
-_RSP_DISP = re.compile(r"^(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?\(%rsp\)$")
+# disp(%rsp) or disp(%rsp,%index,scale): the guard moves rsp, not the index
+_RSP_DISP = re.compile(r"^(?P<disp>-?(?:0[xX][0-9a-fA-F]+|\d+))?"
+                       r"\(%rsp(?P<index>,%[a-z0-9]+(?:,[1248])?)?\)$")
 _STACK_REGS = ("rsp", "esp", "sp", "spl")
 _NAMES_STACK = re.compile(r"%(?:rsp|esp|sp|spl)\b")
 
 
 def guard_args(args: tuple[SdtArg, ...]) -> tuple[str, str | None]:
-    """The argument string for a guarded site (every `disp(%rsp)` gets disp + 128, whatever
-    the argument's size: `24@8(%rsp)` too), or the reason there is none (an argument that is
-    %rsp itself, indexes with it, or names it in a form not rewritten). The operand text is
-    read from each argument's raw spec, so an operand the parser keeps as unknown (a size
-    the note format does not fix) moves with the others or refuses the guard."""
+    """The argument string for a guarded site (every `disp(%rsp)` and `disp(%rsp,%i,s)` gets
+    disp + 128, whatever the argument's size: `24@8(%rsp)` too), or the reason there is none
+    (an argument that is %rsp itself, indexes with it, or names it in a form not rewritten).
+    The operand text is read from each argument's raw spec, so an operand the parser keeps as
+    unknown (a size the note format does not fix) moves with the others or refuses the
+    guard."""
     out: list[str] = []
     for a in args:
         op = a.operand
@@ -109,7 +112,7 @@ def guard_args(args: tuple[SdtArg, ...]) -> tuple[str, str | None]:
         if d is None:
             return "", f"argument {a.raw!r} addresses the stack in a form not rewritten"
         disp = int(d["disp"], 0) if d["disp"] else 0
-        out.append(f"{head}{disp + RED_ZONE}(%rsp)")
+        out.append(f"{head}{disp + RED_ZONE}(%rsp{d['index'] or ''})")
     return " ".join(out), None
 
 

@@ -12,7 +12,7 @@ argument: a caller that skips verification says so with `verify=None`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import pairwise
@@ -43,7 +43,9 @@ from usdtpatch.rewriter.forms import (
     site_bytes,
     uses_numeric_rip,
 )
+from usdtpatch.rewriter.index import Claims, SitesByAddress
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
+from usdtpatch.rewriter.merge import join_following
 from usdtpatch.sites.calls import (
     CALL_CHOICES,
     CALLS_AUTO,
@@ -256,7 +258,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     text_addr = cursor
     decided: dict[int, SiteDecision] = {}
     patches: list[tuple[int, bytes]] = []
-    claimed: list[tuple[int, int]] = []
+    claimed = Claims()  # rewriter/index.py: overlap tests by bisection, not a scan
     unwind: list[DetourUnwind] = []
     new_args: dict[int, str] = {}
     found: list[Finding] = list(rep.findings)
@@ -264,11 +266,10 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     shstk = shadow_stack_marked(image)
     relocs = Relocations(image)  # read on the first question (few plans ask one)
     # every site at each address (two notes may name one pc)
-    by_address: dict[int, list[SiteCheck]] = {}
-    for sc in rep.sites:
-        by_address.setdefault(sc.probe.address, []).append(sc)
+    by_address = SitesByAddress(rep.sites)
 
-    for n, sc in enumerate(sorted(rep.sites, key=lambda s: s.probe.address)):
+    order = sorted(rep.sites, key=lambda s: s.probe.address)
+    for n, sc in enumerate(order):
         if progress is not None:
             progress(n, len(rep.sites))
         p = sc.probe
@@ -293,13 +294,12 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                                          findings.NO_PATCH_WINDOW.code,
                                          wr.reason if wr is not None else "no patch window")
                 continue
-            win = wr.window
-        if any(s < win.end and win.start < e for s, e in claimed):
+            win = join_following(wr.window, order, n)  # rewriter/merge.py
+        if claimed.overlaps(win.start, win.end):
             decided[p.index] = _skip(sc, findings.WINDOW_OVERLAPS_SITE.code,
                                      "its window overlaps another rewritten site's")
             continue
-        members = [m for a in sorted(by_address) if win.start <= a < win.end
-                   for m in by_address[a]]
+        members = list(by_address.between(win.start, win.end))
         addresses = sorted({m.probe.address for m in members})
         guarded = any(_needs_guard(m, guard) for m in members)
         bad = None
@@ -554,19 +554,21 @@ def _entries(win: PatchWindow, detour: Detour) -> tuple[tuple[int, int], ...]:
 
 
 def _retarget_patches(image: ElfImage, win: PatchWindow, detour: Detour,
-                      claimed: list[tuple[int, int]], relocs: Relocations
+                      claimed: Sequence[tuple[int, int]], relocs: Relocations
                       ) -> list[tuple[int, int, bytes, str]]:
     """The edits that aim every way into the window from outside at the detour's copy:
     (vaddr, file offset, new bytes, description). RelocationError says why one cannot be."""
     mapping = dict(detour.insn_map)
     out: list[tuple[int, int, bytes, str]] = []
     stubs: dict[int, int] = {}
+    if not isinstance(claimed, Claims):
+        claimed = Claims(claimed)
     for r in win.retargets:
         copy = mapping.get(r.target)
         if copy is None:
             raise RelocationError(f"{r.target:#x} has no copy in the detour")
         for a, b, what in _one_retarget(image, r, copy, stubs, relocs):
-            if any(a < e and s < a + len(b) for s, e in claimed) or \
+            if claimed.overlaps(a, a + len(b)) or \
                     any(a < x + len(y) and x < a + len(b) for x, _o, y, _w in out):
                 raise _WayIn(f"the way in at {r.source:#x} lies in another rewritten site's "
                              f"window")

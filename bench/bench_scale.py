@@ -1,0 +1,95 @@
+"""How `list`, `check` and `rewrite --no-verify` grow with the number of probes.
+
+Synthetic shared libraries (bench/synthetic_asm.py: one probe per 8-byte function, with
+its FDE) with 1k, 10k, 100k and 1M probes, and one whose notes all name one pc. Each command
+runs as a fresh process (`python -m usdtpatch`, output to /dev/null, so the tables are laid
+out as for a file); first on a file with one probe (the fixed cost: interpreter, imports),
+then per size: the median wall time, the time per probe above the fixed cost, the ratio of
+that to the smallest size's (1.0 = linear; a quadratic step shows as ~10 per decade), and
+the child's peak RSS per probe.
+
+    .venv/bin/python -m bench.bench_scale [--sizes 1000,10000,100000,1000000] [--runs 3]
+                                          [--shared-pc 1000000] [--dir DIR]
+                                          [--large-commands list,check,rewrite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import USDTPATCH, machine_line
+from bench.synthetic_asm import build
+
+COMMANDS = {
+    "list": ["list"],
+    "check": ["check", "--fail-on", "never"],
+    "rewrite": ["rewrite", "--no-verify", "--fork-guard", "never", "--form", "nop5", "-o"],
+}
+
+
+def _run(argv: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS in bytes) of one run of `argv` as a child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=tempfile.gettempdir())
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"bench_scale: {' '.join(argv)} exited {proc.returncode}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def measure(path: Path, command: str, runs: int, out: Path) -> tuple[float, int]:
+    argv = [*USDTPATCH, *COMMANDS[command]]
+    argv += [str(out), str(path)] if command == "rewrite" else [str(path)]
+    results = [_run(argv) for _ in range(runs)]
+    return statistics.median(w for w, _ in results), max(m for _, m in results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,10000,100000,1000000")
+    ap.add_argument("--runs", type=int, default=3, help="runs per size below 100k (1 above)")
+    ap.add_argument("--shared-pc", type=int, default=1_000_000, metavar="N",
+                    help="also N notes that share one pc (0: not)")
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "usdtpatch-scale")
+    ap.add_argument("--large-commands", default="list,check,rewrite", metavar="LIST",
+                    help="the commands run at 1M probes (check needs ~10 KB per site)")
+    args = ap.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(machine_line())
+    out = args.dir / "out.so"
+    cases = [(n, build(args.dir, n), False) for n in sizes]
+    if args.shared_pc:
+        cases.append((args.shared_pc, build(args.dir, args.shared_pc, shared_pc=True), True))
+    one = build(args.dir, 1)
+    fixed = {c: measure(one, c, args.runs, out)[0] for c in COMMANDS}
+    print("fixed cost (1 probe): " + ", ".join(f"{c} {t:.2f} s" for c, t in fixed.items()))
+    base: dict[str, float] = {}
+    print(f"{'probes':>9} {'command':8} {'seconds':>9} {'us/probe':>9} {'ratio':>6} "
+          f"{'peak MB':>8} {'B/probe':>8}")
+    for n, path, shared in cases:
+        runs = args.runs if n < 100_000 else 1
+        chosen = COMMANDS if n < 1_000_000 else args.large_commands.split(",")
+        for command in chosen:
+            wall, rss = measure(path, command, runs, out)
+            per = max(0.0, wall - fixed[command]) / n * 1e6
+            if not shared:
+                base.setdefault(command, per)
+            ratio = per / base[command] if command in base else float("nan")
+            label = f"{n}{' one pc' if shared else ''}"
+            print(f"{label:>9} {command:8} {wall:9.2f} {per:9.1f} {ratio:6.2f} "
+                  f"{rss / 2**20:8.0f} {rss / n:8.0f}", flush=True)
+    out.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()

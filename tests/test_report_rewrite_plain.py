@@ -1,0 +1,77 @@
+"""`rewrite`'s table without rich (report/plain.py's rewrite_text): the text must be rich's,
+character for character, on the fixtures and on generated documents (long details that
+wrap, skipped sites with codes, notes, the form-chosen line)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import fixture_files, run_cli
+from usdtpatch.report.plain import rewrite_text
+from usdtpatch.report.render import make_console, render_rewrite
+
+FILES = fixture_files()
+
+
+def _rich(doc: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    render_rewrite(make_console(buf), doc)
+    return buf.getvalue()
+
+
+def test_fixture_rewrite_tables_are_richs() -> None:
+    res = run_cli("rewrite", "--dry-run", "--json", "--no-verify", "--form", "nop5",
+                  *(str(p) for p in FILES))
+    doc = json.loads(res.out)
+    assert len(doc["files"]) >= 10
+    for f in doc["files"]:
+        one = {**doc, "files": [f]}
+        text = rewrite_text(one)
+        assert text is not None
+        assert text == _rich(one), f["path"]
+
+
+def _site(i: int, reason: str, code: str | None) -> dict[str, Any]:
+    return {"provider": "prov", "name": f"probe_{i}" * (1 + i % 3), "address": 0x1000 + i,
+            "action": "skipped" if code else "detour", "code": code, "reason": reason,
+            "new_pc": None if code else 0x9000 + i, "guarded": bool(i % 2),
+            "extra_jumps_per_pass": 0 if code else 2}
+
+
+@pytest.mark.parametrize("width", [40, 90, 200])
+def test_generated_rewrite_tables_are_richs(width: int) -> None:
+    words = ("the window at 0x1234 overlaps a branch target reached from "
+             "0xabcdef and averyveryverylongwordwithoutanyspaceatall" * 2)
+    sites = [_site(i, words[: (i * 37) % len(words)] or "x", "window-call" if i % 4 == 0
+                   else None) for i in range(30)]
+    f = {"path": "a/b" * width, "output": None, "form": "nop5", "guard": "auto",
+         "verified": True, "changed": True, "counts": {"detour": 22, "skipped": 8},
+         "sites": sites,
+         "findings": [{"code": "form-chosen", "severity": "info", "where": "",
+                       "message": "nop5: the running kernel optimizes it", "hint": ""},
+                      {"code": "x-y", "severity": "warning", "where": "prov:p",
+                       "message": "something " * 30, "hint": "do that"}]}
+    noted = {**f, "path": "noted", "note": "nothing to rewrite " * 12}
+    doc = {"files": [f, noted], "errors": []}
+    text = rewrite_text(doc)
+    assert text is not None
+    assert text == _rich(doc)
+
+
+def test_non_ascii_is_left_to_rich() -> None:
+    f = {"path": "\u00e9", "output": "o", "form": "nop5", "guard": "auto", "verified": False,
+         "changed": False, "counts": {}, "sites": [], "findings": []}
+    assert rewrite_text({"files": [f], "errors": []}) is None
+
+
+def test_rewrite_to_a_pipe_is_plain(tmp_path: Path) -> None:
+    """The CLI writes the plain text to a file (what rich would write there)."""
+    res = run_cli("rewrite", "--dry-run", "--no-verify", "--form", "nop5", str(FILES[0]))
+    doc = json.loads(run_cli("rewrite", "--dry-run", "--json", "--no-verify", "--form",
+                             "nop5", str(FILES[0])).out)
+    assert res.out == _rich(doc)

@@ -1,0 +1,78 @@
+"""Indexes the planner asks instead of scanning every site per site (docs/performance.md,
+"Scaling"): with one probe per small function, a scan per site made plan_rewrite quadratic
+(10,000 probes: 50 million overlap tests).
+
+- `Claims`: the byte ranges the plan has claimed (windows, patched ways in), a list kept in
+  insertion order, with a sorted index answering "does [lo, hi) overlap a claim?" in
+  O(log n + k) (k: the claims starting within the longest claim's length before `hi`).
+- `SitesByAddress`: the sites at each address, in address order, answering "which sites lie
+  in [lo, hi)?" by bisection.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+
+class Claims(list[tuple[int, int]]):
+    """The claimed [lo, hi) ranges; `append` keeps the index, `overlaps` asks it."""
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        super().__init__()
+        self._sorted: list[tuple[int, int]] = []
+        self._longest = 0
+        for r in ranges:
+            self.append(r)
+
+    def append(self, r: tuple[int, int]) -> None:
+        super().append(r)
+        if self._sorted and r >= self._sorted[-1]:
+            self._sorted.append(r)  # the usual case: claims come in address order
+        else:
+            bisect.insort(self._sorted, r)
+        self._longest = max(self._longest, r[1] - r[0])
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Whether [lo, hi) overlaps a claimed range."""
+        i = bisect.bisect_left(self._sorted, (hi, -1))  # the claims starting before hi
+        floor = lo - self._longest
+        while i > 0:
+            i -= 1
+            s, e = self._sorted[i]
+            if s <= floor:
+                break
+            if s < hi and lo < e:
+                return True
+        return False
+
+
+class _Located(Protocol):
+    @property
+    def probe(self) -> _HasAddress: ...
+
+
+class _HasAddress(Protocol):
+    @property
+    def address(self) -> int: ...
+
+
+S = TypeVar("S", bound=_Located)
+
+
+class SitesByAddress(Generic[S]):
+    """Sites grouped by their probe's address (two notes may name one pc)."""
+
+    def __init__(self, sites: Iterable[S]) -> None:
+        self.at: dict[int, list[S]] = {}
+        for sc in sites:
+            self.at.setdefault(sc.probe.address, []).append(sc)
+        self.addresses = sorted(self.at)
+
+    def between(self, lo: int, hi: int) -> Iterator[S]:
+        """The sites with lo <= address < hi, in address order."""
+        i = bisect.bisect_left(self.addresses, lo)
+        while i < len(self.addresses) and self.addresses[i] < hi:
+            yield from self.at[self.addresses[i]]
+            i += 1

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import fixture_files, run_cli
-from usdtpatch.report.plain import rewrite_text
+from usdtpatch.report.plain import _rich_width, rewrite_text
 from usdtpatch.report.render import make_console, render_rewrite
 
 FILES = fixture_files()
@@ -20,7 +20,7 @@ FILES = fixture_files()
 
 def _rich(doc: dict[str, Any]) -> str:
     buf = io.StringIO()
-    render_rewrite(make_console(buf), doc)
+    render_rewrite(make_console(buf, width=_rich_width(buf)), doc)  # as print_rewrite does
     return buf.getvalue()
 
 

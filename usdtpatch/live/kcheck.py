@@ -276,6 +276,12 @@ def _read(pid: int, address: int, size: int) -> bytes | None:
     return data if len(data) == size else None
 
 
+def _was_busy(maps: Sequence[MapEntry] | None, page: int) -> bool:
+    """Whether `page` lay in one of `maps` (other than a trampoline page)."""
+    return maps is not None and any(m.start <= page < m.end for m in maps
+                                    if m.path != TRAMPOLINE_NAME)
+
+
 def _plan_for(path: str, maps: Sequence[MapEntry]) -> Plan | None:
     """`usdtpatch plan` for this process, from its mappings without the trampoline pages
     (a prediction: where would the kernel put the trampoline, what would it write)."""
@@ -419,6 +425,19 @@ class Kcheck:
                     site.planned = seqs.attach.end  # int3 at byte 0
                 if site.planned is not None and site.attached is not None:
                     site.matches_plan = site.attached == site.planned
+                    if not site.matches_plan and site.planned == seqs.optimized and \
+                            seqs.trampoline is not None and site.call_target is not None and \
+                            any(site.call_target == a for a, _b in tranges) and \
+                            _was_busy(t.first_maps, site.call_target):
+                        # the write protocol's bytes, with a call to the start of a trampoline
+                        # page the kernel placed where the mappings read soon after the first
+                        # hit still had something (a runtime that maps and unmaps memory while
+                        # it starts, a JVM, freed it in between): said, not a problem; a page
+                        # that was free there and not chosen by the model stays a problem
+                        site.matches_plan = True
+                        res.note = res.note or (
+                            f"the kernel placed the trampoline at {site.call_target:#x}, mapped "
+                            f"when the plan ({seqs.trampoline:#x}) was made: the mappings changed")
         others = [p for p, o in self.targets.items() if p != pid and not o.result.inspected
                   and p in self.tids]
         if others:  # the events serve them too: this process's detach is not seen

@@ -61,7 +61,7 @@ def _plant(buf: bytearray, vaddr: int, at: int, kind: int, target: int) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), size=st.integers(0, 3 * CHUNK),
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(0, 2 * CHUNK + 64),
        vaddr=st.sampled_from([0, 0x1000, 0x401000, 0x7FFF_F000, 0x1_0000_0000]),
        nsites=st.integers(1, 6), planted=st.integers(0, 300))
 def test_random_buffers_match_the_reference(seed: int, size: int, vaddr: int, nsites: int,

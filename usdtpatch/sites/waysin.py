@@ -21,8 +21,13 @@ this index adds what lies outside it, found by scanning the whole file once:
 
 The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72), within
 its function and the padding after it), less the function starts (a start is a target
-anyway). The scans are C-level passes (regex search, map, set intersection): linear in the
-file's code, about 0.5 s of CPU for libjvm.so's 14 MB (docs/performance.md).
+anyway). The scans are C-level passes (regex search, map, set intersection), linear in the
+file's code. The rel32 scan reads only the candidates whose target can land near a region: for
+each 256 KiB of sources, the displacements that reach a region from there have one of a few
+upper halves (their two high bytes), and one compiled pattern per chunk and opcode matches
+the opcode followed by such a displacement; each match's target is then computed exactly
+(libjvm.so's 14 MB: ~600,000 opcodes, ~160,000 candidates, ~0.17 s for the index;
+docs/performance.md). tests/test_waysin_fast.py holds it to a byte-by-byte walk.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import add, itemgetter
+from operator import add, and_, itemgetter, not_
 
 from usdtpatch.elf.image import (
     ET_EXEC,
@@ -173,7 +178,7 @@ _FIRST = itemgetter(0)
 _REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
                   (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"))  # lea: mod 00, rm 101
 _REL8 = frozenset({0xEB, *range(0x70, 0x80), 0xE0, 0xE1, 0xE2, 0xE3})
-CHUNK = 1 << 17  # sources per prefilter pattern
+CHUNK = 1 << 18  # sources per prefilter pattern
 _WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
 
 
@@ -188,6 +193,9 @@ def _high_halves(spans: list[tuple[int, int]], emin: int, emax: int) -> set[int]
     return out
 
 
+_LITERAL = [re.escape(bytes([v])) for v in range(256)]  # (raw bytes compile faster than \\x..)
+
+
 def _byte_class(values: Iterable[int]) -> bytes:
     """A regex character class of the byte values `values`."""
     runs: list[list[int]] = []
@@ -196,7 +204,8 @@ def _byte_class(values: Iterable[int]) -> bytes:
             runs[-1][1] = v
         else:
             runs.append([v, v])
-    return b"[" + b"".join(b"\\x%02x-\\x%02x" % (a, b) for a, b in runs) + b"]"
+    return b"[" + b"".join(_LITERAL[a] + b"-" + _LITERAL[b] if a < b else _LITERAL[a]
+                           for a, b in runs) + b"]"
 
 
 def _prefilter(opcode: bytes, halves: set[int]) -> re.Pattern[bytes]:
@@ -205,7 +214,7 @@ def _prefilter(opcode: bytes, halves: set[int]) -> re.Pattern[bytes]:
     by_top: dict[int, list[int]] = {}
     for h in halves:
         by_top.setdefault(h >> 8, []).append(h & 0xFF)
-    alts = b"|".join(_byte_class(lows) + b"\\x%02x" % top for top, lows in sorted(by_top.items()))
+    alts = b"|".join(_byte_class(lows) + _LITERAL[top] for top, lows in sorted(by_top.items()))
     return re.compile(opcode + b"(?=..(?:" + alts + b"))", re.S)
 
 
@@ -278,6 +287,9 @@ def _scan_code(image: ElfImage, protected: set[int],
     return out
 
 
+_NO_SYMBOL = frozenset({R_X86_64_RELATIVE, R_X86_64_IRELATIVE, R_X86_64_NONE})
+
+
 def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
     out: list[WayIn] = []
     if not image.is64 or not image.little_endian or sys.byteorder != "little":
@@ -297,8 +309,13 @@ def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
         infos = words[1::3].tolist()
         places = words[0::3].tolist()
         symval = _symbol_values(image, sec.link)
-        for i, info in enumerate(infos):
-            rtype, sym = info & 0xFFFFFFFF, info >> 32
+        types = list(map(and_, infos, repeat(0xFFFFFFFF)))
+        # the relative ones whose addend is protected, and every symbol relocation, in order
+        n = len(infos)
+        todo = sorted({*compress(range(n), map(hit.__contains__, addends)),
+                       *compress(range(n), map(not_, map(_NO_SYMBOL.__contains__, types)))})
+        for i in todo:
+            rtype, sym = types[i], infos[i] >> 32
             if rtype in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
                 if addends[i] in hit:
                     out.append(WayIn(addends[i], RELOCATION, places[i],

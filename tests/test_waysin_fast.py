@@ -200,3 +200,32 @@ def test_libjvm_slice_matches_the_reference() -> None:
     got, protected = fast(data, lo, sites, sorted(ps.symbols.addresses if ps.symbols else ()))
     assert got == reference(data, lo, protected)
     assert len(got) > 100
+
+
+@pytest.mark.parametrize("name", ["demo", "call-window", "branch-after", "libprobes.so"])
+def test_rel8_sources_match_the_reference(name: str) -> None:
+    """The short branches near each probe (outside its function) aimed at a protected byte,
+    against a walk over every byte of those spans; with probes every 150 bytes, so that
+    every short branch of the code is near one."""
+    ps = load(str(ROOT / "fixtures" / "bin" / name))
+    image = ps.image
+    ranges = code_ranges(image)
+    sites = [(a, a - 20, a + 20) for v, _o, n in ranges for a in range(v, v + n, 150)]
+    protected = _regions(sites, [])
+    got = [(w.source, w.target) for w in waysin._scan_code(image, protected, sites)
+           if w.kind == waysin.BRANCH_REL8]
+    spans: set[tuple[int, int]] = set()
+    for pc, fstart, fend in sites:
+        lo, hi = pc - waysin.BEFORE - 130, pc + waysin.AFTER + 128
+        spans.update(((lo, fstart), (fend, hi)))
+    want = []
+    for lo, hi in sorted(spans):
+        for vaddr, off, size in ranges:
+            for src in range(max(lo, vaddr), min(hi, vaddr + size) - 1):
+                op, d = image.data[off + src - vaddr], image.data[off + src - vaddr + 1]
+                if op == 0xEB or 0x70 <= op <= 0x7F or 0xE0 <= op <= 0xE3:
+                    t = src + 2 + (d - 256 if d > 127 else d)
+                    if t in protected:
+                        want.append((src, t))
+    assert got == want
+    assert want

@@ -177,7 +177,7 @@ _FIRST = itemgetter(0)
 # (opcode pattern, bytes from the opcode's first byte to the displacement, name)
 _REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
                   (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"))  # lea: mod 00, rm 101
-_REL8 = frozenset({0xEB, *range(0x70, 0x80), 0xE0, 0xE1, 0xE2, 0xE3})
+_REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
 CHUNK = 1 << 18  # sources per prefilter pattern
 _WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
 
@@ -277,13 +277,14 @@ def _scan_code(image: ElfImage, protected: set[int],
     for lo, hi in sorted(spans):
         for vaddr, off, size in ranges:
             a, b = max(lo, vaddr), min(hi, vaddr + size)
-            for src in range(a, b - 1):
-                op = image.data[off + src - vaddr]
-                if op in _REL8:
-                    d = image.data[off + src - vaddr + 1]
-                    t = src + 2 + (d - 256 if d > 127 else d)
-                    if t in protected:
-                        out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
+            if b - 1 <= a:
+                continue
+            for m in _REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
+                src = vaddr + m.start() - off
+                d = image.data[m.start() + 1]
+                t = src + 2 + (d - 256 if d > 127 else d)
+                if t in protected:
+                    out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
     return out
 
 

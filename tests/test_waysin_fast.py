@@ -184,7 +184,7 @@ LIBJVM = "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"
 
 
 def test_libjvm_slice_matches_the_reference() -> None:
-    """768 KiB of libjvm's .text (real compiler output, six chunks), regions around its probes
+    """Six chunks (1.5 MiB) of libjvm's .text (real compiler output), regions around its probes
     and every 4 KiB across the slice."""
     try:
         ps = load(LIBJVM)

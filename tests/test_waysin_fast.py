@@ -229,3 +229,17 @@ def test_rel8_sources_match_the_reference(name: str) -> None:
                         want.append((src, t))
     assert got == want
     assert want
+
+
+def test_wide_chunks_fall_back_to_the_plain_opcode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk that could reach too many upper halves is searched for the opcode alone: the
+    same hits (here every chunk is made to fall back)."""
+    ps = load(str(ROOT / "fixtures" / "bin" / "libprobes.so"))
+    image = ps.image
+    ranges = code_ranges(image)
+    sites = [(a, a, a) for v, _o, n in ranges for a in range(v, v + n + 200, 150)]
+    monkeypatch.setattr(waysin, "_WIDE", 0)
+    for vaddr, off, size in ranges:
+        data = bytes(image.data[off:off + size])
+        got, protected = fast(data, vaddr, sites, [])
+        assert got == reference(data, vaddr, protected)

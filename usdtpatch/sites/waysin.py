@@ -21,8 +21,13 @@ this index adds what lies outside it, found by scanning the whole file once:
 
 The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72), within
 its function and the padding after it), less the function starts (a start is a target
-anyway). The scans are C-level passes (regex search, map, set intersection): linear in the
-file's code, about 0.5 s of CPU for libjvm.so's 14 MB (docs/performance.md).
+anyway). The scans are C-level passes (regex search, map, set intersection), linear in the
+file's code. The rel32 scan reads only the candidates whose target can land near a region: for
+each 256 KiB of sources, the displacements that reach a region from there have one of a few
+upper halves (their two high bytes), and one compiled pattern per chunk and opcode matches
+the opcode followed by such a displacement; each match's target is then computed exactly
+(libjvm.so's 14 MB: ~600,000 opcodes, ~160,000 candidates, ~0.17 s for the index;
+docs/performance.md). tests/test_waysin_fast.py holds it to a byte-by-byte walk.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import add, itemgetter
+from operator import add, and_, itemgetter, not_
 
 from usdtpatch.elf.image import (
     ET_EXEC,
@@ -96,20 +101,40 @@ class WaysIn:
             i += 1
 
 
+def _windows_span(pc: int, fstart: int, fend: int) -> tuple[int, int]:
+    """[lo, hi) of the bytes a window of the probe at `pc` may cover: [pc - BEFORE,
+    pc + AFTER), within its function and the padding after it when its bounds are known."""
+    lo, hi = pc - BEFORE, pc + AFTER
+    if fstart < fend:
+        lo, hi = max(lo, fstart), min(hi, fend + 64)
+    return max(0, lo), hi
+
+
 def _regions(sites: list[tuple[int, int, int]], starts: list[int]) -> set[int]:
-    """The protected addresses: [pc - BEFORE, pc + AFTER) of each probe, within its function
-    (and the padding after it) when its bounds are known, less function starts (`starts`
+    """The protected addresses: each probe's `_windows_span` less function starts (`starts`
     sorted): a window never leaves its function's bytes."""
     out: set[int] = set()
-    for pc, fstart, fend in set(sites):
-        lo, hi = pc - BEFORE, pc + AFTER
-        if fstart < fend:
-            lo, hi = max(lo, fstart), min(hi, fend + 64)
-        out.update(range(max(0, lo), hi))
+    for site in set(sites):
+        lo, hi = _windows_span(*site)
+        out.update(range(lo, hi))
         i = bisect_left(starts, lo)
         while i < len(starts) and starts[i] < hi:
             out.discard(starts[i])
             i += 1
+    return out
+
+
+def _spans(sites: list[tuple[int, int, int]], gap: int) -> list[tuple[int, int]]:
+    """Sorted [lo, hi) ranges covering every protected address (`_regions`), ranges less than
+    `gap` apart merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(_windows_span(*site) for site in set(sites)):
+        if lo >= hi:
+            continue
+        if out and lo - out[-1][1] < gap:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
     return out
 
 
@@ -130,50 +155,118 @@ def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
     return out
 
 
-def _positions(data: bytes, pattern: re.Pattern[bytes]) -> list[int]:
-    """Offsets of every match of `pattern` in `data` (C-level: finditer, Match.start)."""
-    return list(map(re.Match.start, pattern.finditer(data)))
-
-
 def _rel32_hits(data: bytes, vaddr: int, opcode_at: list[int], head: int,
-                shifted: set[int]) -> list[tuple[int, int]]:
+                protected: set[int]) -> list[tuple[int, int]]:
     """(source vaddr, target) of each rel32 whose opcode ends `head` bytes after each offset
-    of `opcode_at` and whose target is protected (`shifted`: the protected addresses less
-    vaddr + 4)."""
+    of `opcode_at` and whose target is protected."""
     limit = len(data) - head - 4
     at = [p for p in opcode_at if p <= limit] if opcode_at and opcode_at[-1] > limit \
         else opcode_at
     disp_at = list(map(add, at, repeat(head)))
-    # offset of the displacement + the displacement = target - vaddr - 4
-    rel = list(map(add, disp_at, map(_FIRST, map(_S32.unpack_from, repeat(data), disp_at))))
-    hits = shifted.intersection(rel)
+    # target = vaddr + offset of the displacement + 4 + the displacement
+    targets = list(map(add, map(add, disp_at, repeat(vaddr + 4)),
+                       map(_FIRST, map(_S32.unpack_from, repeat(data), disp_at))))
+    hits = protected.intersection(targets)
     if not hits:
         return []
-    return [(vaddr + at[i], rel[i] + vaddr + 4)
-            for i in compress(range(len(rel)), map(hits.__contains__, rel))]
+    return [(vaddr + at[i], targets[i])
+            for i in compress(range(len(targets)), map(hits.__contains__, targets))]
 
 
 _FIRST = itemgetter(0)
-_CALL_JMP = re.compile(rb"[\xe8\xe9]")
-_JCC32 = re.compile(rb"\x0f[\x80-\x8f]")
-_LEA_RIP = re.compile(rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]")  # ModRM mod 00, rm 101
-_REL8 = frozenset({0xEB, *range(0x70, 0x80), 0xE0, 0xE1, 0xE2, 0xE3})
+# (opcode pattern, bytes from the opcode's first byte to the displacement, name)
+_REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
+                  (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"))  # lea: mod 00, rm 101
+_REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
+CHUNK = 1 << 18  # sources per prefilter pattern
+_WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
+
+
+def _high_halves(spans: list[tuple[int, int]], emin: int, emax: int) -> set[int]:
+    """The upper 16 bits (unsigned) of every rel32 displacement that takes an instruction
+    ending in [emin, emax] into one of `spans`."""
+    out: set[int] = set()
+    for lo, hi in spans:
+        dlo, dhi = max(lo - emax, -(1 << 31)), min(hi - 1 - emin, (1 << 31) - 1)
+        if dlo <= dhi:
+            out.update(h & 0xFFFF for h in range(dlo >> 16, (dhi >> 16) + 1))
+    return out
+
+
+_LITERAL = [re.escape(bytes([v])) for v in range(256)]  # (raw bytes compile faster than \\x..)
+
+
+def _byte_class(values: Iterable[int]) -> bytes:
+    """A regex character class of the byte values `values`."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return b"[" + b"".join(_LITERAL[a] + b"-" + _LITERAL[b] if a < b else _LITERAL[a]
+                           for a, b in runs) + b"]"
+
+
+def _prefilter(opcode: bytes, halves: set[int]) -> re.Pattern[bytes]:
+    """`opcode` followed by a displacement whose upper half is one of `halves` (the bytes
+    after the opcode: d0 d1 d2 d3, little-endian)."""
+    by_top: dict[int, list[int]] = {}
+    for h in halves:
+        by_top.setdefault(h >> 8, []).append(h & 0xFF)
+    alts = b"|".join(_byte_class(lows) + _LITERAL[top] for top, lows in sorted(by_top.items()))
+    return re.compile(opcode + b"(?=..(?:" + alts + b"))", re.S)
+
+
+def _candidates(data: bytes, vaddr: int, opcode: bytes, head: int,
+                spans: list[tuple[int, int]]) -> list[int]:
+    """Offsets in `data` of each `opcode` whose rel32 (`head` bytes on) may land in `spans`:
+    a superset of those that do, found chunk by chunk with a pattern that also matches the
+    displacement's upper half against the halves that can reach a span from the chunk."""
+    out: list[int] = []
+    plain: re.Pattern[bytes] | None = None
+    for c0 in range(0, len(data), CHUNK):
+        c1 = min(c0 + CHUNK, len(data))
+        # displacement ends: vaddr + q + head + 4 for the opcode offsets q in [c0, c1)
+        halves = _high_halves(spans, vaddr + c0 + head + 4, vaddr + c1 - 1 + head + 4)
+        if not halves:
+            continue
+        if len(halves) > _WIDE:
+            plain = plain or re.compile(opcode, re.S)
+            pat = plain
+        else:
+            pat = _prefilter(opcode, halves)
+        # the end keeps every match's opcode within [c0, c1)
+        out.extend(map(re.Match.start, pat.finditer(data, c0, min(len(data), c1 + head + 3))))
+    return out
+
+
+def _code_hits(data: bytes, vaddr: int, protected: set[int],
+               spans: list[tuple[int, int]]) -> list[tuple[int, str, int]]:
+    """(source, name, target) of every rel32 call/jmp, jcc and rip-relative lea in `data`
+    whose target is protected: call/jmp by source, then jcc, then lea."""
+    out: list[tuple[int, str, int]] = []
+    for opcode, head, name in _REL32_OPCODES:
+        at = _candidates(data, vaddr, opcode, head, spans)
+        out.extend((src, name, t) for src, t in _rel32_hits(data, vaddr, at, head, protected))
+        if name == "jmp":
+            out.sort()
+    return out
+
+
+_LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}
 
 
 def _scan_code(image: ElfImage, protected: set[int],
-               probes: Iterable[tuple[int, int, int]]) -> list[WayIn]:
+               probes: list[tuple[int, int, int]]) -> list[WayIn]:
     out: list[WayIn] = []
     ranges = code_ranges(image)
+    reach = _spans(probes, CHUNK)
     for vaddr, off, size in ranges:
         data = bytes(image.data[off:off + size])
-        shifted = {t - vaddr - 4 for t in protected}
-        for src, t in _rel32_hits(data, vaddr, _positions(data, _CALL_JMP), 1, shifted):
-            name = "call" if data[src - vaddr] == 0xE8 else "jmp"
-            out.append(WayIn(t, BRANCH_REL32, src, f"{name} rel32 at {src:#x}"))
-        for src, t in _rel32_hits(data, vaddr, _positions(data, _JCC32), 2, shifted):
-            out.append(WayIn(t, BRANCH_REL32, src, f"jcc rel32 at {src:#x}"))
-        for src, t in _rel32_hits(data, vaddr, _positions(data, _LEA_RIP), 2, shifted):
-            out.append(WayIn(t, ADDRESS_TAKEN, src, f"rip-relative lea at {src:#x}"))
+        for src, name, t in _code_hits(data, vaddr, protected, reach):
+            out.append(WayIn(t, ADDRESS_TAKEN if name == "lea" else BRANCH_REL32, src,
+                             f"{_LABEL[name]} at {src:#x}"))
     # rel8: only sources within reach of a probe's region and outside its function (whose
     # own jumps its disassembly knows)
     spans: set[tuple[int, int]] = set()
@@ -184,14 +277,18 @@ def _scan_code(image: ElfImage, protected: set[int],
     for lo, hi in sorted(spans):
         for vaddr, off, size in ranges:
             a, b = max(lo, vaddr), min(hi, vaddr + size)
-            for src in range(a, b - 1):
-                op = image.data[off + src - vaddr]
-                if op in _REL8:
-                    d = image.data[off + src - vaddr + 1]
-                    t = src + 2 + (d - 256 if d > 127 else d)
-                    if t in protected:
-                        out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
+            if b - 1 <= a:
+                continue
+            for m in _REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
+                src = vaddr + m.start() - off
+                d = image.data[m.start() + 1]
+                t = src + 2 + (d - 256 if d > 127 else d)
+                if t in protected:
+                    out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
     return out
+
+
+_NO_SYMBOL = frozenset({R_X86_64_RELATIVE, R_X86_64_IRELATIVE, R_X86_64_NONE})
 
 
 def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
@@ -213,8 +310,13 @@ def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
         infos = words[1::3].tolist()
         places = words[0::3].tolist()
         symval = _symbol_values(image, sec.link)
-        for i, info in enumerate(infos):
-            rtype, sym = info & 0xFFFFFFFF, info >> 32
+        types = list(map(and_, infos, repeat(0xFFFFFFFF)))
+        # the relative ones whose addend is protected, and every symbol relocation, in order
+        n = len(infos)
+        todo = sorted({*compress(range(n), map(hit.__contains__, addends)),
+                       *compress(range(n), map(not_, map(_NO_SYMBOL.__contains__, types)))})
+        for i in todo:
+            rtype, sym = types[i], infos[i] >> 32
             if rtype in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
                 if addends[i] in hit:
                     out.append(WayIn(addends[i], RELOCATION, places[i],

@@ -213,6 +213,11 @@ class Prover:
             used += spent
             if verdict == "differs" and model is not None:
                 return Proof(DIFFERS, model.what, model, (e_w, e_d), work=used)
+            if verdict == "vacuous":
+                return Proof(NOT_PROVABLE, "on a feasible path every state accesses the bytes "
+                             "the rewrite changes (the window's or the detour's code: code "
+                             "reading its own bytes is not modelled), below 64 KiB or outside "
+                             "user space", entry=(e_w, e_d), work=used)
             if verdict == "unknown" or used >= self.rlimit:
                 return Proof(NOT_PROVABLE, "the solver's budget was exceeded", work=used)
         return Proof(PROVED, "equivalent on every path", work=used)

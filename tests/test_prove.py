@@ -439,7 +439,8 @@ def test_replay_judges_faults_by_instruction() -> None:
     proof = Prover().prove(w, code, bad, (w.start,))
     assert proof.outcome == DIFFERS and proof.model is not None, proof.reason
     confirmed = replay_proof(proof, w, code, bad, (w.start,))
-    assert confirmed is not None and "faults at the copy of" in confirmed, confirmed
+    assert confirmed is not None and "faults at the copy of" in confirmed, (confirmed,
+                                                                            proof.model)
     # the second load faults in page zero: the faithful copy faults where the original does
     state = State({**dict.fromkeys(proof.model.gprs, 0x7000_0000), "rsi": 16},
                   (0,) * 16, 0, {}, 0, False)

@@ -36,6 +36,7 @@ from usdtpatch.prove.smt import (
     Shared,
     Unprovable,
     differences,
+    fault_witness,
     plausible,
     solve,
 )
@@ -210,7 +211,8 @@ class Prover:
                     diffs = differences(pw, pd, m_w, m_d, shared, returns,
                                         Dead(skip) if tracer else None)
                     questions.append(([*pw.cond, *pd.cond], diffs, [*pw.loads, *pd.loads],
-                                      plausible(pw, pd, code_ranges)))
+                                      plausible(pw, pd, code_ranges),
+                                      fault_witness(pw, pd)))
             verdict, model, spent = solve(questions, shared, self.rlimit - used)
             used += spent
             if verdict == "differs" and model is not None:

@@ -822,7 +822,32 @@ def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
     return out
 
 
-def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z]]],
+def _valid(a: Addr, n: int) -> Z:
+    """Whether an access of `n` bytes at `a` can be mapped: in user space above 64 KiB (a
+    constant, link-time address always)."""
+    if a.base is None:
+        return z3.BoolVal(True)
+    return z3.And(z3.UGE(a.e, 0x10000), z3.ULE(a.e, (1 << 47) - n))
+
+
+def fault_witness(w: Path, d: Path) -> list[Z]:
+    """What makes a difference in the accesses one the replay shows: every access before
+    some instruction valid on both sides, and at that instruction exactly one side's
+    invalid (it faults there, the other does not). Empty when the accesses are not grouped
+    alike (the plain difference is all there is)."""
+    if [g for g, _ in w.access] != [g for g, _ in d.access]:
+        return []
+    ways: list[Z] = []
+    before: list[Z] = []
+    for (_i, gw), (_j, gd) in zip(w.access, d.access, strict=True):
+        bad_w = z3.Not(z3.And(*(_valid(a, n) for a, n in gw)))
+        bad_d = z3.Not(z3.And(*(_valid(a, n) for a, n in gd)))
+        ways.append(z3.And(*before, z3.Xor(bad_w, bad_d)))
+        before += [_valid(a, n) for a, n in (*gw, *gd)]
+    return [z3.Or(*ways)] if ways else []
+
+
+def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], list[Z]]],
           shared: Shared,
           rlimit: int) -> tuple[str, Model | None, int]:
     """Each (path conditions, differences, addresses read, what a shown difference assumes)
@@ -843,7 +868,7 @@ def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z]]],
         used += _rlimit_count(s) - before
         return res, s
 
-    for cond, diffs, reads, assume_all in pairs:
+    for cond, diffs, reads, assume_all, witness in pairs:
         assume = [a for a in assume_all if not z3.is_true(a)]
         live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
         # what a run shows first (the exit, registers, memory, probe hits), then where it
@@ -865,8 +890,14 @@ def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z]]],
         for group in (shown, hidden):
             if not group:
                 continue
-            res, s = check(*cond, *(assume if group is shown else ()),
-                           z3.Or(*(c for _w, c, _x in group)))
+            differ = z3.Or(*(c for _w, c, _x in group))
+            if group is hidden and witness:
+                # a state in which one side faults where the other does not, if there is
+                # one (the replay can show it); else any state the accesses differ in
+                res, s = check(*cond, differ, *witness)
+                if res == z3.sat:
+                    return "differs", _model(s.model(), shared, group, reads), used
+            res, s = check(*cond, *(assume if group is shown else ()), differ)
             if res == z3.unsat:
                 continue
             if res != z3.sat:
@@ -916,4 +947,4 @@ def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -
 
 
 __all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",
-           "Unprovable", "differences", "plausible", "solve"]
+           "Unprovable", "differences", "fault_witness", "plausible", "solve"]

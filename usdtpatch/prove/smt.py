@@ -850,8 +850,9 @@ def fault_witness(w: Path, d: Path) -> list[Z]:
 def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], list[Z]]],
           shared: Shared,
           rlimit: int) -> tuple[str, Model | None, int]:
-    """Each (path conditions, differences, addresses read, what a shown difference assumes)
-    pair asked in turn: ("proved", None), ("differs", counterexample), ("unknown", None), or
+    """Each (path conditions, differences, addresses read, what a shown difference assumes,
+    what makes a difference in the accesses one the replay shows: `fault_witness`) pair
+    asked in turn: ("proved", None), ("differs", counterexample), ("unknown", None), or
     ("vacuous", None) when a pair of paths whose conditions can hold together is taken by no
     state the assumptions admit (its accesses must land in the changed bytes, below 64 KiB
     or outside user space: a proof under them would say nothing about that pair); and the

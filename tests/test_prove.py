@@ -376,3 +376,77 @@ def test_naive_moved_call_is_rejected() -> None:
     assert proof.outcome == DIFFERS, proof.reason
     confirmed = replay_proof(proof, w, code, bad, (start,))
     assert confirmed is not None and "returns there" in confirmed
+
+
+def _synthetic(code: bytes) -> tuple[PatchWindow, Detour]:
+    """The window `code` (a 1-byte probe `nop` first) at 0x401000 and its detour, relocated
+    by the rewriter's relocator."""
+    from usdtpatch.x86.relocate import Replacement, relocate_window
+
+    _q, base = _window("riprel-after")
+    start = 0x40_1000
+    insns = sweep(code, start).insns
+    w = dataclasses.replace(base, start=start, end=start + len(code), probe_address=start,
+                            probe_length=1, insns=insns, code=code, internal_targets=(),
+                            calls=(), retargets=())
+    return w, relocate_window(code, start, [Replacement(start, 1, NOP5)], 0x50_0000)
+
+
+# windows every state of some feasible path of which reads the bytes the rewrite changes, or
+# accesses memory below 64 KiB: a proof under the prover's assumptions would say nothing
+VACUOUS = {
+    # nop; mov -8(%rip),%rax: the window's own 8 bytes (jmp + int3 once rewritten)
+    "rip-relative-self": "90488b05f8ffffff",
+    # nop; lea -8(%rip),%rax; mov (%rax),%rbx: a register set to the window's own address
+    "lea-self": "90488d05f8ffffff488b18",
+    # nop; cmp $0xfff,%rax; ja +3 (the end); mov (%rax),%rbx: the path where rax <= 0xfff
+    # accesses page zero in every state
+    "below-64k": "90483dff0f00007703488b18",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(VACUOUS))
+def test_accesses_the_proof_excludes_are_not_provable(kind: str) -> None:
+    """A window whose feasible path accesses, in every state, the window's own bytes (a
+    rip-relative load of them, a load through a register `lea` set to them) or page zero is
+    not provable (the emulator decides), never proved; the same access elsewhere is."""
+    w, d = _synthetic(bytes.fromhex(VACUOUS[kind]))
+    proof = Prover().prove(w, w.code, d, (w.start,))
+    assert proof.outcome == NOT_PROVABLE, (proof.outcome, proof.reason)
+    assert "the bytes the rewrite changes" in proof.reason
+    # controls: the load 0x100 bytes past the window, the comparison against a high bound
+    for ok in ("90488b05f8000000", "90488d05f8000000488b18",
+               "9048b8ffffff0000000000483dff0f00007703488b18"):
+        w, d = _synthetic(bytes.fromhex(ok))
+        proof = Prover().prove(w, w.code, d, (w.start,))
+        assert proof.outcome == PROVED, (ok, proof.reason)
+
+
+def test_replay_judges_faults_by_instruction() -> None:
+    """`nop; mov (%rdi),%rax; mov (%rsi),%rbx` with the two loads swapped in the detour: the
+    prover finds a state where the two fault at different instructions, and the replay
+    confirms it (it judged any two faults equal, and mapped page zero); the same state
+    replayed against the faithful detour shows no difference."""
+    from usdtpatch.emulate.replay import Side, State, replay
+
+    code = bytes.fromhex("90488b07488b1e")
+    w, good = _synthetic(code)
+    at = good.address
+    swapped = NOP5 + bytes.fromhex("488b1e488b07") + jmp_rel32(at + 11, w.end)
+    bad = Detour(at, swapped, at, len(NOP5),
+                 ((w.start, at), (w.start + 1, at + 5), (w.start + 4, at + 8), (w.end, at + 11)))
+    assert Prover().prove(w, code, good, (w.start,)).outcome == PROVED
+    proof = Prover().prove(w, code, bad, (w.start,))
+    assert proof.outcome == DIFFERS and proof.model is not None, proof.reason
+    confirmed = replay_proof(proof, w, code, bad, (w.start,))
+    assert confirmed is not None and "faults at the copy of" in confirmed, (confirmed,
+                                                                            proof.model)
+    # the second load faults in page zero: the faithful copy faults where the original does
+    state = State({**dict.fromkeys(proof.model.gprs, 0x7000_0000), "rsi": 16},
+                  (0,) * 16, 0, {}, 0, False)
+    original = Side(w.start, code, w.start, frozenset({w.start}), stops=frozenset({w.start}))
+    for detour, differs in ((good, False), (bad, True)):
+        rewritten = Side(detour.address, detour.code, detour.address,
+                         frozenset({detour.address}), origin=detour.insn_map)
+        got = replay(original, rewritten, state, dead_skip=None)
+        assert (got is not None) is differs, got

@@ -9,7 +9,10 @@ rewritten side also gets the writes of a traced 6.18 hit at each optimized NOP w
 says the probe is traced (the call's return address, rcx, r11, rax below rsp; the
 trampoline's pops give the registers back). Compared: the exit, the registers, the flags,
 every byte either side wrote outside the tracer's bytes below the guard, the probe hits and
-their registers, and a fault on one side only. Pages are mapped as they are touched, so a
+their registers. A fault is judged as the emulator judges it (usdtpatch.emulate.equivalence):
+both sides must fault, at the same original instruction (the detour's last instruction that
+copies one, by its instruction map), the same way, after the same probe hits, with the same
+registers and the same bytes written before it. Pages are mapped as they are touched, so a
 replay costs a few pages whatever the size of the file.
 """
 
@@ -34,6 +37,8 @@ PAGE = 4096
 MAX_INSNS = 1000
 _STATUS_FLAGS = 0x8D5
 TRAMPOLINE_BYTES = 32
+TOO_MANY = "too many instructions"
+LOW = 0x10000  # the lowest address a process can map (vm.mmap_min_addr's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,9 @@ class Side:
     probes: frozenset[int]
     tracer: frozenset[int] = frozenset()
     stops: frozenset[int] = frozenset()
+    # (original instruction, its copy here): where a fault is counted (empty: the code is
+    # the original, each instruction is itself)
+    origin: tuple[tuple[int, int], ...] = ()
 
     @property
     def hi(self) -> int:
@@ -69,6 +77,7 @@ class Side:
 class _Run:
     exit: int | None = None
     fault: str | None = None
+    last: int | None = None  # the original instruction last started (a fault's place)
     hits: list[tuple[int, ...]] = field(default_factory=list)
     probe_rsp: list[int] = field(default_factory=list)
     written: set[int] = field(default_factory=set)
@@ -76,10 +85,12 @@ class _Run:
     steps: int = 0
 
 
-def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tuple[
+def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]],
+         link_pages: frozenset[int] = frozenset()) -> tuple[
         _Run, tuple[int, ...], Callable[[int], int]]:
     """One side run from `state`: the run, the registers at its end, and a reader of its
-    memory's bytes (pages it never touched read as the initial state)."""
+    memory's bytes (pages it never touched read as the initial state). An access below
+    64 KiB faults (vm.mmap_min_addr; the prover's fault model) but in `link_pages`."""
     uc = new_x86_64()
     mapped: set[int] = set()
 
@@ -98,6 +109,7 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
 
     run = _Run()
     reader = RegReader(uc)
+    copies = {new: orig for orig, new in side.origin} if side.origin else None
 
     def regs() -> tuple[int, ...]:
         r = reader.read()
@@ -107,10 +119,10 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
     def on_unmapped(uc: Any, _access: int, address: int, _size: int, _value: int,
                     _user: Any) -> bool:
         page = address // PAGE * PAGE
-        if page >= 1 << 47:
+        if page >= 1 << 47 or (page < LOW and page not in link_pages):
             return False
         for p in (page, page + PAGE):  # an access may straddle two pages
-            if p not in mapped and p < 1 << 47:
+            if p not in mapped and p < 1 << 47 and (p >= LOW or p in link_pages):
                 fill(p)
         return True
 
@@ -126,9 +138,12 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
             uc.emu_stop()
             return
         if run.steps > MAX_INSNS:
-            run.fault = "too many instructions"
+            run.fault = TOO_MANY
             uc.emu_stop()
             return
+        where = address if copies is None else copies.get(address)
+        if where is not None:
+            run.last = where
         if address in side.probes:
             run.hits.append(regs())
             run.probe_rsp.append(reader.read()["rsp"])
@@ -168,22 +183,34 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]]) -> tupl
 
 
 def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | None,
-           returns: dict[int, tuple[int, ...]] | None = None) -> str | None:
+           returns: dict[int, tuple[int, ...]] | None = None,
+           link_pages: frozenset[int] = frozenset()) -> str | None:
     """What differs between the two sides run from `state`, or None. `dead_skip`: a byte
     the traced hit wrote last is not compared when it lies in [rsp - skip - 32, rsp - skip)
     of the original's rsp at its probe (None: no tracer writes are modelled). `returns`: for
     a return address the original's call pushed, what the rewritten side may push instead
     (the detour's copy of it, where the moved call returns; the same address for an emulated
-    call): when the original leaves through such a call, those 8 bytes are compared so."""
+    call): when the original leaves through such a call, those 8 bytes are compared so.
+    `link_pages`: pages below 64 KiB that are the file's own (link-time addresses the code's
+    rip-relative operands name: a position-independent file runs above them); every other
+    page there faults, as in a process and in the prover's model."""
     codes = [(original.lo, original.code), (rewritten.lo, rewritten.code)]
-    a, a_regs, a_peek = _run(original, state, codes)
-    b, b_regs, b_peek = _run(rewritten, state, codes)
+    a, a_regs, a_peek = _run(original, state, codes, link_pages)
+    b, b_regs, b_peek = _run(rewritten, state, codes, link_pages)
     if a.fault is not None or b.fault is not None:
-        if a.fault is not None and b.fault is not None:
-            return None
-        return (f"the original faults ({a.fault})" if a.fault is not None else
-                f"the detour faults ({b.fault})") + " and the other does not"
-    if a.exit != b.exit:
+        if a.fault is None or b.fault is None:
+            return (f"the original faults ({a.fault})" if a.fault is not None else
+                    f"the detour faults ({b.fault})") + " and the other does not"
+        if a.fault == b.fault == TOO_MANY:
+            return None  # neither run ended: nothing to judge
+        # both fault: at the copy of the same instruction, the same way; the probe hits,
+        # registers and bytes written before it are compared below as at an exit
+        if a.last != b.last:
+            at = f"{b.last:#x}" if b.last is not None else "an instruction of its own"
+            return f"the detour faults at the copy of {at}, the original at {a.last or 0:#x}"
+        if a.fault != b.fault:
+            return f"the detour faults with {b.fault}, the original with {a.fault}"
+    elif a.exit != b.exit:
         return f"leaves to {b.exit or 0:#x} instead of {a.exit or 0:#x}"
     if len(a.hits) != len(b.hits):
         return f"reaches the probe {len(b.hits)} times instead of {len(a.hits)}"

@@ -796,13 +796,22 @@ class Model:
 
 def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
     """What a state the emulator can replay needs: every access in user space above page
-    zero and outside the window's and the detour's own code. A state where the window faults
-    is the accesses' question (both fault at the same instruction), not the others'."""
+    zero and outside the window's and the detour's own code (the bytes the rewrite changes,
+    which the model takes as equal data on both sides). A state where the window faults
+    is the accesses' question (both fault at the same instruction), not the others'.
+    A constant address (rip-relative: the file's addresses, moved with the code at load
+    time) is held to the code only: below 64 KiB it is a link-time address, not a fault.
+    `solve` refuses to prove a pair of feasible paths that no state satisfying this takes
+    (a window that must read its own bytes, e.g. `mov -8(%rip)`, is not modelled)."""
     out: list[Z] = []
     for path in (w, d):
         for _insn, group in path.access:
             for a, n in group:
                 if a.base is None:
+                    # an access overlapping the code: the condition is false, not a fault
+                    k = a.k
+                    if any(k < hi and lo < k + n for lo, hi in code):
+                        out.append(z3.BoolVal(False))
                     continue
                 e = a.e
                 out.append(z3.UGE(e, 0x10000))
@@ -813,31 +822,83 @@ def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
     return out
 
 
-def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z]]],
+def _valid(a: Addr, n: int) -> Z:
+    """Whether an access of `n` bytes at `a` can be mapped: in user space above 64 KiB (a
+    constant, link-time address always)."""
+    if a.base is None:
+        return z3.BoolVal(True)
+    return z3.And(z3.UGE(a.e, 0x10000), z3.ULE(a.e, (1 << 47) - n))
+
+
+def fault_witness(w: Path, d: Path) -> list[Z]:
+    """What makes a difference in the accesses one the replay shows: every access before
+    some instruction valid on both sides, and at that instruction exactly one side's
+    invalid (it faults there, the other does not). Empty when the accesses are not grouped
+    alike (the plain difference is all there is)."""
+    if [g for g, _ in w.access] != [g for g, _ in d.access]:
+        return []
+    ways: list[Z] = []
+    before: list[Z] = []
+    for (_i, gw), (_j, gd) in zip(w.access, d.access, strict=True):
+        bad_w = z3.Not(z3.And(*(_valid(a, n) for a, n in gw)))
+        bad_d = z3.Not(z3.And(*(_valid(a, n) for a, n in gd)))
+        ways.append(z3.And(*before, z3.Xor(bad_w, bad_d)))
+        before += [_valid(a, n) for a, n in (*gw, *gd)]
+    return [z3.Or(*ways)] if ways else []
+
+
+def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], list[Z]]],
           shared: Shared,
           rlimit: int) -> tuple[str, Model | None, int]:
-    """Each (path conditions, differences, addresses read, what a shown difference assumes)
-    pair asked in turn: ("proved",
-    None), ("differs", counterexample) or ("unknown", None); and the resource units used."""
+    """Each (path conditions, differences, addresses read, what a shown difference assumes,
+    what makes a difference in the accesses one the replay shows: `fault_witness`) pair
+    asked in turn: ("proved", None), ("differs", counterexample), ("unknown", None), or
+    ("vacuous", None) when a pair of paths whose conditions can hold together is taken by no
+    state the assumptions admit (its accesses must land in the changed bytes, below 64 KiB
+    or outside user space: a proof under them would say nothing about that pair); and the
+    resource units used."""
     used = 0
-    for cond, diffs, reads, assume in pairs:
+
+    def check(*facts: Z) -> tuple[Z, Z]:
+        nonlocal used
+        s = z3.Solver()
+        s.set("rlimit", rlimit - used if rlimit > used else 1)
+        s.add(*facts)
+        before = _rlimit_count(s)
+        res = s.check()
+        used += _rlimit_count(s) - before
+        return res, s
+
+    for cond, diffs, reads, assume_all, witness in pairs:
+        assume = [a for a in assume_all if not z3.is_true(a)]
         live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
         # what a run shows first (the exit, registers, memory, probe hits), then where it
         # would fault: a model of the first kind is one the emulator can confirm
         shown = [d for d in live if not d[0].startswith(ACCESSES)]
         hidden = [d for d in live if d[0].startswith(ACCESSES)]
+        if assume:
+            # the shown differences are asked under `assume`: it must admit some state of
+            # the pair when the pair is feasible at all (else "proved" would be vacuous)
+            res, _s = check(*cond, *assume)
+            if res == z3.unsat:
+                res, _s = check(*cond)
+                if res == z3.sat:
+                    return "vacuous", None, used
+                if res == z3.unsat:
+                    continue  # the two paths are never taken together
+            if res != z3.sat:
+                return "unknown", None, used
         for group in (shown, hidden):
             if not group:
                 continue
-            s = z3.Solver()
-            s.set("rlimit", rlimit - used if rlimit > used else 1)
-            s.add(*cond)
-            if group is shown:
-                s.add(*assume)
-            s.add(z3.Or(*(c for _w, c, _x in group)))
-            before = _rlimit_count(s)
-            res = s.check()
-            used += _rlimit_count(s) - before
+            differ = z3.Or(*(c for _w, c, _x in group))
+            if group is hidden and witness:
+                # a state in which one side faults where the other does not, if there is
+                # one (the replay can show it); else any state the accesses differ in
+                res, s = check(*cond, differ, *witness)
+                if res == z3.sat:
+                    return "differs", _model(s.model(), shared, group, reads), used
+            res, s = check(*cond, *(assume if group is shown else ()), differ)
             if res == z3.unsat:
                 continue
             if res != z3.sat:
@@ -887,4 +948,4 @@ def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -
 
 
 __all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",
-           "Unprovable", "differences", "plausible", "solve"]
+           "Unprovable", "differences", "fault_witness", "plausible", "solve"]

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.emulate.replay import Side, State, replay
+from usdtpatch.emulate.replay import PAGE, Side, State, replay
 from usdtpatch.prove.prover import DIFFERS, PROVED, Proof, Prover, call_returns, tracer_nops
 from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.relocate import Detour
 
 EMULATED = "emulated"
@@ -44,9 +45,13 @@ def replay_proof(proof: Proof, window: PatchWindow, code: bytes, detour: Detour,
     original = Side(window.start, code, e_w, frozenset(probes),
                     stops=frozenset({window.start}))
     rewritten = Side(detour.address, detour.code, e_d,
-                     frozenset(mapping[p] for p in probes), tracer)
+                     frozenset(mapping[p] for p in probes), tracer, origin=detour.insn_map)
+    # the link-time addresses the code names (rip-relative operands, at most 32 bytes wide)
+    named = [i.rip_target for i in (*window.insns, *sweep(detour.code, detour.address).insns)
+             if i.rip_target is not None]
+    pages = frozenset(p for t in named for p in (t // PAGE * PAGE, (t + 31) // PAGE * PAGE))
     return replay(original, rewritten, state, dead_skip=skip if tracer else None,
-                  returns=call_returns(window, detour))
+                  returns=call_returns(window, detour), link_pages=pages)
 
 
 def describe(proof: Proof, confirmed: str, window_start: int) -> str:

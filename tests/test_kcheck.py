@@ -446,8 +446,9 @@ def test_rewritten_libjvm_in_a_java_run(tmp_path: Path) -> None:
 @pytest.mark.needs_cc
 def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plan that predicts other bytes than the kernel writes (its rel32 off by one page)
-    makes every optimized site a problem and kcheck exit 1."""
+    """A plan that predicts other bytes than the kernel writes (its rel32 off by one page),
+    with a placement rule that does not explain the kernel's page either, makes every
+    optimized site a problem and kcheck exit 1."""
     real = kmod._plan_for
 
     def wrong(path: str, maps: Any) -> Any:
@@ -458,6 +459,17 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
         return api.plan(path, load_base=plan.load_base, trampoline=t - 0x1000)
 
     monkeypatch.setattr(kmod, "_plan_for", wrong)
+    # and the placement rule kcheck explains a moved trampoline with, wrong the same way
+    import usdtpatch.poke.trampoline as tmod
+
+    rule = tmod.place_trampoline
+
+    def wrong_rule(*args: Any, **kw: Any) -> Any:
+        got = rule(*args, **kw)
+        return tmod.Placement(None if got.address is None else got.address - 0x1000,
+                              got.reused, got.reason)
+
+    monkeypatch.setattr(tmod, "place_trampoline", wrong_rule)
     binary = built["forms-hdr"]
     rc, doc, err = _kcheck_json([str(binary), "--", str(binary)])
     assert rc == 1 and not doc["ok"], err

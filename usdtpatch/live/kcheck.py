@@ -276,12 +276,6 @@ def _read(pid: int, address: int, size: int) -> bytes | None:
     return data if len(data) == size else None
 
 
-def _was_busy(maps: Sequence[MapEntry] | None, page: int) -> bool:
-    """Whether `page` lay in one of `maps` (other than a trampoline page)."""
-    return maps is not None and any(m.start <= page < m.end for m in maps
-                                    if m.path != TRAMPOLINE_NAME)
-
-
 def _plan_for(path: str, maps: Sequence[MapEntry]) -> Plan | None:
     """`usdtpatch plan` for this process, from its mappings without the trampoline pages
     (a prediction: where would the kernel put the trampoline, what would it write)."""
@@ -322,6 +316,7 @@ class Kcheck:
         self.real = os.path.realpath(path)
         self.specs = site_specs(path, probes)
         self.settle = settle
+        self._explained: dict[tuple[int, int], bool] = {}
         self.progress = progress
         self.processes: dict[int, ProcessResult] = {}
         self.targets: dict[int, _Target] = {}
@@ -428,16 +423,17 @@ class Kcheck:
                     if not site.matches_plan and site.planned == seqs.optimized and \
                             seqs.trampoline is not None and site.call_target is not None and \
                             any(site.call_target == a for a, _b in tranges) and \
-                            _was_busy(t.first_maps, site.call_target):
-                        # the write protocol's bytes, with a call to the start of a trampoline
-                        # page the kernel placed where the mappings read soon after the first
-                        # hit still had something (a runtime that maps and unmaps memory while
-                        # it starts, a JVM, freed it in between): said, not a problem; a page
-                        # that was free there and not chosen by the model stays a problem
+                            self._placement_explained(t, maps, site.call_target):
+                        # the write protocol's bytes, with a call to the start of the
+                        # trampoline page the kernel placed, a page the mappings read around
+                        # the first hit explain (a runtime that maps and unmaps memory while
+                        # it starts, a JVM, changed them in between): said, not a problem; a
+                        # page no reading explains stays a problem
                         site.matches_plan = True
                         res.note = res.note or (
-                            f"the kernel placed the trampoline at {site.call_target:#x}, mapped "
-                            f"when the plan ({seqs.trampoline:#x}) was made: the mappings changed")
+                            f"the kernel placed the trampoline at {site.call_target:#x}, the "
+                            f"plan at {seqs.trampoline:#x}: the mappings changed around the "
+                            f"first hit")
         others = [p for p, o in self.targets.items() if p != pid and not o.result.inspected
                   and p in self.tids]
         if others:  # the events serve them too: this process's detach is not seen
@@ -454,6 +450,27 @@ class Kcheck:
         if self.progress:
             n = sum(1 for s in res.sites if s.optimized)
             self.progress(f"pid {pid}: {n} of {len(res.sites)} site(s) optimized, detached")
+
+    def _placement_explained(self, t: _Target, maps: Sequence[MapEntry], page: int) -> bool:
+        """Whether the kernel's trampoline `page` is where the placement rule puts it for one
+        of the target's sites in the mappings read soon after the first hit or now (the
+        trampoline pages taken out): with the rule's two-page gap, or one page where a
+        mapping made after the placement now follows it."""
+        from usdtpatch.poke.trampoline import place_trampoline
+
+        key = (id(t), page)
+        if key in self._explained:
+            return self._explained[key]
+        ok = False
+        for m in ([t.first_maps] if t.first_maps else []) + [list(maps)]:
+            free = tuple(e for e in m if e.path != TRAMPOLINE_NAME)
+            addrs = {a for a in (s.address for s in t.result.sites) if a is not None}
+            if any(place_trampoline(free, a, gap_pages=g).address == page
+                   for a in addrs for g in (2, 1)):
+                ok = True
+                break
+        self._explained[key] = ok
+        return ok
 
     def _optimized_now(self, pid: int) -> int:
         t = self.targets.get(pid)

@@ -128,12 +128,15 @@ def existing_trampolines(maps: tuple[MapEntry, ...]) -> list[int]:
 
 
 def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int = 5,
-                     mmap_min_addr: int = PAGE_SIZE) -> Placement:
+                     mmap_min_addr: int = PAGE_SIZE, gap_pages: int = 2) -> Placement:
     """The page the kernel will use for the trampoline of the site at `site`.
 
     `call_end_offset` is where the call instruction ends relative to the site (5 for nop5,
-    10 for the experimental nop10 form).
+    10 for the experimental nop10 form). `gap_pages`: the smallest free gap the kernel takes
+    a page from (2, below; 1 answers where a page would go had the page after it been free,
+    which kcheck asks of mappings read after the kernel placed it: usdtpatch.live.kcheck).
     """
+    second = PAGE_SIZE if gap_pages >= 2 else 0
     call_end = site + call_end_offset
     for t in existing_trampolines(maps):
         if INT32_MIN <= t - call_end <= INT32_MAX:
@@ -147,7 +150,7 @@ def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int
     # at its lowest page going up and its highest page going down (seen with a one-page gap
     # left by ld.so's alignment of a library with p_align 0x4000: the kernel went below)
     while high is not None and high + PAGE_SIZE <= high_limit:
-        hit = _overlap(busy, high) or _overlap(busy, high + PAGE_SIZE)
+        hit = _overlap(busy, high) or (_overlap(busy, high + second) if second else None)
         if hit is None:
             break
         high = _page_up(hit[1])
@@ -155,8 +158,8 @@ def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int
         high = None
     low: int | None = _page_down(call_end - PAGE_SIZE) if call_end >= PAGE_SIZE else None
     while low is not None and low >= low_limit:
-        hit = _overlap(busy, low) or (_overlap(busy, low - PAGE_SIZE) if low >= PAGE_SIZE
-                                       else (0, PAGE_SIZE))
+        hit = _overlap(busy, low) or ((_overlap(busy, low - second) if low >= PAGE_SIZE
+                                        else (0, PAGE_SIZE)) if second else None)
         if hit is None:
             break
         low = _page_down(hit[0] - PAGE_SIZE) if hit[0] >= PAGE_SIZE else None

@@ -32,6 +32,7 @@ Layout of GuardBuild.text (at `place_at`, 16-byte aligned):
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from usdtpatch.elf.image import (
@@ -394,13 +395,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[INIT_STUB: INIT_STUB + len(stub_init)] = stub_init
     text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
-    for i, (addr, raw) in enumerate(todo):
-        entry = table + i * ENTRY_SIZE
-        rel = addr - entry
-        if not -(1 << 31) <= rel < (1 << 31) or rel == 0:
-            raise GuardUnsupported(f"site {addr:#x} is out of reach of the table")
-        text[entry - place_at: entry - place_at + ENTRY_SIZE] = (
-            struct.pack("<i", rel) + raw + b"\0\0\0")
+    _write_table(text, place_at, table, todo)
 
     patches = tuple((off, struct.pack("<Q", init)) for off, _w in where)
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
@@ -511,13 +506,7 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     text = bytearray(b"\xcc" * (h.pc - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
-    for i, (addr, raw) in enumerate(todo):
-        entry = table + i * ENTRY_SIZE
-        rel = addr - entry
-        if not -(1 << 31) <= rel < (1 << 31) or rel == 0:
-            raise GuardUnsupported(f"site {addr:#x} is out of reach of the table")
-        text[entry - place_at: entry - place_at + ENTRY_SIZE] = (
-            struct.pack("<i", rel) + raw + b"\0\0\0")
+    _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
     how = ("the fork system call" + ("s" if len(hooks) > 1 else "") + " at "
            + ", ".join(f"{s + 5:#x}" for s, _n in hooks)
@@ -619,3 +608,16 @@ def hook_problem(image: ElfImage) -> str | None:
     except (UsdtpatchError, struct.error, ValueError) as exc:
         return f"the file's dynamic section or symbols cannot be read: {exc}"
     return None
+
+
+def _write_table(text: bytearray, place_at: int, table: int,
+                 todo: Sequence[tuple[int, bytes]]) -> None:
+    """The guard's site table into `text` (which starts at `place_at`): one entry per site
+    at `table`, its rel32 to the site, then the bytes the child writes back."""
+    for i, (addr, raw) in enumerate(todo):
+        entry = table + i * ENTRY_SIZE
+        rel = addr - entry
+        if not -(1 << 31) <= rel < (1 << 31) or rel == 0:
+            raise GuardUnsupported(f"site {addr:#x} is out of reach of the table")
+        text[entry - place_at: entry - place_at + ENTRY_SIZE] = (
+            struct.pack("<i", rel) + raw + b"\0\0\0")

@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'met' if ok else 'MISSED'} ({ratio:.1f}x)")
     if args.profile:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from usdtpatch.analysis.check import check
         from usdtpatch.api import load
-        from usdtpatch.sites.check import check
 
         t0 = time.perf_counter()
         ps = load(path)

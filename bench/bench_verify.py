@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_verify: needs gcc to build the synthetic binary", file=sys.stderr)
         return 2
     from usdtpatch.api import load
-    from usdtpatch.emulate.verify import PASS, verify_plan
-    from usdtpatch.poke.plan import build_plan
-    from usdtpatch.poke.trampoline import default_load_base
+    from usdtpatch.sequences.plan import build_plan
+    from usdtpatch.sequences.trampoline import default_load_base
+    from usdtpatch.verification.plans import PASS, verify_plan
 
     print(machine_line())
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:

@@ -191,7 +191,7 @@ def assert_optimized_after_hits(pid: int, addresses: dict[str, int], probes: Seq
     """Wait until every probe (usdtpatch.live.perf uprobes) counted `hits`, then check that each
     site of `addresses` (name -> runtime address) reads `e8 rel32` into [uprobes-trampoline]."""
     from usdtpatch.live.procfs import read_maps, read_mem
-    from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
+    from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
 
     deadline = time.monotonic() + timeout
     while min(p.count() for p in probes) < hits and time.monotonic() < deadline:

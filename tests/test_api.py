@@ -96,7 +96,7 @@ def test_a_failed_detour_makes_the_outcome_failed(prog: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Verification is on by default, with a new verifier object per call (the emulator's:
     the prover, which would prove these detours, is off)."""
-    import usdtpatch.emulate.equivalence as eq
+    import usdtpatch.verification.equivalence as eq
 
     made: list[object] = []
 

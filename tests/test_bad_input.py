@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import fixture, run_cli
+from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.cli.common import EXIT_INTERNAL, EXIT_OK, EXIT_UNUSABLE
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.sites.probes import NOTE_SECTION
 
 PIE = fixture("pie")
 
@@ -75,7 +75,7 @@ def test_flipped_bytes_in_the_note_section_give_findings_not_crashes(data: st.Da
                                min_size=1, max_size=8))
     for pos, mask in flips:
         raw[sec.offset + pos] ^= mask
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.analysis.probes import read_probes
 
     ps = read_probes(parse_elf(bytes(raw)))  # must not raise
     for f in ps.findings:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from usdtpatch.benchkit import runner
 from usdtpatch.cli import main
+from usdtpatch.live.bench import runner
 
 SITE_BYTES = {"stap-nop1": "90", "hdr-nop5": "0f 1f 44 00 00",
               "hdr-combo5": "0f 1f 44 00 00",  # the nop5 at pc + 1 is what is probed

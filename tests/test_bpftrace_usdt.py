@@ -207,7 +207,7 @@ def test_check_finds_no_red_zone_hazard(suite: Suite, variant: str) -> None:
     optimizes; the rewrite leaves usdt_args' index_* sites as they are (their argument
     `-88(%rsp,%rax,8)` cannot be re-expressed under its guard: guard-impossible), where the
     header put those arguments in registers."""
-    from usdtpatch.sites.check import OPTIMIZABLE, check
+    from usdtpatch.analysis.check import OPTIMIZABLE, check
 
     files = [suite.dirs[variant] / "testlibs" / "libusdt_tp.so",
              *(suite.dirs[variant] / "testprogs" / n for n in PROGRAMS)]

@@ -25,7 +25,7 @@ from tests.test_build_support import (
     sites_not_optimized,
 )
 from tests.test_sdt_support import compare_notes, load_probes
-from usdtpatch import api, build
+from usdtpatch import api, integrate
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_cc]
 
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs_cc]
 def _configure(src: Path, out: Path, *defs: str, ok: bool = True) -> str:
     proc = run(["cmake", "-S", src, "-B", out, "-G", "Ninja" if _ninja() else "Unix Makefiles",
                 "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
-                f"-Dusdtpatch_DIR={build.cmake_dir()}",
+                f"-Dusdtpatch_DIR={integrate.cmake_dir()}",
                 f"-DUSDTPATCH_EXECUTABLE={BIN / 'usdtpatch'}", *defs], src, ok=ok)
     return proc.stdout + proc.stderr
 
@@ -102,7 +102,7 @@ def test_use_headers_notes_equal_systemtap_build(tmp_path: Path) -> None:
     entry = next(e for e in json.loads((out / "compile_commands.json").read_text())
                  if e["file"].endswith("plain.c"))
     argv = shlex.split(entry["command"])
-    ours = f"-I{build.include_dir()}"
+    ours = f"-I{integrate.include_dir()}"
     assert ours in argv, argv  # usdtpatch_use_headers put it on the include path
     obj = tmp_path / "stap.o"
     argv = [a for a in argv if a != ours]

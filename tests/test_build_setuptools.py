@@ -1,5 +1,5 @@
 """The Python build integrations, in a fresh venv with build isolation: pip builds
-examples/setuptools (a C extension) from its sdist, and usdtpatch.build.setuptools.build_ext
+examples/setuptools (a C extension) from its sdist, and usdtpatch.integrate.setuptools.build_ext
 rewrites the module through the Python API; pip builds examples/scikit-build, whose CMake finds
 usdtpatch through the `cmake.root` entry point with no flag.
 
@@ -62,16 +62,16 @@ def test_wheel_carries_the_build_files(venv: tuple[Path, Path]) -> None:
     env, wheels = venv
     (wheel,) = wheels.glob("usdtpatch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("usdtpatch/build/cmake/usdtpatchConfig.cmake",
-              "usdtpatch/build/cmake/usdtpatchConfigVersion.cmake",
-              "usdtpatch/build/make/usdtpatch.mk", "usdtpatch/build/include/sys/sdt.h"):
+    for f in ("usdtpatch/integrate/cmake/usdtpatchConfig.cmake",
+              "usdtpatch/integrate/cmake/usdtpatchConfigVersion.cmake",
+              "usdtpatch/integrate/make/usdtpatch.mk", "usdtpatch/integrate/include/sys/sdt.h"):
         assert f in names
     py = env / "bin" / "python"
     script = ("import json; from importlib.metadata import entry_points\n"
               "(ep,) = entry_points(group='cmake.root', name='usdtpatch')\n"
               "print(json.dumps([ep.value, ep.load().__path__[0]]))")
     value, folder = json.loads(run([py, "-c", script], env).stdout)
-    assert value == "usdtpatch.build"
+    assert value == "usdtpatch.integrate"
     assert (Path(folder) / "cmake" / "usdtpatchConfig.cmake").is_file()
     for flag, name in (("--cmake-dir", "usdtpatchConfig.cmake"), ("--make-include", "")):
         where = Path(run([env / "bin" / "usdtpatch", flag], env).stdout.strip())

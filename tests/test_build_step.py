@@ -1,4 +1,4 @@
-"""`usdtpatch post-link` (usdtpatch.build.step), the path options, [tool.usdtpatch] parsing.
+"""`usdtpatch post-link` (usdtpatch.integrate.step), the path options, [tool.usdtpatch] parsing.
 
 On committed fixtures, without a compiler: the step every build integration runs must be
 deterministic, idempotent, write its report, fail on findings with the finding's line, and
@@ -22,9 +22,9 @@ from tests.test_build_support import (
     sha,
     sites_not_optimized,
 )
-from usdtpatch import __version__, build
-from usdtpatch.build.setuptools import read_options
-from usdtpatch.build.step import StepOptions, run_step
+from usdtpatch import __version__, integrate
+from usdtpatch.integrate.setuptools import read_options
+from usdtpatch.integrate.step import StepOptions, run_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,7 +161,7 @@ def test_path_options() -> None:
     cmake = run_cli("--cmake-dir")
     assert cmake.rc == 0
     assert (Path(cmake.out.strip()) / "usdtpatchConfig.cmake").is_file()
-    assert Path(cmake.out.strip()) == build.cmake_dir()
+    assert Path(cmake.out.strip()) == integrate.cmake_dir()
     inc = Path(run_cli("--include-dir").out.strip())
     assert (inc / "sys" / "sdt.h").read_bytes() == \
         (ROOT / "sdt_headers" / "sys" / "sdt.h").read_bytes()
@@ -171,7 +171,7 @@ def test_path_options() -> None:
 
 
 def test_cmake_version_file_matches_the_package() -> None:
-    text = (build.cmake_dir() / "usdtpatchConfigVersion.cmake").read_text()
+    text = (integrate.cmake_dir() / "usdtpatchConfigVersion.cmake").read_text()
     m = re.search(r'set\(PACKAGE_VERSION "([^"]+)"\)', text)
     assert m is not None and m.group(1) == __version__
 
@@ -180,10 +180,10 @@ def test_entry_point_and_package_data_declared() -> None:
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["cmake.root"]["usdtpatch"] == "usdtpatch.build"
-    data = project["tool"]["setuptools"]["package-data"]["usdtpatch.build"]
+    assert project["project"]["entry-points"]["cmake.root"]["usdtpatch"] == "usdtpatch.integrate"
+    data = project["tool"]["setuptools"]["package-data"]["usdtpatch.integrate"]
     for pattern in data:
-        assert list(build.HERE.glob(pattern)), pattern
+        assert list(integrate.HERE.glob(pattern)), pattern
 
 
 # --- [tool.usdtpatch] ------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def test_a_site_that_fails_verification_fails_the_step(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A detour the emulator rejects leaves its site as it was; the step reports the site as
     an error and fails at the default level (here a verifier that rejects every detour)."""
-    from usdtpatch.emulate import equivalence
+    from usdtpatch.verification import equivalence
 
     class Rejects:
         def __call__(self, *args: object, **kwargs: object) -> str:

@@ -104,7 +104,7 @@ def report_of(path: Path) -> dict[str, Any]:
 # --- the helpers must reject what is wrong -------------------------------------------------
 
 
-def test_sites_not_optimized_rejects_one_byte_sites() -> None:
+def test_check_not_optimized_rejects_one_byte_sites() -> None:
     bad = sites_not_optimized(fixture("redzone-leaf"))
     assert bad and any("redzone:leaf: int3" in b for b in bad)
     assert sites_not_optimized(fixture("nop5")) == []

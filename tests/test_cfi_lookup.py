@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REAL_BINARIES, fixture
+from usdtpatch.analysis.check import check
+from usdtpatch.analysis.targets import LANDING_PAD, CodeContext
 from usdtpatch.api import load
 from usdtpatch.elf.cfi import CfiError, _walk_eh_frame, load_cfi, parse_lsda
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.symbols import load_symbols
-from usdtpatch.sites.check import check
-from usdtpatch.sites.targets import LANDING_PAD, CodeContext
 
 _FDE = re.compile(r"^[0-9a-f]+ [0-9a-f]+ [0-9a-f]+ FDE cie=[0-9a-f]+ "
                   r"pc=([0-9a-f]+)\.\.([0-9a-f]+)(.*)$", re.MULTILINE)

@@ -18,8 +18,8 @@ import pytest
 
 from tests.helpers import REAL_BINARIES, fixture_files
 from usdtpatch import api
+from usdtpatch.analysis.check import SiteCheck
 from usdtpatch.errors import UnsupportedError
-from usdtpatch.sites.check import SiteCheck
 
 
 def _predicted(s: SiteCheck) -> tuple[str, str | None]:

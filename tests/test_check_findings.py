@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, fixture
-from tests.test_sites_built import built  # noqa: F401  (the module-scoped fixture)
+from tests.test_analysis_built import built  # noqa: F401  (the module-scoped fixture)
+from usdtpatch.analysis.check import check
 from usdtpatch.api import load
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.sites.check import check
 
 FINDINGS_DOC = ROOT / "docs" / "findings.md"
 
@@ -40,7 +40,7 @@ FIXTURE_TRIGGERS = {
     "process-can-fork": "fork",
 }
 
-# code -> binary built by tests/test_sites_built.py (custom notes: no committed fixture)
+# code -> binary built by tests/test_analysis_built.py (custom notes: no committed fixture)
 BUILT_TRIGGERS = {
     "window-branch-target": "built",
     "window-call": "built",
@@ -103,7 +103,7 @@ def _eh_frame_hdr_v2(dst: Path) -> None:
 
 
 def _huge(dst: Path) -> None:
-    from tests.test_sites_candidacy import _with_huge_segment
+    from tests.test_analysis_candidacy import _with_huge_segment
 
     _with_huge_segment(fixture("nop5"), dst)
 
@@ -162,7 +162,7 @@ TRIGGERED_ELSEWHERE = {
     "fork-guarded": "tests/test_fork_guard.py",
     "fork-guard-failed": "tests/test_fork_emulate.py",
     "fork-guard-unavailable": "tests/test_fork_guard.py",
-    "probe-not-code": "tests/test_sites_datacode.py",
+    "probe-not-code": "tests/test_analysis_datacode.py",
     "fork-unknown": "tests/test_fork_static.py",
 }
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.conftest import cpu0_reason, pinned_to_cpu0
 from tests.helpers import fixture
+from usdtpatch.analysis.check import check
 from usdtpatch.api import load
-from usdtpatch.sites.check import check
 
 CALLS = 1000  # redzone.c and redzone-nonleaf.c call the probed function 1000 times
 

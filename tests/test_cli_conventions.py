@@ -58,7 +58,7 @@ def test_check_format_switches_print_to_stdout() -> None:
     res = run_cli("check", "--html", "--fail-on", "never", prog)
     assert res.rc == EXIT_OK and res.out.startswith("<!DOCTYPE html>")
     res = run_cli("check", "--json", "--fail-on", "never", prog)
-    assert json.loads(res.out)["schema"] == "usdtpatch/check"
+    assert json.loads(res.out)["schema"] == "usdtpatch/analysis"
 
 
 def test_check_report_file(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_check_report_file(tmp_path: Path) -> None:
     assert res.rc == EXIT_OK and res.out == ""
     assert json.loads(by_switch.read_text())["version"] == "2.1.0"
     for name, start in (("r.sarif", '{\n  "$schema"'),
-                        ("r.json", '{\n  "schema": "usdtpatch/check"'),
+                        ("r.json", '{\n  "schema": "usdtpatch/analysis"'),
                         ("r.html", "<!DOCTYPE html>")):
         out = tmp_path / name
         res = run_cli("check", "--report", out, "--fail-on", "never", prog)  # by extension
@@ -163,8 +163,8 @@ def test_the_red_zone_guard_has_one_name(tmp_path: Path) -> None:
     API, [tool.usdtpatch], Meson): no `guard` alone anywhere."""
     import inspect
 
-    from usdtpatch import api, build
-    from usdtpatch.build.setuptools import read_options
+    from usdtpatch import api, integrate
+    from usdtpatch.integrate.setuptools import read_options
 
     for fn in (api.rewrite, api.rewrite_plan):
         params = inspect.signature(fn).parameters
@@ -172,9 +172,9 @@ def test_the_red_zone_guard_has_one_name(tmp_path: Path) -> None:
     for command in ("rewrite", "post-link"):
         opts = [a.option_strings for a in _subparsers()[command]._actions]
         assert ["--redzone-guard"] in opts and ["--guard"] not in opts
-    assert "REDZONE_GUARD" in (build.HERE / "cmake" / "usdtpatchConfig.cmake").read_text()
+    assert "REDZONE_GUARD" in (integrate.HERE / "cmake" / "usdtpatchConfig.cmake").read_text()
     assert "--redzone-guard $(USDTPATCH_REDZONE_GUARD)" in \
-        (build.HERE / "make" / "usdtpatch.mk").read_text()
+        (integrate.HERE / "make" / "usdtpatch.mk").read_text()
     p = tmp_path / "pyproject.toml"
     p.write_text('[tool.usdtpatch]\nredzone_guard = "never"\n')
     assert read_options(p).redzone_guard == "never"
@@ -338,7 +338,7 @@ RED_ZONE_CLOBBER = "optimized-call-clobbers-red-zone"
                                   "redzone-nonleaf-nop5", "nop5", "forms-mixed"])
 def test_plan_verify_and_check_give_one_red_zone_verdict(name: str) -> None:
     """plan and verify flag the optimized call's writes below rsp on exactly the sites where
-    check reports red-zone-live (the rule of sites/hazards.red_zone)."""
+    check reports red-zone-live (the rule of analysis/hazards.red_zone)."""
     doc = json.loads(run_cli("check", "--json", "--fail-on", "never", fixture(name)).out)
     live = {f"{s['provider']}:{s['name']}" for s in doc["files"][0]["sites"]
             if any(x["code"] == "red-zone-live" for x in s["findings"])}

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REAL_BINARIES, fixture, fixture_files
+from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.image import PT_LOAD, ElfImage, parse_elf
 from usdtpatch.elf.marker import MARKER_SECTION
 from usdtpatch.elf.validate import SDT_NOTE_SECTION, validate_output
 from usdtpatch.errors import OutputError, UnsupportedError
 from usdtpatch.rewriter.apply import rewrite_image
-from usdtpatch.sites.probes import NOTE_SECTION
 
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _PHDR = struct.Struct("<IIQQQQQQ")

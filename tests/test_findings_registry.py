@@ -22,9 +22,9 @@ import pytest
 
 from tests.helpers import fixture_files, run_cli
 from usdtpatch import findings as F
-from usdtpatch.emulate.verify import Failure
+from usdtpatch.analysis.rules import Outcome, Verdict
 from usdtpatch.findings import CODES, RENAMED, Finding, Kind, Severity, UnknownCode, lookup
-from usdtpatch.sites.rules import Outcome, Verdict
+from usdtpatch.verification.plans import Failure
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "usdtpatch"
@@ -35,11 +35,11 @@ CODE_SHAPE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9+]+)+$")
 NOT_CODES = frozenset({
     "call-indirect", "jmp-indirect",  # x86/decode.py branch kinds
     "call-target", "return-site", "landing-pad", "jump-table", "jump-from-other-part",
-    "rseq-abort", "unknown-indirect",  # sites/targets.py target kinds
+    "rseq-abort", "unknown-indirect",  # analysis/targets.py target kinds
     "branch-from-elsewhere", "short-branch-from-elsewhere", "address-taken", "data-word",
-    # sites/waysin.py: kinds of way in from the whole file
+    # analysis/waysin.py: kinds of way in from the whole file
     "in-place",  # window shape / rewrite action
-    "rel8-stub",  # sites/windows.py: how a branch into a window is retargeted
+    "rel8-stub",  # analysis/windows.py: how a branch into a window is retargeted
     "nop5-alt",  # site form
     "nop10-series", "optimized-at-pc+1",  # kernel generation / outcome names
     "rip-relative",  # argument kind
@@ -51,7 +51,8 @@ NOT_CODES = frozenset({
 ALSO_A_WORD = {("x86/nops.py", "unsupported-arch")}  # SiteForm.UNSUPPORTED_ARCH
 # The modules that make findings, verify failures and rewrite skips (rendering, the command
 # line and the build integration use other kebab-case words: option and command names).
-EMITTERS = ("sites/", "poke/", "emulate/", "rewriter/", "elf/", "x86/", "forkguard/", "api.py")
+EMITTERS = ("analysis/", "sequences/", "verification/", "rewriter/", "elf/", "x86/",
+            "forkguard/", "api.py")
 
 
 def _docstring_ids(tree: ast.AST) -> set[int]:
@@ -205,10 +206,10 @@ def test_every_code_the_commands_emit_on_the_fixtures_is_registered() -> None:
 
 def test_plan_files_old_codes_are_read_as_new_and_unknown_ones_refused() -> None:
     from tests.helpers import fixture
+    from usdtpatch.analysis.probes import read_probes
     from usdtpatch.elf.image import parse_elf
     from usdtpatch.errors import InputError
-    from usdtpatch.poke.plan import build_plan, plan_from_json, plan_json
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.sequences.plan import build_plan, plan_from_json, plan_json
     image = parse_elf(fixture("i386").read_bytes())
     doc = plan_json(build_plan(read_probes(image), "i386", "nop5", 0x5655_5000))
     site = doc["sites"][0]

@@ -1,4 +1,4 @@
-"""fork() in the emulator (usdtpatch.emulate.fork): the child of a process whose sites are
+"""fork() in the emulator (usdtpatch.verification.fork): the child of a process whose sites are
 optimized, with and without the fork guard, running the guard's committed machine code under
 unicorn. The same outcomes as on the real kernel (test_fork_header.py,
 test_fork_rewrite_live.py): without the guard the child dies with SIGSEGV at the trampoline
@@ -18,7 +18,7 @@ from tests.test_fork_support import SDT_INCLUDE, SRC, cc, need_cc
 from usdtpatch import forkguard
 from usdtpatch.api import rewrite, verify
 from usdtpatch.elf.image import ElfImage, parse_elf
-from usdtpatch.emulate.fork import describe, fork_findings, model_fork
+from usdtpatch.verification.fork import describe, fork_findings, model_fork
 from usdtpatch.x86.nops import NOP5
 
 pytestmark = pytest.mark.needs_cc
@@ -104,7 +104,7 @@ def test_a_corrupted_table_entry_is_caught(files: dict[str, Path], tmp_path: Pat
     assert "fork-guard-failed" in codes and not verify(bad).ok
 
 
-def test_verify_reports_fork(files: dict[str, Path]) -> None:
+def test_verification_reports_fork(files: dict[str, Path]) -> None:
     assert "fork-guarded" in {f.code for f in verify(files["rewrite-auto"]).findings}
     never = verify(files["rewrite-never"])
     assert "process-can-fork" in {f.code for f in never.findings} and never.ok

@@ -197,7 +197,7 @@ def test_refuses_an_init_array_filled_by_a_symbolic_relocation() -> None:
         build_guard(parse_elf(bytes(data)), ((0x10000, NOP5),), 0x10000)
 
 
-def test_sites_the_kernel_never_optimizes_need_no_guard() -> None:
+def test_check_the_kernel_never_optimizes_need_no_guard() -> None:
     image = _image(fixture("pie"))
     place = _place(image)
     g = build_guard(image, ((place + 0x800, COMBO10), (place + 0xFFE, NOP5),
@@ -227,9 +227,9 @@ def test_rewrite_guards_a_forking_program_and_check_says_so(tmp_path: Path) -> N
     assert cov is not None and cov.kind == "rewrite"
     assert "fork-guarded" in _codes(out) and "process-can-fork" not in _codes(out)
     # every optimizable site of the output is in the table
-    from usdtpatch.sites.check import OPTIMIZABLE
-    from usdtpatch.sites.check import check as check_sites
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.analysis.check import OPTIMIZABLE
+    from usdtpatch.analysis.check import check as check_sites
+    from usdtpatch.analysis.probes import read_probes
 
     rep = check_sites(read_probes(image))
     assert {s.probe.address for s in rep.sites if s.outcome == OPTIMIZABLE} <= cov.sites

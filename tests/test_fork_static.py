@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, run_cli
+from usdtpatch.analysis.check import check
 from usdtpatch.api import load
-from usdtpatch.sites.check import check
 
 DATA = ROOT / "tests" / "data"
 

@@ -380,7 +380,7 @@ def _alive(pid: int) -> bool:
 _VERIFIER_WORKERS = """
     import time
     from usdtpatch.elf.image import parse_elf
-    from usdtpatch.emulate.equivalence import plan_verified
+    from usdtpatch.verification.equivalence import plan_verified
     def plan(verifier):
         print("working", flush=True)
         time.sleep(60)

@@ -421,7 +421,7 @@ def test_a_pid_that_does_not_map_the_file_is_refused(monkeypatch: pytest.MonkeyP
 def test_rewritten_libjvm_in_a_java_run(tmp_path: Path) -> None:
     """A real workload: a copy of OpenJDK 17 with its libjvm rewritten (usdtpatch bench's
     preparation; the system JDK is never modified) runs Bench.java with its method probes."""
-    from usdtpatch.benchkit import runner
+    from usdtpatch.live.bench import runner
 
     if not (runner.SYSTEM_JDK / "lib" / "server" / "libjvm.so").exists():
         pytest.skip(f"no OpenJDK 17 at {runner.SYSTEM_JDK}")
@@ -460,7 +460,7 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
 
     monkeypatch.setattr(kmod, "_plan_for", wrong)
     # and the placement rule kcheck explains a moved trampoline with, wrong the same way
-    import usdtpatch.poke.trampoline as tmod
+    import usdtpatch.sequences.trampoline as tmod
 
     rule = tmod.place_trampoline
 

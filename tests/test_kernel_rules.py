@@ -1,4 +1,4 @@
-"""One engine for the kernel's rules (usdtpatch.sites.rules): check, plan, verify and rewrite
+"""One engine for the kernel's rules (usdtpatch.analysis.rules): check, plan, verify and rewrite
 get their verdict from it, so they agree on every site.
 
 - pure property test: for many byte patterns, addresses around page ends, both bitnesses and
@@ -21,22 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import fixture
-from usdtpatch.elf.image import parse_elf
-from usdtpatch.emulate.verify import FAIL, verify_plan
-from usdtpatch.poke.nop10 import nop10_refusal
-from usdtpatch.poke.plan import build_plan, with_site
-from usdtpatch.poke.sequences import (
-    PROTOCOL_INT3,
-    PROTOCOL_NOP5,
-    PROTOCOL_NOP10,
-    nop5_refusal,
-    nop5_sequences,
-    probeable_refusal,
-)
-from usdtpatch.poke.trampoline import default_load_base
-from usdtpatch.sites.check import check
-from usdtpatch.sites.probes import read_probes
-from usdtpatch.sites.rules import (
+from usdtpatch.analysis.check import check
+from usdtpatch.analysis.probes import read_probes
+from usdtpatch.analysis.rules import (
     Outcome,
     Reach,
     optimized_where_it_is,
@@ -44,6 +31,19 @@ from usdtpatch.sites.rules import (
     rule_nop10,
     unprobeable,
 )
+from usdtpatch.elf.image import parse_elf
+from usdtpatch.sequences.nop10 import nop10_refusal
+from usdtpatch.sequences.plan import build_plan, with_site
+from usdtpatch.sequences.sequences import (
+    PROTOCOL_INT3,
+    PROTOCOL_NOP5,
+    PROTOCOL_NOP10,
+    nop5_refusal,
+    nop5_sequences,
+    probeable_refusal,
+)
+from usdtpatch.sequences.trampoline import default_load_base
+from usdtpatch.verification.plans import FAIL, verify_plan
 from usdtpatch.x86.nops import NOP5, NOP10, SiteForm, classify_site, kernel_optimizable_nop5
 
 # What can sit at a probe's pc: every NOP shape the rules tell apart, and some non-NOPs.
@@ -173,7 +173,7 @@ def test_check_and_plan_agree_on_every_site(name: str, tmp_path: Path) -> None:
     (bytes.fromhex("0f1f4c0000"), "site-hint-nop"),
     (bytes.fromhex("660f1f440000")[:5], "site-not-nop5"),  # 66 0f 1f 44 00: a 6-byte NOP
 ])
-def test_verify_fails_an_optimized_site_the_engine_refuses(pattern: bytes, code: str,
+def test_verification_fails_an_optimized_site_the_engine_refuses(pattern: bytes, code: str,
                                                            tmp_path: Path) -> None:
     path = _patched("pie", pattern, tmp_path)
     image = parse_elf(path.read_bytes())
@@ -190,7 +190,7 @@ def test_verify_fails_an_optimized_site_the_engine_refuses(pattern: bytes, code:
     assert v.status == FAIL and code in v.codes, v
 
 
-def test_verify_accepts_what_the_engine_accepts() -> None:
+def test_verification_accepts_what_the_engine_accepts() -> None:
     image = parse_elf(fixture("nop5").read_bytes())
     plan = build_plan(read_probes(image), "nop5", PROTOCOL_NOP5, default_load_base(image))
     rep = verify_plan(plan, image)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REAL_BINARIES, fixture_files, readelf_sdt_notes, run_cli
+from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.notes import parse_notes, serialize_notes
-from usdtpatch.sites.probes import NOTE_SECTION
 
 pytestmark = pytest.mark.skipif(shutil.which("readelf") is None, reason="binutils readelf missing")
 

@@ -20,13 +20,13 @@ import pytest
 
 from tests.conftest import Started, StartProcess
 from tests.helpers import fixture
-from tests.test_emulate_machine import RED_ZONE_FIXTURES, leaf_results
+from tests.test_verification_machine import RED_ZONE_FIXTURES, leaf_results
 from usdtpatch.api import load
-from usdtpatch.emulate.verify import PASS, verify_plan
 from usdtpatch.live import procfs
 from usdtpatch.live.perf import Uprobe, open_uprobe
-from usdtpatch.poke.plan import Plan, build_plan
-from usdtpatch.poke.trampoline import TRAMPOLINE_NAME, load_base_from_maps
+from usdtpatch.sequences.plan import Plan, build_plan
+from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME, load_base_from_maps
+from usdtpatch.verification.plans import PASS, verify_plan
 
 pytestmark = [pytest.mark.live, pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None,

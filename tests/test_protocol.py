@@ -1,6 +1,6 @@
-"""The protocol lab (usdtpatch/poke/protocols, `verify --protocol`): the shipped nop5 and nop10
+"""The protocol lab (usdtpatch/sequences/protocols, `verify --protocol`): the shipped nop5 and nop10
 protocol files give exactly the sequences `plan` gives and the same verify results on every
-fixture; each wrong-sequence file is poke/wrong.py's mutation, rejected with its own reason; a
+fixture; each wrong-sequence file is sequences/wrong.py's mutation, rejected with its own reason; a
 state whose keystone encoding does not say what its text says is refused with the
 difference shown, and so is every malformed file, in one line.
 """
@@ -18,15 +18,15 @@ import pytest
 from usdtpatch import api
 from usdtpatch.cli import main
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.poke.plan import Plan
-from usdtpatch.poke.protocols import (
+from usdtpatch.sequences.plan import Plan
+from usdtpatch.sequences.protocols import (
     ProtocolError,
     apply_protocol,
     assemble_state,
     load_protocol,
     shipped,
 )
-from usdtpatch.poke.wrong import wrong_sequences
+from usdtpatch.sequences.wrong import wrong_sequences
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "fixtures" / "bin"

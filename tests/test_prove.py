@@ -16,8 +16,9 @@ import pytest
 from tests.helpers import fixture, fixture_files, run_cli
 from tests.mutants import Question, mutants, questions
 from usdtpatch import api
+from usdtpatch.analysis.check import check
+from usdtpatch.analysis.windows import PatchWindow, WindowShape
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.emulate.equivalence import DetourVerifier
 from usdtpatch.io import read_input
 from usdtpatch.prove.prover import DIFFERS, NOT_PROVABLE, PROVED, Proof, Prover
 from usdtpatch.prove.support import provable
@@ -25,8 +26,7 @@ from usdtpatch.prove.verifier import ProvingVerifier, replay_proof
 from usdtpatch.report import plain
 from usdtpatch.rewriter import plan as rewriter_plan
 from usdtpatch.rewriter.forms import Guard
-from usdtpatch.sites.check import check
-from usdtpatch.sites.windows import PatchWindow, WindowShape
+from usdtpatch.verification.equivalence import DetourVerifier
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_ENTER, NOP5
 from usdtpatch.x86.relocate import Detour, jmp_rel32
@@ -427,7 +427,7 @@ def test_replay_judges_faults_by_instruction() -> None:
     prover finds a state where the two fault at different instructions, and the replay
     confirms it (it judged any two faults equal, and mapped page zero); the same state
     replayed against the faithful detour shows no difference."""
-    from usdtpatch.emulate.replay import Side, State, replay
+    from usdtpatch.verification.replay import Side, State, replay
 
     code = bytes.fromhex("90488b07488b1e")
     w, good = _synthetic(code)

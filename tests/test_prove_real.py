@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers import REAL_BINARIES, ROOT
 from tests.mutants import Question, mutants, questions
-from usdtpatch.emulate.equivalence import DetourVerifier
 from usdtpatch.prove.prover import DIFFERS, NOT_PROVABLE, PROVED, Proof, Prover
 from usdtpatch.prove.verifier import replay_proof
+from usdtpatch.verification.equivalence import DetourVerifier
 
 pytestmark = pytest.mark.slow
 

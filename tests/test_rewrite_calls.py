@@ -28,13 +28,13 @@ import pytest
 
 from tests.helpers import fixture
 from usdtpatch import api
+from usdtpatch.analysis.calls import EMULATED, MOVED, shadow_stack_marked
+from usdtpatch.analysis.windows import REL8_STUB, REL32, TABLE4, TABLE8
 from usdtpatch.elf.cfi import load_cfi, parse_lsda
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.emulate.equivalence import verify_detour
 from usdtpatch.rewriter.build import build_rewrite
 from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Status, plan_rewrite
-from usdtpatch.sites.calls import EMULATED, MOVED, shadow_stack_marked
-from usdtpatch.sites.windows import REL8_STUB, REL32, TABLE4, TABLE8
+from usdtpatch.verification.equivalence import verify_detour
 from usdtpatch.x86.relocate import Detour
 
 FIXTURES = ["call-window", "call-window-shstk", "cxx-callwin", "retarget", "retarget-pie"]
@@ -258,8 +258,8 @@ def test_table_of_code_pointers_with_a_spilled_base_in_a_shared_object() -> None
     lib = Path("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0")
     if not lib.exists():
         pytest.skip("needs Debian's libpython3.11")
+    from usdtpatch.analysis.check import check
     from usdtpatch.elf.relocs import relative_relocations
-    from usdtpatch.sites.check import check
 
     rep = check(api.load(lib))
     (sc,) = [s for s in rep.sites if s.probe.name == "line"]

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, fixture, readelf_sdt_notes, run_cli
+from usdtpatch.analysis.check import check
 from usdtpatch.api import load
-from usdtpatch.sites.check import check
 from usdtpatch.x86.nops import NOP5
 
 SRC = ROOT / "fixtures" / "src"

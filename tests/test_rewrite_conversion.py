@@ -9,7 +9,7 @@
   tested everywhere: probes one after another whose windows overlap (gcc -O2: six nops and
   a `jmp`, a probe right after another's window), and arguments indexed off %rsp under the
   red-zone guard (`-88(%rsp,%rax,8)`). The loop and aliasing classes are in
-  test_emulate_loops.py.
+  test_verification_loops.py.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def test_guard_rewrites_indexed_stack_arguments() -> None:
 def test_joined_windows_and_what_cannot_be_joined(own: dict[str, Path]) -> None:
     """The joined window is the union, moving both probes; windows of another function, not
     overlapping, or joined past MAX_WINDOW bytes are not joined."""
+    from usdtpatch.analysis.check import check
     from usdtpatch.api import load
-    from usdtpatch.sites.check import check
 
     if "gcc-O2" not in own:
         pytest.skip("no gcc")

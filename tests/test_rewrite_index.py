@@ -42,7 +42,7 @@ class _S:
 
 
 @given(st.lists(st.integers(0, 200), max_size=60), st.integers(0, 200), st.integers(0, 80))
-def test_sites_between_as_a_scan(addresses: list[int], lo: int, size: int) -> None:
+def test_check_between_as_a_scan(addresses: list[int], lo: int, size: int) -> None:
     sites = [_S(_P(a), i) for i, a in enumerate(addresses)]
     idx = SitesByAddress(sites)
     want = [s for a in sorted({s.probe.address for s in sites}) if lo <= a < lo + size

@@ -33,8 +33,8 @@ from tests.helpers import fixture, readelf_sdt_notes, run_cli
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
 from usdtpatch.live.procfs import read_mem
-from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
 from usdtpatch.rewriter.forms import Form
+from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
 from usdtpatch.x86.nops import NOP5
 
 TRAMPOLINE = TRAMPOLINE_NAME

@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import fixture, run_cli
+from usdtpatch.analysis.check import check
+from usdtpatch.analysis.probes import read_probes
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.sites.check import check
-from usdtpatch.sites.probes import read_probes
 from usdtpatch.x86.nops import crosses_page
 
 

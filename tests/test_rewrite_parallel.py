@@ -1,4 +1,4 @@
-"""Verification across processes (usdtpatch.emulate.equivalence.plan_verified): the decisions
+"""Verification across processes (usdtpatch.verification.equivalence.plan_verified): the decisions
 and the layout are those of verifying one detour at a time, also when detours fail (a failed
 detour frees its place and the ones after it move), whatever the number of workers."""
 
@@ -12,9 +12,9 @@ import pytest
 from tests.helpers import disable_prover, fixture, run_cli
 from usdtpatch import api
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.emulate import equivalence
-from usdtpatch.emulate.equivalence import DetourVerifier, plan_verified
 from usdtpatch.rewriter.plan import Action, RewritePlan, plan_rewrite
+from usdtpatch.verification import equivalence
+from usdtpatch.verification.equivalence import DetourVerifier, plan_verified
 
 LIBJVM = Path("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so")
 

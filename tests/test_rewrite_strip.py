@@ -24,7 +24,7 @@ from tests.helpers import fixture, run_cli
 from usdtpatch.elf.image import PT_LOAD, parse_elf
 from usdtpatch.live.perf import open_uprobe
 from usdtpatch.live.procfs import read_maps, read_mem
-from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
+from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
 from usdtpatch.x86.nops import NOP5
 
 pytestmark = pytest.mark.skipif(shutil.which("strip") is None or

@@ -1,4 +1,4 @@
-"""The detour equivalence check (usdtpatch.emulate.equivalence) and the relocator, on real
+"""The detour equivalence check (usdtpatch.verification.equivalence) and the relocator, on real
 fixture windows: what they must accept and what they must reject.
 
 Three of the bugs found while validating issue 5 have a test here: a branch from inside a
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import fixture
+from usdtpatch.analysis.check import check
+from usdtpatch.analysis.windows import PatchWindow, WindowShape
 from usdtpatch.api import load
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.emulate.equivalence import DetourVerifier, verify_detour
-from usdtpatch.sites.check import check
-from usdtpatch.sites.windows import PatchWindow, WindowShape
+from usdtpatch.verification.equivalence import DetourVerifier, verify_detour
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import NOP5
 from usdtpatch.x86.relocate import Detour, Replacement, jmp_rel32, relocate_window

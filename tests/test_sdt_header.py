@@ -30,9 +30,9 @@ from tests.test_sdt_support import (
     rsp_relative,
     run_cc,
 )
+from usdtpatch.analysis.probes import ProbeSet
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.sites.probes import ProbeSet
 from usdtpatch.x86.nops import COMBO5, COMBO10, NOP1, NOP5, SiteForm, kernel_optimizable_nop5
 
 pytestmark = pytest.mark.needs_cc
@@ -386,7 +386,7 @@ def test_check_of_a_default_build_has_no_red_zone_live(tmp_path: Path, opt: str,
     """`usdtpatch check` (sites.check) flags live red-zone data at the unguarded nop5 sites
     (-DUSDTPATCH_REDZONE_GUARD=0), and none in the default build: its sites are guarded."""
     need_toolchain("gcc")
-    from usdtpatch.sites.check import check
+    from usdtpatch.analysis.check import check
 
     codes: dict[str, set[str]] = {}
     for name, extra in (("nop5", [NOGUARD]), ("default", []),

@@ -26,10 +26,10 @@ import pytest
 
 from tests.conftest import StartProcess, runtime_address, started
 from tests.test_sdt_support import DATA, ROOT, SDT_INCLUDE, have, load_probes, run_cc
+from usdtpatch.analysis.probes import Probe
 from usdtpatch.live.perf import Uprobe, open_uprobe
 from usdtpatch.live.procfs import read_maps, read_mem
-from usdtpatch.poke.trampoline import TRAMPOLINE_NAME
-from usdtpatch.sites.probes import Probe
+from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
 from usdtpatch.x86.nops import NOP5, SiteForm
 
 ITERATIONS = 300

@@ -66,9 +66,9 @@ from tests.test_sdt_support import (
     run_cc,
     system_sdt_h,
 )
-from usdtpatch.sites.candidacy import Outcome
-from usdtpatch.sites.check import OPTIMIZABLE, check
-from usdtpatch.sites.probes import ProbeSet
+from usdtpatch.analysis.candidacy import Outcome
+from usdtpatch.analysis.check import OPTIMIZABLE, check
+from usdtpatch.analysis.probes import ProbeSet
 from usdtpatch.x86.nops import SiteForm, kernel_optimizable_nop5
 
 OPTS = ("O0", "O1", "O2", "O3")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.api import load
 from usdtpatch.elf.args import MemOperand, RegOperand
 from usdtpatch.elf.image import ET_REL
-from usdtpatch.sites.probes import Probe, ProbeSet
 
 ROOT = Path(__file__).resolve().parent.parent
 SDT_INCLUDE = ROOT / "sdt_headers"
@@ -273,9 +273,9 @@ def test_parse_readelf_notes_ignores_other_notes() -> None:
 def _fake_set(notes: list[tuple[str, str, int, int, str]], code: bytes = b"") -> ProbeSet:
     """A ProbeSet built from note fields (and the site's bytes) only: the comparators read
     nothing else."""
+    from usdtpatch.analysis.probes import Probe
     from usdtpatch.elf.args import parse_args
     from usdtpatch.elf.notes import SdtNote
-    from usdtpatch.sites.probes import Probe
     from usdtpatch.x86.nops import SiteClass, SiteForm
 
     probes = tuple(

@@ -1,4 +1,4 @@
-"""The file-wide index's rel32 scan (usdtpatch.sites.waysin: opcodes found chunk by chunk with a
+"""The file-wide index's rel32 scan (usdtpatch.analysis.waysin: opcodes found chunk by chunk with a
 pattern that also checks the displacement's upper half) against a plain walk over every byte,
 on fixtures and on random buffers: it must find exactly the call/jmp/jcc/lea whose target is
 protected, and none whose target lies one byte outside."""
@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import ROOT
+from usdtpatch.analysis import waysin
+from usdtpatch.analysis.waysin import CHUNK, _code_hits, _regions, _spans, code_ranges
 from usdtpatch.api import load
-from usdtpatch.sites import waysin
-from usdtpatch.sites.waysin import CHUNK, _code_hits, _regions, _spans, code_ranges
 
 Hit = tuple[int, str, int]
 

@@ -38,14 +38,14 @@ from usdtpatch.io import (
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 
 if TYPE_CHECKING:  # imported where used: each command pays only for what it uses
-    from usdtpatch.emulate.verify import VerifyReport
+    from usdtpatch.analysis.check import CheckReport
+    from usdtpatch.analysis.probes import ProbeSet
     from usdtpatch.findings import Finding
     from usdtpatch.live.kcheck import KcheckReport
-    from usdtpatch.poke.plan import Plan
     from usdtpatch.rewriter.kernel import FormChoice
     from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Verifier
-    from usdtpatch.sites.check import CheckReport
-    from usdtpatch.sites.probes import ProbeSet
+    from usdtpatch.sequences.plan import Plan
+    from usdtpatch.verification.plans import VerifyReport
 
 __all__ = [
     "CheckResult",
@@ -106,8 +106,8 @@ def _jobs(jobs: object) -> int | None:
 
 def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
     """plan's and verify's placement arguments: ints in range (TypeError, ValueError)."""
-    from usdtpatch.poke.sequences import PAGE_SIZE
-    from usdtpatch.poke.trampoline import TASK_SIZE
+    from usdtpatch.sequences.sequences import PAGE_SIZE
+    from usdtpatch.sequences.trampoline import TASK_SIZE
 
     _integer("load_base", load_base, 0, 1 << 64)
     if _integer("trampoline", trampoline, PAGE_SIZE, TASK_SIZE) is not None:
@@ -124,7 +124,7 @@ def _image(path: StrPath) -> ElfImage:
 
 def load(path: StrPath) -> ProbeSet:
     """Read and parse one file into its probes (raises UsdtpatchError when unusable)."""
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.analysis.probes import read_probes
 
     return read_probes(_image(path))
 
@@ -159,15 +159,15 @@ class CheckResult:
 
 def check(path: StrPath) -> CheckResult:
     """Judge every probe site of one file as a candidate for the kernel's optimized uprobes."""
-    from usdtpatch.sites.check import check as check_probes
+    from usdtpatch.analysis.check import check as check_probes
 
     return CheckResult(os.fspath(path), check_probes(load(path)))
 
 
 def _check_data(path: StrPath, data: bytes) -> CheckResult:
     """`check` of a file's bytes not yet written (`path`: the name they will have)."""
-    from usdtpatch.sites.check import check as check_probes
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.analysis.check import check as check_probes
+    from usdtpatch.analysis.probes import read_probes
 
     return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data))))
 
@@ -227,7 +227,7 @@ def _verifier(enabled: bool) -> Verifier | None:
     """A new verifier for one call (its emulator machines die with it), or None."""
     if not enabled:
         return None
-    from usdtpatch.emulate.equivalence import DetourVerifier
+    from usdtpatch.verification.equivalence import DetourVerifier
 
     return DetourVerifier()
 
@@ -236,17 +236,17 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
             phase: Callable[[str], None] | None = None, **options: Any) -> RewritePlan:
     """plan_rewrite with every detour verified (when `verify`): proved where the prover can
     (usdtpatch.prove.verifier, in this process, `prove` on), the others by the emulator in
-    `jobs` processes (usdtpatch.emulate.equivalence.plan_verified; None: one per CPU this
+    `jobs` processes (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this
     process may use). `phase("verify")` is called when a planning pass has handed its
     detours to the verification and waits for it."""
     from usdtpatch.rewriter.plan import plan_rewrite
 
     if not verify:
         return plan_rewrite(image, verify=None, **options)
+    from usdtpatch.analysis.check import check
+    from usdtpatch.analysis.probes import read_probes
     from usdtpatch.elf.notes import parse_notes
-    from usdtpatch.emulate.equivalence import plan_verified
-    from usdtpatch.sites.check import check
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.verification.equivalence import plan_verified
 
     # Only the notes are counted here: plan_verified forks its workers before the analysis
     # (read_probes loads the symbol tables), while this process is still small.
@@ -283,7 +283,7 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
 def _sound_rewritten(image: ElfImage) -> None:
     """Refuse (ElfFormatError) a file with a marker whose probes `list` could not read: it
     would otherwise be copied as "already rewritten"."""
-    from usdtpatch.sites.probes import read_probes
+    from usdtpatch.analysis.probes import read_probes
 
     read_probes(image)
 
@@ -347,7 +347,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
                ) -> tuple[RewriteOutcome, bytes | None, Origin]:
     """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
     nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
-    build step (usdtpatch.build.step) checks the bytes before it writes them."""
+    build step (usdtpatch.integrate.step) checks the bytes before it writes them."""
     _flag("verify", verify)
     _flag("prove", prove)
     _flag("in_place", in_place)
@@ -465,8 +465,8 @@ def restore(path: StrPath, out: StrPath | None = None, *,
 def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
              trampoline: int | None, maps: StrPath | None, pid: int | None,
              red_zone: Mapping[int, str] | None = None) -> Plan:
-    from usdtpatch.poke.plan import build_plan
-    from usdtpatch.poke.trampoline import (
+    from usdtpatch.sequences.plan import build_plan
+    from usdtpatch.sequences.trampoline import (
         check_load_base,
         default_load_base,
         load_base_from_maps,
@@ -522,7 +522,7 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
 def read_plan(path: StrPath) -> Plan:
     """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
     from usdtpatch import jsondoc  # here, not at the top: `check` and `list` do not pay
-    from usdtpatch.poke.plan import plan_from_json
+    from usdtpatch.sequences.plan import plan_from_json
 
     src = os.fspath(path)
     try:
@@ -537,9 +537,9 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
            maps: StrPath | None = None, pid: int | None = None) -> VerifyReport:
     """Run every torn state of every write sequence for `path` in the emulator: `plan` (a
     Plan, or the path of a plan document), else the plan made with the placement options."""
-    from usdtpatch.emulate.verify import verify_plan
-    from usdtpatch.poke.plan import Plan as PlanType
-    from usdtpatch.poke.plan import red_zone_users
+    from usdtpatch.sequences.plan import Plan as PlanType
+    from usdtpatch.sequences.plan import red_zone_users
+    from usdtpatch.verification.plans import verify_plan
 
     _placement_args(load_base, trampoline, pid)
     src = os.fspath(path)
@@ -556,7 +556,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     # fork (docs/fork-guard.md): the child of a process whose nop5 sites are optimized
     from dataclasses import replace as _replace
 
-    from usdtpatch.emulate.fork import fork_findings
+    from usdtpatch.verification.fork import fork_findings
 
     optimized = tuple(s.link_address for s in the_plan.sites
                       if s.sequences is not None and s.sequences.protocol == "nop5"

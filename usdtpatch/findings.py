@@ -193,7 +193,7 @@ NOTE_BASE_MOVED = _code("note-base-moved", _I, "the notes' base differs from .st
 NOTE_SECTION_TYPE = _code("note-section-type", _W, ".note.stapsdt is not SHT_NOTE",
                           "it is read anyway")
 
-# -- the kernel's verdict on a site (usdtpatch.sites.candidacy, the one rule engine) --
+# -- the kernel's verdict on a site (usdtpatch.analysis.candidacy, the one rule engine) --
 SITE_CROSSES_PAGE = _code("site-crosses-page", _W, "the probed NOP crosses a 4 KiB page",
                           "a rewrite can move the probe into a detour that does not cross a "
                           "page", (_F, _V))

@@ -2,7 +2,7 @@
 
 from setuptools import Extension, setup
 
-from usdtpatch.build.setuptools import build_ext
+from usdtpatch.integrate.setuptools import build_ext
 
 setup(
     ext_modules=[Extension("probedemo._probes", ["src/probedemo/_probes.c"])],

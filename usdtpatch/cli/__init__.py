@@ -106,7 +106,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         prog="usdtpatch",
         description="Read, check and rewrite USDT probe sites for Linux optimized uprobes.")
     parser.add_argument("--version", action="version", version=f"usdtpatch {__version__}")
-    # Paths for build systems (usdtpatch.build; docs/build-integration.md): print and exit.
+    # Paths for build systems (usdtpatch.integrate; docs/build-integration.md): print and exit.
     paths = parser.add_mutually_exclusive_group()
     paths.add_argument("--cmake-dir", action="store_true",
                        help="print the folder of usdtpatchConfig.cmake (find_package)")
@@ -206,10 +206,10 @@ def _parse_and_run(argv: list[str] | None, out: IO[str], err: IO[str], early: bo
     if early and args.command not in _NO_CYCLE_COLLECTION:  # not the command guessed
         gc.enable()
     if args.cmake_dir or args.include_dir or args.make_include:
-        from usdtpatch import build
+        from usdtpatch import integrate
 
-        where = (build.cmake_dir() if args.cmake_dir else
-                 build.include_dir() if args.include_dir else build.make_include())
+        where = (integrate.cmake_dir() if args.cmake_dir else
+                 integrate.include_dir() if args.include_dir else integrate.make_include())
         print(where, file=out)
         return EXIT_OK
     if args.command is None:

@@ -1,6 +1,6 @@
 """`usdtpatch bench [--only trigger|jvm] [--iterations N] [--repeats R] [--jvm-calls N]
 [--json] [--chart PNG]`: how much faster tracing is on this machine with 5-byte sites
-(usdtpatch.benchkit.runner; the figures for this kind of machine are in docs/performance.md).
+(usdtpatch.live.bench.runner; the figures for this kind of machine are in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from usdtpatch.benchkit.runner import JVM_REFERENCE, REFERENCE, SYSTEM_JDK, BenchReport, Row
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE
 from usdtpatch.errors import UsdtpatchError
+from usdtpatch.live.bench.runner import JVM_REFERENCE, REFERENCE, SYSTEM_JDK, BenchReport, Row
 
 
 def _positive(text: str) -> int:
@@ -88,7 +88,7 @@ def render(rep: BenchReport, out: IO[str]) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from usdtpatch.benchkit.runner import bench, chart
+    from usdtpatch.live.bench.runner import bench, chart
 
     def progress(msg: str) -> None:
         if not args.json and err.isatty():

@@ -8,6 +8,7 @@ import argparse
 import json
 from typing import IO, Any
 
+from usdtpatch.analysis.probes import Probe
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
@@ -18,7 +19,6 @@ from usdtpatch.report.listing import (
     relabel,
     selected,
 )
-from usdtpatch.sites.probes import Probe
 
 
 def register(sub: Any) -> None:

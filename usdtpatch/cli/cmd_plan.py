@@ -12,9 +12,9 @@ from typing import IO, Any
 from usdtpatch import api
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.poke.plan import Plan, SitePlan, plan_json
-from usdtpatch.poke.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10, Sequence
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
+from usdtpatch.sequences.plan import Plan, SitePlan, plan_json
+from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10, Sequence
 from usdtpatch.x86.describe import describe
 
 
@@ -30,8 +30,8 @@ def _addr(text: str) -> int:
 
 def _trampoline(text: str) -> int:
     """--trampoline: a page address in user space (as api.plan checks it)."""
-    from usdtpatch.poke.sequences import PAGE_SIZE
-    from usdtpatch.poke.trampoline import TASK_SIZE
+    from usdtpatch.sequences.sequences import PAGE_SIZE
+    from usdtpatch.sequences.trampoline import TASK_SIZE
 
     v = _addr(text)
     if not PAGE_SIZE <= v < TASK_SIZE:

@@ -1,5 +1,5 @@
-"""`usdtpatch post-link FILE [-o OUT] [--check-only] ...`: the build step (usdtpatch.build.step)."""
+"""`usdtpatch post-link FILE [-o OUT] [--check-only] ...`: the build step (integrate.step)."""
 
-from usdtpatch.build.step import register, run
+from usdtpatch.integrate.step import register, run
 
 __all__ = ["register", "run"]

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from usdtpatch import api
+from usdtpatch.analysis.check import CheckReport, SiteCheck
+from usdtpatch.analysis.targets import CodeContext, FunctionCode
+from usdtpatch.analysis.windows import PatchWindow, WindowShape
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.demangle import demangle
@@ -20,9 +23,6 @@ from usdtpatch.elf.symbols import load_symbols
 from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.checkjson import site_json
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
-from usdtpatch.sites.check import CheckReport, SiteCheck
-from usdtpatch.sites.targets import CodeContext, FunctionCode
-from usdtpatch.sites.windows import PatchWindow, WindowShape
 from usdtpatch.x86.describe import describe
 
 

@@ -14,14 +14,14 @@ from typing import IO, TYPE_CHECKING, Any
 from usdtpatch import api
 from usdtpatch.cli.cmd_plan import add_placement_args, placement
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
-from usdtpatch.emulate.verify import FAIL, PASS, SKIP, VerifyReport
 from usdtpatch.errors import UsdtpatchError
+from usdtpatch.verification.plans import FAIL, PASS, SKIP, VerifyReport
 
 if TYPE_CHECKING:
-    from usdtpatch.poke.plan import Plan
-    from usdtpatch.poke.protocols import Protocol
+    from usdtpatch.sequences.plan import Plan
+    from usdtpatch.sequences.protocols import Protocol
 
-VERIFY_SCHEMA = "usdtpatch/verify"
+VERIFY_SCHEMA = "usdtpatch/verification"
 VERIFY_SCHEMA_VERSION = 1
 
 
@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
                    help="verify this plan (from `usdtpatch plan --json` or anyone else) "
                         "instead of planning FILE now")
     p.add_argument("--protocol", metavar="PROTOCOL.toml",
-                   help="run this write protocol (a protocol file: usdtpatch/poke/protocols/"
+                   help="run this write protocol (a protocol file: usdtpatch/sequences/protocols/"
                         "nop5.toml is the kernel's) on every site instead of the plan's "
                         "sequences; its model replaces --form")
     add_placement_args(p)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if args.plan:
             plan = api.read_plan(args.plan)
         elif args.protocol:
-            from usdtpatch.poke.protocols import load_protocol
+            from usdtpatch.sequences.protocols import load_protocol
 
             proto = load_protocol(args.protocol)
     except UsdtpatchError as exc:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return EXIT_UNUSABLE
     try:
         if proto is not None:
-            from usdtpatch.poke.protocols import ProtocolError, apply_protocol
+            from usdtpatch.sequences.protocols import ProtocolError, apply_protocol
 
             model_plan = api.plan(args.file, **{**placement(args), "form": proto.model})
             try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import IO
 
+from usdtpatch.analysis.probes import ProbeSet, read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import StrPath, map_input
-from usdtpatch.sites.probes import ProbeSet, read_probes
 
 __all__ = [
     "EXIT_FAIL",

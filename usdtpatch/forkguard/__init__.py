@@ -109,10 +109,10 @@ def fork_exposure(image: ElfImage) -> str | None:
 
     vfork, posix_spawn, system and popen are not counted: their child runs in the parent's
     address space, trampoline included, until it execs. Where no symbol names a fork, the
-    code is asked (usdtpatch.sites.hazards.fork_evidence): a fork system call, or clone
+    code is asked (usdtpatch.analysis.hazards.fork_evidence): a fork system call, or clone
     without CLONE_VM. A system call whose number the code does not fix is not counted here:
     check reports it (`fork-unknown`), and so does rewrite."""
-    from usdtpatch.sites.hazards import FORK_COPIES_MM, imported_fork_family
+    from usdtpatch.analysis.hazards import FORK_COPIES_MM, imported_fork_family
 
     calls = [f for f in imported_fork_family(image) if f in FORK_COPIES_MM]
     if not calls and _kind(image) == "static":
@@ -124,7 +124,7 @@ def fork_exposure(image: ElfImage) -> str | None:
         return "it is a shared object (the process that loads it may fork)"
     if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
         # no symbol names a fork (a stripped static executable, a raw system call): the code
-        from usdtpatch.sites.hazards import fork_evidence_of
+        from usdtpatch.analysis.hazards import fork_evidence_of
 
         return fork_evidence_of(image).describe()
     return None
@@ -429,14 +429,14 @@ _CHILD_RETURN = bytes([
 
 def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int]] | str:
     """(window start, system call number) of each fork system call of a static executable
-    that the guard can hook (usdtpatch.sites.hazards.fork_evidence: fork, or clone without
+    that the guard can hook (usdtpatch.analysis.hazards.fork_evidence: fork, or clone without
     CLONE_VM): `mov $N,%eax` right before the `syscall`, the `syscall` reached only from it
     (no branch target there, no way in from the whole file), or why one cannot be hooked."""
+    from usdtpatch.analysis.hazards import fork_evidence
+    from usdtpatch.analysis.targets import CodeContext
+    from usdtpatch.analysis.waysin import build_ways_in
     from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
     from usdtpatch.elf.symbols import load_symbols
-    from usdtpatch.sites.hazards import fork_evidence
-    from usdtpatch.sites.targets import CodeContext
-    from usdtpatch.sites.waysin import build_ways_in
 
     try:
         cfi = load_cfi(image)

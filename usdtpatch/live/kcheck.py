@@ -47,9 +47,9 @@ from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.live import ptrace
 from usdtpatch.live.perf import SiteSampler, has_uprobe_syscall, uprobe_pmu_type
 from usdtpatch.live.procfs import read_maps
-from usdtpatch.poke.plan import Plan, SitePlan
-from usdtpatch.poke.sequences import CALL_REL32, INT3, PROTOCOL_NOP5
-from usdtpatch.poke.trampoline import TRAMPOLINE_NAME, MapEntry
+from usdtpatch.sequences.plan import Plan, SitePlan
+from usdtpatch.sequences.sequences import CALL_REL32, INT3, PROTOCOL_NOP5
+from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME, MapEntry
 
 KCHECK_SCHEMA = "usdtpatch/kcheck"
 KCHECK_SCHEMA_VERSION = 1
@@ -456,7 +456,7 @@ class Kcheck:
         of the target's sites in the mappings read soon after the first hit or now (the
         trampoline pages taken out): with the rule's two-page gap, or one page where a
         mapping made after the placement now follows it."""
-        from usdtpatch.poke.trampoline import place_trampoline
+        from usdtpatch.sequences.trampoline import place_trampoline
 
         key = (id(t), page)
         if key in self._explained:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from usdtpatch.errors import InputError
-from usdtpatch.poke.trampoline import MapEntry, parse_maps
+from usdtpatch.sequences.trampoline import MapEntry, parse_maps
 
 
 def read_maps(pid: int) -> tuple[MapEntry, ...]:

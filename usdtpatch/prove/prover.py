@@ -27,6 +27,7 @@ import time
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.prove.smt import (
     Dead,
     Machine,
@@ -40,7 +41,6 @@ from usdtpatch.prove.smt import (
     plausible,
     solve,
 )
-from usdtpatch.sites.windows import PatchWindow
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, RED_ZONE
 from usdtpatch.x86.relocate import Detour

@@ -14,7 +14,7 @@ docs/rewrite.md, "Proved, not sampled".
 
 from __future__ import annotations
 
-from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.x86.decode import CodeInsn
 
 _REFUSED = frozenset({

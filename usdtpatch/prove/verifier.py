@@ -4,11 +4,11 @@
 `Verifier`: None when the detour is equivalent, else why not) with the prover
 (usdtpatch.prove.prover):
 - proved: accepted, without emulation;
-- a counterexample the emulator confirms when it replays it (usdtpatch.emulate.replay):
+- a counterexample the emulator confirms when it replays it (usdtpatch.verification.replay):
   rejected, the reason naming the difference and the state;
 - anything else (not provable: an instruction outside the model, the solver's budget; or a
   counterexample the replay does not confirm): `fallback` decides (today's emulated check,
-  usdtpatch.emulate.equivalence), and the site counts as emulated.
+  usdtpatch.verification.equivalence), and the site counts as emulated.
 After each call `last_method` says which ("proved" or "emulated"); `counts` adds them up.
 """
 
@@ -18,10 +18,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.emulate.replay import PAGE, Side, State, replay
 from usdtpatch.prove.prover import DIFFERS, PROVED, Proof, Prover, call_returns, tracer_nops
-from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.verification.replay import PAGE, Side, State, replay
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.relocate import Detour
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from usdtpatch import __version__
-from usdtpatch.findings import Finding, Severity
-from usdtpatch.prove.support import provable
-from usdtpatch.report.listing import function_label, site_disassembly
-from usdtpatch.sites.check import (
+from usdtpatch.analysis.check import (
     BACKWARD,
     BLOCKED,
     FORWARD,
@@ -21,9 +18,12 @@ from usdtpatch.sites.check import (
     CheckReport,
     SiteCheck,
 )
-from usdtpatch.sites.windows import PatchWindow
+from usdtpatch.analysis.windows import PatchWindow
+from usdtpatch.findings import Finding, Severity
+from usdtpatch.prove.support import provable
+from usdtpatch.report.listing import function_label, site_disassembly
 
-CHECK_SCHEMA = "usdtpatch/check"
+CHECK_SCHEMA = "usdtpatch/analysis"
 CHECK_SCHEMA_VERSION = 1
 
 

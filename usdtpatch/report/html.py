@@ -6,7 +6,7 @@ file first (a bar of outcomes whose numbers are the JSON document's own, the fil
 hazards with their hints), then every site, each a <details> whose body is the `show` view of
 its window; the script only adds sorting, filters and a search.
 
-Pages are rendered from the JSON documents (`usdtpatch/check`, `usdtpatch/rewrite`) plus,
+Pages are rendered from the JSON documents (`usdtpatch/analysis`, `usdtpatch/rewrite`) plus,
 for check, the `show` documents of the sites (usdtpatch.cli.cmd_show.site_views), so they
 cannot disagree with `--json`. Everything shown is escaped with html.escape.
 """
@@ -472,7 +472,7 @@ def _site_findings(sites: Sequence[dict[str, Any]]) -> str:
 
 
 def html_page(doc: dict[str, Any], views: Views | None = None) -> str:
-    """The check page of a `usdtpatch/check` document; `views[i][j]` is the `show` document of
+    """The check page of a `usdtpatch/analysis` document; `views[i][j]` is the `show` document of
     site j of file i (without them a site shows its window data only)."""
     files = doc["files"]
     total_sites = sum(f["summary"]["sites"] for f in files)

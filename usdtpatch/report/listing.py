@@ -6,8 +6,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from usdtpatch import __version__
+from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
-from usdtpatch.sites.probes import Probe, ProbeSet
 from usdtpatch.x86.describe import describe
 from usdtpatch.x86.nops import SiteForm
 

@@ -41,7 +41,7 @@ def _rule(f: dict[str, str]) -> dict[str, Any]:
 
 
 def sarif_document(doc: dict[str, Any]) -> dict[str, Any]:
-    """Convert a `usdtpatch/check` document into a SARIF 2.1.0 log."""
+    """Convert a `usdtpatch/analysis` document into a SARIF 2.1.0 log."""
     rules: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from usdtpatch.analysis.check import CheckReport
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.findings import Finding
 from usdtpatch.rewriter.build import TEXT_SECTION, build_rewrite, output_findings
@@ -29,7 +30,6 @@ from usdtpatch.rewriter.plan import (
     Verifier,
     plan_rewrite,
 )
-from usdtpatch.sites.check import CheckReport
 
 __all__ = ["INT3", "MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "TEXT_SECTION", "Action",
            "AlreadyRewritten", "RewritePlan", "RewriteResult", "SiteDecision", "SiteOutcome",

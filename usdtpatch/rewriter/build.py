@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from usdtpatch import __version__
+from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.dwarf import (
     DetourLines,
@@ -56,7 +57,6 @@ from usdtpatch.findings import PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter.forms import ForkGuard
 from usdtpatch.rewriter.marker import MARKER_SECTION, marker_note
 from usdtpatch.rewriter.plan import Action, RewritePlan, output_nop5_sites
-from usdtpatch.sites.probes import NOTE_SECTION
 
 TEXT_SECTION = ".usdtpatch.text"
 EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from usdtpatch.analysis.check import SiteCheck
+from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
 from usdtpatch.rewriter.forms import guard_args, uses_numeric_rip
-from usdtpatch.sites.check import SiteCheck
-from usdtpatch.sites.windows import MAX_WINDOW, PatchWindow, WindowShape
 from usdtpatch.x86.nops import SiteForm
 
 

@@ -1,7 +1,7 @@
 """Rewrite, step 1: decide every site. The result is a `RewritePlan`, frozen data.
 
 The flow is one way: the probes and their check (patch windows, red-zone verdicts, from
-usdtpatch.sites.check) -> one `SiteDecision` per probe -> the detours laid out in the new
+usdtpatch.analysis.check) -> one `SiteDecision` per probe -> the detours laid out in the new
 segment. Nothing here makes the output file: `usdtpatch.rewriter.build.build_rewrite(plan)` does,
 and `rewrite --dry-run` prints a plan without building it.
 
@@ -19,6 +19,33 @@ from itertools import pairwise
 from typing import Any
 
 from usdtpatch import findings
+from usdtpatch.analysis.calls import (
+    CALL_CHOICES,
+    CALLS_AUTO,
+    EMULATED,
+    MOVED,
+    shadow_stack_marked,
+)
+from usdtpatch.analysis.calls import DetourEh as _DetourEh
+from usdtpatch.analysis.calls import call_technique as _call_technique
+from usdtpatch.analysis.check import CheckReport, SiteCheck, check
+from usdtpatch.analysis.probes import (
+    BASE_SECTION,
+    Probe,
+    ProbeSet,
+    not_linked_message,
+    read_probes,
+)
+from usdtpatch.analysis.rules import optimized_where_it_is
+from usdtpatch.analysis.windows import (
+    REL8_STUB,
+    REL32,
+    TABLE4,
+    TABLE8,
+    PatchWindow,
+    Retarget,
+    WindowShape,
+)
 from usdtpatch.elf.cfi import CfiIndex, Lsda, load_cfi
 from usdtpatch.elf.ehframe import (
     RSP,
@@ -46,33 +73,6 @@ from usdtpatch.rewriter.forms import (
 from usdtpatch.rewriter.index import Claims, SitesByAddress
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
 from usdtpatch.rewriter.merge import join_following
-from usdtpatch.sites.calls import (
-    CALL_CHOICES,
-    CALLS_AUTO,
-    EMULATED,
-    MOVED,
-    shadow_stack_marked,
-)
-from usdtpatch.sites.calls import DetourEh as _DetourEh
-from usdtpatch.sites.calls import call_technique as _call_technique
-from usdtpatch.sites.check import CheckReport, SiteCheck, check
-from usdtpatch.sites.probes import (
-    BASE_SECTION,
-    Probe,
-    ProbeSet,
-    not_linked_message,
-    read_probes,
-)
-from usdtpatch.sites.rules import optimized_where_it_is
-from usdtpatch.sites.windows import (
-    REL8_STUB,
-    REL32,
-    TABLE4,
-    TABLE8,
-    PatchWindow,
-    Retarget,
-    WindowShape,
-)
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm
 from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window

@@ -1,0 +1,442 @@
+"""Hazards of optimized probe sites, each a Finding.
+
+References (docs/findings.md, `red-zone-live` and `process-can-fork`, measured on 6.18):
+- Red zone: the optimized path's `call` and the trampoline's three pushes overwrite the 32
+  bytes below %rsp. The x86-64 psABI (section 3.2.2, "The Stack Frame") lets a function keep
+  data in the 128 bytes below %rsp. `red_zone` decides conservatively whether the function
+  holding a site may do so: "free" only when its code proves it does not.
+- fork(): a child inherits the `e8` call bytes but not the trampoline page and dies with
+  SIGSEGV at the site. Any import of the fork family makes a process exposed.
+- Semaphores: an `unsigned short` counter the kernel increments, by convention in `.probes`;
+  it must be 2-byte aligned and in a writable segment.
+- Argument specs through %rsp or %rip: a detour moves the probe (rip changes) and a
+  red-zone-safe detour lowers %rsp by 128 around it; such arguments must be rewritten.
+- rseq: restartable-sequence critical sections described by `struct rseq_cs` records in the
+  `__rseq_cs` section (Linux uapi/linux/rseq.h: u32 version, u32 flags, u64 start_ip,
+  u64 post_commit_offset, u64 abort_ip); code in them must not move.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from usdtpatch.analysis.probes import Probe
+from usdtpatch.analysis.targets import (
+    ENTRY,
+    LANDING_PAD,
+    SYMBOL,
+    CodeContext,
+    FunctionCode,
+    _copies,
+    _Graph,
+    _reaching_defs,
+    _regs_alias,
+)
+from usdtpatch.analysis.waysin import code_ranges
+from usdtpatch.elf.args import MemOperand
+from usdtpatch.elf.image import PF_W, PT_LOAD, ElfImage
+from usdtpatch.elf.symbols import symbol_names
+from usdtpatch.findings import (
+    SEMAPHORE_MISALIGNED,
+    SEMAPHORE_NOT_IN_PROBES,
+    SEMAPHORE_NOT_WRITABLE,
+    SEMAPHORE_UNMAPPED,
+)
+from usdtpatch.x86.decode import CodeInsn, Flow
+
+RED_ZONE = 128
+CLOBBERED = 32  # bytes below rsp written by the optimized path (return address + 3 pushes)
+
+FORK_FAMILY = frozenset({"fork", "vfork", "clone", "clone3", "daemon", "posix_spawn",
+                         "posix_spawnp", "_Fork", "__libc_fork", "forkpty", "system",
+                         "popen"})
+# Of those, the ones whose child gets a copy of the address space (without the trampoline
+# page); vfork, posix_spawn, system and popen run the child in the parent's mm until exec.
+FORK_COPIES_MM = frozenset({"fork", "_Fork", "__libc_fork", "daemon", "forkpty", "clone",
+                            "clone3"})
+RSEQ_SECTION = "__rseq_cs"
+RSEQ_CS_SIZE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class RedZone:
+    """Whether the function holding a site may keep live data below %rsp there."""
+
+    may_use: bool
+    reason: str
+    evidence: int | None  # address of the instruction (or None for an argument / unknown)
+
+
+_RSP_COPY = re.compile(r"^%rsp, %(\w+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class _FunctionStack:
+    """What a function's code says about its stack, whatever probe is in it."""
+
+    below: RedZone | None  # the first access below %rsp (or below the frame), if any
+    frame_at: int | None  # address of `mov %rsp,%rbp`
+    lowered: int  # bytes the prologue reserves below the frame pointer
+
+
+class StackMemo:
+    """The probe-independent part of `red_zone` (what a function's code says about its stack),
+    worked out once per function for one analysis run: pass one to every `red_zone` call of a
+    run (a function with several probes is walked once)."""
+
+    def __init__(self) -> None:
+        self._got: dict[int, tuple[FunctionCode, _FunctionStack]] = {}
+
+    def __call__(self, fc: FunctionCode) -> _FunctionStack:
+        got = self._got.get(id(fc))
+        if got is None or got[0] is not fc:  # the FunctionCode is kept: its id stays its own
+            got = (fc, _function_stack(fc))
+            self._got[id(fc)] = got
+        return got[1]
+
+
+def red_zone(fc: FunctionCode | None, probe: Probe, stacks: StackMemo | None = None) -> RedZone:
+    """Conservative red-zone analysis: "may use" unless the code proves otherwise.
+
+    Proof obligations, over the function's whole linear disassembly (not path-sensitive):
+    1. no memory operand (load, store or lea) at a negative displacement from %rsp, or from a
+       register copied from %rsp;
+    2. with a frame pointer (`mov %rsp,%rbp`), no %rbp-relative operand deeper than the bytes
+       the prologue pushes and subtracts from %rsp right after that copy;
+    3. no probe argument addressed below %rsp (or below the frame as in 2);
+    4. the function decoded completely.
+    """
+    for a in probe.args:
+        op = a.operand
+        if isinstance(op, MemOperand) and op.base == "rsp" and op.disp < 0:
+            return RedZone(True, f"argument {a.raw} lives {-op.disp} bytes below %rsp at the "
+                                 "site", None)
+    if fc is None:
+        return RedZone(True, "the function's bounds are unknown: nothing proves the red zone "
+                             "free", None)
+    if fc.bad or not fc.insns:
+        return RedZone(True, "the function did not decode completely", None)
+    guard = _guarded(fc, probe)
+    if guard is not None:
+        return RedZone(False, guard, None)
+    stack = _function_stack(fc) if stacks is None else stacks(fc)
+    if stack.below is not None:
+        return stack.below
+    if stack.frame_at is not None:
+        for a in probe.args:
+            op = a.operand
+            if isinstance(op, MemOperand) and op.base == "rbp" and -op.disp > stack.lowered:
+                return RedZone(True, f"argument {a.raw} lies below the reserved frame", None)
+    return RedZone(False, "no access below %rsp in the function", None)
+
+
+def _function_stack(fc: FunctionCode) -> _FunctionStack:
+    copies: set[str] = set()
+    frame_at: int | None = None
+    lowered = 0
+    in_prologue = False
+    for ins in fc.insns:
+        m = ins.mem
+        op = ins.op_str
+        if m is None and not in_prologue and not op.startswith("%rsp, %"):
+            continue  # no memory operand, no copy of %rsp, outside the prologue: nothing to see
+        if op.endswith(", %rsp") and ins.base_mnemonic.startswith("lea"):  # _adjusts_rsp
+            continue  # lea -N(%rsp),%rsp moves the stack pointer; it reads no memory
+        if m is not None and (m.base == "rsp" or m.base in copies) and m.disp < 0:
+            return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
+                                                f"{-m.disp} bytes below %{m.base}",
+                                          ins.address), frame_at, lowered)
+        if m is not None and (m.base == "rsp" or m.base in copies) and m.index is not None:
+            # a register index may be negative: nothing proves the access stays above %rsp
+            return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
+                                                f"%{m.base} plus the register %{m.index}, "
+                                                f"which may reach below it", ins.address),
+                                  frame_at, lowered)
+        mc = _RSP_COPY.match(op) if op.startswith("%rsp, %") else None
+        if mc is not None and ins.base_mnemonic.startswith("mov"):
+            reg = mc.group(1)
+            if reg == "rbp" and frame_at is None:
+                frame_at = ins.address
+                in_prologue = True
+            elif reg != "rbp":
+                copies.add(reg)
+            continue
+        if in_prologue:
+            # the frame's reservation: pushes and `sub $N,%rsp` right after `mov %rsp,%rbp`,
+            # up to the first control transfer (whatever the site's position)
+            if ins.flow is not Flow.NONE:
+                in_prologue = False
+            else:
+                lowered += _lowers_rsp(ins)
+    if frame_at is not None:
+        for ins in fc.insns:
+            m = ins.mem
+            if (m is not None and m.base == "rbp" and m.disp < 0 and -m.disp > lowered
+                    and ins.address > frame_at):
+                return _FunctionStack(
+                    RedZone(True, f"{ins.text} at {ins.address:#x} addresses {-m.disp} bytes "
+                                  f"below the frame pointer, but only {lowered} bytes were "
+                                  "reserved below it", ins.address), frame_at, lowered)
+    return _FunctionStack(None, frame_at, lowered)
+
+
+GUARD_IN_TEXT = "-0x80(%rsp), %rsp"  # 48 8d 64 24 80: lea -0x80(%rsp),%rsp
+GUARD_OUT_TEXT = "0x80(%rsp), %rsp"  # 48 8d a4 24 80 00 00 00: lea 0x80(%rsp),%rsp
+
+
+def _adjusts_rsp(ins: CodeInsn) -> bool:
+    return ins.base_mnemonic.startswith("lea") and ins.op_str.endswith(", %rsp")
+
+
+def _guarded(fc: FunctionCode, probe: Probe) -> str | None:
+    """The reason the site is safe when usdtpatch's sdt.h red-zone guard wraps it:
+    `lea -0x80(%rsp),%rsp; <site>; lea 0x80(%rsp),%rsp` (the optimized path's writes land
+    below the red zone), else None."""
+    i = fc.index_of(probe.address)
+    if i is None or i == 0:
+        return None
+    length = probe.site.length or fc.insns[i].size
+    after = fc.index_of(probe.address + length)
+    before = fc.insns[i - 1]
+    if after is None:
+        return None
+    out = fc.insns[after]
+    if (before.base_mnemonic.startswith("lea") and before.op_str == GUARD_IN_TEXT
+            and out.base_mnemonic.startswith("lea") and out.op_str == GUARD_OUT_TEXT):
+        return ("the site is wrapped in lea -0x80(%rsp),%rsp / lea 0x80(%rsp),%rsp: the "
+                "optimized path writes below the red zone")
+    return None
+
+
+def _lowers_rsp(ins: CodeInsn) -> int:
+    base = ins.base_mnemonic
+    if base in ("push", "pushq"):
+        return 8
+    if base.startswith("sub") and ins.op_str.endswith("%rsp") and ins.op_str.startswith("$"):
+        try:
+            return int(ins.op_str.split(",")[0][1:], 0)
+        except ValueError:
+            return 0
+    return 0
+
+
+def imported_fork_family(image: ElfImage) -> tuple[str, ...]:
+    """Names of the fork family the file imports (undefined dynamic symbols), or defines
+    (a static executable's `.symtab`)."""
+    found = {name for name in symbol_names(image) if name in FORK_FAMILY}
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class RseqCs:
+    start: int
+    end: int  # start_ip + post_commit_offset
+    abort: int
+
+
+def rseq_sections(ctx: CodeContext) -> tuple[RseqCs, ...]:
+    """Every `struct rseq_cs` in `__rseq_cs` (values from the file or RELATIVE relocations)."""
+    image = ctx.image
+    sec = image.section(RSEQ_SECTION)
+    if sec is None or not image.is64 or not sec.addr:
+        return ()
+    out: list[RseqCs] = []
+    for addr in range(sec.addr, sec.addr + sec.size - RSEQ_CS_SIZE + 1, RSEQ_CS_SIZE):
+        start = ctx.read_pointer(addr + 8)
+        raw = image.read_vaddr(addr + 16, 8)
+        abort = ctx.read_pointer(addr + 24)
+        if start is None or abort is None or len(raw) < 8:
+            continue
+        length: int = struct.unpack(image.byteorder + "Q", raw)[0]
+        out.append(RseqCs(start, start + length, abort))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreProblem:
+    code: str
+    message: str
+    hint: str
+
+
+def semaphore_problems(probe: Probe, image: ElfImage) -> tuple[SemaphoreProblem, ...]:
+    """What is wrong with a probe's semaphore (nothing when it has none)."""
+    sem = probe.semaphore
+    if sem is None:
+        return ()
+    out: list[SemaphoreProblem] = []
+    seg = None
+    for s in image.segments:
+        if s.type == PT_LOAD and s.vaddr <= sem.address and sem.address + 2 <= s.vaddr + s.memsz:
+            seg = s
+            break
+    if seg is None:
+        out.append(SemaphoreProblem(
+            SEMAPHORE_UNMAPPED.code, f"semaphore {sem.address:#x} is in no loadable segment",
+            "the note's semaphore address is wrong; tracers cannot enable this probe"))
+    elif not seg.flags & PF_W:
+        out.append(SemaphoreProblem(
+            SEMAPHORE_NOT_WRITABLE.code,
+            f"semaphore {sem.address:#x} is in a read-only segment (program header "
+            f"{seg.index})", "the kernel cannot increment it: put it in a writable section"))
+    if sem.address % 2:
+        out.append(SemaphoreProblem(
+            SEMAPHORE_MISALIGNED.code, f"semaphore {sem.address:#x} is not 2-byte aligned",
+            "the counter is an unsigned short; align it to 2 bytes"))
+    if seg is not None and sem.section != ".probes":
+        out.append(SemaphoreProblem(
+            SEMAPHORE_NOT_IN_PROBES.code,
+            f"semaphore {sem.address:#x} is in {sem.section or 'no section'}, not .probes",
+            "bcc and perf look semaphores up through .probes"))
+    return tuple(out)
+
+
+# --- fork in code: the system calls themselves ---------------------------------------------
+
+SYS_CLONE, SYS_FORK, SYS_VFORK, SYS_CLONE3 = 56, 57, 58, 435
+CLONE_VM = 0x100
+FORK_SYSCALL_NAMES = {SYS_CLONE: "clone", SYS_FORK: "fork", SYS_VFORK: "vfork",
+                      SYS_CLONE3: "clone3"}
+
+
+@dataclass(frozen=True, slots=True)
+class ForkEvidence:
+    """What the file's code says about forking, where its symbols say nothing (a stripped
+    static executable): each entry is (address of the `syscall`, what it is).
+
+    `forks`: a fork, or a clone without CLONE_VM (the child gets a copy of the address space,
+    without the trampoline page); `shared`: vfork, or clone with CLONE_VM (the child shares
+    the parent's memory); `unknown`: a system call whose number (or clone's flags) the code
+    does not fix before it, or a call of the `syscall` function: it may fork."""
+
+    forks: tuple[tuple[int, str], ...]
+    shared: tuple[tuple[int, str], ...]
+    unknown: tuple[tuple[int, str], ...]
+
+    def describe(self) -> str | None:
+        """Why the process forks a copy of itself, or None."""
+        if self.forks:
+            at, what = self.forks[0]
+            more = f" (and {len(self.forks) - 1} more)" if len(self.forks) > 1 else ""
+            return f"its code makes the {what} system call at {at:#x}{more}"
+        return None
+
+    def uncertainty(self) -> str | None:
+        """Why it cannot be told whether the process forks (no fork found), or None."""
+        if self.unknown and not self.forks:
+            at, what = self.unknown[0]
+            more = f" (and {len(self.unknown) - 1} more)" if len(self.unknown) > 1 else ""
+            where = f" at {at:#x}" if at else ""
+            return f"it may fork: {what}{where}{more}"
+        return None
+
+
+def fork_evidence(ctx: CodeContext) -> ForkEvidence:
+    """Every `syscall` instruction of the file's executable code, classified by the constant
+    the instructions before it (in its function's linear disassembly, on straight-line code)
+    put in %eax: fork, vfork, clone (with clone's flags from %edi), clone3; and the import
+    of `syscall` (the number is an argument). A `syscall` whose function cannot be decoded,
+    or whose number is not such a constant, is `unknown`."""
+
+    image = ctx.image
+    forks: list[tuple[int, str]] = []
+    shared: list[tuple[int, str]] = []
+    unknown: list[tuple[int, str]] = []
+    if "syscall" in set(symbol_names(image)) and image.section(".dynsym") is not None:
+        unknown.append((0, "it calls syscall(2), whose number is an argument"))
+    for vaddr, off, size in code_ranges(image):
+        data = bytes(image.data[off:off + size])
+        at = data.find(b"\x0f\x05")
+        while at >= 0:
+            pc = vaddr + at
+            kind = _syscall_kind(ctx, pc)
+            if kind is not None:
+                bucket, what = kind
+                {"forks": forks, "shared": shared, "unknown": unknown}[bucket].append((pc, what))
+            at = data.find(b"\x0f\x05", at + 1)
+    return ForkEvidence(tuple(forks), tuple(shared), tuple(unknown))
+
+
+def fork_evidence_of(image: ElfImage) -> ForkEvidence:
+    """fork_evidence with the file's own call frame information and symbols."""
+    from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
+    from usdtpatch.elf.symbols import load_symbols
+
+    try:
+        cfi = load_cfi(image)
+    except CfiError:
+        cfi = CfiIndex(image, (), (), "none")
+    return fork_evidence(CodeContext(image, cfi, load_symbols(image)))
+
+
+def _syscall_kind(ctx: CodeContext, pc: int) -> tuple[str, str] | None:
+    """("forks" | "shared" | "unknown", description) of the syscall at `pc`, or None when it
+    is not a fork (a known other number) or the bytes are not a `syscall` instruction."""
+    bounds = ctx.bounds(pc)
+    if bounds is None:
+        return "unknown", "a syscall in code of no known function"
+    sw = ctx.sweep(bounds.start, bounds.end)
+    insns = sw.insns
+    k = bisect_left(insns, pc, key=lambda x: x.address)
+    if k >= len(insns) or insns[k].address != pc or insns[k].base_mnemonic != "syscall":
+        return None if not sw.bad else ("unknown", "a syscall in code that does not decode")
+    number = _constant_before(insns, k, "rax", ctx.function(bounds))
+    if number is None:
+        return "unknown", "a syscall whose number is not a constant set before it"
+    if number in (SYS_FORK,):
+        return "forks", "fork"
+    if number == SYS_VFORK:
+        return "shared", "vfork"
+    if number == SYS_CLONE:
+        flags = _constant_before(insns, k, "rdi", ctx.function(bounds))
+        if flags is None:
+            return "unknown", "a clone system call whose flags are not a constant"
+        if flags & CLONE_VM:
+            return "shared", f"clone (flags {flags:#x}, CLONE_VM)"
+        return "forks", f"clone (flags {flags:#x}, without CLONE_VM)"
+    if number == SYS_CLONE3:
+        return "unknown", "a clone3 system call (its flags are in memory)"
+    return None
+
+
+def _constant_before(insns: tuple[CodeInsn, ...], k: int, reg: str,
+                     fc: FunctionCode) -> int | None:
+    """The one constant `reg` holds before instruction k on every path that reaches it
+    within the function (`mov $N`, `xor r,r`, register copies followed), or None when a path
+    brings another value, an argument or a call's result, or the paths disagree."""
+    g = _Graph(insns, {a for a, t in fc.targets.items()
+                       if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
+    got = _values(g, k, reg, 0)
+    return got.pop() if got is not None and len(got) == 1 else None
+
+
+def _values(g: _Graph, k: int, reg: str, depth: int) -> set[int] | None:
+    defs = _reaching_defs(g, k, reg)
+    if not defs or depth > 4:
+        return None
+    out: set[int] = set()
+    for kind, p in defs:
+        if kind != "def":
+            return None  # an argument, or a call's result
+        ins = g.insns[p]
+        ops = ins.operands
+        base = ins.base_mnemonic
+        if base.startswith("mov") and len(ops) == 2 and ops[0].startswith("$"):
+            try:
+                out.add(int(ops[0][1:], 0) & 0xFFFFFFFF)
+            except ValueError:
+                return None
+        elif base.startswith("xor") and len(ops) == 2 and \
+                _regs_alias(ops[0]) == _regs_alias(ops[1]) == reg:
+            out.add(0)
+        elif (cp := _copies(ins)) is not None and cp[1] == reg:
+            sub = _values(g, p, cp[0], depth + 1)
+            if sub is None:
+                return None
+            out |= sub
+        else:
+            return None
+    return out

@@ -1,0 +1,880 @@
+"""Every branch target of a function: what a patch window must not have strictly inside it.
+
+A target is an address control can arrive at other than by falling through: the function entry,
+other symbols inside it, direct jmp/jcc/call targets, return sites (the instruction after each
+call), exception landing pads (the LSDA's call-site table in `.gcc_except_table`), jump-table
+entries, rseq abort handlers, and jumps back from a split-off `.cold` part. A function whose
+indirect jump is not understood, or whose bytes do not all decode, is "all targets": every
+instruction boundary counts.
+
+Jump tables recognized (x86-64, what GCC and clang emit):
+- PIC, relative int32 entries: `lea T(%rip),%rB; movslq (%rB,%rI,4),%rX; add %rB,%rX;
+  jmp *%rX` (GCC and clang, also with `notrack`), each target = T + entry;
+- absolute 8-byte entries: `jmp *T(,%rI,8)` or `mov T(,%rI,8),%rX; jmp *%rX` (non-PIE), and
+  `lea T(%rip),%rB; mov (%rB,%rI,8),%rX; jmp *%rX` (computed goto tables, PIE with
+  R_X86_64_RELATIVE relocations supplying the values).
+The entry count comes from the `cmp $N,%r; ja default` (or `and $2^k-1,%r`) guard on the
+table's index when one is found nearby; else entries are read while they point at code and,
+inside the function, at instruction boundaries (a spurious target only makes windows smaller).
+The table base may be set far from the jump: every definition of the base register that
+reaches the jump (a search over the part's control flow) must be the same `lea T(%rip)`.
+
+Other indirect jumps are classified by where the register's value comes from, on every path
+(`_origin`): a pointer loaded from memory without a table index (`jmp *0x10(%rax)`,
+`mov 0x10(%rsi),%rax; jmp *%rax`, a C++ member-function pointer), a function-pointer argument,
+a call's return value, or a `lea` of code outside the function are tail calls; a `lea` of a
+label inside the function is a computed goto (the label becomes a target); anything else is
+not understood and makes the function all-targets.
+
+The ways in from the rest of the file (branches of other functions and sections, addresses
+taken by `lea`, relocations and data words that hold an address inside the function) come
+from one file-wide index (usdtpatch.analysis.waysin, `CodeContext.ways_in`), checked against the
+disassembly of the code that holds them and merged into the function's targets.
+
+Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep is cached.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from usdtpatch.analysis.functions import FunctionBounds, function_bounds, symbols_inside
+from usdtpatch.analysis.waysin import (
+    ADDRESS_TAKEN,
+    BRANCH_REL8,
+    BRANCH_REL32,
+    CODE_KINDS,
+    WayIn,
+    WaysIn,
+)
+from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
+from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
+from usdtpatch.elf.relocs import relative_relocations
+from usdtpatch.elf.symbols import SymbolTable
+from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
+from usdtpatch.x86.nops import nop_run_length
+
+MAX_TABLE_ENTRIES = 4096
+MAX_COLD_PARTS = 8  # related parts followed per function
+MAX_FUNCTION_BYTES = 1 << 20  # a function larger than this is not disassembled
+LOOKBACK = 16  # instructions examined before an indirect jump
+
+# Kinds of target, as shown by `show` and the JSON report.
+ENTRY = "entry"
+SYMBOL = "symbol"
+JUMP = "jump"
+CALL_TARGET = "call-target"
+RETURN_SITE = "return-site"
+LANDING_PAD = "landing-pad"
+JUMP_TABLE = "jump-table"
+COLD_JUMP = "jump-from-other-part"
+RSEQ_ABORT = "rseq-abort"
+
+
+@dataclass(frozen=True, slots=True)
+class JumpTable:
+    jump: int  # address of the indirect jmp
+    table: int  # address of the table
+    entry_size: int  # 4 (relative) or 8 (absolute)
+    entries: int
+    bounded: bool  # True when the count came from a cmp/ja guard
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    address: int
+    kind: str
+    source: int | None  # the instruction (or table, or LSDA) that makes it a target
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCode:
+    """One function's disassembly and branch targets (the analysis unit of `check`)."""
+
+    bounds: FunctionBounds
+    insns: tuple[CodeInsn, ...]
+    starts: tuple[int, ...]  # insns' addresses, sorted
+    targets: dict[int, Target] = field(repr=False)
+    all_targets: str | None  # why every instruction boundary counts as a target, or None
+    jump_tables: tuple[JumpTable, ...]
+    bad: tuple[int, ...]
+    padding_after: int = 0  # NOP/int3 bytes between the end and the next function (unused code)
+    incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
+    # every way each target is reached (targets keeps the first, for display)
+    padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
+    memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def in_table(self, address: int) -> JumpTable | None:
+        """The recognized jump table whose entries hold `address`, or None."""
+        for t in self.jump_tables:
+            if t.entry_size and t.table <= address < t.table + t.entries * t.entry_size:
+                return t
+        return None
+
+    def reached(self) -> frozenset[int]:
+        """The instruction addresses that decoding from the function's ways in reaches:
+        its start, its other symbols, landing pads, jump-table entries and every other
+        target (the file-wide ways in included), following fall-through and direct jumps,
+        stopping at an unconditional jmp, ret, or a stopping instruction (ud2, hlt, int3).
+        A call falls through (its return site is reached). Computed once per function."""
+        got = self.memo.get("reached")
+        if got is not None:
+            return got
+        seen: set[int] = set()
+        work = [k for a in self.targets if (k := self.index_of(a)) is not None]
+        stops = (Flow.JMP, Flow.RET, Flow.STOP, Flow.JMP_INDIRECT)
+        while work:
+            k = work.pop()
+            while k < len(self.insns) and self.insns[k].address not in seen:
+                ins = self.insns[k]
+                seen.add(ins.address)
+                if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
+                    j = self.index_of(ins.target)
+                    if j is not None:
+                        work.append(j)
+                if ins.flow in stops:
+                    break
+                k += 1
+        out = frozenset(seen)
+        self.memo["reached"] = out
+        return out
+
+    def targets_between(self, lo: int, hi: int) -> list[int]:
+        """Addresses of the explicit targets in the open interval (lo, hi), sorted, including
+        targets that are not instruction boundaries (a jump into an instruction)."""
+        return sorted(a for a in self.targets if lo < a < hi)
+
+    def index_of(self, address: int) -> int | None:
+        i = bisect_left(self.starts, address)
+        if i < len(self.starts) and self.starts[i] == address:
+            return i
+        return None
+
+    def index_covering(self, address: int) -> int | None:
+        """Index of the instruction whose bytes hold `address`."""
+        i = bisect_left(self.starts, address + 1) - 1
+        if i >= 0 and self.insns[i].address <= address < self.insns[i].end:
+            return i
+        return None
+
+    def target(self, address: int) -> Target | None:
+        """The target at `address` (every boundary when all-targets), or None."""
+        t = self.targets.get(address)
+        if t is not None:
+            return t
+        if self.all_targets is not None and self.index_of(address) is not None:
+            return Target(address, "unknown-indirect", None)
+        return None
+
+    def is_target(self, address: int) -> bool:
+        return self.target(address) is not None
+
+
+class CodeContext:
+    """The shared, read-only inputs of the analysis and its memo of sweeps (one per run)."""
+
+    def __init__(self, image: ElfImage, cfi: CfiIndex, symbols: SymbolTable,
+                 rseq_aborts: Iterable[int] = ()) -> None:
+        self.image = image
+        self.cfi = cfi
+        self.symbols = symbols
+        self.mode64 = image.is64
+        self.rseq_aborts = tuple(rseq_aborts)
+        self._sweeps: dict[tuple[int, int], Sweep] = {}
+        self._functions: dict[int, FunctionCode] = {}
+        self._parts: dict[tuple[int, int], PartScan] = {}
+        self._bounds: dict[int, FunctionBounds | None] = {}
+        self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
+        self._relative: dict[int, int] | None = None
+        # every way into the code around the probes from the whole file (check() builds it
+        # once; usdtpatch.analysis.waysin); None: only the function's own analysis
+        self.ways_in: WaysIn | None = None
+
+    def sweep(self, start: int, end: int) -> Sweep:
+        key = (start, end)
+        got = self._sweeps.get(key)
+        if got is None:
+            code = self.image.read_vaddr(start, end - start)
+            got = sweep(code, start, self.mode64)
+            if len(code) < end - start:
+                got = Sweep(start, end, got.insns, (*got.bad, start + len(code)))
+            self._sweeps[key] = got
+        return got
+
+    def bounds(self, address: int) -> FunctionBounds | None:
+        if address in self._bounds:
+            return self._bounds[address]
+        try:
+            got = function_bounds(address, self.cfi, self.symbols)
+        except CfiError:
+            got = None
+        self._bounds[address] = got
+        return got
+
+    def function(self, bounds: FunctionBounds) -> FunctionCode:
+        got = self._functions.get(bounds.start)
+        if got is None or got.bounds != bounds:
+            got = analyze_function(self, bounds)
+            self._functions[bounds.start] = got
+        return got
+
+    def part(self, bounds: FunctionBounds) -> PartScan:
+        key = (bounds.start, bounds.end)
+        got = self._parts.get(key)
+        if got is None:
+            got = scan_part(self, bounds)
+            self._parts[key] = got
+        return got
+
+    def executable(self, address: int) -> bool:
+        seg = self.image.load_segment_for(address)
+        return seg is not None and bool(seg.flags & PF_X)
+
+    def relative_relocs(self) -> dict[int, int]:
+        """R_X86_64_RELATIVE relocations: place -> addend (what a PIE table entry will hold)."""
+        if self._relative is None:
+            self._relative = relative_relocations(self.image)
+        return self._relative
+
+    def read_pointer(self, address: int) -> int | None:
+        raw = self.image.read_vaddr(address, 8)
+        if len(raw) < 8:
+            return None
+        val: int = struct.unpack(self.image.byteorder + "Q", raw)[0]
+        if val == 0:
+            return self.relative_relocs().get(address)
+        return val
+
+    def read_int32(self, address: int) -> int | None:
+        raw = self.image.read_vaddr(address, 4)
+        if len(raw) < 4:
+            return None
+        val: int = struct.unpack(self.image.byteorder + "i", raw)[0]
+        return val
+
+
+@dataclass(frozen=True, slots=True)
+class PartScan:
+    """What one function part's own code says about control flow (not yet bounded)."""
+
+    sweep: Sweep
+    targets: tuple[Target, ...]  # every target its code names, anywhere
+    outside: tuple[tuple[int, bool], ...]  # (target, conditional) of jumps leaving the part
+    tables: tuple[JumpTable, ...]
+    unresolved: tuple[str, ...]
+
+
+def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
+    """Disassemble one part once and collect the targets its own code and LSDA name."""
+    sw = ctx.sweep(bounds.start, bounds.end)
+    insns = sw.insns
+    targets: list[Target] = [Target(bounds.start, ENTRY, None)]
+    targets.extend(Target(a, SYMBOL, None)
+                   for a in symbols_inside(ctx.symbols, bounds.start, bounds.end))
+    outside: list[tuple[int, bool]] = []
+    unresolved: list[str] = []
+    tables: list[JumpTable] = []
+    fde = bounds.fde  # landing pads first: the kind `show` names when a pad is also a return site
+    if fde is not None and fde.lsda is not None:
+        try:
+            for lp in parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads:
+                targets.append(Target(lp, LANDING_PAD, fde.lsda))
+        except CfiError as exc:
+            unresolved.append(f"its LSDA at {fde.lsda:#x} does not parse: {exc}")
+    graph: _Graph | None = None
+    falls_through = Flow.NONE
+    for k, ins in enumerate(insns):
+        fl = ins.flow
+        if fl is falls_through:
+            continue  # most instructions: nothing to collect
+        if fl in (Flow.JMP, Flow.JCC) and ins.target is not None:
+            targets.append(Target(ins.target, JUMP, ins.address))
+            if not bounds.contains(ins.target):
+                outside.append((ins.target, fl is Flow.JCC))
+        elif fl is Flow.CALL:
+            if ins.target is not None and bounds.contains(ins.target):
+                targets.append(Target(ins.target, CALL_TARGET, ins.address))
+            targets.append(Target(ins.end, RETURN_SITE, ins.address))
+        elif fl is Flow.CALL_INDIRECT:
+            targets.append(Target(ins.end, RETURN_SITE, ins.address))
+        elif fl is Flow.JMP_INDIRECT:
+            if graph is None:
+                graph = _Graph(insns, {t.address for t in targets
+                                       if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
+            verdict = _indirect(ctx, bounds, insns, k, graph)
+            if isinstance(verdict, JumpTable):
+                if not any(t.table == verdict.table and t.targets == verdict.targets
+                           for t in tables):  # ceval: 229 jumps share one table
+                    targets.extend(Target(t, JUMP_TABLE, verdict.table)
+                                   for t in verdict.targets)
+                tables.append(verdict)
+            elif verdict:
+                unresolved.append(verdict)
+    if sw.bad:
+        unresolved.insert(0, f"bytes at {sw.bad[0]:#x} do not decode")
+    return PartScan(sw, tuple(targets), tuple(outside), tuple(tables), tuple(unresolved))
+
+
+def _related_order(ctx: CodeContext, outside: tuple[tuple[int, bool], ...]) -> list[int]:
+    """Outside jump targets, most likely split-off parts first: conditional jumps, then parts
+    without a symbol or with a `.cold` one, then the rest (tail calls)."""
+    ranked: list[tuple[int, int]] = []
+    for t, cond in outside:
+        sym = ctx.symbols.lookup(t)
+        name = sym[0].name if sym is not None else ""
+        rank = 0 if cond else (1 if not name or ".cold" in name or sym is None or sym[1]
+                               else 2)
+        ranked.append((rank, t))
+    return [t for _r, t in sorted(ranked)]
+
+
+def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
+    """Disassemble `bounds` once and collect every branch target inside it.
+
+    Targets come from the function's own code and LSDA, from the rseq abort handlers, and from
+    the code and LSDA of related parts (other FDEs its jumps lead to, e.g. GCC's `.cold`
+    partitions), since those jump back into it.
+    """
+    if bounds.size > MAX_FUNCTION_BYTES:
+        return FunctionCode(bounds, (), (), {}, f"function of {bounds.size} bytes is larger "
+                            f"than {MAX_FUNCTION_BYTES} and was not disassembled", (), ())
+    own = ctx.part(bounds)
+    insns = own.sweep.insns
+    starts = tuple(i.address for i in insns)
+    targets: dict[int, Target] = {}
+    incoming: dict[int, list[Target]] = {}
+
+    def add(t: Target) -> None:
+        if bounds.contains(t.address):
+            if t.address not in targets:
+                targets[t.address] = t
+            incoming.setdefault(t.address, []).append(t)
+
+    for t in own.targets:
+        add(t)
+    for a in ctx.rseq_aborts:
+        add(Target(a, RSEQ_ABORT, None))
+    unresolved = list(own.unresolved)
+    followed = 0
+    seen: set[int] = {bounds.start}
+    for t_addr in _related_order(ctx, own.outside):
+        if followed >= MAX_COLD_PARTS:
+            break
+        other = ctx.bounds(t_addr)
+        if other is None or other.start in seen or other.size > MAX_FUNCTION_BYTES:
+            continue
+        seen.add(other.start)
+        followed += 1
+        scan = ctx.part(other)
+        for t in scan.targets:
+            if t.kind in (JUMP, JUMP_TABLE, LANDING_PAD):
+                add(Target(t.address, COLD_JUMP if t.kind == JUMP else t.kind, t.source))
+        unresolved.extend(f"in the related part at {other.start:#x}: {u}"
+                          for u in scan.unresolved)
+    if ctx.ways_in is not None:
+        for addr, ways in ctx.ways_in.between(bounds.start, bounds.end):
+            known = {k.source for k in incoming.get(addr, ())}
+            for w in ways:
+                way = _way_in(ctx, bounds, own, w)
+                if way is not None and way.source not in known:
+                    known.add(way.source)
+                    add(way)
+    all_targets = unresolved[0] if unresolved else None
+    return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
+                        own.sweep.bad, _padding_after(ctx, bounds),
+                        {a: tuple(v) for a, v in incoming.items()},
+                        _padding_before(ctx, bounds))
+
+
+def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn
+            ) -> Target | None:
+    """The file-wide index's way in `w` as a target of the function, or None when it is not
+    one: a branch of the function itself (its own disassembly has it), bytes that the linear
+    disassembly of the code holding them shows to be part of another instruction, or an
+    entry of one of the function's recognized jump tables (a JUMP_TABLE target already)."""
+    if w.kind not in CODE_KINDS:
+        for tb in own.tables:
+            if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:
+                return None
+        return Target(w.target, w.kind, w.source)
+    if bounds.contains(w.source):
+        if w.kind != ADDRESS_TAKEN:
+            return None
+        sw = own.sweep
+    else:
+        other = ctx.bounds(w.source)
+        if other is None or other.size > MAX_FUNCTION_BYTES:
+            return Target(w.target, w.kind, w.source)  # code of no known function: kept
+        sw = ctx.sweep(other.start, other.end)
+    i = bisect_left(sw.insns, w.source + 1, key=lambda x: x.address) - 1
+    ins = sw.insns[i] if i >= 0 else None
+    if ins is None or not ins.address <= w.source < ins.end:
+        return Target(w.target, w.kind, w.source) if sw.bad else None
+    if w.kind == ADDRESS_TAKEN:
+        return Target(w.target, w.kind, ins.address) if ins.rip_target == w.target else None
+    if ins.target != w.target or ins.flow not in (Flow.JMP, Flow.JCC, Flow.CALL):
+        return None
+    return Target(w.target, BRANCH_REL8 if w.kind == BRANCH_REL8 else BRANCH_REL32,
+                  ins.address)
+
+
+def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:
+    """Bytes of alignment padding (NOPs, int3, zeros) after the function, before the next one.
+
+    The next function starts at the next FDE start or function symbol, whichever comes first;
+    no branch lands in the padding, so a window may end inside it after an unconditional
+    jump or return.
+    """
+    nxt = [a for a in (ctx.cfi.next_start_after(bounds.end - 1),
+                       _next_symbol_at_or_after(ctx.symbols, bounds.end)) if a is not None]
+    if not nxt:
+        return 0
+    gap = min(nxt) - bounds.end
+    if gap <= 0 or gap > 64:
+        return 0
+    raw = ctx.image.read_vaddr(bounds.end, gap)
+    if len(raw) < gap:
+        return 0
+    if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
+        return gap
+    return 0
+
+
+def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
+    """Bytes of alignment padding (NOPs, int3, zeros) between the end of the previous FDE's
+    function and `bounds.start`, with no symbol in them (unused code, like `_padding_after`);
+    0 when there is no previous FDE or the gap holds anything else."""
+    starts = ctx.cfi.starts
+    i = bisect_left(starts, bounds.start) - 1
+    if i < 0:
+        return 0
+    try:
+        prev = ctx.cfi.fde_at(i)
+    except CfiError:
+        return 0
+    gap = bounds.start - prev.pc_end
+    if gap <= 0 or gap > 64 or symbols_inside(ctx.symbols, prev.pc_end - 1, bounds.start):
+        return 0
+    raw = ctx.image.read_vaddr(prev.pc_end, gap)
+    if len(raw) < gap:
+        return 0
+    if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
+        return gap
+    return 0
+
+
+def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:
+    i = bisect_left(symbols.addresses, address)
+    return symbols.addresses[i] if i < len(symbols.addresses) else None
+
+
+_ALIASES = {
+    **{f"e{x}": f"r{x}" for x in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")},
+    **{x: f"r{x}" for x in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")},
+    **{f"{x}l": f"r{x}x" for x in "abcd"}, **{f"{x}h": f"r{x}x" for x in "abcd"},
+    "sil": "rsi", "dil": "rdi", "bpl": "rbp", "spl": "rsp",
+}
+
+
+def _regs_alias(reg: str) -> str:
+    """The 64-bit name of a general register (eax, ax, al -> rax; r8d, r8w, r8b -> r8)."""
+    r = reg.lstrip("*%")
+    if r in _ALIASES:
+        return _ALIASES[r]
+    if r.startswith("r") and r[-1] in "dwb" and r[1:-1].isdigit():
+        return r[:-1]
+    return r
+
+
+def _dest(ins: CodeInsn) -> str | None:
+    ops = ins.operands
+    if len(ops) >= 2 and ops[-1].startswith("%"):
+        return _regs_alias(ops[-1])
+    return None
+
+
+def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, ...],
+              k: int, g: _Graph) -> JumpTable | str | None:
+    """A resolved table, None for a tail call, or the reason the jump is not understood."""
+    jmp = insns[k]
+    mem = jmp.mem
+    lo = max(0, k - LOOKBACK)
+    prev = insns[lo:k]
+    if mem is not None:
+        if mem.index is None:
+            return None  # jmp *X(%rip), jmp *0x10(%rax): a tail call through a pointer
+        if mem.base is None and mem.scale == 8:  # jmp *T(,%rI,8): absolute table
+            return _table(ctx, bounds, jmp, mem.disp, 8, mem.disp, prev, _regs_alias(mem.index))
+        if mem.base is not None and mem.scale == 8:
+            base = _find_lea(g, k, _regs_alias(mem.base))
+            if base is not None:
+                return _table(ctx, bounds, jmp, base, 8, base, prev, _regs_alias(mem.index))
+            loaded = _loaded_code_pointers(ctx, bounds, insns, jmp)
+            if loaded is not None:
+                return loaded
+        return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood"
+    reg = _regs_alias(jmp.op_str.lstrip("*"))
+    # Walk back to the instruction that defines `reg`.
+    for j in range(len(prev) - 1, -1, -1):
+        ins = prev[j]
+        if ins.flow is not Flow.NONE:
+            break
+        if not _writes(ins, reg):
+            continue
+        mn = ins.base_mnemonic
+        if mn.startswith("add") and len(ins.operands) == 2 and ins.operands[0].startswith("%"):
+            table_reg = _regs_alias(ins.operands[0])
+            table = _find_lea(g, lo + j, table_reg)
+            load = _find_load(prev[:j], reg, 4)
+            if table is not None and load is not None:
+                idx = load.mem.index if load.mem else None
+                return _table(ctx, bounds, jmp, table, 4, table, prev,
+                              _regs_alias(idx) if idx else None)
+            break
+        if mn.startswith("mov") and ins.mem is not None:
+            m = ins.mem
+            if m.index is None:
+                return None  # a function pointer loaded from memory: a tail call
+            if m.scale == 8 and m.base is None:
+                return _table(ctx, bounds, jmp, m.disp, 8, m.disp, prev, _regs_alias(m.index))
+            if m.scale == 8 and m.base is not None:
+                table = _find_lea(g, lo + j, _regs_alias(m.base))
+                if table is not None:
+                    return _table(ctx, bounds, jmp, table, 8, table, prev, _regs_alias(m.index))
+                loaded = _loaded_code_pointers(ctx, bounds, insns, jmp)
+                if loaded is not None:
+                    return loaded
+            if m.scale == 4 and m.base is not None:  # movslq (%rB,%rI,4),%rX; jmp *%rX ?
+                break
+        break
+    origin = _origin(g, k, reg, bounds)
+    if isinstance(origin, tuple):
+        if not origin:
+            return None  # a tail call through a function pointer
+        return JumpTable(jmp.address, 0, 0, len(origin), True, origin)  # goto *&&label
+    return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood ({origin})"
+
+
+def _loaded_code_pointers(ctx: CodeContext, bounds: FunctionBounds,
+                          insns: tuple[CodeInsn, ...], jmp: CodeInsn) -> JumpTable | None:
+    """The targets of an indirect jump to a 64-bit value loaded from an indexed table whose
+    base the analysis cannot follow (spilled to the stack, say), in a position-independent
+    file: there every absolute code address held in data is put there by the loader, through
+    an R_X86_64_RELATIVE relocation, or by code that computed it with a rip-relative `lea`.
+    So the jump can land on any relocation addend or `lea` target inside the function, and
+    nowhere else in it: they become targets (an unbounded table of unknown place, which no
+    rewrite edits). None in an executable, whose data holds such addresses without
+    relocations."""
+    if ctx.image.type != ET_DYN:
+        return None
+    labels = {a for a in ctx.relative_relocs().values() if bounds.contains(a)}
+    labels |= {i.rip_target for i in insns if i.rip_target is not None
+               and i.base_mnemonic.startswith("lea") and bounds.contains(i.rip_target)}
+    return JumpTable(jmp.address, 0, 0, len(labels), False, tuple(sorted(labels)))
+
+
+ARG_REGS = frozenset({"rdi", "rsi", "rdx", "rcx", "r8", "r9"})
+
+
+def _origin(g: _Graph, at: int, reg: str, bounds: FunctionBounds,
+            depth: int = 0) -> tuple[int, ...] | str:
+    """Where the value `reg` holds before instruction `at` comes from, over every path.
+
+    A tuple of code addresses inside the function (`lea L(%rip),%reg`: a computed goto) --
+    empty when every origin is a function pointer (a tail call): loaded from memory without a
+    table index, an argument register, a call's return value, or a `lea` of code outside the
+    function. A string says what is not understood.
+    """
+    defs = _reaching_defs(g, at, reg)
+    if defs is None:
+        return "too many paths"
+    labels: set[int] = set()
+    for kind, p in defs:
+        if kind == "entry":
+            if reg not in ARG_REGS:
+                return f"%{reg} is not set on a path from the function entry"
+            continue
+        if kind == "call":
+            if reg != "rax":
+                return f"%{reg} is clobbered by the call at {g.insns[p].address:#x}"
+            continue  # the called function returned the pointer
+        ins = g.insns[p]
+        mn = ins.base_mnemonic
+        cp = _copies(ins)
+        if cp is not None and cp[1] == reg and depth < 4:
+            sub = _origin(g, p, cp[0], bounds, depth + 1)
+            if isinstance(sub, str):
+                return sub
+            labels.update(sub)
+        elif mn.startswith("lea") and ins.rip_target is not None:
+            if bounds.contains(ins.rip_target):
+                labels.add(ins.rip_target)
+        elif mn.startswith("mov") and ins.mem is not None and (
+                ins.mem.index is None or ins.mem.scale in (1, 2)):
+            continue  # a pointer loaded from a structure or vtable slot
+        else:
+            return f"{ins.text} at {ins.address:#x} computes it"
+    return tuple(sorted(labels))
+
+
+def _reaching_defs(g: _Graph, at: int, reg: str) -> list[tuple[str, int]] | None:
+    """Every definition of `reg` reaching instruction `at`: ("def", index), ("call", index) for
+    a call clobbering a caller-saved register, ("entry", -1) for the value at entry."""
+    out: list[tuple[str, int]] = []
+    seen: set[int] = set()
+    work = [at]
+    steps = 0
+    while work:
+        m = work.pop()
+        steps += 1
+        if steps > MAX_REACHING_STEPS:
+            return None
+        preds, outside = g.preds(m)
+        if outside and ("entry", -1) not in out:
+            out.append(("entry", -1))
+        for p in preds:
+            if p in seen:
+                continue
+            seen.add(p)
+            ins = g.insns[p]
+            if _writes(ins, reg):
+                out.append(("def", p))
+            elif ins.flow in (Flow.CALL, Flow.CALL_INDIRECT) and reg in CALLER_SAVED:
+                out.append(("call", p))
+            else:
+                work.append(p)
+    return out
+
+
+def _sized(*names: str) -> frozenset[str]:
+    """AT&T mnemonics with and without their size suffixes."""
+    return frozenset(n + sfx for n in names for sfx in ("", "b", "w", "l", "q"))
+
+
+_STRING_DI = _sized("movs", "stos", "scas", "cmps", "ins")
+_STRING_SI = _sized("movs", "lods", "cmps", "outs")
+_MULDIV = _sized("mul", "div", "idiv")  # one operand: writes rdx:rax (imul: when 1 operand)
+_IMPLICIT_WRITES: dict[str, frozenset[str]] = {
+    "rax": _MULDIV | _sized("lods", "cmpxchg") | frozenset(
+        {"cqto", "cltq", "cwtl", "cltd", "cwtd", "cpuid", "rdtsc", "rdtscp", "xgetbv",
+         "syscall", "rdpid", "rdrand", "rdseed", "lahf"}),
+    "rdx": _MULDIV | frozenset({"cqto", "cltd", "cwtd", "cpuid", "rdtsc", "rdtscp",
+                                "xgetbv", "rdmsr"}),
+    "rcx": frozenset({"cpuid", "syscall", "rdtscp", "loop", "loope", "loopne"}),
+    "rbx": frozenset({"cpuid"}),
+    "rdi": _STRING_DI,
+    "rsi": _STRING_SI,
+    "r11": frozenset({"syscall"}),
+}
+
+
+def _writes(ins: CodeInsn, reg: str) -> bool:
+    """Conservatively, whether `ins` may write the 64-bit register `reg`."""
+    base = ins.base_mnemonic
+    ops = ins.operands
+    if base in _IMPLICIT_WRITES.get(reg, ()):
+        return True
+    if reg in ("rax", "rdx") and base in _sized("imul") and len(ops) == 1:
+        return True
+    if reg == "rcx" and ins.mnemonic.startswith("rep"):
+        return True
+    if base.startswith(("cmp", "test", "bt", "push", "jmp", "call")) and base not in _sized(
+            "cmpxchg", "btc", "btr", "bts"):
+        return False
+    if base.startswith("xchg") and any(o.startswith("%") and _regs_alias(o) == reg
+                                       for o in ops):
+        return True
+    return bool(ops) and ops[-1].startswith("%") and _regs_alias(ops[-1]) == reg
+
+
+CALLER_SAVED = frozenset({"rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11"})
+MAX_REACHING_STEPS = 20000
+
+
+class _Graph:
+    """Predecessors of each instruction of one part, for a reaching-definition search."""
+
+    def __init__(self, insns: tuple[CodeInsn, ...], entries: set[int]) -> None:
+        self.insns = insns
+        self.entries = entries  # addresses reached from outside: entry, symbols, landing pads
+        self.direct: dict[int, list[int]] = {}
+        self.indirect: list[int] = []
+        for k, ins in enumerate(insns):
+            if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
+                self.direct.setdefault(ins.target, []).append(k)
+            elif ins.flow is Flow.JMP_INDIRECT:
+                self.indirect.append(k)
+
+    def preds(self, m: int) -> tuple[list[int], bool]:
+        """(predecessor indices, whether control also arrives from outside the part)."""
+        ins = self.insns[m]
+        out: list[int] = []
+        if m > 0 and self.insns[m - 1].flow not in (Flow.JMP, Flow.RET, Flow.STOP,
+                                                     Flow.JMP_INDIRECT):
+            out.append(m - 1)
+        out.extend(self.direct.get(ins.address, ()))
+        if not out and m > 0:
+            out.extend(self.indirect)  # a label reached only through a table or computed goto
+        return out, m == 0 or ins.address in self.entries
+
+
+def _reaching_lea(g: _Graph, at: int, reg: str) -> int | None:
+    """T when every definition of `reg` that reaches instruction `at` is `lea T(%rip),%reg`."""
+    defs = _reaching_defs(g, at, reg)
+    if not defs:
+        return None
+    found: set[int | None] = set()
+    for kind, p in defs:
+        ins = g.insns[p] if kind == "def" else None
+        if ins is not None and ins.base_mnemonic.startswith("lea"):
+            found.add(ins.rip_target)
+        else:
+            return None
+    if len(found) == 1:
+        (only,) = found
+        return only
+    return None
+
+
+def _find_lea(g: _Graph, at: int, reg: str) -> int | None:
+    """The table address `reg` holds just before instruction `at`: every definition reaching
+    it (along the part's control flow) is the same `lea T(%rip),%reg`."""
+    return _reaching_lea(g, at, reg)
+
+
+def _find_load(prev: tuple[CodeInsn, ...], reg: str, scale: int) -> CodeInsn | None:
+    for ins in reversed(prev):
+        if _dest(ins) == reg:
+            if ins.mem is not None and ins.mem.scale == scale and ins.mem.index is not None:
+                return ins
+            return None
+    return None
+
+
+def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | None:
+    """(entries, guard address) from the closest `cmp $N,%r` + `ja`/`jae` (or `and $2^k-1`)
+    on the table's index before the jump."""
+    for j in range(len(prev) - 1, -1, -1):
+        ins = prev[j]
+        ops = ins.operands
+        if (ins.base_mnemonic.startswith("and") and len(ops) == 2 and ops[0].startswith("$")
+                and index is not None and _same_value(prev[:j], prev[j + 1:], ops[1], index)):
+            try:
+                mask = int(ops[0][1:], 0)
+            except ValueError:
+                return None
+            if 0 <= mask < MAX_TABLE_ENTRIES and (mask + 1) & mask == 0:
+                return mask + 1, ins.address  # `and $2^k-1,%idx`: 2^k entries
+            return None
+        if ins.flow is Flow.JCC and ins.base_mnemonic in ("ja", "jae", "jbe", "jb"):
+            if j == 0:
+                return None
+            cmp = prev[j - 1]
+            ops = cmp.operands
+            if cmp.base_mnemonic.startswith("cmp") and len(ops) == 2 and ops[0].startswith("$"):
+                try:
+                    n = int(ops[0][1:], 0)
+                except ValueError:
+                    return None
+                if n < 0 or n > MAX_TABLE_ENTRIES:
+                    return None
+                if index is not None and not _same_value(prev[:j - 1], prev[j + 1:], ops[1],
+                                                         index):
+                    return None  # the compare is about another register: not this table's
+                count = n + 1 if ins.base_mnemonic in ("ja", "jbe") else n
+                return count, cmp.address
+            return None
+    return None
+
+
+def _is_boundary(sw: Sweep, address: int) -> bool:
+    i = bisect_left(sw.insns, address, key=lambda x: x.address)
+    return i < len(sw.insns) and sw.insns[i].address == address
+
+
+def _copies(ins: CodeInsn) -> tuple[str, str] | None:
+    """(source, destination) of a register-to-register mov, as 64-bit names."""
+    ops = ins.operands
+    if (ins.base_mnemonic.startswith("mov") and len(ops) == 2 and ops[0].startswith("%")
+            and ops[1].startswith("%")):
+        return _regs_alias(ops[0]), _regs_alias(ops[1])
+    return None
+
+
+def _same_value(before: tuple[CodeInsn, ...], between: tuple[CodeInsn, ...], compared: str,
+                index: str) -> bool:
+    """True when `index` holds the compared register's value at the table load: the same
+    register, or a register-to-register copy of it made before the compare (and not
+    overwritten) or after it."""
+    if not compared.startswith("%"):
+        return False
+    reg = _regs_alias(compared)
+    # registers equal to each other when the compare runs (straight-line copies before it)
+    same: dict[str, set[str]] = {}
+    for ins in before:
+        cp = _copies(ins)
+        for r in [r for r in same if _writes(ins, r)]:
+            same.pop(r).discard(r)
+        if cp is not None:
+            g = same.setdefault(cp[0], {cp[0]})
+            g.add(cp[1])
+            same[cp[1]] = g
+    holders = set(same.get(reg, {reg})) | {reg}
+    for ins in between:
+        if ins.mem is not None and ins.mem.index is not None \
+                and _regs_alias(ins.mem.index) == index:
+            break  # the table load: what the index holds here is what counts
+        cp = _copies(ins)
+        if cp is not None and cp[0] in holders:
+            holders.add(cp[1])
+            continue
+        holders = {r for r in holders if not _writes(ins, r)}
+    return index in holders
+
+
+def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, size: int,
+           base: int, prev: tuple[CodeInsn, ...], index: str | None) -> JumpTable | str:
+    guard = _guard(prev, index)
+    limit = guard[0] if guard else MAX_TABLE_ENTRIES
+    key = (table, size, base, guard[0] if guard else None, bounds.start, bounds.end)
+    got = ctx.tables.get(key)
+    if got is None:
+        got = _read_table(ctx, bounds, table, size, base, limit, guard is not None)
+        ctx.tables[key] = got
+    if isinstance(got, str):
+        return f"{got} (from {jmp.address:#x})"
+    return JumpTable(jmp.address, table, size, len(got), guard is not None, got)
+
+
+def _read_table(ctx: CodeContext, bounds: FunctionBounds, table: int, size: int, base: int,
+                limit: int, guarded: bool) -> tuple[int, ...] | str:
+    """The entries of one table (read once per run: many jumps share a table)."""
+    guard = guarded
+    sec = ctx.image.section_for_vaddr(table)
+    if sec is None or sec.type != SHT_PROGBITS:
+        return f"jump table at {table:#x} is not in the file's data"
+    sw = ctx.sweep(bounds.start, bounds.end)
+    targets: list[int] = []
+    for i in range(limit):
+        addr = table + i * size
+        if size == 4:
+            v = ctx.read_int32(addr)
+            t = None if v is None else (base + v) & 0xFFFFFFFFFFFFFFFF
+        else:
+            t = ctx.read_pointer(addr)
+        if t is None:
+            if guard:
+                return f"jump table at {table:#x} entry {i} is unreadable"
+            break
+        if not guard and not (bounds.contains(t) or ctx.executable(t)):
+            break  # past the table: the entry points at no code
+        if not guard and bounds.contains(t) and not _is_boundary(sw, t):
+            break  # past the table: no case label is inside an instruction
+        targets.append(t)
+    if not targets:
+        return f"jump table at {table:#x} has no entry in the function"
+    return tuple(targets)

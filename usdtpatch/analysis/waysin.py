@@ -1,0 +1,395 @@
+"""Every way into the code around the probes from the whole file: one index, built once per file.
+
+A patch window must have no way in strictly inside it that the rewrite does not aim at the
+detour (docs/rewrite.md, "What is proven before a window is used"). A function's own branches,
+jump tables, landing pads and related `.cold` parts are its analysis's (usdtpatch.analysis.targets);
+this index adds what lies outside it, found by scanning the whole file once:
+
+- direct branches from any executable section: every `e8`/`e9` (call/jmp rel32) and `0f 80-8f`
+  (jcc rel32) byte sequence whose displacement lands in a region, and every `eb`/`70-7f`/`e0-e3`
+  (rel8) within reach of one. The scan reads bytes, not instructions: a hit is kept unless the
+  linear disassembly of the function holding it (done lazily, by the function analysis) shows
+  that no instruction starts there (the bytes belong to another instruction);
+- rip-relative `lea` (`8d` with a rip-relative ModRM) anywhere in code: the address of a label
+  taken (a computed goto's `&&label` at -O0, a `lea` kept in a register or on the stack);
+- relocations: every entry of an allocated SHT_RELA table (the loader's) whose value
+  (R_X86_64_RELATIVE / IRELATIVE: the addend; R_X86_64_64 and the other symbol relocations:
+  the symbol's value + addend) lands in a region;
+- data words: every 8-byte-aligned 64-bit word and, in a fixed-address file, every
+  4-byte-aligned 32-bit word of any allocated section whose value lands in a region (a non-PIE
+  `&&label` table, an `.init_array`-like table, a table of handlers).
+
+The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72), within
+its function and the padding after it), less the function starts (a start is a target
+anyway). The scans are C-level passes (regex search, map, set intersection), linear in the
+file's code. The rel32 scan reads only the candidates whose target can land near a region: for
+each 256 KiB of sources, the displacements that reach a region from there have one of a few
+upper halves (their two high bytes), and one compiled pattern per chunk and opcode matches
+the opcode followed by such a displacement; each match's target is then computed exactly
+(libjvm.so's 14 MB: ~600,000 opcodes, ~160,000 candidates, ~0.17 s for the index;
+docs/performance.md). tests/test_waysin_fast.py holds it to a byte-by-byte walk.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import sys
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import add, and_, itemgetter, not_
+
+from usdtpatch.elf.image import (
+    ET_EXEC,
+    PF_X,
+    PT_LOAD,
+    SHT_NOBITS,
+    SHT_RELA,
+    ElfImage,
+)
+
+BEFORE = 128  # bytes before a probe a window may start (8 instructions, rounded up)
+AFTER = 72  # bytes after a probe a window may end (64 + the probe)
+SHF_EXECINSTR = 0x4
+R_X86_64_RELATIVE = 8
+R_X86_64_IRELATIVE = 37
+R_X86_64_NONE = 0
+
+# kinds of way in (Target.kind in the function analysis)
+BRANCH_REL32 = "branch-from-elsewhere"  # a direct jmp/jcc/call rel32 outside the function
+BRANCH_REL8 = "short-branch-from-elsewhere"  # a direct jmp/jcc rel8 outside the function
+ADDRESS_TAKEN = "address-taken"  # a rip-relative lea of the address (code anywhere)
+RELOCATION = "relocation"  # a relocation whose value is the address
+DATA_WORD = "data-word"  # an absolute word in the file's bytes holding the address
+
+CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, ADDRESS_TAKEN})
+_S32 = struct.Struct("<i")
+
+
+@dataclass(frozen=True, slots=True)
+class WayIn:
+    """One way into `target`: `source` is the branch or `lea` instruction's address (code
+    kinds), or the address of the word or relocated place (data kinds); `what` describes it."""
+
+    target: int
+    kind: str
+    source: int
+    what: str
+
+
+class WaysIn:
+    """The index: target -> every way in found by the file-wide scans."""
+
+    def __init__(self, ways: Iterable[WayIn]) -> None:
+        by: dict[int, list[WayIn]] = {}
+        for w in ways:
+            by.setdefault(w.target, []).append(w)
+        self._by = {a: tuple(v) for a, v in by.items()}
+        self._sorted = sorted(self._by)
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def between(self, lo: int, hi: int) -> Iterator[tuple[int, tuple[WayIn, ...]]]:
+        """(target, ways) of every target in [lo, hi), in address order."""
+        i = bisect_left(self._sorted, lo)
+        while i < len(self._sorted) and self._sorted[i] < hi:
+            a = self._sorted[i]
+            yield a, self._by[a]
+            i += 1
+
+
+def _windows_span(pc: int, fstart: int, fend: int) -> tuple[int, int]:
+    """[lo, hi) of the bytes a window of the probe at `pc` may cover: [pc - BEFORE,
+    pc + AFTER), within its function and the padding after it when its bounds are known."""
+    lo, hi = pc - BEFORE, pc + AFTER
+    if fstart < fend:
+        lo, hi = max(lo, fstart), min(hi, fend + 64)
+    return max(0, lo), hi
+
+
+def _regions(sites: list[tuple[int, int, int]], starts: list[int]) -> set[int]:
+    """The protected addresses: each probe's `_windows_span` less function starts (`starts`
+    sorted): a window never leaves its function's bytes."""
+    out: set[int] = set()
+    for site in set(sites):
+        lo, hi = _windows_span(*site)
+        out.update(range(lo, hi))
+        i = bisect_left(starts, lo)
+        while i < len(starts) and starts[i] < hi:
+            out.discard(starts[i])
+            i += 1
+    return out
+
+
+def _spans(sites: list[tuple[int, int, int]], gap: int) -> list[tuple[int, int]]:
+    """Sorted [lo, hi) ranges covering every protected address (`_regions`), ranges less than
+    `gap` apart merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(_windows_span(*site) for site in set(sites)):
+        if lo >= hi:
+            continue
+        if out and lo - out[-1][1] < gap:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def code_ranges(image: ElfImage) -> list[tuple[int, int, int]]:
+    """(vaddr, file offset, size) of the executable bytes the file holds: SHF_EXECINSTR
+    sections, else the executable PT_LOADs (a file without section headers); each clipped to
+    the end of the file (a damaged header may claim more)."""
+    out: list[tuple[int, int, int]] = []
+    secs = [(s.addr, s.offset, s.size) for s in image.sections
+            if s.flags & SHF_EXECINSTR and s.type != SHT_NOBITS and s.allocated]
+    if not secs:
+        secs = [(g.vaddr, g.offset, g.filesz) for g in image.segments
+                if g.type == PT_LOAD and g.flags & PF_X]
+    for vaddr, off, claimed in secs:
+        size = min(claimed, len(image.data) - off)
+        if off >= 0 and size > 0:
+            out.append((vaddr, off, size))
+    return out
+
+
+def _rel32_hits(data: bytes, vaddr: int, opcode_at: list[int], head: int,
+                protected: set[int]) -> list[tuple[int, int]]:
+    """(source vaddr, target) of each rel32 whose opcode ends `head` bytes after each offset
+    of `opcode_at` and whose target is protected."""
+    limit = len(data) - head - 4
+    at = [p for p in opcode_at if p <= limit] if opcode_at and opcode_at[-1] > limit \
+        else opcode_at
+    disp_at = list(map(add, at, repeat(head)))
+    # target = vaddr + offset of the displacement + 4 + the displacement
+    targets = list(map(add, map(add, disp_at, repeat(vaddr + 4)),
+                       map(_FIRST, map(_S32.unpack_from, repeat(data), disp_at))))
+    hits = protected.intersection(targets)
+    if not hits:
+        return []
+    return [(vaddr + at[i], targets[i])
+            for i in compress(range(len(targets)), map(hits.__contains__, targets))]
+
+
+_FIRST = itemgetter(0)
+# (opcode pattern, bytes from the opcode's first byte to the displacement, name)
+_REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
+                  (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"))  # lea: mod 00, rm 101
+_REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
+CHUNK = 1 << 18  # sources per prefilter pattern
+_WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
+
+
+def _high_halves(spans: list[tuple[int, int]], emin: int, emax: int) -> set[int]:
+    """The upper 16 bits (unsigned) of every rel32 displacement that takes an instruction
+    ending in [emin, emax] into one of `spans`."""
+    out: set[int] = set()
+    for lo, hi in spans:
+        dlo, dhi = max(lo - emax, -(1 << 31)), min(hi - 1 - emin, (1 << 31) - 1)
+        if dlo <= dhi:
+            out.update(h & 0xFFFF for h in range(dlo >> 16, (dhi >> 16) + 1))
+    return out
+
+
+_LITERAL = [re.escape(bytes([v])) for v in range(256)]  # (raw bytes compile faster than \\x..)
+
+
+def _byte_class(values: Iterable[int]) -> bytes:
+    """A regex character class of the byte values `values`."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return b"[" + b"".join(_LITERAL[a] + b"-" + _LITERAL[b] if a < b else _LITERAL[a]
+                           for a, b in runs) + b"]"
+
+
+def _prefilter(opcode: bytes, halves: set[int]) -> re.Pattern[bytes]:
+    """`opcode` followed by a displacement whose upper half is one of `halves` (the bytes
+    after the opcode: d0 d1 d2 d3, little-endian)."""
+    by_top: dict[int, list[int]] = {}
+    for h in halves:
+        by_top.setdefault(h >> 8, []).append(h & 0xFF)
+    alts = b"|".join(_byte_class(lows) + _LITERAL[top] for top, lows in sorted(by_top.items()))
+    return re.compile(opcode + b"(?=..(?:" + alts + b"))", re.S)
+
+
+def _candidates(data: bytes, vaddr: int, opcode: bytes, head: int,
+                spans: list[tuple[int, int]]) -> list[int]:
+    """Offsets in `data` of each `opcode` whose rel32 (`head` bytes on) may land in `spans`:
+    a superset of those that do, found chunk by chunk with a pattern that also matches the
+    displacement's upper half against the halves that can reach a span from the chunk."""
+    out: list[int] = []
+    plain: re.Pattern[bytes] | None = None
+    for c0 in range(0, len(data), CHUNK):
+        c1 = min(c0 + CHUNK, len(data))
+        # displacement ends: vaddr + q + head + 4 for the opcode offsets q in [c0, c1)
+        halves = _high_halves(spans, vaddr + c0 + head + 4, vaddr + c1 - 1 + head + 4)
+        if not halves:
+            continue
+        if len(halves) > _WIDE:
+            plain = plain or re.compile(opcode, re.S)
+            pat = plain
+        else:
+            pat = _prefilter(opcode, halves)
+        # the end keeps every match's opcode within [c0, c1)
+        out.extend(map(re.Match.start, pat.finditer(data, c0, min(len(data), c1 + head + 3))))
+    return out
+
+
+def _code_hits(data: bytes, vaddr: int, protected: set[int],
+               spans: list[tuple[int, int]]) -> list[tuple[int, str, int]]:
+    """(source, name, target) of every rel32 call/jmp, jcc and rip-relative lea in `data`
+    whose target is protected: call/jmp by source, then jcc, then lea."""
+    out: list[tuple[int, str, int]] = []
+    for opcode, head, name in _REL32_OPCODES:
+        at = _candidates(data, vaddr, opcode, head, spans)
+        out.extend((src, name, t) for src, t in _rel32_hits(data, vaddr, at, head, protected))
+        if name == "jmp":
+            out.sort()
+    return out
+
+
+_LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}
+
+
+def _scan_code(image: ElfImage, protected: set[int],
+               probes: list[tuple[int, int, int]]) -> list[WayIn]:
+    out: list[WayIn] = []
+    ranges = code_ranges(image)
+    reach = _spans(probes, CHUNK)
+    for vaddr, off, size in ranges:
+        data = bytes(image.data[off:off + size])
+        for src, name, t in _code_hits(data, vaddr, protected, reach):
+            out.append(WayIn(t, ADDRESS_TAKEN if name == "lea" else BRANCH_REL32, src,
+                             f"{_LABEL[name]} at {src:#x}"))
+    # rel8: only sources within reach of a probe's region and outside its function (whose
+    # own jumps its disassembly knows)
+    spans: set[tuple[int, int]] = set()
+    for pc, fstart, fend in probes:
+        lo, hi = pc - BEFORE - 130, pc + AFTER + 128
+        spans.update(((lo, min(hi, fstart)), (max(lo, fend), hi)) if fstart < fend
+                     else ((lo, hi),))
+    for lo, hi in sorted(spans):
+        for vaddr, off, size in ranges:
+            a, b = max(lo, vaddr), min(hi, vaddr + size)
+            if b - 1 <= a:
+                continue
+            for m in _REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
+                src = vaddr + m.start() - off
+                d = image.data[m.start() + 1]
+                t = src + 2 + (d - 256 if d > 127 else d)
+                if t in protected:
+                    out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
+    return out
+
+
+_NO_SYMBOL = frozenset({R_X86_64_RELATIVE, R_X86_64_IRELATIVE, R_X86_64_NONE})
+
+
+def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
+    out: list[WayIn] = []
+    if not image.is64 or not image.little_endian or sys.byteorder != "little":
+        return out
+    for sec in image.sections:
+        # the loader's tables only: a kept static table (--emit-relocs) describes bytes the
+        # code and word scans read as they are
+        if sec.type != SHT_RELA or not sec.allocated or sec.offset + sec.size > len(image.data):
+            continue
+        usable = sec.size - sec.size % 24
+        raw = memoryview(image.data)[sec.offset:sec.offset + usable]
+        if not usable:
+            continue
+        words, signed = raw.cast("Q"), raw.cast("q")
+        addends = signed[2::3].tolist()
+        hit = protected.intersection(addends)
+        infos = words[1::3].tolist()
+        places = words[0::3].tolist()
+        symval = _symbol_values(image, sec.link)
+        types = list(map(and_, infos, repeat(0xFFFFFFFF)))
+        # the relative ones whose addend is protected, and every symbol relocation, in order
+        n = len(infos)
+        todo = sorted({*compress(range(n), map(hit.__contains__, addends)),
+                       *compress(range(n), map(not_, map(_NO_SYMBOL.__contains__, types)))})
+        for i in todo:
+            rtype, sym = types[i], infos[i] >> 32
+            if rtype in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
+                if addends[i] in hit:
+                    out.append(WayIn(addends[i], RELOCATION, places[i],
+                                     f"R_X86_64_RELATIVE at {places[i]:#x}"))
+            elif rtype != R_X86_64_NONE and sym:
+                value = symval(sym)
+                if value is not None and value + addends[i] in protected:
+                    out.append(WayIn(value + addends[i], RELOCATION, places[i],
+                                     f"relocation (type {rtype}) at {places[i]:#x}"))
+    return out
+
+
+def _symbol_values(image: ElfImage, link: int) -> Callable[[int], int | None]:
+    """A function: symbol index -> its defined value in the symbol table `link`, or None."""
+    secs = image.sections
+    tab = secs[link] if 0 < link < len(secs) else None
+    cache: dict[int, int | None] = {}
+
+    def value(i: int) -> int | None:
+        if tab is None:
+            return None
+        got = cache.get(i, -1)
+        if got != -1:
+            return got
+        at = tab.offset + i * 24
+        val: int | None = None
+        if at + 24 <= min(len(image.data), tab.offset + tab.size):
+            _n, _info, _other, shndx, v, _size = struct.unpack_from("<IBBHQQ", image.data, at)
+            val = v if shndx != 0 else None
+        cache[i] = val
+        return val
+
+    return value
+
+
+def _scan_words(image: ElfImage, protected: set[int]) -> list[WayIn]:
+    """Absolute words of a fixed-address file. A position-independent file holds no usable
+    absolute code address in its bytes: the loader stores each one through a relocation
+    (_scan_relocations)."""
+    out: list[WayIn] = []
+    if not image.little_endian or sys.byteorder != "little" or image.type != ET_EXEC:
+        return out
+    small = {a for a in protected if a < 1 << 32}
+    for sec in image.sections:
+        if not sec.allocated or sec.type == SHT_NOBITS or not sec.size or \
+                sec.offset + sec.size > len(image.data):
+            continue
+        for size, want in ((8, protected), (4, small)):
+            if not want:
+                continue
+            first = (-sec.addr) % size
+            n = (sec.size - first) // size
+            if n <= 0:
+                continue
+            raw = memoryview(image.data)[sec.offset + first:sec.offset + first + n * size]
+            vals = raw.cast("Q") if size == 8 else raw.cast("I")
+            hit = want.intersection(vals)
+            if not hit:
+                continue
+            for i in compress(range(n), map(hit.__contains__, vals)):
+                place = sec.addr + first + i * size
+                out.append(WayIn(vals[i], DATA_WORD, place,
+                                 f"{size}-byte word at {place:#x} in {sec.name or 'data'}"))
+    return out
+
+
+def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
+                  starts: list[int]) -> WaysIn:
+    """The file-wide index for `probes`: (link-time pc, start, end of its function; start ==
+    end when unknown); `starts` are the function starts (FDE starts and symbols), sorted."""
+    sites = list(probes)
+    if not sites:
+        return WaysIn(())
+    protected = _regions(sites, starts)
+    return WaysIn([*_scan_code(image, protected, sites), *_scan_relocations(image, protected),
+                   *_scan_words(image, protected)])

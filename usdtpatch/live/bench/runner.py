@@ -1,0 +1,444 @@
+"""The runner of `usdtpatch bench`: build the variants, run them interleaved and repeated,
+report medians and ratios against the reference measured in the same run.
+
+(a) The trigger program (trigger.c) in several builds, one site each:
+    - stap-nop1: systemtap's sys/sdt.h (the 1-byte `nop` every distribution ships): the
+      reference;
+    - hdr-nop5 / hdr-combo5 / hdr-combo10 / hdr-nop1: usdtpatch's sys/sdt.h with
+      -DUSDTPATCH_SITE_FORM=<form>;
+    - rewritten: stap-nop1 rewritten by `usdtpatch rewrite` (the site becomes a nop5).
+    Per run: the loop's time with a counting uprobe attached (perf_event_open on the uprobe
+    PMU for the process, at the instruction `plan` says the kernel probes: combo5 -> the nop5
+    at pc + 1), giving hits/s, and the loop's time with nothing attached, giving ns per pass.
+(b) The JVM workload: OpenJDK 17 running Bench.java with -XX:+ExtendedDTraceProbes, every
+    hotspot:method__entry and hotspot:method__return site of libjvm counted (one uprobe per
+    site and CPU on the copy's libjvm, so no other process is touched), in a copy of the JDK
+    (symlinks resolved) and in a second copy whose libjvm.so is rewritten. The system JDK is
+    never modified. Per run: wall time traced and untraced, hits/s traced.
+
+Every variant runs once per round, rounds repeat; the figures are medians over rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from usdtpatch.errors import InputError, UnsupportedError
+from usdtpatch.live.perf import Uprobe, open_uprobe
+
+BENCH_SCHEMA = "usdtpatch/bench"
+BENCH_SCHEMA_VERSION = 1
+SYSTEM_JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
+HEADER_FORMS = ("nop5", "combo5", "combo10", "nop1")
+REFERENCE = "stap-nop1"
+JVM_REFERENCE = "jvm-original"
+JVM_PROBES = ("method__entry", "method__return")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    what: str
+    program: Path  # trigger binary, or the JDK's bin/java
+    probed: Path  # the file the uprobes go on
+    sites: tuple[tuple[str, int], ...]  # (probe, file offset of the probed instruction)
+    site_bytes: str  # the site's bytes (first site), for the table
+
+
+@dataclass
+class Measure:
+    traced_ns: list[float] = field(default_factory=list)
+    traced_hits: list[int] = field(default_factory=list)
+    untraced_ns: list[float] = field(default_factory=list)
+
+    def hits_per_s(self) -> list[float]:
+        return [h / (ns / 1e9) for h, ns in zip(self.traced_hits, self.traced_ns, strict=True)
+                if ns > 0]
+
+
+@dataclass
+class Row:
+    name: str
+    what: str
+    site: str
+    runs: int
+    hits: int  # median hits per traced run
+    traced_hits_per_s: float  # median
+    ratio_traced: float  # median over rounds of hits/s over the reference's in that round
+    traced_ns_per_hit: float
+    untraced_ns_per_pass: float  # trigger: loop ns / iterations; jvm: wall ms
+    ratio_untraced: float  # median over rounds of this one's untraced time / the reference's
+    ratio_traced_range: tuple[float, float] = (0.0, 0.0)  # lowest, highest round
+    traced_wall_s: float | None = None  # jvm only
+    untraced_wall_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def num(v: Any) -> Any:
+            return round(v, 4) if isinstance(v, float) else v
+        return {k: [num(x) for x in v] if isinstance(v, tuple) else num(v)
+                for k, v in self.__dict__.items()}
+
+
+@dataclass
+class BenchReport:
+    kernel: str
+    cpu: str
+    iterations: int
+    jvm_calls: int
+    repeats: int
+    trigger: list[Row]
+    jvm: list[Row]
+    seconds: float
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": BENCH_SCHEMA, "schema_version": BENCH_SCHEMA_VERSION,
+                "kernel": self.kernel, "cpu": self.cpu, "iterations": self.iterations,
+                "jvm_calls": self.jvm_calls, "repeats": self.repeats,
+                "reference": REFERENCE, "jvm_reference": JVM_REFERENCE,
+                "trigger": [r.to_json() for r in self.trigger],
+                "jvm": [r.to_json() for r in self.jvm],
+                "seconds": round(self.seconds, 2), "notes": self.notes}
+
+
+# ------------------------------------------------------------------------- machine facts
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def online_cpus() -> list[int]:
+    try:
+        text = Path("/sys/devices/system/cpu/online").read_text().strip()
+    except OSError:
+        return list(range(os.cpu_count() or 1))
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+# ------------------------------------------------------------------------------ building
+
+
+def _data(name: str) -> str:
+    return resources.files("usdtpatch.live.bench").joinpath(name).read_text()
+
+
+def _sdt_include() -> Path:
+    from usdtpatch.integrate import include_dir
+
+    return Path(include_dir())
+
+
+def _run_cc(cc: str, args: list[str]) -> None:
+    try:
+        proc = subprocess.run([cc, *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError as exc:
+        raise UnsupportedError(f"bench: no C compiler {cc!r} (give --cc)") from exc
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        raise UnsupportedError(f"bench: {cc} {' '.join(args[-3:])}: {last}")
+
+
+def _sites(path: Path, names: Iterable[str] | None = None) -> tuple[tuple[str, int], ...]:
+    from usdtpatch.live.kcheck import site_specs
+
+    wanted = set(names) if names is not None else None
+    out = tuple((s.probe, s.file_offset) for s in site_specs(str(path))
+                if not s.unprobeable and (wanted is None or s.probe.split(":")[-1] in wanted))
+    if not out:
+        raise InputError(f"{path}: no probe site to attach to")
+    return out
+
+
+def _site_bytes(path: Path, offset: int) -> str:
+    from usdtpatch import api
+
+    for s in api.plan(str(path)).sites:
+        if s.file_offset == offset and s.sequences is not None:
+            return s.sequences.original.hex(" ")
+    return "?"
+
+
+def build_trigger(work: Path, cc: str = "cc") -> list[Variant]:
+    """The trigger program's builds (see the module docstring)."""
+    from usdtpatch import api
+
+    src = work / "trigger.c"
+    src.write_text(_data("trigger.c"))
+    out: list[Variant] = []
+
+    def add(name: str, what: str, binary: Path) -> None:
+        sites = _sites(binary)
+        out.append(Variant(name, what, binary, binary, sites, _site_bytes(binary, sites[0][1])))
+
+    stap = work / REFERENCE
+    _run_cc(cc, ["-O2", str(src), "-o", str(stap)])
+    probes = api.load(str(stap)).probes
+    if not probes or probes[0].code[:1] != b"\x90":
+        raise UnsupportedError("bench: the system's sys/sdt.h is not systemtap's 1-byte nop "
+                               "(install systemtap-sdt-dev)")
+    add(REFERENCE, "systemtap sys/sdt.h (1-byte nop)", stap)
+    inc = _sdt_include()
+    for form in HEADER_FORMS:
+        binary = work / f"hdr-{form}"
+        _run_cc(cc, ["-O2", f"-I{inc}", f"-DUSDTPATCH_SITE_FORM={form}", str(src), "-o",
+                     str(binary)])
+        add(f"hdr-{form}", f"usdtpatch sys/sdt.h, {form}", binary)
+    rw = work / "rewritten"
+    outcome = api.rewrite(stap, rw)
+    if outcome.failed or not outcome.changed:
+        raise UnsupportedError("bench: usdtpatch rewrite did not rewrite the trigger program")
+    add("rewritten", "stap-nop1 rewritten by usdtpatch", rw)
+    return out
+
+
+def build_jvm(work: Path, jdk: Path = SYSTEM_JDK,
+              progress: Progress | None = None) -> list[Variant]:
+    """Two copies of `jdk` (the second hard-links the first's files), the second's libjvm
+    rewritten; Bench.java compiled into work/classes."""
+    from usdtpatch import api
+
+    if not (jdk / "lib" / "server" / "libjvm.so").exists():
+        raise UnsupportedError(f"bench: no OpenJDK at {jdk} (give --jdk or --only trigger)")
+    orig, rw = work / "jdk-original", work / "jdk-rewritten"
+    if progress:
+        progress(f"copying {jdk} (symlinks resolved)")
+    if not orig.exists():
+        try:  # symlinks resolved; a dangling one (lib/src.zip without the sources) is left
+            shutil.copytree(jdk, orig, symlinks=False, ignore_dangling_symlinks=True)
+        except (shutil.Error, OSError) as exc:
+            shutil.rmtree(orig, ignore_errors=True)
+            raise UnsupportedError(f"bench: cannot copy {jdk}: {exc}") from exc
+    if not rw.exists():
+        shutil.copytree(orig, rw, symlinks=False, copy_function=os.link)
+        lib = rw / "lib" / "server" / "libjvm.so"
+        tmp = lib.with_name("libjvm.so.orig")
+        os.replace(lib, tmp)
+        shutil.copy2(tmp, lib)  # its own inode: the uprobes of the two copies are apart
+        tmp.unlink()
+        if progress:
+            progress("rewriting the copy's libjvm.so (verified; this takes a while)")
+        outcome = api.rewrite(lib, None, in_place=True)
+        if outcome.failed:
+            raise UnsupportedError("bench: usdtpatch rewrite failed on libjvm.so")
+    classes = work / "classes"
+    if not (classes / "Bench.class").exists():
+        classes.mkdir(exist_ok=True)
+        (work / "Bench.java").write_text(_data("Bench.java"))
+        javac = orig / "bin" / "javac"
+        exe = str(javac) if javac.exists() else shutil.which("javac")
+        if exe is None:
+            raise UnsupportedError("bench: no javac (install openjdk-17-jdk-headless)")
+        proc = subprocess.run([exe, "-d", str(classes), str(work / "Bench.java")],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise UnsupportedError(f"bench: javac failed: {proc.stderr.strip()[-300:]}")
+    out = []
+    for name, home, what in [(JVM_REFERENCE, orig, "OpenJDK 17 copy, libjvm as shipped"),
+                             ("jvm-rewritten", rw, "the copy with libjvm rewritten")]:
+        lib = home / "lib" / "server" / "libjvm.so"
+        sites = _sites(lib, JVM_PROBES)
+        out.append(Variant(name, what, home / "bin" / "java", lib, sites,
+                           _site_bytes(lib, sites[0][1])))
+    return out
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def _close(uprobes: list[Uprobe]) -> None:
+    for u in uprobes:
+        u.close()
+
+
+def run_trigger(v: Variant, iterations: int, traced: bool) -> tuple[float, int]:
+    """(loop ns, hits counted) of one run of a trigger build."""
+    proc = subprocess.Popen([str(v.program), str(iterations)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    uprobes: list[Uprobe] = []
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise UnsupportedError(f"bench: {v.program} did not start")
+        if traced:
+            uprobes = [open_uprobe(str(v.probed), off, pid=proc.pid) for _, off in v.sites]
+        out, _ = proc.communicate("go\n", timeout=600)
+        hits = sum(u.count() for u in uprobes)
+    finally:
+        _close(uprobes)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ns = next((float(w[3:]) for w in out.split() if w.startswith("ns=")), None)
+    if proc.returncode != 0 or ns is None:
+        raise UnsupportedError(f"bench: {v.name} failed: {out.strip()[-200:]}")
+    return ns, hits
+
+
+def run_jvm(v: Variant, calls: int, classes: Path, traced: bool) -> tuple[float, int]:
+    """(wall ns, hits counted) of one JVM run."""
+    uprobes: list[Uprobe] = []
+    try:
+        if traced:
+            for _, off in v.sites:
+                for cpu in online_cpus():
+                    uprobes.append(open_uprobe(str(v.probed), off, pid=-1, cpu=cpu))
+        t0 = time.perf_counter_ns()
+        proc = subprocess.run([str(v.program), "-XX:+ExtendedDTraceProbes", "-Xshare:auto",
+                               "-cp", str(classes), "Bench", str(calls)],
+                              capture_output=True, text=True, check=False, timeout=1800)
+        wall = time.perf_counter_ns() - t0
+        hits = sum(u.count() for u in uprobes)
+    finally:
+        _close(uprobes)
+    if proc.returncode != 0 or "sum=" not in proc.stdout:
+        raise UnsupportedError(f"bench: {v.name} failed: {proc.stderr.strip()[-300:]}")
+    return float(wall), hits
+
+
+def _paired(values: list[float], ref: list[float], invert: bool = False) -> list[float]:
+    """Per-round ratios against the reference's run of the same round (a drifting load hits
+    both alike)."""
+    out = []
+    for v, r in zip(values, ref, strict=True):
+        if v > 0 and r > 0:
+            out.append(r / v if invert else v / r)
+    return out
+
+
+def _rows(variants: list[Variant], data: dict[str, Measure], per: int, reference: str,
+          jvm: bool) -> list[Row]:
+    ref = data[reference]
+    rows = []
+    for v in variants:
+        m = data[v.name]
+        hps = statistics.median(m.hits_per_s()) if m.hits_per_s() else 0.0
+        hits = int(statistics.median(m.traced_hits)) if m.traced_hits else 0
+        un = statistics.median(m.untraced_ns)
+        tr = statistics.median(m.traced_ns)
+        rt = _paired(m.hits_per_s(), ref.hits_per_s())
+        ru = _paired(m.untraced_ns, ref.untraced_ns)
+        row = Row(v.name, v.what, v.site_bytes, len(m.untraced_ns), hits, hps,
+                  statistics.median(rt) if rt else 0.0,
+                  tr / hits if hits else 0.0,
+                  un / 1e6 if jvm else un / per, statistics.median(ru) if ru else 0.0,
+                  ratio_traced_range=(min(rt), max(rt)) if rt else (0.0, 0.0))
+        if jvm:
+            row.traced_wall_s = tr / 1e9
+            row.untraced_wall_s = un / 1e9
+        rows.append(row)
+    return rows
+
+
+def bench(*, iterations: int = 2_000_000, repeats: int = 5, jvm_calls: int = 2_000_000,
+          trigger: bool = True, jvm: bool = True, cc: str = "cc", jdk: Path = SYSTEM_JDK,
+          workdir: Path | None = None, progress: Progress | None = None) -> BenchReport:
+    """Build, run interleaved `repeats` rounds, and report medians and ratios."""
+    import platform
+
+    from usdtpatch.live.perf import has_uprobe_syscall, uprobe_pmu_type
+
+    if os.geteuid() != 0:
+        raise UnsupportedError("bench needs root (perf_event_open uprobes)")
+    uprobe_pmu_type()
+    if iterations < 1 or repeats < 1 or jvm_calls < 1:
+        raise InputError("bench: counts must be positive")
+    notes = []
+    if not has_uprobe_syscall():
+        notes.append("the kernel has no uprobe syscall: every site takes the int3 path")
+    t0 = time.monotonic()
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="usdtpatch-bench-")
+        work = Path(tmp.name)
+    else:
+        work = workdir
+        work.mkdir(parents=True, exist_ok=True)
+    try:
+        tv = build_trigger(work, cc) if trigger else []
+        jv = build_jvm(work, jdk, progress) if jvm else []
+        data = {v.name: Measure() for v in [*tv, *jv]}
+        for r in range(repeats):
+            if progress:
+                progress(f"round {r + 1} of {repeats}")
+            for v in tv:  # interleaved: every variant once per round, traced then not
+                ns, hits = run_trigger(v, iterations, True)
+                if hits != iterations:
+                    raise UnsupportedError(f"bench: {v.name}: {hits} hits counted for "
+                                           f"{iterations} passes")
+                data[v.name].traced_ns.append(ns)
+                data[v.name].traced_hits.append(hits)
+                data[v.name].untraced_ns.append(run_trigger(v, iterations, False)[0])
+            for v in jv:
+                ns, hits = run_jvm(v, jvm_calls, work / "classes", True)
+                data[v.name].traced_ns.append(ns)
+                data[v.name].traced_hits.append(hits)
+                data[v.name].untraced_ns.append(run_jvm(v, jvm_calls, work / "classes",
+                                                        False)[0])
+        rows_t = _rows(tv, data, iterations, REFERENCE, False) if tv else []
+        rows_j = _rows(jv, data, 1, JVM_REFERENCE, True) if jv else []
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return BenchReport(platform.release(), cpu_model(), iterations, jvm_calls, repeats,
+                       rows_t, rows_j, time.monotonic() - t0, notes)
+
+
+# -------------------------------------------------------------------------------- output
+
+
+def chart(rep: BenchReport, path: Path) -> bool:
+    """A PNG bar chart of the medians; False when matplotlib is not installed (the
+    optional extra usdtpatch[chart])."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = [("trigger: M hits/s traced", [r.name for r in rep.trigger],
+               [r.traced_hits_per_s / 1e6 for r in rep.trigger]),
+              ("trigger: ns per pass, untraced", [r.name for r in rep.trigger],
+               [r.untraced_ns_per_pass for r in rep.trigger])]
+    if rep.jvm:
+        panels.append(("JVM: M hits/s traced", [r.name for r in rep.jvm],
+                       [r.traced_hits_per_s / 1e6 for r in rep.jvm]))
+        panels.append(("JVM: wall s (traced / untraced)",
+                       [f"{r.name}\ntraced" for r in rep.jvm]
+                       + [f"{r.name}\nuntraced" for r in rep.jvm],
+                       [r.traced_wall_s or 0.0 for r in rep.jvm]
+                       + [r.untraced_wall_s or 0.0 for r in rep.jvm]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2))
+    for ax, (title, names, values) in zip(axes, panels, strict=True):
+        ax.bar(range(len(values)), values, color="#4878a8")
+        ax.set_xticks(range(len(values)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"usdtpatch bench, Linux {rep.kernel}, medians of {rep.repeats}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,253 @@
+"""The kernel's write sequences for one uprobe site, as data (Linux 6.18, nop5 protocol).
+
+Reference: the 6.18 kernel's `int3_update` / `set_swbp` / `set_orig_insn` write protocol
+(arch/x86/kernel/uprobes.c) as measured and described in docs/plan-verify.md:
+
+- attach:     byte 0 := cc                               (int3; the kernel checks byte 0 is
+                                                          the original opcode)
+- optimize:   byte 0 := cc, bytes 1..4 := rel32, byte 0 := e8
+              (before each write the kernel re-reads the site and checks byte 0: the original
+              opcode, then cc, then cc; after each write it serializes every CPU)
+- unoptimize: byte 0 := cc (expects e8), bytes 1..4 := original (expects cc),
+              byte 0 := original (expects cc)
+- detach:     byte 0 := original (expects cc)
+
+rel32 = trampoline - (site + 5). Whether a site is a candidate at all is decided by the rule
+engine (usdtpatch.analysis.rules), the same one `check` asks; the refusals here only word its
+verdict for a plan. Everything here is pure: bytes and ints in, frozen dataclasses out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from usdtpatch.analysis.rules import NOP10_LENGTH, Reach, Verdict, rule_618, unprobeable
+from usdtpatch.findings import (
+    NO_TRAMPOLINE_REACH,
+    SITE_CROSSES_PAGE,
+    SITE_ELF32,
+    SITE_HINT_NOP,
+    SITE_NOT_NOP5,
+    SITE_NOT_NOP10,
+    SITE_SEGMENT_PREFIX,
+    Finding,
+    lookup,
+)
+from usdtpatch.x86.nops import decode_nop
+
+INT3 = 0xCC  # int3
+CALL_REL32 = 0xE8  # call rel32
+PAGE_SIZE = 4096
+NOP5_LENGTH = 5
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+
+PROTOCOL_NOP5 = "nop5"
+PROTOCOL_NOP10 = "nop10"
+PROTOCOL_INT3 = "int3"  # attach/detach only: the site stays on the int3 path
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One write of the kernel to a site.
+
+    `offset` is the first byte written, relative to the site; `data` the bytes written;
+    `before`/`after` the whole site before and after the write; `expect_byte0` the value the
+    kernel requires at byte 0 when it re-reads the site before writing (None: no check);
+    `serialize` that every CPU is serialized after the write (smp_text_poke_sync_each_cpu).
+    """
+
+    offset: int
+    data: bytes
+    before: bytes
+    after: bytes
+    expect_byte0: int | None
+    serialize: bool = True
+    what: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """An ordered list of writes to the site at `address`, taking it from `start` to `end`."""
+
+    name: str  # attach | optimize | unoptimize | detach
+    address: int  # run-time address of byte 0
+    start: bytes
+    steps: tuple[Step, ...]
+
+    @property
+    def end(self) -> bytes:
+        return self.steps[-1].after if self.steps else self.start
+
+    @property
+    def states(self) -> tuple[bytes, ...]:
+        """The site's bytes before the first write and after each write."""
+        return (self.start, *(s.after for s in self.steps))
+
+
+def apply_write(state: bytes, offset: int, data: bytes) -> bytes:
+    """`state` with `data` written at `offset` (the write must stay inside the site)."""
+    if offset < 0 or offset + len(data) > len(state):
+        raise ValueError(f"write of {len(data)} bytes at +{offset} leaves the "
+                         f"{len(state)}-byte site")
+    return state[:offset] + data + state[offset + len(data):]
+
+
+def build_sequence(name: str, address: int, start: bytes,
+                   writes: list[tuple[int, bytes, int | None, str]]) -> Sequence:
+    """A Sequence from (offset, data, expect_byte0, what) writes applied in order to `start`."""
+    steps: list[Step] = []
+    state = start
+    for offset, data, expect, what in writes:
+        after = apply_write(state, offset, data)
+        steps.append(Step(offset, data, state, after, expect, True, what))
+        state = after
+    return Sequence(name, address, start, tuple(steps))
+
+
+def rel32_for(site: int, length: int, target: int) -> int | None:
+    """The displacement of a `call` ending at site + length to `target`, None when > +/-2 GiB.
+
+    For the nop5 protocol the call is the whole 5-byte site; for nop10 it is bytes 5..9.
+    """
+    rel = target - (site + length)
+    return rel if INT32_MIN <= rel <= INT32_MAX else None
+
+
+def call_target(site: int, call_end: int, rel32_bytes: bytes) -> int:
+    """Where a `call rel32` whose last byte ends at `call_end` goes."""
+    return site + call_end + int.from_bytes(rel32_bytes, "little", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSequences:
+    """Everything the kernel writes to one site under one protocol.
+
+    `protocol` is nop5 (6.18), nop10 (experimental: queued upstream series) or int3 (the site
+    cannot be optimized: only attach/detach). `optimize`/`unoptimize` are None for int3.
+    """
+
+    protocol: str
+    address: int  # run-time address of byte 0 of the probed instruction
+    original: bytes  # the instruction's bytes in the file
+    trampoline: int | None
+    attach: Sequence
+    detach: Sequence
+    optimize: Sequence | None
+    unoptimize: Sequence | None
+
+    @property
+    def length(self) -> int:
+        return len(self.original)
+
+    @property
+    def optimized(self) -> bytes | None:
+        return None if self.optimize is None else self.optimize.end
+
+    def all_sequences(self) -> tuple[Sequence, ...]:
+        seqs = [self.attach, self.detach]
+        if self.optimize is not None and self.unoptimize is not None:
+            seqs += [self.optimize, self.unoptimize]
+        return tuple(seqs)
+
+
+def int3_sequences(address: int, original: bytes) -> SiteSequences:
+    """The plain int3 attach/detach of a site the kernel does not optimize."""
+    attach = build_sequence("attach", address, original,
+                            [(0, bytes([INT3]), original[0], "int3 at byte 0")])
+    detach = build_sequence("detach", address, attach.end,
+                            [(0, original[:1], INT3, "restore byte 0")])
+    return SiteSequences(PROTOCOL_INT3, address, original, None, attach, detach, None, None)
+
+
+def nop5_sequences(address: int, original: bytes, trampoline: int) -> SiteSequences:
+    """The 6.18 sequences for a nop5 at `address` calling `trampoline` (checked by the caller:
+    see `nop5_refusal`)."""
+    rel = rel32_for(address, NOP5_LENGTH, trampoline)
+    if rel is None:
+        raise ValueError(f"trampoline {trampoline:#x} is out of rel32 reach of {address:#x}")
+    disp = rel.to_bytes(4, "little", signed=True)
+    attach = build_sequence("attach", address, original,
+                            [(0, bytes([INT3]), original[0], "int3 at byte 0")])
+    detach = build_sequence("detach", address, attach.end,
+                            [(0, original[:1], INT3, "restore byte 0")])
+    optimize = build_sequence("optimize", address, original, [
+        (0, bytes([INT3]), original[0], "int3 at byte 0 (attach)"),
+        (1, disp, INT3, "rel32 in bytes 1..4"),
+        (0, bytes([CALL_REL32]), INT3, "call opcode e8 at byte 0"),
+    ])
+    unoptimize = build_sequence("unoptimize", address, optimize.end, [
+        (0, bytes([INT3]), CALL_REL32, "int3 over the call opcode"),
+        (1, original[1:5], INT3, "restore bytes 1..4"),
+        (0, original[:1], INT3, "restore byte 0"),
+    ])
+    return SiteSequences(PROTOCOL_NOP5, address, original, trampoline, attach, detach, optimize,
+                         unoptimize)
+
+
+def trampoline_reach(address: int, length: int, trampoline: int | None) -> Reach:
+    def reach(_end: int) -> bool:
+        return trampoline is not None and rel32_for(address, length, trampoline) is not None
+    return reach
+
+
+def refusal_finding(verdict: Verdict, address: int, length: int, original: bytes,
+                    trampoline: int | None, where: str) -> Finding | None:
+    """The plan's finding for a verdict of the rule engine (None when the site is optimized).
+
+    The verdict (and so the code) comes from usdtpatch.analysis.rules; the wording is the plan's,
+    in terms of the site's bytes and the trampoline it was given.
+    """
+    if verdict.outcome.optimized or verdict.code is None:
+        return None
+    code = lookup(verdict.code)
+    form = "nop10" if length == NOP10_LENGTH else "nop5"
+    if code is SITE_SEGMENT_PREFIX:
+        insn = decode_nop(original[:15])
+        n = insn.length if insn is not None else len(original)
+        return code.finding(f"the probe instruction {original[:n].hex(' ')} has a CS/DS "
+                            f"segment prefix: perf_event_open refuses it (errno 524)", where,
+                            "use a NOP without a 2e/3e prefix")
+    if code is SITE_ELF32:
+        return code.finding("32-bit (compat) processes are never optimized", where,
+                            "the site stays on the int3 path")
+    if code is SITE_NOT_NOP5:
+        return code.finding(f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP "
+                            f"the 6.18 kernel optimizes", where, "the site stays on the int3 "
+                            "path; `usdtpatch rewrite` can make room for a nop5")
+    if code is SITE_HINT_NOP:
+        return code.finding(f"the probe instruction {original[:5].hex(' ')} is a hint NOP "
+                            f"(0f 1f /r with ModRM.reg != 0): the kernel single-steps it", where)
+    if code is SITE_NOT_NOP10:
+        return code.finding(f"the probe instruction {original[:10].hex(' ')} is not the 10-byte "
+                            f"NOP the queued nop10 series optimizes",
+                            where, "the site stays on the int3 path")
+    if code is SITE_CROSSES_PAGE:
+        if length == NOP10_LENGTH:
+            return code.finding(f"the nop10 at {address:#x} crosses a page boundary", where,
+                                "the kernel would not optimize it; move the site")
+        return code.finding(f"the nop5 at {address:#x} crosses a page boundary "
+                            f"({address % PAGE_SIZE:#x} > {PAGE_SIZE - length:#x} into its page)",
+                            where, "the kernel never optimizes it; move the site")
+    if code is NO_TRAMPOLINE_REACH:
+        if trampoline is None:
+            tail = " for the trampoline" if form == "nop5" else ""
+            return code.finding(f"no free page within +/-2 GiB of {address + length:#x}{tail}",
+                                where, "the site stays on the int3 path")
+        return code.finding(f"trampoline {trampoline:#x} is more than +/-2 GiB from "
+                            f"{address + length:#x}", where, "the site stays on the int3 path")
+    return code.finding(verdict.reason, where)
+
+
+def probeable_refusal(original: bytes, where: str) -> Finding | None:
+    """A finding when the kernel refuses to probe the instruction at all (CS/DS prefix)."""
+    v = unprobeable(original)
+    return None if v is None else refusal_finding(v, 0, len(original), original, None, where)
+
+
+def nop5_refusal(address: int, original: bytes, trampoline: int | None, is64: bool,
+                 where: str) -> Finding | None:
+    """Why the 6.18 kernel would not optimize this site, as a finding; None when it would."""
+    v = rule_618(original, address, is64=is64,
+                 reach=trampoline_reach(address, NOP5_LENGTH, trampoline))
+    return refusal_finding(v, address, NOP5_LENGTH, original, trampoline, where)

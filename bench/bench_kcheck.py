@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sample", type=int, default=20)
     args = ap.parse_args()
-    from usdtpatch.live.kcheck import kernel_support, site_specs
+    from usdtpatch.live.kcheck import kernel_support, load_probes, site_specs
     from usdtpatch.live.perf import SiteSampler, online_cpus, open_uprobe
 
     kernel_support()
@@ -73,7 +73,7 @@ def main() -> int:
                                 stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-            specs = [s for s in site_specs(str(lib)) if not s.unprobeable]
+            specs = [s for s in site_specs(load_probes(str(lib)), str(lib)) if not s.unprobeable]
             sites = [(s.file_offset, s.semaphore_offset) for s in specs]
             new_open, new_close, old_open, old_close = [], [], [], []
             for _ in range(args.runs):

@@ -14,6 +14,8 @@ import usdtpatch
 from tests.helpers import ROOT, fixture
 from usdtpatch import api
 from usdtpatch.errors import InputError, OutputError, UnsupportedError
+from usdtpatch.report.checkjson import result_json
+from usdtpatch.report.rewrite import outcome_json
 from usdtpatch.rewriter.plan import Action, Status
 
 
@@ -43,7 +45,7 @@ def test_load_and_check() -> None:
     res = api.check(fixture("redzone-leaf"))
     assert res.path.endswith("redzone-leaf")
     assert any(f.code == "red-zone-rewrite" for f in res.findings)
-    assert res.to_json()["path"] == res.path
+    assert result_json(res)["path"] == res.path  # the check document's entry (report/)
     with pytest.raises(InputError):
         api.load("/nonexistent/file")
 
@@ -56,7 +58,7 @@ def test_rewrite_writes_a_verified_output_keeping_the_mode(prog: Path, tmp_path:
     assert all(s.action is Action.DETOUR and s.status is Status.REWRITTEN for s in out.sites)
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o750
     assert _sha(prog) == before
-    assert out.to_json()["counts"] == {"detour": 4}
+    assert outcome_json(out)["counts"] == {"detour": 4}
 
 
 def test_dry_run_writes_nothing(prog: Path) -> None:

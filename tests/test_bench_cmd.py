@@ -17,6 +17,7 @@ import pytest
 
 from usdtpatch.cli import main
 from usdtpatch.live.bench import runner
+from usdtpatch.report.bench import chart
 
 SITE_BYTES = {"stap-nop1": "90", "hdr-nop5": "0f 1f 44 00 00",
               "hdr-combo5": "0f 1f 44 00 00",  # the nop5 at pc + 1 is what is probed
@@ -104,7 +105,7 @@ def test_chart_without_matplotlib_is_refused(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     rep = runner.BenchReport("k", "cpu", 1, 1, 1, [], [], 0.0, [])
-    assert runner.chart(rep, tmp_path / "x.png") is False
+    assert chart(rep, tmp_path / "x.png") is False
     assert not (tmp_path / "x.png").exists()
 
 

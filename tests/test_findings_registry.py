@@ -209,7 +209,8 @@ def test_plan_files_old_codes_are_read_as_new_and_unknown_ones_refused() -> None
     from usdtpatch.analysis.probes import read_probes
     from usdtpatch.elf.image import parse_elf
     from usdtpatch.errors import InputError
-    from usdtpatch.sequences.plan import build_plan, plan_from_json, plan_json
+    from usdtpatch.report.plan import plan_json
+    from usdtpatch.sequences.plan import build_plan, plan_from_json
     image = parse_elf(fixture("i386").read_bytes())
     doc = plan_json(build_plan(read_probes(image), "i386", "nop5", 0x5655_5000))
     site = doc["sites"][0]

@@ -35,6 +35,8 @@ from tests.helpers import REAL_BINARIES, ROOT, fixture, fixture_files, run_cli
 from usdtpatch import __version__
 from usdtpatch.live.bench.runner import BenchReport, Row
 from usdtpatch.live.kcheck import Fault, KcheckReport, ProcessResult, SiteResult
+from usdtpatch.report.bench import bench_json, print_bench
+from usdtpatch.report.kcheck import kcheck_json, kcheck_text
 
 FIXTURES = fixture_files()
 NAMES = [p.name for p in FIXTURES]
@@ -250,15 +252,13 @@ def _bench_report() -> BenchReport:
 
 
 def test_kcheck_and_bench_renderings() -> None:
-    from usdtpatch.cli import cmd_bench, cmd_kcheck
-
     rep = _kcheck_report()
     check_golden("out-kcheck.txt",
-                 cmd_kcheck.render(rep) + json.dumps(rep.to_json(), indent=2) + "\n")
+                 kcheck_text(rep) + json.dumps(kcheck_json(rep), indent=2) + "\n")
     bench = _bench_report()
     buf = io.StringIO()
-    cmd_bench.render(bench, buf)
-    check_golden("out-bench.txt", buf.getvalue() + json.dumps(bench.to_json(), indent=2) + "\n")
+    print_bench(bench, buf)
+    check_golden("out-bench.txt", buf.getvalue() + json.dumps(bench_json(bench), indent=2) + "\n")
 
 
 # --- the real binaries: digests and counts -------------------------------------------------

@@ -33,6 +33,7 @@ from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.live import kcheck as kmod
 from usdtpatch.live import perf
 from usdtpatch.live.procfs import read_mem
+from usdtpatch.report.kcheck import kcheck_json
 from usdtpatch.x86.nops import NOP5
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -425,7 +426,9 @@ def test_rewritten_libjvm_in_a_java_run(tmp_path: Path) -> None:
 
     if not (runner.SYSTEM_JDK / "lib" / "server" / "libjvm.so").exists():
         pytest.skip(f"no OpenJDK 17 at {runner.SYSTEM_JDK}")
-    _orig, rw = runner.build_jvm(tmp_path)
+    from usdtpatch import integrate
+
+    _orig, rw = runner.build_jvm(tmp_path, runner.Tools(api.rewrite, integrate.include_dir()))
     java = [str(rw.program), "-XX:+ExtendedDTraceProbes", "-cp", str(tmp_path / "classes"),
             "Bench", "20000"]
     rc, doc, err = _kcheck_json([str(rw.probed), "--probe", "hotspot:method__*", "--",
@@ -451,8 +454,8 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
     optimized site a problem and kcheck exit 1."""
     real = kmod._plan_for
 
-    def wrong(path: str, maps: Any) -> Any:
-        plan = real(path, maps)
+    def wrong(ps: Any, path: str, maps: Any) -> Any:
+        plan = real(ps, path, maps)
         assert plan is not None
         (t,) = {s.sequences.trampoline for s in plan.sites
                 if s.sequences is not None and s.sequences.trampoline is not None}
@@ -488,9 +491,9 @@ def test_a_detach_that_left_bytes_is_a_problem() -> None:
     rep = kmod.KcheckReport(path="x", command=["x"], pid=None, kernel="6.18", processes=[proc],
                             faults=[], seconds=0.0)
     assert rep.problems == ["pid 7 p:n: detach left cc 1f 44 00 00, not 0f 1f 44 00 00"]
-    assert not rep.to_json()["ok"]
+    assert not kcheck_json(rep)["ok"]
     site.restored = True
-    assert rep.problems == [] and rep.to_json()["ok"]
+    assert rep.problems == [] and kcheck_json(rep)["ok"]
 
 
 # --- the library function: usdtpatch.kcheck ---------------------------------------------------
@@ -508,7 +511,7 @@ def test_api_kcheck_runs_a_command_and_returns_the_report() -> None:
     rep = api.kcheck(Path(FIXTURE), command=[FIXTURE], settle=0.2, progress=told.append)
     assert isinstance(rep, kmod.KcheckReport)
     assert rep.path == FIXTURE and rep.command == [FIXTURE] and rep.pid is None
-    assert rep.problems == [] and rep.to_json()["ok"]
+    assert rep.problems == [] and kcheck_json(rep)["ok"]
     (proc,) = rep.processes
     assert proc.kind == "command" and proc.exit_code == 0 and proc.inspected
     assert {s.probe for s in proc.sites} == {"forms:entry", "forms:mid", "forms:loop"}
@@ -581,7 +584,7 @@ def _report(restored: bool) -> kmod.KcheckReport:
 
 def test_the_command_parses_calls_the_library_and_renders(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    from usdtpatch.cli.cmd_kcheck import render
+    from usdtpatch.report.kcheck import kcheck_text
 
     calls: list[dict[str, Any]] = []
     reports = [_report(restored=True), _report(restored=False)]
@@ -598,13 +601,13 @@ def test_the_command_parses_calls_the_library_and_renders(monkeypatch: pytest.Mo
     assert calls[0] == {"path": FIXTURE, "command": ["prog", "-x"], "pid": None,
                         "probes": ["forms:*"], "duration": 5.0, "settle": 0.3,
                         "command_stdout": None}
-    assert out.getvalue() == render(reports[0])
+    assert out.getvalue() == kcheck_text(reports[0])
     out = io.StringIO()
     rc = main(["kcheck", "--json", FIXTURE, "--pid", "42", "--duration", "1.5"], out, err)
     assert rc == 1  # the second report's detach left a byte
     assert calls[1] == {"path": FIXTURE, "command": None, "pid": 42, "probes": [],
                         "duration": 1.5, "settle": 2.0, "command_stdout": None}
-    assert json.loads(out.getvalue()) == reports[1].to_json()
+    assert json.loads(out.getvalue()) == kcheck_json(reports[1])
 
 
 @pytest.mark.parametrize(("option", "says"), [

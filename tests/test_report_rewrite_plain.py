@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 
 from tests.helpers import fixture_files, run_cli
-from usdtpatch.report.plain import _rich_width, rewrite_text
+from usdtpatch.report.plain import rewrite_text
 from usdtpatch.report.render import make_console, render_rewrite
+from usdtpatch.report.text import rich_width
 
 FILES = fixture_files()
 
 
 def _rich(doc: dict[str, Any]) -> str:
     buf = io.StringIO()
-    render_rewrite(make_console(buf, width=_rich_width(buf)), doc)  # as print_rewrite does
+    render_rewrite(make_console(buf, width=rich_width(buf)), doc)  # as print_rewrite does
     return buf.getvalue()
 
 

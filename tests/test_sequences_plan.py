@@ -12,7 +12,8 @@ import pytest
 from tests.helpers import fixture, run_cli
 from usdtpatch.api import load
 from usdtpatch.errors import InputError
-from usdtpatch.sequences.plan import PLAN_SCHEMA, build_plan, plan_from_json, plan_json
+from usdtpatch.report.plan import plan_json
+from usdtpatch.sequences.plan import PLAN_SCHEMA, build_plan, plan_from_json
 from usdtpatch.sequences.trampoline import default_load_base
 
 

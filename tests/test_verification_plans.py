@@ -16,7 +16,8 @@ from tests.helpers import fixture, fixture_files, run_cli
 from usdtpatch.api import load
 from usdtpatch.cli.cmd_verify import summarize
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.sequences.plan import Plan, build_plan, plan_json, with_site
+from usdtpatch.report.plan import plan_json
+from usdtpatch.sequences.plan import Plan, build_plan, with_site
 from usdtpatch.sequences.trampoline import TRAMPOLINE_NOP5, default_load_base
 from usdtpatch.sequences.wrong import crossing_site, wrong_sequences
 from usdtpatch.verification.machine import Machine

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from tests.helpers import fixture
 from usdtpatch.api import load
 from usdtpatch.errors import InputError
-from usdtpatch.sequences.plan import build_plan, plan_from_json, plan_json, with_site
+from usdtpatch.report.plan import plan_json
+from usdtpatch.sequences.plan import build_plan, plan_from_json, with_site
 from usdtpatch.sequences.sequences import Sequence, build_sequence
 from usdtpatch.sequences.trampoline import parse_maps
 from usdtpatch.verification.plans import FAIL, PASS, verify_plan

@@ -10,8 +10,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-
 from usdtpatch.errors import (
     ElfFormatError,
     InputError,
@@ -19,6 +17,7 @@ from usdtpatch.errors import (
     UnsupportedError,
     UsdtpatchError,
 )
+from usdtpatch.version import __version__
 
 if TYPE_CHECKING:
     from usdtpatch.api import (

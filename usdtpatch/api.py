@@ -144,18 +144,6 @@ class CheckResult:
         """The file's findings, then every site's."""
         return self.report.all_findings
 
-    def to_json(self, names: dict[str, str] | None = None) -> dict[str, Any]:
-        """The file's entry of the check document (docs/check-json.md). `names`: demangled
-        function names (looked up here when not given)."""
-        from usdtpatch.report.checkjson import check_file_json
-
-        if names is None:
-            from usdtpatch.elf.demangle import demangle
-
-            names = demangle([s.probe.function for s in self.report.sites
-                              if s.probe.function])
-        return check_file_json(self.path, self.report, names)
-
 
 def check(path: StrPath) -> CheckResult:
     """Judge every probe site of one file as a candidate for the kernel's optimized uprobes."""
@@ -205,15 +193,6 @@ class RewriteOutcome:
     @property
     def already_rewritten(self) -> bool:
         return self.note is not None
-
-    def to_json(self) -> dict[str, Any]:
-        """The file's entry of the rewrite document (docs/json-schema.md)."""
-        from usdtpatch.rewriter.report import result_json
-
-        return result_json(self.path, self.output,
-                           "auto" if self.form is None else self.form.value,
-                           self.redzone_guard.value,
-                           self.verified, self.changed, self.sites, self.findings, self.note)
 
 
 def _validate(data: bytes, original: ElfImage) -> None:
@@ -465,12 +444,7 @@ def restore(path: StrPath, out: StrPath | None = None, *,
 def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
              trampoline: int | None, maps: StrPath | None, pid: int | None,
              red_zone: Mapping[int, str] | None = None) -> Plan:
-    from usdtpatch.sequences.plan import build_plan
-    from usdtpatch.sequences.trampoline import (
-        check_load_base,
-        default_load_base,
-        load_base_from_maps,
-    )
+    from usdtpatch.sequences.plan import plan_for
 
     entries = None
     mmap_min = 4096
@@ -486,19 +460,8 @@ def _plan_of(ps: ProbeSet, path: str, form: str, load_base: int | None,
             entries = procfs.read_maps(pid)
             source_name = f"pid {pid}"
             mmap_min = procfs.mmap_min_addr()
-    source = "option"
-    if load_base is None and entries is not None:
-        load_base = load_base_from_maps(ps.image, entries, path)
-        source = "maps"
-        if load_base is None:
-            raise InputError(f"{path}: not mapped in {source_name} (no mapping of the file's "
-                             f"first segment)")
-    if load_base is None:
-        load_base = default_load_base(ps.image)
-        source = "default"
-    check_load_base(ps.image, load_base)
-    return build_plan(ps, path, form, load_base, source, entries, trampoline, mmap_min,
-                      red_zone)
+    return plan_for(ps, path, form, load_base=load_base, maps=entries, maps_source=source_name,
+                    trampoline=trampoline, mmap_min_addr=mmap_min, red_zone=red_zone)
 
 
 def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) -> None:

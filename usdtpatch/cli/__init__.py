@@ -20,15 +20,16 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
-from usdtpatch import __version__
 from usdtpatch.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNUSABLE,
     printable,
+    raise_terminated,
 )
 from usdtpatch.errors import UsdtpatchError
+from usdtpatch.version import __version__
 
 # Subcommand -> the module that registers it, in the order `usdtpatch --help` shows them.
 # Only the module of the command being run is imported: `list` must not pay for unicorn.
@@ -154,20 +155,6 @@ def interrupted_line(written: list[str]) -> str:
             f"{'was' if len(written) == 1 else 'were'} written whole (renamed into place)")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised like Ctrl-C's KeyboardInterrupt: the same cleanup runs (a
-    temporary output removed, workers stopped) instead of the process ending where it
-    stands; exit 128 + the signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.exit_status = 128 + signum
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    raise Terminated(signum)
-
-
 @contextlib.contextmanager
 def _terminating() -> Iterator[None]:
     """SIGTERM and SIGHUP raise Terminated while a command runs (where they are not
@@ -178,7 +165,7 @@ def _terminating() -> Iterator[None]:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError):  # not the main thread: left as they are
             if signal.getsignal(sig) is signal.SIG_DFL:
-                previous[sig] = signal.signal(sig, _terminated)
+                previous[sig] = signal.signal(sig, raise_terminated)
     try:
         yield
     finally:

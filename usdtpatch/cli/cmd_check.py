@@ -19,7 +19,7 @@ from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, 
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
-from usdtpatch.report.checkjson import check_document, document_findings, reaches
+from usdtpatch.report.checkjson import check_document, document_findings, reaches, result_json
 
 FAIL_LEVELS = ("info", "warning", "error", "never")
 
@@ -69,14 +69,14 @@ def build_document(paths: list[str], err: IO[str] | None = None,
     names = demangle([s.probe.function for r in results for s in r.report.sites
                       if s.probe.function])
     if views is not None:
-        from usdtpatch.cli.cmd_show import site_views
+        from usdtpatch.report.show import site_views
 
         for r in results:
             try:
                 views.append(site_views(r.path, r.report))
             except UsdtpatchError:  # the page then shows each window's data without it
                 views.append([])
-    return check_document([r.to_json(names) for r in results], errors, fail_on)
+    return check_document([result_json(r, names) for r in results], errors, fail_on)
 
 
 def exit_status(doc: dict[str, Any], fail_on: str) -> int:
@@ -87,7 +87,7 @@ def exit_status(doc: dict[str, Any], fail_on: str) -> int:
 
 def check_and_render(path: str, out: IO[str], err: IO[str], fail_on: str = "error") -> int:
     """For `demo` and scripts: check one file, print the table and summary, return the status."""
-    from usdtpatch.report.plain import print_check
+    from usdtpatch.report.text import print_check
 
     doc = build_document([path], err, fail_on)
     print_check(out, doc)
@@ -107,7 +107,7 @@ def report_format(fmt: str | None, report: str | None) -> str | None:
     if fmt is not None or report is None:
         return fmt
     from usdtpatch.errors import OutputError
-    from usdtpatch.report.rewrite_report import report_kind
+    from usdtpatch.report.rewrite import report_kind
 
     try:
         return report_kind(report).lstrip(".")
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
         _emit(html_page(doc, views), target, out)
     else:
-        from usdtpatch.report.plain import print_check
+        from usdtpatch.report.text import print_check
 
         print_check(out, doc, summary_only=args.summary)
         if not args.summary and any(f.get("sites") for f in doc.get("files", [])):

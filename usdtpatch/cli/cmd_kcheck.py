@@ -16,10 +16,17 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from usdtpatch import api
-from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
+from usdtpatch.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_UNUSABLE,
+    error_line,
+    printable,
+    raise_terminated,
+)
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
-from usdtpatch.live.kcheck import KcheckReport, ProcessResult
+from usdtpatch.report.kcheck import kcheck_json, kcheck_text
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_pattern
 
 
@@ -89,87 +96,6 @@ def _split(args: argparse.Namespace, err: IO[str]) -> list[str] | None:
     return command
 
 
-def _hx(b: bytes | None) -> str:
-    return "-" if b is None else b.hex(" ")
-
-
-def _proc_line(p: ProcessResult) -> str:
-    if p.exit_signal is not None:
-        end = f"killed by {signal.Signals(p.exit_signal).name}"
-    elif p.exit_code is not None:
-        end = f"exit {p.exit_code}"
-    else:
-        end = p.note or "running"
-    parent = f", child of {p.parent}" if p.parent else ""
-    extra = ""
-    if p.kind == "fork" and p.optimized_at_fork is not None:
-        extra = f", forked with {p.optimized_at_fork} site(s) optimized"
-    return f"pid {p.pid} ({p.kind}{parent}, {p.threads} thread(s){extra}): {end}"
-
-
-def render(rep: KcheckReport) -> str:
-    lines = [f"{rep.path} on Linux {rep.kernel}: events attached in {rep.attach_seconds:.2f} s, "
-             f"detached in {rep.detach_seconds:.2f} s"]
-    for p in rep.processes:
-        lines.append(_proc_line(p))
-        if p.samples_lost or p.throttled:
-            lines.append(f"  hits undercounted: {p.samples_lost} sample(s) lost, sampling "
-                         f"throttled {p.throttled} time(s)")
-        if p.kind == "fork":
-            continue
-        if p.trampolines:
-            lines.append("  [uprobes-trampoline] at " + ", ".join(f"{t:#x}" for t in p.trampolines))
-        for s in p.sites:
-            head = f"  {s.probe} +{s.file_offset:#x}"
-            if s.attach_error:
-                lines.append(f"{head}: not attached: {s.attach_error}")
-                continue
-            if not p.inspected:
-                lines.append(f"{head}: {s.hits} hit(s), not inspected")
-                continue
-            state = "optimized" if s.optimized else "int3 path"
-            addr = "unmapped" if s.address is None else f"{s.address:#x}"
-            lines.append(f"{head} at {addr}: {s.hits} hit(s), {state} [{_hx(s.attached)}]")
-            if s.matches_plan is not None:
-                verdict = "as planned" if s.matches_plan else f"NOT as planned: plan says " \
-                                                               f"{_hx(s.planned)}"
-                tr = ("" if s.planned_trampoline is None
-                      else f", trampoline {s.planned_trampoline:#x}")
-                lines.append(f"      plan ({s.planned_protocol}{tr}): {verdict}")
-            if s.restored is not None:
-                lines.append(f"      after detach: {_hx(s.detached)} "
-                             f"({'restored' if s.restored else 'NOT restored'})")
-    for f in rep.faults:
-        if f.site is None and not f.in_trampoline:
-            continue  # summarized per process below
-        where = f" called from {f.site} (return address {f.return_address:#x})" \
-            if f.site and f.return_address is not None else ""
-        tramp = " (the parent's trampoline page: not mapped in this child)" \
-            if f.in_trampoline else ""
-        lines.append(f"pid {f.pid}: {signal.Signals(f.signal).name} at {f.rip:#x}{tramp}{where}")
-    for p in rep.processes:
-        if p.other_faults:
-            lines.append(f"pid {p.pid}: {p.other_faults} fault signal(s) not at a site "
-                         f"(handled by the program or fatal elsewhere; --json lists them)")
-    problems = rep.problems
-    lines.append(f"{len(problems)} problem(s)" + "".join(f"\n  {p}" for p in problems))
-    return "\n".join(lines) + "\n"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP while kcheck runs, raised like Ctrl-C's KeyboardInterrupt so that the
-    same cleanup runs (the started command killed by pid, a --pid process detached, every
-    probe closed) instead of the process ending where it stands; exit 128 + the signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.exit_status = 128 + signum
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    raise Terminated(signum)
-
-
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     command = _split(args, err)
     if command is None:
@@ -190,7 +116,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(ValueError):  # not the main thread: left as they are
-                previous[sig] = signal.signal(sig, _terminated)
+                previous[sig] = signal.signal(sig, raise_terminated)
         rep = api.kcheck(args.file, command=command or None, pid=args.pid,
                          probes=[probe_pattern(p) for p in args.probe],
                          duration=args.duration, settle=args.settle,
@@ -201,7 +127,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    text = json.dumps(rep.to_json(), indent=2) + "\n" if args.json else render(rep)
+    text = json.dumps(kcheck_json(rep), indent=2) + "\n" if args.json else kcheck_text(rep)
     if args.output is None:
         out.write(text)
     else:

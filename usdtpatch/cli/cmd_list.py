@@ -59,7 +59,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
     if as_json:
         out.write(json.dumps(doc) + "\n")  # one write: the C encoder, not per-token writes
     else:
-        from usdtpatch.report.plain import print_list
+        from usdtpatch.report.text import print_list
 
         print_list(out, doc)
     return EXIT_UNUSABLE if errors else EXIT_OK

@@ -13,9 +13,8 @@ from usdtpatch import api
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
-from usdtpatch.sequences.plan import Plan, SitePlan, plan_json
-from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10, Sequence
-from usdtpatch.x86.describe import describe
+from usdtpatch.report.plan import plan_json, plan_text
+from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10
 
 
 def _addr(text: str) -> int:
@@ -90,64 +89,5 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         json.dump(plan_json(plan), out, indent=2)
         out.write("\n")
     else:
-        out.write(render_plan(plan))
+        out.write(plan_text(plan))
     return EXIT_OK
-
-
-def _state_line(state: bytes, address: int, note: str) -> str:
-    text = describe(state, address, 1)
-    if state[0] == 0xCC:
-        text = "int3 (trap)"
-    return f"    {state.hex(' '):<30} {text:<34} {note}".rstrip()
-
-
-def render_sequence(seq: Sequence) -> list[str]:
-    lines = [f"  {seq.name}:", _state_line(seq.start, seq.address, "")]
-    for i, st in enumerate(seq.steps, 1):
-        check = "" if st.expect_byte0 is None else f", checks byte 0 == {st.expect_byte0:02x}"
-        note = (f"<- step {i}: +{st.offset} := {st.data.hex(' ')} ({st.what}{check}"
-                f"{', serialize' if st.serialize else ''})")
-        lines.append(_state_line(st.after, seq.address, note))
-    return lines
-
-
-def render_site(site: SitePlan) -> list[str]:
-    s = site.sequences
-    head = f"{site.probe} at {site.address:#x}"
-    if site.file_offset is not None:
-        head += f" (file offset {site.file_offset:#x})"
-    head += f": {site.form}"
-    if s is None:
-        lines = [head + ", cannot be probed"]
-    else:
-        if s.trampoline is not None and s.optimize is not None:
-            call_end = s.address + (10 if s.protocol == PROTOCOL_NOP10 else 5)
-            head += (f", {s.protocol} protocol, trampoline {s.trampoline:#x} "
-                     f"(rel32 {s.trampoline - call_end:+#x})")
-        else:
-            head += ", int3 only"
-        if site.guarded:
-            head += ", red-zone guarded"
-        lines = [head]
-        if s.optimize is not None and s.unoptimize is not None:
-            lines += render_sequence(s.optimize) + render_sequence(s.unoptimize)
-        else:
-            lines += render_sequence(s.attach) + render_sequence(s.detach)
-    for f in site.findings:
-        lines.append(f"  {f.severity.value} [{f.code}] {f.message}" +
-                     (f" ({f.hint})" if f.hint else ""))
-    return lines
-
-
-def render_plan(plan: Plan) -> str:
-    proto = "nop5 protocol (Linux 6.18)" if plan.protocol == PROTOCOL_NOP5 else \
-        "nop10 protocol (EXPERIMENTAL: queued upstream series, unreleased)"
-    tr = ", ".join(f"{t:#x}" for t in plan.trampolines) or "none"
-    lines = [f"{plan.path}: {len(plan.sites)} site(s), {proto}, load base "
-             f"{plan.load_base:#x} ({plan.load_base_source}), trampoline {tr} "
-             f"(from {plan.trampoline_source})"]
-    for f in plan.findings:
-        lines.append(f"{f.severity.value} [{f.code}] {f.message}")
-    for site in plan.sites:
-        lines += render_site(site)
-    return "\n".join(lines) + "\n"

@@ -28,10 +28,15 @@ from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, 
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import WRITTEN, check_output
 from usdtpatch.lifetime import die_with_parent
-from usdtpatch.report.rewrite_report import report_document, report_kind, write_report
+from usdtpatch.report.rewrite import (
+    outcome_json,
+    report_document,
+    report_kind,
+    rewrite_document,
+    write_report,
+)
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 from usdtpatch.rewriter.kernel import Kernel
-from usdtpatch.rewriter.report import rewrite_document
 
 
 def _jobs(text: str) -> int:
@@ -149,7 +154,7 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
         o = api.rewrite(path, target, form=form, redzone_guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
                         jobs=1)  # -j runs files in parallel: one process per file
-        return o.to_json(), o.failed, time.monotonic() - t0
+        return outcome_json(o), o.failed, time.monotonic() - t0
     except KeyboardInterrupt as exc:  # the parent says whether this file was written
         exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
         raise
@@ -245,7 +250,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                     errors.append({"path": p, "error": str(exc)})
                     error_line(p, exc, err)
                     continue
-                entries.append(o.to_json())
+                entries.append(outcome_json(o))
                 extras.append(_report_extra(p, entries[-1], time.monotonic() - t0, size))
                 failed = failed or o.failed
     doc = rewrite_document(entries, errors)
@@ -253,7 +258,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
     if as_json:
         out.write(json.dumps(doc) + "\n")
     else:
-        from usdtpatch.report.plain import print_rewrite
+        from usdtpatch.report.text import print_rewrite
 
         print_rewrite(out, doc)
     if report is not None:
@@ -277,7 +282,7 @@ def _size(path: str) -> int | None:
 
 def _site_views(path: str) -> list[dict[str, Any]]:
     """The `show` document of every site of `path` (the report's per-site view)."""
-    from usdtpatch.cli.cmd_show import site_views
+    from usdtpatch.report.show import site_views
 
     return site_views(path, api.check(path).report)
 

@@ -15,14 +15,11 @@ from usdtpatch import api
 from usdtpatch.cli.cmd_plan import add_placement_args, placement
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.verification.plans import FAIL, PASS, SKIP, VerifyReport
+from usdtpatch.report.verify import demo_text, verify_json, verify_text
 
 if TYPE_CHECKING:
     from usdtpatch.sequences.plan import Plan
     from usdtpatch.sequences.protocols import Protocol
-
-VERIFY_SCHEMA = "usdtpatch/verification"
-VERIFY_SCHEMA_VERSION = 1
 
 
 def register(sub: Any) -> None:
@@ -39,41 +36,6 @@ def register(sub: Any) -> None:
     add_placement_args(p)
     p.add_argument("--json", action="store_true", help="print a versioned JSON document")
     p.set_defaults(func=run)
-
-
-def verify_json(rep: VerifyReport) -> dict[str, Any]:
-    return {
-        "schema": VERIFY_SCHEMA, "schema_version": VERIFY_SCHEMA_VERSION, "path": rep.path,
-        "protocol": rep.protocol, "ok": rep.ok, "runs": rep.runs,
-        "seconds": round(rep.seconds, 4),
-        "sites": [{"probe": v.probe, "address": v.address, "protocol": v.protocol,
-                   "status": v.status, "reason": v.reason, "runs": v.runs,
-                   "failures": [f.to_json() for f in v.failures],
-                   "hazards": [h.to_json() for h in v.hazards],
-                   "red_zone_writes": list(v.red_zone_writes)} for v in rep.verdicts],
-        "findings": [f.to_json() for f in rep.findings],
-    }
-
-
-def render_verify(rep: VerifyReport) -> str:
-    lines = []
-    for f in rep.findings:
-        lines.append(f"{f.severity.value} [{f.code}] {f.message}")
-    for v in rep.verdicts:
-        head = f"{v.status.upper():<4} {v.probe} at {v.address:#x} ({v.protocol})"
-        if v.status == SKIP:
-            head += f": {v.reason}"
-        else:
-            head += f": {v.runs} thread run(s)"
-        lines.append(head)
-        for fl in v.failures:
-            lines.append(f"     [{fl.code}] {fl.message}")
-        for h in v.hazards:
-            lines.append(f"     {h.severity.value} [{h.code}] {h.message}")
-    n = {s: sum(1 for v in rep.verdicts if v.status == s) for s in (PASS, FAIL, SKIP)}
-    lines.append(f"{rep.path}: {len(rep.verdicts)} site(s): {n[PASS]} pass, {n[FAIL]} fail, "
-                 f"{n[SKIP]} skipped; {rep.runs} emulated thread runs in {rep.seconds:.2f} s")
-    return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -114,7 +76,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         json.dump(verify_json(rep), out, indent=2)
         out.write("\n")
     else:
-        out.write(render_verify(rep))
+        out.write(verify_text(rep))
     return EXIT_OK if rep.ok else EXIT_FAIL
 
 
@@ -124,14 +86,6 @@ def summarize(path: str, form: str = "nop5") -> tuple[int, str]:
     The text is the plan of the first optimizable site followed by every site's verdict.
     Raises UsdtpatchError on unusable input.
     """
-    from usdtpatch.cli.cmd_plan import render_site
-
     plan = api.plan(path, form=form)
     rep = api.verify(path, plan=plan)
-    first = next((s for s in plan.sites
-                  if s.sequences is not None and s.sequences.optimize is not None), None)
-    text = ""
-    if first is not None:
-        text += "\n".join(render_site(first)) + "\n"
-    text += render_verify(rep)
-    return (EXIT_OK if rep.ok else EXIT_FAIL), text
+    return (EXIT_OK if rep.ok else EXIT_FAIL), demo_text(plan, rep)

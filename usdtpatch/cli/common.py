@@ -1,4 +1,5 @@
-"""What several subcommands share: exit codes, error lines, loading a file for `list`."""
+"""What several subcommands share: exit codes, error lines, loading a file for `list`, the
+signals that stop a command as Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_UNUSABLE",
+    "Terminated",
     "error_line",
     "load",
     "printable",
+    "raise_terminated",
 ]
 
 EXIT_OK = 0
@@ -50,3 +53,19 @@ def error_line(path: str, exc: UsdtpatchError, err: IO[str]) -> None:
     text = str(exc)
     line = f"usdtpatch: {text}" if text.startswith(path) else f"usdtpatch: {path}: {text}"
     print(printable(line), file=err)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised like Ctrl-C's KeyboardInterrupt: the same cleanup runs (a
+    temporary output removed, workers stopped; for kcheck the started command killed by pid, a
+    --pid process detached, every probe closed) instead of the process ending where it
+    stands; exit 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.exit_status = 128 + signum
+
+
+def raise_terminated(signum: int, _frame: object) -> None:
+    """The handler of SIGTERM and SIGHUP while a command runs."""
+    raise Terminated(signum)

@@ -16,7 +16,6 @@ The promises the build integrations rely on:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -24,17 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from usdtpatch import __version__
-from usdtpatch.cli.common import error_line
-from usdtpatch.errors import OutputError, UsdtpatchError
-from usdtpatch.findings import Severity
+from usdtpatch.errors import OutputError
 from usdtpatch.io import check_output, read_source, write_atomic
 
 if TYPE_CHECKING:
-    from usdtpatch import api
+    pass
 
-REPORT_SCHEMA = "usdtpatch/build-report"
-REPORT_SCHEMA_VERSION = 1
 FORMS = ("nop5", "combo5", "combo10")
 GUARDS = ("auto", "always", "never")
 FAIL_LEVELS = ("info", "warning", "error", "never")
@@ -80,51 +74,6 @@ def report_paths(report: str | os.PathLike[str]) -> tuple[Path, Path]:
     return p, p.with_suffix(".html")
 
 
-def finding_line(path: str, f: dict[str, str]) -> str:
-    """A finding as the one line a build log shows; an error (what fails a build) ends with
-    its hint, what to do about it."""
-    where = f" {f['where']}:" if f.get("where") else ""
-    hint = f" (hint: {f['hint']})" if f.get("hint") and f["severity"] == "error" else ""
-    return f"usdtpatch: {path}: {f['severity']} [{f['code']}]{where} {f['message']}{hint}"
-
-
-def _reaches(findings: list[dict[str, str]], fail_on: str) -> bool:
-    if fail_on == "never":
-        return False
-    limit = Severity(fail_on).rank
-    return any(Severity(f["severity"]).rank >= limit for f in findings)
-
-
-def _rewrite_findings(outcome: api.RewriteOutcome) -> list[dict[str, str]]:
-    """The rewrite's findings, and each site it failed to rewrite as an error."""
-    from usdtpatch.rewriter.plan import Status
-
-    out = [f.to_json() for f in outcome.findings]
-    for s in outcome.sites:
-        if s.status is Status.FAILED:
-            out.append({"code": s.code or "rewrite-failed", "severity": "error",
-                        "where": s.probe.probe_id, "message": s.reason, "hint": ""})
-    return out
-
-
-def _summary(entry: dict[str, Any] | None, doc: dict[str, Any], opts: StepOptions) -> str:
-    sites = doc["files"][0]["sites"]
-    fast = sum(1 for s in sites if s["kernels"].get("6.18", {}).get("outcome") == "optimized")
-    text = f"{len(sites)} site(s), {fast} optimized by a 6.18 kernel"
-    if entry is not None:
-        if entry.get("note"):
-            text += "; already rewritten, left as it is"
-        elif not entry["changed"]:
-            text += "; nothing to rewrite"
-        else:
-            counts = ", ".join(f"{n} {a}" for a, n in sorted(entry["counts"].items()))
-            text += f"; rewritten ({counts})"
-        # the options a build fixes rather than taking the build machine's kernel
-        # (docs/build-integration.md, "Defaults")
-        text += f"; form {opts.form}, red-zone guard {opts.redzone_guard}"
-    return text
-
-
 def run_step(path: str, output: str | None = None, options: StepOptions | None = None,
              report: str | os.PathLike[str] | None = None, log: IO[str] | None = None
              ) -> StepResult:
@@ -133,13 +82,15 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
     Raises UsdtpatchError when the input is unusable (then nothing is written or removed).
     """
     from usdtpatch import api
-    from usdtpatch.report.checkjson import check_document
+    from usdtpatch.report.build import build_report, finding_line, rewrite_findings, summary_text
+    from usdtpatch.report.checkjson import check_document, reaches, result_json
+    from usdtpatch.report.rewrite import outcome_json
 
     opts = options if options is not None else StepOptions()
     target = path if output is None else output
     check_output(target, [path], in_place=output is None)
     entry: dict[str, Any] | None = None
-    rewrite_findings: list[dict[str, str]] = []
+    from_rewrite: list[dict[str, str]] = []
     changed = False
     data: bytes | None = None  # the rewritten bytes, written once the check has passed
     origin = None
@@ -150,30 +101,27 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
             path, output, form=opts.form, redzone_guard=opts.redzone_guard,
             verify=opts.verify,
             in_place=output is None, **kw)
-        entry = outcome.to_json()
-        rewrite_findings = _rewrite_findings(outcome)
+        entry = outcome_json(outcome)
+        from_rewrite = rewrite_findings(outcome)
         entry["output"] = target
         changed = outcome.changed
     result = api._check_data(target, data) if changed and data is not None \
         else api.check(path)
-    file_doc = result.to_json()
+    file_doc = result_json(result)
     file_doc["path"] = target
     doc = check_document([file_doc], [], opts.fail_on)
-    findings = rewrite_findings + [f.to_json() for f in result.findings]
-    failed = _reaches(findings, opts.fail_on)
+    findings = from_rewrite + [f.to_json() for f in result.findings]
+    failed = reaches(findings, opts.fail_on)
     lines = [finding_line(target, f) for f in findings]
-    lines.append(f"usdtpatch: {target}: {_summary(entry, doc, opts)}"
+    lines.append(f"usdtpatch: {target}: {summary_text(entry, doc, opts.form, opts.redzone_guard)}"
                  + (f"; FAILED: a finding reaches --fail-on {opts.fail_on}" if failed
                     else ""))
-    result_doc: dict[str, Any] = {
-        "schema": REPORT_SCHEMA, "schema_version": REPORT_SCHEMA_VERSION,
-        "tool": {"name": "usdtpatch", "version": __version__},
-        "input": path, "output": target, "mode": opts.mode,
-        "options": {"form": opts.form, "redzone_guard": opts.redzone_guard,
-                    "fork_guard": opts.fork_guard, "verify": opts.verify},
-        "fail_on": opts.fail_on, "failed": failed, "changed": changed,
-        "findings": findings, "rewrite": entry, "check": doc,
-    }
+    result_doc = build_report(
+        path=path, output=target, mode=opts.mode,
+        options={"form": opts.form, "redzone_guard": opts.redzone_guard,
+                 "fork_guard": opts.fork_guard, "verify": opts.verify},
+        fail_on=opts.fail_on, failed=failed, changed=changed, findings=findings, rewrite=entry,
+        check=doc)
     if report is not None:
         from usdtpatch.report.html import html_page
 
@@ -201,49 +149,3 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
         for line in lines:
             print(line, file=log)
     return StepResult(path, target, changed, failed, findings, result_doc, lines)
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "post-link", help="the build step: rewrite or check one linked file, write a report, "
-                          "fail on findings")
-    p.add_argument("file", metavar="FILE", help="the file the linker has just written")
-    p.add_argument("-o", "--output", metavar="OUT",
-                   help="write the result here (default: rewrite FILE in place)")
-    p.add_argument("--check-only", action="store_true",
-                   help="do not rewrite: only check FILE (and fail on findings)")
-    p.add_argument("--form", choices=FORMS, default="nop5", help="site form (default nop5)")
-    p.add_argument("--redzone-guard", choices=GUARDS, default="auto",
-                   help="as for `rewrite` (default auto)")
-    p.add_argument("--fork-guard", choices=FORK_GUARDS, default=None,
-                   help="as for `rewrite` (default: rewrite's default)")
-    p.add_argument("--report", metavar="JSON",
-                   help="write the JSON report here and the HTML page beside it (.html)")
-    p.add_argument("--fail-on", choices=FAIL_LEVELS, default="error",
-                   help="fail (exit 1) when a finding has this severity or worse "
-                        "(default: error)")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip the emulator's equivalence check of each detour")
-    p.add_argument("--keep-on-failure", action="store_true",
-                   help="keep FILE when the step fails in place (default: remove it, so the "
-                        "next build retries)")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    opts = StepOptions(mode="check" if args.check_only else "rewrite", form=args.form,
-                       redzone_guard=args.redzone_guard, fork_guard=args.fork_guard,
-                       fail_on=args.fail_on,
-                       verify=not args.no_verify, keep_on_failure=args.keep_on_failure)
-    if args.output is not None and Path(args.output).resolve() == Path(args.file).resolve():
-        print(f"usdtpatch: post-link: output {args.output} is the input; leave out -o to "
-              f"rewrite in place", file=err)
-        return 2
-    try:
-        res = run_step(args.file, args.output, opts, args.report, log=None)
-    except UsdtpatchError as exc:
-        error_line(args.file, exc, err)
-        return 2
-    for line in res.lines:
-        print(line, file=err if res.failed else out)
-    return 1 if res.failed else 0

@@ -37,27 +37,28 @@ import os
 import platform
 import resource
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from usdtpatch.errors import InputError, UnsupportedError
+from usdtpatch.analysis.probes import ProbeSet, read_probes
+from usdtpatch.elf.image import parse_elf
+from usdtpatch.errors import InputError, UnsupportedError, UsdtpatchError
+from usdtpatch.io import read_elf
 from usdtpatch.live import ptrace
 from usdtpatch.live.perf import SiteSampler, has_uprobe_syscall, uprobe_pmu_type
 from usdtpatch.live.procfs import read_maps
-from usdtpatch.sequences.plan import Plan, SitePlan
+from usdtpatch.sequences.plan import Plan, SitePlan, plan_for
 from usdtpatch.sequences.sequences import CALL_REL32, INT3, PROTOCOL_NOP5
 from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME, MapEntry
-
-KCHECK_SCHEMA = "usdtpatch/kcheck"
-KCHECK_SCHEMA_VERSION = 1
 
 _OPTIONS = (ptrace.O_TRACEFORK | ptrace.O_TRACEVFORK | ptrace.O_TRACECLONE
             | ptrace.O_TRACEEXEC | ptrace.O_TRACEEXIT)
 _STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 _FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGTRAP}
+# kcheck's plans are asked for their sequences only: check's red-zone verdict (a finding of
+# the plan, never a change of its bytes) is not worked out for them
+NO_RED_ZONE: dict[int, str] = {}
 MAX_OTHER_FAULTS = 20  # per process, faults not at a site that are analysed and listed
 
 
@@ -97,19 +98,6 @@ class SiteResult:
     detached: bytes | None = None  # after the events were closed
     restored: bool | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        def hx(b: bytes | None) -> str | None:
-            return None if b is None else b.hex()
-        return {"probe": self.probe, "index": self.index, "file_offset": self.file_offset,
-                "address": self.address, "original": self.original.hex(),
-                "semaphore_offset": self.semaphore_offset or None,
-                "attach_error": self.attach_error or None, "hits": self.hits,
-                "attached": hx(self.attached), "optimized": self.optimized,
-                "call_target": self.call_target, "planned_protocol": self.planned_protocol,
-                "planned": hx(self.planned), "planned_trampoline": self.planned_trampoline,
-                "matches_plan": self.matches_plan, "detached": hx(self.detached),
-                "restored": self.restored}
-
 
 @dataclass
 class Fault:
@@ -121,12 +109,6 @@ class Fault:
     return_address: int | None  # the 8 bytes at rsp
     site: str | None  # the probe whose site + 5 is the return address
     in_trampoline: bool  # rip inside the parent's [uprobes-trampoline] page
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "tid": self.tid, "signal": self.signal,
-                "signal_name": signal.Signals(self.signal).name, "address": self.address,
-                "rip": self.rip, "return_address": self.return_address, "site": self.site,
-                "in_trampoline": self.in_trampoline}
 
 
 @dataclass
@@ -145,18 +127,6 @@ class ProcessResult:
     note: str = ""
     samples_lost: int = 0  # samples the kernel dropped (full ring buffer) by the inspection
     throttled: int = 0  # times the kernel throttled the sampling (hits then undercounted)
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "kind": self.kind, "parent": self.parent,
-                "threads": self.threads, "trampolines": self.trampolines,
-                "optimized_at_fork": self.optimized_at_fork, "other_faults": self.other_faults,
-                "exit_code": self.exit_code,
-                "exit_signal": self.exit_signal,
-                "exit_signal_name": (None if self.exit_signal is None
-                                     else signal.Signals(self.exit_signal).name),
-                "inspected": self.inspected, "note": self.note or None,
-                "samples_lost": self.samples_lost, "throttled": self.throttled,
-                "sites": [s.to_json() for s in self.sites]}
-
 
 @dataclass
 class KcheckReport:
@@ -198,16 +168,6 @@ class KcheckReport:
                        f"{f.rip:#x}" + (f" called from {f.site}" if f.site else ""))
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": KCHECK_SCHEMA, "schema_version": KCHECK_SCHEMA_VERSION,
-                "path": self.path, "command": self.command, "pid": self.pid,
-                "kernel": self.kernel, "seconds": round(self.seconds, 3),
-                "attach_seconds": round(self.attach_seconds, 3),
-                "detach_seconds": round(self.detach_seconds, 3),
-                "interrupted": self.interrupted, "ok": not self.problems,
-                "problems": self.problems,
-                "processes": [p.to_json() for p in self.processes],
-                "faults": [f.to_json() for f in self.faults]}
 
 
 def _hx(b: bytes | None) -> str:
@@ -227,18 +187,20 @@ class SiteSpec:
     unprobeable: str  # non-empty: the plan's reason the kernel refuses the site
 
 
-def site_specs(path: str, probes: Sequence[str] = ()) -> list[SiteSpec]:
-    """The instruction the kernel probes for every USDT site of `path` (the plan's choice:
-    combo5 -> the nop5 at pc + 1, a guarded nop5 -> the nop5, else the pc); with `probes`,
-    only the sites whose provider:name matches one of these shell patterns."""
+def load_probes(path: str) -> ProbeSet:
+    """The probes of `path`, read once for the run (every plan of it is made from them)."""
+    return read_probes(parse_elf(read_elf(path)))
+
+
+def site_specs(ps: ProbeSet, path: str, probes: Sequence[str] = ()) -> list[SiteSpec]:
+    """The instruction the kernel probes for every USDT site of `ps` (the file `path`; the
+    plan's choice: combo5 -> the nop5 at pc + 1, a guarded nop5 -> the nop5, else the pc);
+    with `probes`, only the sites whose provider:name matches one of these shell patterns."""
     import fnmatch
 
-    from usdtpatch import api
-
-    ps = api.load(path)
     sems = {p.index: (p.semaphore.offset or 0) if p.semaphore is not None else 0
             for p in ps.probes}
-    plan = api.plan(path)
+    plan = plan_for(ps, path, red_zone=NO_RED_ZONE)
     out = []
     for s in plan.sites:
         if s.file_offset is None:
@@ -276,21 +238,15 @@ def _read(pid: int, address: int, size: int) -> bytes | None:
     return data if len(data) == size else None
 
 
-def _plan_for(path: str, maps: Sequence[MapEntry]) -> Plan | None:
+def _plan_for(ps: ProbeSet, path: str, maps: Sequence[MapEntry]) -> Plan | None:
     """`usdtpatch plan` for this process, from its mappings without the trampoline pages
     (a prediction: where would the kernel put the trampoline, what would it write)."""
-    from usdtpatch import api
-    from usdtpatch.errors import UsdtpatchError
-
-    lines = [f"{m.start:x}-{m.end:x} {m.perms} {m.offset:08x} 00:00 {m.inode} {m.path}"
-             for m in maps if m.path != TRAMPOLINE_NAME]
-    with tempfile.NamedTemporaryFile("w", prefix="usdtpatch-kcheck-", suffix=".maps") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        try:
-            return api.plan(path, maps=f.name)
-        except UsdtpatchError:
-            return None
+    free = tuple(m for m in maps if m.path != TRAMPOLINE_NAME)
+    try:
+        return plan_for(ps, path, maps=free, maps_source="the process's maps",
+                        red_zone=NO_RED_ZONE)
+    except UsdtpatchError:
+        return None
 
 
 # ------------------------------------------------------------------------------ the run
@@ -314,7 +270,8 @@ class Kcheck:
                  progress: Callable[[str], None] | None = None) -> None:
         self.path = path
         self.real = os.path.realpath(path)
-        self.specs = site_specs(path, probes)
+        self.probeset = load_probes(path)  # one reading: the specs and every process's plan
+        self.specs = site_specs(self.probeset, path, probes)
         self.settle = settle
         self._explained: dict[tuple[int, int], bool] = {}
         self.progress = progress
@@ -389,7 +346,7 @@ class Kcheck:
         maps, tramps = self._state(pid)
         res.trampolines = tramps
         tranges = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
-        plan = _plan_for(self.path, t.first_maps or maps) if maps else None
+        plan = _plan_for(self.probeset, self.path, t.first_maps or maps) if maps else None
         planned: dict[int, SitePlan] = {s.index: s for s in plan.sites} if plan else {}
         sampler = self.sampler
         if sampler is not None:
@@ -806,5 +763,14 @@ def _raise_nofile() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-__all__ = ["INT3", "Fault", "Kcheck", "KcheckReport", "ProcessResult", "SiteResult",
-           "kernel_support", "site_specs"]
+__all__ = [
+    "INT3",
+    "Fault",
+    "Kcheck",
+    "KcheckReport",
+    "ProcessResult",
+    "SiteResult",
+    "kernel_support",
+    "load_probes",
+    "site_specs",
+]

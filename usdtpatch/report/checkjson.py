@@ -5,9 +5,8 @@ Every renderer (rich table, SARIF, HTML) reads this document, so the outputs can
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from usdtpatch import __version__
 from usdtpatch.analysis.check import (
     BACKWARD,
     BLOCKED,
@@ -21,7 +20,11 @@ from usdtpatch.analysis.check import (
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.findings import Finding, Severity
 from usdtpatch.prove.support import provable
+from usdtpatch.report.envelope import envelope
 from usdtpatch.report.listing import function_label, site_disassembly
+
+if TYPE_CHECKING:
+    from usdtpatch.api import CheckResult
 
 CHECK_SCHEMA = "usdtpatch/analysis"
 CHECK_SCHEMA_VERSION = 1
@@ -119,11 +122,20 @@ def check_file_json(path: str, r: CheckReport, names: dict[str, str]) -> dict[st
     }
 
 
+def result_json(result: CheckResult, names: dict[str, str] | None = None) -> dict[str, Any]:
+    """The file's entry of the check document of `usdtpatch.api.check`'s result. `names`:
+    demangled function names (looked up here when not given)."""
+    if names is None:
+        from usdtpatch.elf.demangle import demangle
+
+        names = demangle([s.probe.function for s in result.report.sites if s.probe.function])
+    return check_file_json(result.path, result.report, names)
+
+
 def check_document(files: list[dict[str, Any]], errors: list[dict[str, str]],
                    fail_on: str = "error") -> dict[str, Any]:
-    return {"schema": CHECK_SCHEMA, "schema_version": CHECK_SCHEMA_VERSION,
-            "tool": {"name": "usdtpatch", "version": __version__},
-            "fail_on": fail_on, "files": files, "errors": errors}
+    return {**envelope(CHECK_SCHEMA, CHECK_SCHEMA_VERSION), "fail_on": fail_on, "files": files,
+            "errors": errors}
 
 
 def document_findings(doc: dict[str, Any]) -> list[dict[str, str]]:

@@ -7,7 +7,7 @@ hazards with their hints), then every site, each a <details> whose body is the `
 its window; the script only adds sorting, filters and a search.
 
 Pages are rendered from the JSON documents (`usdtpatch/analysis`, `usdtpatch/rewrite`) plus,
-for check, the `show` documents of the sites (usdtpatch.cli.cmd_show.site_views), so they
+for check, the `show` documents of the sites (usdtpatch.report.show.site_views), so they
 cannot disagree with `--json`. Everything shown is escaped with html.escape.
 """
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any
 
-from usdtpatch import __version__
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
+from usdtpatch.report.envelope import envelope
 from usdtpatch.x86.describe import describe
 from usdtpatch.x86.nops import SiteForm
 
@@ -114,6 +114,4 @@ def relabel(doc: dict[str, Any], probes: list[Probe], names: dict[str, str]) -> 
 
 
 def list_document(files: list[dict[str, Any]], errors: list[dict[str, str]]) -> dict[str, Any]:
-    return {"schema": LIST_SCHEMA, "schema_version": LIST_SCHEMA_VERSION,
-            "tool": {"name": "usdtpatch", "version": __version__},
-            "files": files, "errors": errors}
+    return {**envelope(LIST_SCHEMA, LIST_SCHEMA_VERSION), "files": files, "errors": errors}

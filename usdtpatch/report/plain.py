@@ -18,7 +18,8 @@ What these rules do not cover (non-ASCII or control characters, whose width on a
 their length) is left to rich: `list_text` and `check_text` return None then. On a page wide
 enough for every row the text is rich's, character for character (tests/test_report_plain.py).
 
-This module imports nothing from rich; report/render.py takes its cells from here.
+This module imports nothing from rich and nothing of report/: report/render.py takes its
+cells from here, and report/text.py chooses between the two.
 """
 
 from __future__ import annotations
@@ -322,46 +323,3 @@ def plain_output(out: IO[str]) -> bool:
         return isatty is not None and not isatty()
     except (OSError, ValueError):
         return False
-
-
-# rich's page for what it lays out in a pipe (non-ASCII text): $COLUMNS, else wide enough
-# for any row (rich pads no line to the page's width)
-_UNLIMITED = 1 << 16
-
-
-def _rich_width(out: IO[str]) -> int | None:
-    """The width rich lays a table out at: the terminal's (None) or the plain page's."""
-    return (page_width() or _UNLIMITED) if plain_output(out) else None
-
-
-def print_list(out: IO[str], doc: dict[str, Any]) -> None:
-    """Print `list`'s table report: plain text to a file or pipe, rich to a terminal."""
-    text = list_text(doc) if plain_output(out) else None
-    if text is not None:
-        out.write(text)
-        return
-    from usdtpatch.report.render import make_console, render_list
-
-    render_list(make_console(out, width=_rich_width(out)), doc)
-
-
-def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False) -> None:
-    """Print `check`'s table report: plain text to a file or pipe, rich to a terminal."""
-    text = check_text(doc, summary_only) if plain_output(out) else None
-    if text is not None:
-        out.write(text)
-        return
-    from usdtpatch.report.render import make_console, render_check
-
-    render_check(make_console(out, width=_rich_width(out)), doc, summary_only=summary_only)
-
-
-def print_rewrite(out: IO[str], doc: dict[str, Any]) -> None:
-    """Print `rewrite`'s table report: plain text to a file or pipe, rich to a terminal."""
-    text = rewrite_text(doc) if plain_output(out) else None
-    if text is not None:
-        out.write(text)
-        return
-    from usdtpatch.report.render import make_console, render_rewrite
-
-    render_rewrite(make_console(out, width=_rich_width(out)), doc)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from usdtpatch import __version__
 from usdtpatch.findings import documentation, is_registered, lookup
+from usdtpatch.version import __version__
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

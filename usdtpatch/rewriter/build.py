@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from usdtpatch import __version__
 from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.dwarf import (
@@ -57,6 +56,7 @@ from usdtpatch.findings import PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter.forms import ForkGuard
 from usdtpatch.rewriter.marker import MARKER_SECTION, marker_note
 from usdtpatch.rewriter.plan import Action, RewritePlan, output_nop5_sites
+from usdtpatch.version import __version__
 
 TEXT_SECTION = ".usdtpatch.text"
 EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs

@@ -1,5 +1,6 @@
 """A plan: every probe site of a file with the kernel's write sequences for it, as data, and
-its versioned JSON form (schema `usdtpatch/plan`, version 1; documented in docs/plan-verify.md).
+read back from its versioned JSON form (schema `usdtpatch/plan`, version 1; documented in
+docs/plan-verify.md; the document is made by usdtpatch/report/plan.py).
 
 Which instruction the kernel probes for each site form (docs/plan-verify.md):
 - nop5 / other accepted 5-byte NOP at the note pc: that instruction;
@@ -22,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from usdtpatch import __version__
 from usdtpatch.analysis.probes import ProbeSet, is_x86
 from usdtpatch.analysis.rules import Outcome, rule_618, rule_nop10
 from usdtpatch.elf.image import ET_EXEC, ElfImage
@@ -54,9 +54,13 @@ from usdtpatch.sequences.sequences import (
 from usdtpatch.sequences.trampoline import (
     TRAMPOLINE_NAME,
     MapEntry,
+    check_load_base,
+    default_load_base,
     layout_from_load_base,
+    load_base_from_maps,
     place_trampoline,
 )
+from usdtpatch.version import __version__
 from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, SiteForm, decode_nop, is_guarded_nop5
 
 PLAN_SCHEMA = "usdtpatch/plan"
@@ -245,52 +249,30 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                 tuple(sites), tuple(findings))
 
 
-# -- JSON -----------------------------------------------------------------------------------
-
-def step_json(step: Step, address: int) -> dict[str, Any]:
-    return {"address": address + step.offset, "offset": step.offset, "write": step.data.hex(),
-            "before": step.before.hex(),
-            "after": step.after.hex(), "expect_byte0": step.expect_byte0,
-            "serialize": step.serialize, "what": step.what}
-
-
-def sequence_json(seq: Sequence | None) -> dict[str, Any] | None:
-    if seq is None:
-        return None
-    return {"name": seq.name, "address": seq.address, "start": seq.start.hex(),
-            "end": seq.end.hex(), "steps": [step_json(s, seq.address) for s in seq.steps]}
-
-
-def site_json(site: SitePlan) -> dict[str, Any]:
-    s = site.sequences
-    return {
-        "probe": site.probe, "index": site.index, "link_address": site.link_address,
-        "address": site.address, "file_offset": site.file_offset, "entry": site.entry,
-        "exit": site.exit, "guarded": site.guarded, "form": site.form,
-        "protocol": None if s is None else s.protocol,
-        "original": None if s is None else s.original.hex(),
-        "trampoline": None if s is None else s.trampoline,
-        "optimized": None if s is None or s.optimized is None else s.optimized.hex(),
-        "sequences": None if s is None else {
-            "attach": sequence_json(s.attach), "optimize": sequence_json(s.optimize),
-            "unoptimize": sequence_json(s.unoptimize), "detach": sequence_json(s.detach)},
-        "findings": [f.to_json() for f in site.findings],
-    }
+def plan_for(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, *,
+             load_base: int | None = None, maps: tuple[MapEntry, ...] | None = None,
+             maps_source: str = "maps", trampoline: int | None = None,
+             mmap_min_addr: int = 4096, red_zone: Mapping[int, str] | None = None) -> Plan:
+    """build_plan with the load base found as `usdtpatch plan` finds it: `load_base` when
+    given, else where `maps` (a process's mappings, named `maps_source` in the error) has the
+    file's first segment, else the loader's default (0x555555554000 for PIE, 0 otherwise).
+    Raises InputError when `maps` do not map the file or the load base does not fit it."""
+    source = "option"
+    if load_base is None and maps is not None:
+        load_base = load_base_from_maps(ps.image, maps, path)
+        source = "maps"
+        if load_base is None:
+            raise InputError(f"{path}: not mapped in {maps_source} (no mapping of the file's "
+                             f"first segment)")
+    if load_base is None:
+        load_base = default_load_base(ps.image)
+        source = "default"
+    check_load_base(ps.image, load_base)
+    return build_plan(ps, path, protocol, load_base, source, maps, trampoline, mmap_min_addr,
+                      red_zone)
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
-    return {
-        "schema": PLAN_SCHEMA, "schema_version": PLAN_SCHEMA_VERSION,
-        "tool": f"usdtpatch {__version__}", "path": plan.path,
-        "elf": {"class": 64 if plan.is64 else 32, "type": plan.elf_type},
-        "protocol": plan.protocol, "experimental": plan.experimental,
-        "load_base": plan.load_base, "load_base_source": plan.load_base_source,
-        "trampoline_source": plan.trampoline_source,
-        "trampolines": list(plan.trampolines),
-        "sites": [site_json(s) for s in plan.sites],
-        "findings": [f.to_json() for f in plan.findings],
-    }
-
+# -- reading a plan document back (documents are made in usdtpatch/report/plan.py) ------
 
 class _Reader:
     """Typed access to a JSON document that names the path of every bad value."""

@@ -31,13 +31,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.live.perf import Uprobe, open_uprobe
 
-BENCH_SCHEMA = "usdtpatch/bench"
-BENCH_SCHEMA_VERSION = 1
 SYSTEM_JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
 HEADER_FORMS = ("nop5", "combo5", "combo10", "nop1")
 REFERENCE = "stap-nop1"
@@ -84,12 +82,6 @@ class Row:
     traced_wall_s: float | None = None  # jvm only
     untraced_wall_s: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        def num(v: Any) -> Any:
-            return round(v, 4) if isinstance(v, float) else v
-        return {k: [num(x) for x in v] if isinstance(v, tuple) else num(v)
-                for k, v in self.__dict__.items()}
-
 
 @dataclass
 class BenchReport:
@@ -102,15 +94,6 @@ class BenchReport:
     jvm: list[Row]
     seconds: float
     notes: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": BENCH_SCHEMA, "schema_version": BENCH_SCHEMA_VERSION,
-                "kernel": self.kernel, "cpu": self.cpu, "iterations": self.iterations,
-                "jvm_calls": self.jvm_calls, "repeats": self.repeats,
-                "reference": REFERENCE, "jvm_reference": JVM_REFERENCE,
-                "trigger": [r.to_json() for r in self.trigger],
-                "jvm": [r.to_json() for r in self.jvm],
-                "seconds": round(self.seconds, 2), "notes": self.notes}
 
 
 # ------------------------------------------------------------------------- machine facts
@@ -146,10 +129,24 @@ def _data(name: str) -> str:
     return resources.files("usdtpatch.live.bench").joinpath(name).read_text()
 
 
-def _sdt_include() -> Path:
-    from usdtpatch.integrate import include_dir
+class Rewritten(Protocol):
+    """What the bench asks of a rewrite's outcome (usdtpatch.api.RewriteOutcome)."""
 
-    return Path(include_dir())
+    @property
+    def changed(self) -> bool: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """What the bench takes from above live/, passed in by the bench command (nothing below
+    the library imports it): the library's rewrite (`usdtpatch.api.rewrite`), and the folder
+    of usdtpatch's own sys/sdt.h (`usdtpatch.integrate.include_dir()`)."""
+
+    rewrite: Callable[..., Rewritten]
+    sdt_include: Path
 
 
 def _run_cc(cc: str, args: list[str]) -> None:
@@ -163,10 +160,11 @@ def _run_cc(cc: str, args: list[str]) -> None:
 
 
 def _sites(path: Path, names: Iterable[str] | None = None) -> tuple[tuple[str, int], ...]:
-    from usdtpatch.live.kcheck import site_specs
+    from usdtpatch.live.kcheck import load_probes, site_specs
 
     wanted = set(names) if names is not None else None
-    out = tuple((s.probe, s.file_offset) for s in site_specs(str(path))
+    specs = site_specs(load_probes(str(path)), str(path))
+    out = tuple((s.probe, s.file_offset) for s in specs
                 if not s.unprobeable and (wanted is None or s.probe.split(":")[-1] in wanted))
     if not out:
         raise InputError(f"{path}: no probe site to attach to")
@@ -174,17 +172,18 @@ def _sites(path: Path, names: Iterable[str] | None = None) -> tuple[tuple[str, i
 
 
 def _site_bytes(path: Path, offset: int) -> str:
-    from usdtpatch import api
+    from usdtpatch.live.kcheck import NO_RED_ZONE, load_probes
+    from usdtpatch.sequences.plan import plan_for
 
-    for s in api.plan(str(path)).sites:
+    for s in plan_for(load_probes(str(path)), str(path), red_zone=NO_RED_ZONE).sites:
         if s.file_offset == offset and s.sequences is not None:
             return s.sequences.original.hex(" ")
     return "?"
 
 
-def build_trigger(work: Path, cc: str = "cc") -> list[Variant]:
+def build_trigger(work: Path, tools: Tools, cc: str = "cc") -> list[Variant]:
     """The trigger program's builds (see the module docstring)."""
-    from usdtpatch import api
+    from usdtpatch.live.kcheck import load_probes
 
     src = work / "trigger.c"
     src.write_text(_data("trigger.c"))
@@ -196,30 +195,29 @@ def build_trigger(work: Path, cc: str = "cc") -> list[Variant]:
 
     stap = work / REFERENCE
     _run_cc(cc, ["-O2", str(src), "-o", str(stap)])
-    probes = api.load(str(stap)).probes
+    probes = load_probes(str(stap)).probes
     if not probes or probes[0].code[:1] != b"\x90":
         raise UnsupportedError("bench: the system's sys/sdt.h is not systemtap's 1-byte nop "
                                "(install systemtap-sdt-dev)")
     add(REFERENCE, "systemtap sys/sdt.h (1-byte nop)", stap)
-    inc = _sdt_include()
+    inc = tools.sdt_include
     for form in HEADER_FORMS:
         binary = work / f"hdr-{form}"
         _run_cc(cc, ["-O2", f"-I{inc}", f"-DUSDTPATCH_SITE_FORM={form}", str(src), "-o",
                      str(binary)])
         add(f"hdr-{form}", f"usdtpatch sys/sdt.h, {form}", binary)
     rw = work / "rewritten"
-    outcome = api.rewrite(stap, rw)
+    outcome = tools.rewrite(stap, rw)
     if outcome.failed or not outcome.changed:
         raise UnsupportedError("bench: usdtpatch rewrite did not rewrite the trigger program")
     add("rewritten", "stap-nop1 rewritten by usdtpatch", rw)
     return out
 
 
-def build_jvm(work: Path, jdk: Path = SYSTEM_JDK,
+def build_jvm(work: Path, tools: Tools, jdk: Path = SYSTEM_JDK,
               progress: Progress | None = None) -> list[Variant]:
     """Two copies of `jdk` (the second hard-links the first's files), the second's libjvm
     rewritten; Bench.java compiled into work/classes."""
-    from usdtpatch import api
 
     if not (jdk / "lib" / "server" / "libjvm.so").exists():
         raise UnsupportedError(f"bench: no OpenJDK at {jdk} (give --jdk or --only trigger)")
@@ -241,7 +239,7 @@ def build_jvm(work: Path, jdk: Path = SYSTEM_JDK,
         tmp.unlink()
         if progress:
             progress("rewriting the copy's libjvm.so (verified; this takes a while)")
-        outcome = api.rewrite(lib, None, in_place=True)
+        outcome = tools.rewrite(lib, None, in_place=True)
         if outcome.failed:
             raise UnsupportedError("bench: usdtpatch rewrite failed on libjvm.so")
     classes = work / "classes"
@@ -353,10 +351,12 @@ def _rows(variants: list[Variant], data: dict[str, Measure], per: int, reference
     return rows
 
 
-def bench(*, iterations: int = 2_000_000, repeats: int = 5, jvm_calls: int = 2_000_000,
-          trigger: bool = True, jvm: bool = True, cc: str = "cc", jdk: Path = SYSTEM_JDK,
-          workdir: Path | None = None, progress: Progress | None = None) -> BenchReport:
-    """Build, run interleaved `repeats` rounds, and report medians and ratios."""
+def bench(tools: Tools, *, iterations: int = 2_000_000, repeats: int = 5,
+          jvm_calls: int = 2_000_000, trigger: bool = True, jvm: bool = True, cc: str = "cc",
+          jdk: Path = SYSTEM_JDK, workdir: Path | None = None,
+          progress: Progress | None = None) -> BenchReport:
+    """Build (with `tools`), run interleaved `repeats` rounds, and report medians and
+    ratios."""
     import platform
 
     from usdtpatch.live.perf import has_uprobe_syscall, uprobe_pmu_type
@@ -378,8 +378,8 @@ def bench(*, iterations: int = 2_000_000, repeats: int = 5, jvm_calls: int = 2_0
         work = workdir
         work.mkdir(parents=True, exist_ok=True)
     try:
-        tv = build_trigger(work, cc) if trigger else []
-        jv = build_jvm(work, jdk, progress) if jvm else []
+        tv = build_trigger(work, tools, cc) if trigger else []
+        jv = build_jvm(work, tools, jdk, progress) if jvm else []
         data = {v.name: Measure() for v in [*tv, *jv]}
         for r in range(repeats):
             if progress:
@@ -405,40 +405,3 @@ def bench(*, iterations: int = 2_000_000, repeats: int = 5, jvm_calls: int = 2_0
             tmp.cleanup()
     return BenchReport(platform.release(), cpu_model(), iterations, jvm_calls, repeats,
                        rows_t, rows_j, time.monotonic() - t0, notes)
-
-
-# -------------------------------------------------------------------------------- output
-
-
-def chart(rep: BenchReport, path: Path) -> bool:
-    """A PNG bar chart of the medians; False when matplotlib is not installed (the
-    optional extra usdtpatch[chart])."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    panels = [("trigger: M hits/s traced", [r.name for r in rep.trigger],
-               [r.traced_hits_per_s / 1e6 for r in rep.trigger]),
-              ("trigger: ns per pass, untraced", [r.name for r in rep.trigger],
-               [r.untraced_ns_per_pass for r in rep.trigger])]
-    if rep.jvm:
-        panels.append(("JVM: M hits/s traced", [r.name for r in rep.jvm],
-                       [r.traced_hits_per_s / 1e6 for r in rep.jvm]))
-        panels.append(("JVM: wall s (traced / untraced)",
-                       [f"{r.name}\ntraced" for r in rep.jvm]
-                       + [f"{r.name}\nuntraced" for r in rep.jvm],
-                       [r.traced_wall_s or 0.0 for r in rep.jvm]
-                       + [r.untraced_wall_s or 0.0 for r in rep.jvm]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2))
-    for ax, (title, names, values) in zip(axes, panels, strict=True):
-        ax.bar(range(len(values)), values, color="#4878a8")
-        ax.set_xticks(range(len(values)), names, rotation=45, ha="right", fontsize=8)
-        ax.set_title(title, fontsize=9)
-    fig.suptitle(f"usdtpatch bench, Linux {rep.kernel}, medians of {rep.repeats}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True

@@ -1,0 +1,209 @@
+"""The structure of a package tree as data, for tests/test_structure.py: every import between
+its modules (also inside functions; the imports under `if TYPE_CHECKING:` aside: they never
+run), the circles in that graph, which module makes a versioned document, and the names a
+page of documentation gives for modules.
+
+Each function takes the folder of the package (`usdtpatch/`, or a small fake tree in a test),
+so that every check can be shown an input it must reject.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    source: str  # the importing module, dotted (usdtpatch.cli.cmd_list)
+    target: str  # the module imported: a module of the tree (a package: its __init__)
+    line: int
+
+
+def modules(package: Path) -> dict[str, Path]:
+    """Every module of the package folder by dotted name (a package by its own name)."""
+    out: dict[str, Path] = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run (anywhere, but under `if TYPE_CHECKING:`)."""
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` names (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")
+    keep = len(parts) - node.level + (1 if is_package else 0)
+    base = ".".join(parts[:keep])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def imports(package: Path) -> list[Import]:
+    """Every import from one module of the package to another."""
+    mods = modules(package)
+    out: list[Import] = []
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        for node in _import_nodes(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = _base(name, is_package, node)
+                for a in node.names:  # a submodule by name, else a name of the module
+                    targets.append(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base)
+            for t in dict.fromkeys(targets):
+                if t in mods and t != name:
+                    out.append(Import(name, t, node.lineno))
+    return out
+
+
+def folder(module: str) -> str:
+    """The folder a module belongs to: usdtpatch.analysis for usdtpatch.analysis.check (and
+    for the package itself); a module at the top (usdtpatch.api) is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def circles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+            graph.setdefault(b, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def file_edges(found: Iterable[Import]) -> set[tuple[str, str]]:
+    return {(i.source, i.target) for i in found}
+
+
+def folder_edges(found: Iterable[Import]) -> set[tuple[str, str]]:
+    return {(folder(i.source), folder(i.target)) for i in found
+            if folder(i.source) != folder(i.target)}
+
+
+# ------------------------------------------------------------------------------ documents
+
+
+def document_makers(package: Path, home: str) -> list[str]:
+    """"module:line" of every dict display outside `home` (a dotted subpackage) with a
+    "schema_version" or "$schema" key: a versioned document made there."""
+    out = []
+    for name, path in modules(package).items():
+        if name == home or name.startswith(home + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Dict) and any(
+                    isinstance(k, ast.Constant) and k.value in ("schema_version", "$schema")
+                    for k in node.keys):
+                out.append(f"{name}:{node.lineno}")
+    return out
+
+
+# ------------------------------------------------------------------------ the names a page gives
+
+_CODE = re.compile(r"`([^`\s]+)`")
+_DOTTED = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module defines at its top (functions, classes, assignments, imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def missing_names(page: str, package: Path) -> list[str]:
+    """The module paths (`analysis/check.py`, `report/`) and dotted names (`elf.validate.
+    validate_output`, `usdtpatch.api`) in backticks on `page` that name nothing in the
+    package folder (or, for a path, in the folder above it: `tests/golden/`)."""
+    mods = modules(package)
+    top = package.name
+    folders = {p.split(".")[1] for p in mods if "." in p}
+    out = []
+    for token in dict.fromkeys(t.rstrip(".,:;") for t in _CODE.findall(page)):
+        if "/" in token and (token.endswith(".py") or token.endswith("/")):
+            rel = token.removeprefix(f"{top}/")
+            if not ((package / rel).exists() or (package.parent / token).exists()):
+                out.append(token)
+        elif _DOTTED.match(token) and token.split(".")[0] in folders | {top}:
+            dotted = token if token.startswith(f"{top}.") else f"{top}.{token}"
+            if not _resolves(dotted, mods):
+                out.append(token)
+    return out
+
+
+def _resolves(dotted: str, mods: dict[str, Path]) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        name = ".".join(parts[:cut])
+        if name in mods:
+            rest = parts[cut:]
+            return not rest or rest[0] in _defined(mods[name])
+    return False

@@ -1,0 +1,106 @@
+"""The bench document (schema `usdtpatch/bench`, version 1, docs/performance.md) and
+`usdtpatch bench`'s renderings: its tables as text and, with --chart, a PNG of the medians
+(matplotlib, the optional extra usdtpatch[chart], imported only for it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from usdtpatch.live.bench.runner import JVM_REFERENCE, REFERENCE, BenchReport, Row
+from usdtpatch.report.envelope import envelope
+
+BENCH_SCHEMA = "usdtpatch/bench"
+BENCH_SCHEMA_VERSION = 1
+
+
+def row_json(r: Row) -> dict[str, Any]:
+    def num(v: Any) -> Any:
+        return round(v, 4) if isinstance(v, float) else v
+    values = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    return {k: [num(x) for x in v] if isinstance(v, tuple) else num(v)
+            for k, v in values.items()}
+
+
+def bench_json(rep: BenchReport) -> dict[str, Any]:
+    """The document `bench --json` prints."""
+    return {**envelope(BENCH_SCHEMA, BENCH_SCHEMA_VERSION, tool="none"),
+            "kernel": rep.kernel, "cpu": rep.cpu, "iterations": rep.iterations,
+            "jvm_calls": rep.jvm_calls, "repeats": rep.repeats,
+            "reference": REFERENCE, "jvm_reference": JVM_REFERENCE,
+            "trigger": [row_json(r) for r in rep.trigger],
+            "jvm": [row_json(r) for r in rep.jvm],
+            "seconds": round(rep.seconds, 2), "notes": rep.notes}
+
+
+def _table(title: str, rows: list[Row], jvm: bool, out: IO[str]) -> None:
+    from usdtpatch.report.render import render_table  # rich, for a terminal
+
+    names = ["variant", "site bytes", "hits", "M hits/s traced", "x ref (rounds)"]
+    names += (["wall s traced", "wall s untraced", "x ref untraced"] if jvm else
+              ["ns/hit traced", "ns/pass untraced", "x ref untraced"])
+    columns: list[tuple[str, Literal["left", "right"]]] = [
+        (n, "left" if n in ("variant", "site bytes") else "right") for n in names]
+    cells: list[list[str]] = []
+    for r in rows:
+        lo, hi = r.ratio_traced_range
+        row = [r.name, r.site, str(r.hits), f"{r.traced_hits_per_s / 1e6:.3f}",
+               f"{r.ratio_traced:.2f} ({lo:.2f}-{hi:.2f})"]
+        if jvm:
+            row += [f"{r.traced_wall_s or 0:.2f}", f"{r.untraced_wall_s or 0:.2f}",
+                    f"{r.ratio_untraced:.2f}"]
+        else:
+            row += [f"{r.traced_ns_per_hit:.1f}", f"{r.untraced_ns_per_pass:.2f}",
+                    f"{r.ratio_untraced:.2f}"]
+        cells.append(row)
+    render_table(out, title, columns, cells)
+
+
+def print_bench(rep: BenchReport, out: IO[str]) -> None:
+    """`usdtpatch bench`'s text: the two tables and the notes."""
+    out.write(f"Linux {rep.kernel}, {rep.cpu}; medians of {rep.repeats} interleaved "
+              f"round(s); x ref = median of the per-round ratios to the reference (lowest-"
+              f"highest round); untraced: time ratio, below 1 is faster\n")
+    if rep.trigger:
+        _table(f"trigger program, {rep.iterations} passes per run (x ref: against "
+               f"{REFERENCE})", rep.trigger, False, out)
+    if rep.jvm:
+        _table(f"OpenJDK 17, Bench.java, {rep.jvm_calls} calls per run (x ref: against "
+               f"{JVM_REFERENCE})", rep.jvm, True, out)
+    for n in rep.notes:
+        out.write(f"note: {n}\n")
+
+
+def chart(rep: BenchReport, path: Path) -> bool:
+    """A PNG bar chart of the medians; False when matplotlib is not installed (the
+    optional extra usdtpatch[chart])."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = [("trigger: M hits/s traced", [r.name for r in rep.trigger],
+               [r.traced_hits_per_s / 1e6 for r in rep.trigger]),
+              ("trigger: ns per pass, untraced", [r.name for r in rep.trigger],
+               [r.untraced_ns_per_pass for r in rep.trigger])]
+    if rep.jvm:
+        panels.append(("JVM: M hits/s traced", [r.name for r in rep.jvm],
+                       [r.traced_hits_per_s / 1e6 for r in rep.jvm]))
+        panels.append(("JVM: wall s (traced / untraced)",
+                       [f"{r.name}\ntraced" for r in rep.jvm]
+                       + [f"{r.name}\nuntraced" for r in rep.jvm],
+                       [r.traced_wall_s or 0.0 for r in rep.jvm]
+                       + [r.untraced_wall_s or 0.0 for r in rep.jvm]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2))
+    for ax, (title, names, values) in zip(axes, panels, strict=True):
+        ax.bar(range(len(values)), values, color="#4878a8")
+        ax.set_xticks(range(len(values)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"usdtpatch bench, Linux {rep.kernel}, medians of {rep.repeats}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

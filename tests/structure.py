@@ -188,7 +188,7 @@ def missing_names(page: str, package: Path) -> list[str]:
     folders = {p.split(".")[1] for p in mods if "." in p}
     out = []
     for token in dict.fromkeys(t.rstrip(".,:;") for t in _CODE.findall(page)):
-        if "/" in token and (token.endswith(".py") or token.endswith("/")):
+        if token.endswith(".py") or ("/" in token and token.endswith("/")):
             rel = token.removeprefix(f"{top}/")
             if not ((package / rel).exists() or (package.parent / token).exists()):
                 out.append(token)
@@ -207,3 +207,44 @@ def _resolves(dotted: str, mods: dict[str, Path]) -> bool:
             rest = parts[cut:]
             return not rest or rest[0] in _defined(mods[name])
     return False
+
+
+# ---------------------------------------------------------------------------------- the layers
+
+_LAYER_ROW = re.compile(r"^\|\s*(\d+)\s*\|.*\|([^|]*)\|\s*$")
+
+
+def parse_layers(page: str) -> list[list[str]]:
+    """The layers of a page's table whose rows are `| N | what | the folders and modules |`
+    (top first): the names in backticks of the last column (`cli/`, `api.py`)."""
+    rows = []
+    for line in page.splitlines():
+        m = _LAYER_ROW.match(line.strip())
+        if m:
+            rows.append((int(m.group(1)), _CODE.findall(m.group(2))))
+    return [names for _, names in sorted(rows)]
+
+
+def place(module: str, folders: set[str]) -> str:
+    """How a layer table names the place of `module`: its folder (`cli/`; `folders` are the
+    package's subpackages), else the top module's file (`api.py`; the package itself is
+    `__init__.py`)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__.py"
+    return f"{parts[1]}/" if parts[1] in folders else f"{parts[1]}.py"
+
+
+def layer_problems(package: Path, layers: list[list[str]]) -> list[str]:
+    """Every module no layer names, and every import from a layer to one above it."""
+    mods = modules(package)
+    folders = {name.split(".")[1] for name, path in mods.items()
+               if path.name == "__init__.py" and "." in name}
+    rank = {name: i for i, names in enumerate(layers) for name in names}
+    out = [f"{m}: in no layer (as {place(m, folders)})" for m in mods
+           if place(m, folders) not in rank]
+    for i in imports(package):
+        a, b = rank.get(place(i.source, folders)), rank.get(place(i.target, folders))
+        if a is not None and b is not None and b < a:
+            out.append(f"{i.source}:{i.line} imports {i.target}, a layer above it")
+    return out

@@ -163,7 +163,7 @@ def test_rows_are_medians_of_per_round_ratios() -> None:
         # twice the reference's hits/s in every round, whatever the round's load
         "other": runner.Measure([0.5e9, 1e9, 0.5e9], [1000, 1000, 1000], [5.0, 40.0, 10.0]),
     }
-    rows = {r.name: r for r in runner._rows([ref, other], data, 10, "stap-nop1", False)}
+    rows = {r.name: r for r in runner.median_rows([ref, other], data, 10, "stap-nop1", False)}
     assert rows["stap-nop1"].ratio_traced == 1.0
     assert rows["other"].ratio_traced == pytest.approx(2.0)
     assert rows["other"].ratio_traced_range == pytest.approx((2.0, 2.0))

@@ -452,7 +452,7 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
     """A plan that predicts other bytes than the kernel writes (its rel32 off by one page),
     with a placement rule that does not explain the kernel's page either, makes every
     optimized site a problem and kcheck exit 1."""
-    real = kmod._plan_for
+    real = kmod.process_plan
 
     def wrong(ps: Any, path: str, maps: Any) -> Any:
         plan = real(ps, path, maps)
@@ -461,7 +461,7 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
                 if s.sequences is not None and s.sequences.trampoline is not None}
         return api.plan(path, load_base=plan.load_base, trampoline=t - 0x1000)
 
-    monkeypatch.setattr(kmod, "_plan_for", wrong)
+    monkeypatch.setattr(kmod, "process_plan", wrong)
     # and the placement rule kcheck explains a moved trampoline with, wrong the same way
     import usdtpatch.sequences.trampoline as tmod
 

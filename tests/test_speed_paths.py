@@ -45,11 +45,11 @@ def test_a_list_run_imports_neither_pathlib_nor_shutil() -> None:
 def test_help_is_as_wide_as_argparse_would_make_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    from usdtpatch.cli import _help_width
+    from usdtpatch.cli import help_width
 
     for columns in ("100", "57", "5", "0", "junk"):
         monkeypatch.setenv("COLUMNS", columns)
-        assert _help_width() == shutil.get_terminal_size().columns - 2, columns
+        assert help_width() == shutil.get_terminal_size().columns - 2, columns
 
 
 @pytest.mark.parametrize("first", ["import usdtpatch.rewriter.plan",

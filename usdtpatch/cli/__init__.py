@@ -71,7 +71,7 @@ def _modules_for(argv: list[str] | None) -> list[str]:
     return list(dict.fromkeys(COMMANDS.values()))  # help, --version or a typo: all of them
 
 
-def _help_width() -> int:
+def help_width() -> int:
     """The width argparse's help is wrapped to, found as shutil.get_terminal_size finds it
     ($COLUMNS, else the terminal on stdout, else 80) less argparse's margin of 2."""
     try:
@@ -88,7 +88,7 @@ def _help_width() -> int:
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
-    return argparse.HelpFormatter(prog, width=_help_width())
+    return argparse.HelpFormatter(prog, width=help_width())
 
 
 class _Parser(argparse.ArgumentParser):

@@ -24,12 +24,6 @@ from usdtpatch.report.checkjson import check_document, document_findings, reache
 FAIL_LEVELS = ("info", "warning", "error", "never")
 
 
-# which site form each kernel generation optimizes (docs/rewrite.md, "Site forms")
-FORMS_LINE = ("site forms: Linux 6.18 to 7.2 optimize 5-byte NOPs (rewrite --form nop5); the "
-              "queued nop10 series only the 10-byte NOP (--form combo10); rewrite --form auto "
-              "takes the running kernel's")
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser("check", help="judge every probe site as an optimized-uprobe candidate")
     p.add_argument("files", nargs="+", metavar="FILE",
@@ -144,7 +138,5 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     else:
         from usdtpatch.report.text import print_check
 
-        print_check(out, doc, summary_only=args.summary)
-        if not args.summary and any(f.get("sites") for f in doc.get("files", [])):
-            out.write(FORMS_LINE + "\n")
+        print_check(out, doc, summary_only=args.summary, forms_line=not args.summary)
     return exit_status(doc, args.fail_on)

@@ -1,7 +1,7 @@
 """`usdtpatch explain [CODE]`: a finding code's documentation, as `rustc --explain` does.
 
-The text is docs/findings.md's section of the code, read from the copy shipped in the package
-(usdtpatch.findings.documentation), so an installed wheel explains every code it can report.
+The text (report/explain.py) is docs/findings.md's section of the code, read from the copy
+shipped in the package, so an installed wheel explains every code it can report.
 Without CODE: every registered code with its severity and title. An unknown code is exit 2,
 with the nearest registered codes.
 """
@@ -13,7 +13,8 @@ import difflib
 from typing import IO, Any
 
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, printable
-from usdtpatch.findings import CODES, RENAMED, documentation, lookup
+from usdtpatch.findings import CODES, RENAMED
+from usdtpatch.report.explain import codes_text, explanation
 
 
 def register(sub: Any) -> None:
@@ -26,26 +27,14 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if args.code is None:
-        width = max(map(len, CODES))
-        for c in sorted(CODES.values(), key=lambda c: c.code):
-            out.write(f"{c.code:<{width}}  {c.severity.value:<7}  {c.title}\n")
+        out.write(codes_text())
         return EXIT_OK
     code = args.code.strip().strip("[]`")
-    renamed = RENAMED.get(code)
-    if renamed is not None:
-        out.write(f"{code} is the earlier name of {renamed}\n\n")
-        code = renamed
-    if code not in CODES:
-        near = difflib.get_close_matches(code, list(CODES), n=3, cutoff=0.6)
+    if RENAMED.get(code, code) not in CODES:
+        near = difflib.get_close_matches(RENAMED.get(code, code), list(CODES), n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(near)}?)" if near else \
             " (`usdtpatch explain` lists every code)"
         print(printable(f"usdtpatch: explain: no finding code {args.code!r}{hint}"), file=err)
         return EXIT_UNUSABLE
-    entry = lookup(code)
-    text = documentation(code)
-    out.write(f"{code} ({entry.severity.value}): {entry.title}\n\n")
-    if text:
-        out.write(text + "\n")
-    else:  # the page is not shipped with this installation
-        out.write(f"- hint: {entry.hint or 'none'}\n")
+    out.write(explanation(code))
     return EXIT_OK

@@ -31,7 +31,9 @@ from usdtpatch.lifetime import die_with_parent
 from usdtpatch.report.rewrite import (
     outcome_json,
     report_document,
+    report_fields,
     report_kind,
+    restore_line,
     rewrite_document,
     write_report,
 )
@@ -224,7 +226,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                     error_line(p, exc, err)
                     continue
                 entries.append(entry)
-                extras.append(_report_extra(p, entry, took, sizes.get(p)))
+                extras.append(_report_extra(entry, took, sizes.get(p)))
                 failed = failed or bad
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
@@ -251,10 +253,9 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                     error_line(p, exc, err)
                     continue
                 entries.append(outcome_json(o))
-                extras.append(_report_extra(p, entries[-1], time.monotonic() - t0, size))
+                extras.append(_report_extra(entries[-1], time.monotonic() - t0, size))
                 failed = failed or o.failed
-    doc = rewrite_document(entries, errors)
-    doc["seconds"] = round(time.monotonic() - started, 3)
+    doc = rewrite_document(entries, errors, time.monotonic() - started)
     if as_json:
         out.write(json.dumps(doc) + "\n")
     else:
@@ -287,13 +288,12 @@ def _site_views(path: str) -> list[dict[str, Any]]:
     return site_views(path, api.check(path).report)
 
 
-def _report_extra(path: str, entry: dict[str, Any], seconds: float,
-                  before: int | None = None) -> dict[str, Any]:
+def _report_extra(entry: dict[str, Any], seconds: float, before: int | None = None
+                  ) -> dict[str, Any]:
     """A file's report fields: its size before (measured before the rewrite), its output's
     size (None: nothing written), the time its rewrite took."""
     written = entry["output"]
-    return {"size_before": before, "size_after": _size(written) if written else None,
-            "seconds": round(seconds, 3)}
+    return report_fields(before, _size(written) if written else None, seconds)
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -312,7 +312,7 @@ def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,
     except UsdtpatchError as exc:
         error_line(path, exc, err)
         return EXIT_UNUSABLE
-    print(f"{path}: restored to {res.output} ({res.size} bytes, sha256 checked)", file=out)
+    print(restore_line(path, res), file=out)
     return EXIT_OK
 
 

@@ -101,15 +101,12 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
             path, output, form=opts.form, redzone_guard=opts.redzone_guard,
             verify=opts.verify,
             in_place=output is None, **kw)
-        entry = outcome_json(outcome)
+        entry = outcome_json(outcome, output=target)
         from_rewrite = rewrite_findings(outcome)
-        entry["output"] = target
         changed = outcome.changed
     result = api._check_data(target, data) if changed and data is not None \
         else api.check(path)
-    file_doc = result_json(result)
-    file_doc["path"] = target
-    doc = check_document([file_doc], [], opts.fail_on)
+    doc = check_document([result_json(result, path=target)], [], opts.fail_on)
     findings = from_rewrite + [f.to_json() for f in result.findings]
     failed = reaches(findings, opts.fail_on)
     lines = [finding_line(target, f) for f in findings]

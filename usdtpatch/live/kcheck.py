@@ -238,7 +238,7 @@ def _read(pid: int, address: int, size: int) -> bytes | None:
     return data if len(data) == size else None
 
 
-def _plan_for(ps: ProbeSet, path: str, maps: Sequence[MapEntry]) -> Plan | None:
+def process_plan(ps: ProbeSet, path: str, maps: Sequence[MapEntry]) -> Plan | None:
     """`usdtpatch plan` for this process, from its mappings without the trampoline pages
     (a prediction: where would the kernel put the trampoline, what would it write)."""
     free = tuple(m for m in maps if m.path != TRAMPOLINE_NAME)
@@ -346,7 +346,7 @@ class Kcheck:
         maps, tramps = self._state(pid)
         res.trampolines = tramps
         tranges = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
-        plan = _plan_for(self.probeset, self.path, t.first_maps or maps) if maps else None
+        plan = process_plan(self.probeset, self.path, t.first_maps or maps) if maps else None
         planned: dict[int, SitePlan] = {s.index: s for s in plan.sites} if plan else {}
         sampler = self.sampler
         if sampler is not None:

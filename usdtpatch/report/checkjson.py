@@ -122,14 +122,16 @@ def check_file_json(path: str, r: CheckReport, names: dict[str, str]) -> dict[st
     }
 
 
-def result_json(result: CheckResult, names: dict[str, str] | None = None) -> dict[str, Any]:
+def result_json(result: CheckResult, names: dict[str, str] | None = None,
+                path: str | None = None) -> dict[str, Any]:
     """The file's entry of the check document of `usdtpatch.api.check`'s result. `names`:
-    demangled function names (looked up here when not given)."""
+    demangled function names (looked up here when not given); `path`: the name the entry
+    gives the file (default: the result's)."""
     if names is None:
         from usdtpatch.elf.demangle import demangle
 
         names = demangle([s.probe.function for s in result.report.sites if s.probe.function])
-    return check_file_json(result.path, result.report, names)
+    return check_file_json(result.path if path is None else path, result.report, names)
 
 
 def check_document(files: list[dict[str, Any]], errors: list[dict[str, str]],

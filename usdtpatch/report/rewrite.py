@@ -21,7 +21,7 @@ from usdtpatch.io import umask_mode, write_atomic
 from usdtpatch.report.envelope import envelope
 
 if TYPE_CHECKING:  # `check --report FILE` asks report_kind without loading the rewriter
-    from usdtpatch.api import RewriteOutcome
+    from usdtpatch.api import RestoreOutcome, RewriteOutcome
     from usdtpatch.findings import Finding
     from usdtpatch.rewriter.plan import SiteDecision
 
@@ -72,16 +72,27 @@ def result_json(path: str, output: str | None, form: str, guard: str, verified: 
             "sites": [site_json(o) for o in sites], "findings": [f.to_json() for f in findings]}
 
 
-def outcome_json(o: RewriteOutcome) -> dict[str, Any]:
-    """The file's entry of the rewrite document of `usdtpatch.api.rewrite`'s outcome."""
-    return result_json(o.path, o.output, "auto" if o.form is None else o.form.value,
-                       o.redzone_guard.value, o.verified, o.changed, o.sites, o.findings, o.note)
+def outcome_json(o: RewriteOutcome, output: str | None = None) -> dict[str, Any]:
+    """The file's entry of the rewrite document of `usdtpatch.api.rewrite`'s outcome
+    (`output`: the output it names, default the outcome's)."""
+    return result_json(o.path, o.output if output is None else output,
+                       "auto" if o.form is None else o.form.value, o.redzone_guard.value,
+                       o.verified, o.changed, o.sites, o.findings, o.note)
 
 
-def rewrite_document(files: list[dict[str, Any]], errors: list[dict[str, str]]
-                     ) -> dict[str, Any]:
-    return {**envelope(REWRITE_SCHEMA, REWRITE_SCHEMA_VERSION), "files": files,
-            "errors": errors}
+def rewrite_document(files: list[dict[str, Any]], errors: list[dict[str, str]],
+                     seconds: float | None = None) -> dict[str, Any]:
+    """The document of a run over several files (`seconds`: the run's time, when measured)."""
+    doc = {**envelope(REWRITE_SCHEMA, REWRITE_SCHEMA_VERSION), "files": files,
+           "errors": errors}
+    if seconds is not None:
+        doc["seconds"] = round(seconds, 3)
+    return doc
+
+
+def restore_line(path: str, res: RestoreOutcome) -> str:
+    """What `usdtpatch restore` prints."""
+    return f"{path}: restored to {res.output} ({res.size} bytes, sha256 checked)"
 
 
 def report_kind(path: str) -> str:
@@ -94,6 +105,13 @@ def report_kind(path: str) -> str:
         raise OutputError(f"{path}: --report needs a file name ending in "
                          f"{', '.join(REPORT_KINDS)} (the extension chooses the kind)")
     return ext
+
+
+def report_fields(size_before: int | None, size_after: int | None, seconds: float
+                  ) -> dict[str, Any]:
+    """A file's fields in the report (report_document): its size before the rewrite, its
+    output's (None: nothing written), the time its rewrite took."""
+    return {"size_before": size_before, "size_after": size_after, "seconds": round(seconds, 3)}
 
 
 def report_document(doc: dict[str, Any], extras: Sequence[dict[str, Any]]) -> dict[str, Any]:

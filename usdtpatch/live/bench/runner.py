@@ -327,8 +327,9 @@ def _paired(values: list[float], ref: list[float], invert: bool = False) -> list
     return out
 
 
-def _rows(variants: list[Variant], data: dict[str, Measure], per: int, reference: str,
-          jvm: bool) -> list[Row]:
+def median_rows(variants: list[Variant], data: dict[str, Measure], per: int, reference: str,
+                jvm: bool) -> list[Row]:
+    """Each variant's row: its medians, and its ratios to `reference` per round."""
     ref = data[reference]
     rows = []
     for v in variants:
@@ -398,8 +399,8 @@ def bench(tools: Tools, *, iterations: int = 2_000_000, repeats: int = 5,
                 data[v.name].traced_hits.append(hits)
                 data[v.name].untraced_ns.append(run_jvm(v, jvm_calls, work / "classes",
                                                         False)[0])
-        rows_t = _rows(tv, data, iterations, REFERENCE, False) if tv else []
-        rows_j = _rows(jv, data, 1, JVM_REFERENCE, True) if jv else []
+        rows_t = median_rows(tv, data, iterations, REFERENCE, False) if tv else []
+        rows_j = median_rows(jv, data, 1, JVM_REFERENCE, True) if jv else []
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -1,0 +1,180 @@
+"""The house rules a reviewer would check (issue 23), on the package and, each, on a small
+fake tree it must reject: no import circle between files or between folders (every import,
+also inside functions; those under `if TYPE_CHECKING:` never run and are left out); the layers
+of docs/architecture.md hold (every module in one, every import to its own layer or one
+below); nothing below the library imports the library, the CLI, report/ or the package face;
+versioned documents are made in report/ only; every module the page names exists.
+
+Circles that other helpers of this session remove are listed in KNOWN with their owner: the
+tests of the rest pass, and one strict xfail per owner says the circle is still there (when
+it is gone the xfail passes, fails as strict, and its mark is dropped).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests import structure as st
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "usdtpatch"
+PAGE = ROOT / "docs" / "architecture.md"
+IMPORTS = st.imports(PACKAGE)
+
+# circle -> who takes it apart this session (the integrator drops the mark after the merge)
+KNOWN_FOLDER_CIRCLES = {
+    # analysis/check.py asks forkguard (fork imports), forkguard imports analysis/hazards,
+    # targets and waysin: the fork guard's reader apart from its builder (issue 23, item 1)
+    ("usdtpatch.analysis", "usdtpatch.forkguard"): "s19",
+}
+KNOWN_FILE_CIRCLES = {
+    # x86/decode.py's sweep falls back to iced-x86 (x86/relocate.decode_one, the one module
+    # that imports iced) for what capstone does not decode; relocate reads its code back
+    # with decode.sweep. No helper has x86/decode.py this session: left for the integrator.
+    ("usdtpatch.x86.decode", "usdtpatch.x86.relocate"): "unowned (noticed by s23a)",
+}
+ABOVE_THE_LIBRARY = ("usdtpatch.api", "usdtpatch.cli", "usdtpatch.report",
+                     "usdtpatch.integrate")
+
+
+def _unknown(found: list[list[str]], known: dict[tuple[str, str], str]) -> list[list[str]]:
+    """The circles that are not one of `known`'s (a circle is known when it is exactly the
+    pair's modules)."""
+    return [c for c in found if tuple(c) not in known]
+
+
+def _tree(tmp: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp / "pkg"
+
+
+# --- circles ---------------------------------------------------------------------------------
+
+def test_no_file_circle_but_the_known() -> None:
+    assert _unknown(st.circles(st.file_edges(IMPORTS)), KNOWN_FILE_CIRCLES) == []
+
+
+def test_no_folder_circle_but_the_known() -> None:
+    assert _unknown(st.circles(st.folder_edges(IMPORTS)), KNOWN_FOLDER_CIRCLES) == []
+
+
+@pytest.mark.parametrize("circle", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=f"{owner} removes it"))
+    for c, owner in {**KNOWN_FILE_CIRCLES, **KNOWN_FOLDER_CIRCLES}.items()],
+    ids=lambda c: "-".join(m.removeprefix("usdtpatch.") for m in c))
+def test_known_circle_is_gone(circle: tuple[str, str]) -> None:
+    found = st.circles(st.file_edges(IMPORTS)) + st.circles(st.folder_edges(IMPORTS))
+    assert list(circle) not in found
+
+
+def test_a_circle_is_found_through_imports_in_functions(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "def f():\n    from . import a\n    return a\n",
+        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n",
+        "pkg/d.py": "import pkg.c\n",
+    })
+    found = st.circles(st.file_edges(st.imports(pkg)))
+    assert found == [["pkg.a", "pkg.b"]]  # c <-> d only under TYPE_CHECKING: never runs
+    assert _unknown(found, {}) == found
+
+
+def test_a_folder_circle_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/x/__init__.py": "", "pkg/y/__init__.py": "",
+        "pkg/x/m.py": "from pkg.y.n import thing\n",
+        "pkg/y/n.py": "thing = 1\n\ndef g():\n    from pkg.x import m\n    return m\n",
+        "pkg/y/o.py": "from ..x import m\n",  # relative, two levels up
+    })
+    imps = st.imports(pkg)
+    assert ("pkg.y.o", "pkg.x.m") in st.file_edges(imps)
+    assert st.circles(st.folder_edges(imps)) == [["pkg.x", "pkg.y"]]
+    assert st.circles(st.file_edges(imps)) == [["pkg.x.m", "pkg.y.n"]]
+
+
+# --- layers ----------------------------------------------------------------------------------
+
+def test_nothing_below_the_library_imports_above_it() -> None:
+    assert _upward(IMPORTS, "usdtpatch") == []
+
+
+def _upward(found: list[st.Import], top: str) -> list[st.Import]:
+    above = tuple(m.replace("usdtpatch", top, 1) for m in ABOVE_THE_LIBRARY)
+    def is_above(m: str) -> bool:
+        return m == top or m.startswith(f"{top}.__main__") or any(
+            m == a or m.startswith(a + ".") for a in above)
+    return [i for i in found if not is_above(i.source) and is_above(i.target)]
+
+
+def test_an_import_of_the_library_or_the_face_from_below_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "__version__ = '1'\n", "pkg/api.py": "", "pkg/elf/__init__.py": "",
+        "pkg/elf/a.py": "from pkg import __version__\n",
+        "pkg/elf/b.py": "def f():\n    from pkg import api\n    return api\n",
+        "pkg/report/__init__.py": "", "pkg/report/r.py": "from pkg import api\n",
+    })
+    found = {(i.source, i.target) for i in _upward(st.imports(pkg), "pkg")}
+    assert found == {("pkg.elf.a", "pkg"), ("pkg.elf.b", "pkg.api")}
+
+
+def test_the_layers_of_the_architecture_page_hold() -> None:
+    layers = st.parse_layers(PAGE.read_text())
+    assert len(layers) >= 5, "docs/architecture.md has no layer table"
+    assert st.layer_problems(PACKAGE, layers) == []
+
+
+def test_an_import_up_the_layers_and_a_module_in_none_are_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/api.py": "", "pkg/new.py": "",
+        "pkg/elf/__init__.py": "", "pkg/elf/a.py": "from pkg import api\n",
+    })
+    page = ("| layer | what | modules |\n|---|---|---|\n| 1 | the face | `__init__.py` |\n"
+            "| 2 | the library | `api.py` |\n| 3 | ELF | `elf/` |\n")
+    layers = st.parse_layers(page)
+    assert layers == [["__init__.py"], ["api.py"], ["elf/"]]
+    assert st.layer_problems(pkg, layers) == [
+        "pkg.new: in no layer (as new.py)", "pkg.elf.a:1 imports pkg.api, a layer above it"]
+
+
+# --- documents and names ---------------------------------------------------------------------
+
+def test_documents_are_made_in_report_only() -> None:
+    assert st.document_makers(PACKAGE, "usdtpatch.report") == []
+
+
+def test_a_document_made_elsewhere_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/report/__init__.py": "",
+        "pkg/report/doc.py": "def d():\n    return {'schema': 'x', 'schema_version': 1}\n",
+        "pkg/live/__init__.py": "",
+        "pkg/live/k.py": "def to_json():\n    return {'schema': 'k', 'schema_version': 1}\n",
+        "pkg/live/s.py": "X = {'$schema': 'sarif', 'version': '2.1.0'}\n",
+        "pkg/live/ok.py": "def read(doc):\n    return doc['schema_version']\n",
+    })
+    assert st.document_makers(pkg, "pkg.report") == ["pkg.live.k:2", "pkg.live.s:1"]
+
+
+def test_every_module_the_architecture_page_names_exists() -> None:
+    assert st.missing_names(PAGE.read_text(), PACKAGE) == []
+
+
+def test_a_name_of_a_module_that_is_gone_is_found() -> None:
+    page = ("`analysis/check.py` `poke/plan.py` `report/` `sites/` `findings.py` "
+            "`usdtpatch.api.check` `usdtpatch.api.no_such` `elf.validate.validate_output` "
+            "`sequences.plan.plan_json` `tests/golden/` `rich` `--form auto`")
+    assert st.missing_names(page, PACKAGE) == ["poke/plan.py", "sites/", "usdtpatch.api.no_such",
+                                              "sequences.plan.plan_json"]
+
+
+def test_the_version_is_the_projects() -> None:
+    from usdtpatch.version import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__

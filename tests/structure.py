@@ -248,3 +248,78 @@ def layer_problems(package: Path, layers: list[list[str]]) -> list[str]:
         if a is not None and b is not None and b < a:
             out.append(f"{i.source}:{i.line} imports {i.target}, a layer above it")
     return out
+
+
+# -------------------------------------------------------------------------- third-party engines
+
+def third_party(package: Path) -> dict[str, set[str]]:
+    """Each package outside the standard library and the tree that a module imports (every
+    import that can run), with the modules that import it."""
+    import sys
+
+    out: dict[str, set[str]] = {}
+    for name, path in modules(package).items():
+        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            tops = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""])
+            for top in (t.split(".")[0] for t in tops):
+                if top and top != package.name and top not in sys.stdlib_module_names:
+                    out.setdefault(top, set()).add(name)
+    return out
+
+
+_ENGINE_ROW = re.compile(r"^\|\s*`([A-Za-z0-9_]+)`[^|]*\|.*\|([^|]*)\|\s*$")
+
+
+def parse_engines(page: str) -> dict[str, set[str]]:
+    """A page's engine table, rows `| `import name` (...) | role | `the module` |`: each
+    engine with the module(s) its last column names (`x86/decode.py`, a package as `dir/`)."""
+    out: dict[str, set[str]] = {}
+    for line in page.splitlines():
+        m = _ENGINE_ROW.match(line.strip())
+        if m and _CODE.findall(m.group(2)):
+            out[m.group(1)] = set(_CODE.findall(m.group(2)))
+    return out
+
+
+def engine_homes(package: Path) -> dict[str, set[str]]:
+    """third_party's answer with each module written as a page writes it (`x86/decode.py`,
+    a package as its folder: `sequences/protocols/`)."""
+    mods = modules(package)
+
+    def written(name: str) -> str:
+        rel = mods[name].relative_to(package)
+        return f"{rel.parent.as_posix()}/" if rel.name == "__init__.py" else rel.as_posix()
+
+    return {engine: {written(m) for m in users}
+            for engine, users in third_party(package).items()}
+
+
+# ---------------------------------------------------------------------------- private names
+
+def private_uses(tests: Path, top: str) -> set[str]:
+    """"module.name" for every private name (one leading underscore) of the package `top`
+    that a test file takes: imported by name, or read as an attribute of a module of the
+    package it imported."""
+    out: set[str] = set()
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # a local name -> the package module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == top:
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        out.add(f"{node.module}.{a.name}")
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == top:
+                        bound[a.asname or a.name] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                out.add(f"{bound[node.value.id]}.{node.attr}")
+    return out

@@ -65,7 +65,7 @@ def test_no_folder_circle_but_the_known() -> None:
 
 
 @pytest.mark.parametrize("circle", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=f"{owner} removes it"))
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=f"still there: {owner}"))
     for c, owner in {**KNOWN_FILE_CIRCLES, **KNOWN_FOLDER_CIRCLES}.items()],
     ids=lambda c: "-".join(m.removeprefix("usdtpatch.") for m in c))
 def test_known_circle_is_gone(circle: tuple[str, str]) -> None:
@@ -165,12 +165,20 @@ def test_every_module_the_architecture_page_names_exists() -> None:
     assert st.missing_names(PAGE.read_text(), PACKAGE) == []
 
 
-def test_a_name_of_a_module_that_is_gone_is_found() -> None:
+def test_a_name_of_a_module_that_is_gone_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/findings.py": "", "pkg/api.py": "def check(): ...\n",
+        "pkg/analysis/__init__.py": "", "pkg/analysis/check.py": "",
+        "pkg/report/__init__.py": "", "pkg/report/plan.py": "def plan_json(): ...\n",
+        "pkg/sequences/__init__.py": "", "pkg/sequences/plan.py": "PLAN = 1\n",
+        "tests/golden/x.txt": "",
+    })
     page = ("`analysis/check.py` `poke/plan.py` `report/` `sites/` `findings.py` "
-            "`usdtpatch.api.check` `usdtpatch.api.no_such` `elf.validate.validate_output` "
-            "`sequences.plan.plan_json` `tests/golden/` `rich` `--form auto`")
-    assert st.missing_names(page, PACKAGE) == ["poke/plan.py", "sites/", "usdtpatch.api.no_such",
-                                              "sequences.plan.plan_json"]
+            "`pkg.api.check` `pkg.api.no_such` `report.plan.plan_json`, "
+            "`sequences.plan.plan_json` `sequences.plan.PLAN` `tests/golden/` `rich` "
+            "`--form auto` `pkg/io.py`")
+    assert st.missing_names(page, pkg) == ["poke/plan.py", "sites/", "pkg.api.no_such",
+                                           "sequences.plan.plan_json", "pkg/io.py"]
 
 
 def test_the_version_is_the_projects() -> None:
@@ -178,3 +186,58 @@ def test_the_version_is_the_projects() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == __version__
+
+
+# --- engines ---------------------------------------------------------------------------------
+
+def test_each_engine_is_imported_by_the_one_module_the_page_names() -> None:
+    found = st.engine_homes(PACKAGE)
+    assert all(len(users) == 1 for users in found.values()), found
+    assert found == st.parse_engines(PAGE.read_text())
+
+
+def test_an_engine_imported_by_a_second_module_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/x86/__init__.py": "",
+        "pkg/x86/decode.py": "import capstone\nimport os.path\n",
+        "pkg/x86/show.py": "def f():\n    from capstone import Cs\n    return Cs\n",
+        "pkg/p/__init__.py": "import keystone\nfrom . import x\n", "pkg/p/x.py": "",
+    })
+    page = ("| engine | role | module |\n|---|---|---|\n"
+            "| `capstone` (capstone) | disassembly | `x86/decode.py` |\n"
+            "| `keystone` (keystone-engine) | assembling | `p/` |\n")
+    assert st.parse_engines(page) == {"capstone": {"x86/decode.py"}, "keystone": {"p/"}}
+    assert st.engine_homes(pkg) == {"capstone": {"x86/decode.py", "x86/show.py"},
+                                    "keystone": {"p/"}}
+
+
+# --- tests and private names -----------------------------------------------------------------
+
+# Private names tests still take, in modules other helpers of this session have (analysis/,
+# forkguard/, rewriter/plan.py, verification/, elf/, x86/, live/perf.py): the list may only
+# shrink. None is in cli/, report/, live/kcheck.py, live/bench/ or integrate/.
+KNOWN_PRIVATE = frozenset({
+    "usdtpatch.analysis.targets._Graph", "usdtpatch.analysis.targets._origin",
+    "usdtpatch.analysis.waysin._candidates", "usdtpatch.analysis.waysin._code_hits",
+    "usdtpatch.analysis.waysin._regions", "usdtpatch.analysis.waysin._scan_code",
+    "usdtpatch.analysis.waysin._spans", "usdtpatch.elf.cfi._walk_eh_frame",
+    "usdtpatch.elf.writer._cut_at", "usdtpatch.forkguard._code", "usdtpatch.forkguard._dynamic",
+    "usdtpatch.forkguard._relas", "usdtpatch.forkguard._symbol", "usdtpatch.live.perf._write_event",
+    "usdtpatch.rewriter.plan._entries", "usdtpatch.rewriter.plan._retarget_patches",
+    "usdtpatch.verification.equivalence._gprs", "usdtpatch.verification.equivalence._new_pair",
+    "usdtpatch.verification.equivalence._verify", "usdtpatch.x86.decode._lite",
+    "usdtpatch.x86.decode._lite_rows", "usdtpatch.x86.describe._KNOWN_TEXT",
+})
+
+
+def test_tests_take_no_new_private_name() -> None:
+    assert st.private_uses(ROOT / "tests", "usdtpatch") - KNOWN_PRIVATE == set()
+
+
+def test_a_private_name_a_test_takes_is_found(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text(
+        "from pkg.report.plain import _rich_width, table\nfrom pkg.live import kcheck as k\n"
+        "import pkg.cli\n\ndef test() -> None:\n    k._plan_for(1)\n    pkg.cli.__name__\n"
+        "    k.public(1)\n")
+    assert st.private_uses(tmp_path, "pkg") == {"pkg.report.plain._rich_width",
+                                                "pkg.live.kcheck._plan_for"}

@@ -546,14 +546,14 @@ def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | No
     output (`kcheck --json` gives its stderr, so that the command's output stays out of the
     document).
 
-    The report (usdtpatch.live.kcheck.KcheckReport, `.to_json()` is the `kcheck --json`
-    document) has per process and site the hits, the bytes while attached and after detach
-    and what `plan` predicts; `.problems` lists what did not go as planned. Raises
-    UnsupportedError where kcheck cannot run (not root, no uprobe PMU, no uprobe syscall),
-    InputError for a file without probe sites, a command that cannot be run or a pid that is
-    no process or does not map `path`, ValueError for arguments that do not fit (neither or
-    both of `command` and `pid`, an empty command, a string where a list is expected, a
-    `duration` that is not positive or a negative `settle`)."""
+    The report (usdtpatch.live.kcheck.KcheckReport; usdtpatch.report.kcheck.kcheck_json makes
+    the `kcheck --json` document of it) has per process and site the hits, the bytes while
+    attached and after detach and what `plan` predicts; `.problems` lists what did not go as
+    planned. Raises UnsupportedError where kcheck cannot run (not root, no uprobe PMU, no
+    uprobe syscall), InputError for a file without probe sites, a command that cannot be run
+    or a pid that is no process or does not map `path`, ValueError for arguments that do not
+    fit (neither or both of `command` and `pid`, an empty command, a string where a list is
+    expected, a `duration` that is not positive or a negative `settle`)."""
     if (command is None) == (pid is None):
         raise ValueError("kcheck: give `command` or `pid`, one of them")
     if isinstance(command, str) or isinstance(probes, str):

@@ -270,7 +270,7 @@ def third_party(package: Path) -> dict[str, set[str]]:
     return out
 
 
-_ENGINE_ROW = re.compile(r"^\|\s*`([A-Za-z0-9_]+)`[^|]*\|.*\|([^|]*)\|\s*$")
+_ENGINE_ROW = re.compile(r"^\|\s*`([A-Za-z0-9_]+)`\s*\([^|)]*\)\s*\|.*\|([^|]*)\|\s*$")
 
 
 def parse_engines(page: str) -> dict[str, set[str]]:
@@ -279,8 +279,9 @@ def parse_engines(page: str) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for line in page.splitlines():
         m = _ENGINE_ROW.match(line.strip())
-        if m and _CODE.findall(m.group(2)):
-            out[m.group(1)] = set(_CODE.findall(m.group(2)))
+        homes = _CODE.findall(m.group(2)) if m else []
+        if m and homes and all(h.endswith((".py", "/")) for h in homes):
+            out[m.group(1)] = set(homes)
     return out
 
 

@@ -128,7 +128,7 @@ class ProcessResult:
     samples_lost: int = 0  # samples the kernel dropped (full ring buffer) by the inspection
     throttled: int = 0  # times the kernel throttled the sampling (hits then undercounted)
 
-@dataclass
+@dataclass(frozen=True)
 class KcheckReport:
     path: str
     command: list[str] | None

@@ -66,7 +66,7 @@ class Measure:
                 if ns > 0]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     name: str
     what: str
@@ -83,7 +83,7 @@ class Row:
     untraced_wall_s: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchReport:
     kernel: str
     cpu: str
@@ -340,15 +340,13 @@ def median_rows(variants: list[Variant], data: dict[str, Measure], per: int, ref
         tr = statistics.median(m.traced_ns)
         rt = _paired(m.hits_per_s(), ref.hits_per_s())
         ru = _paired(m.untraced_ns, ref.untraced_ns)
-        row = Row(v.name, v.what, v.site_bytes, len(m.untraced_ns), hits, hps,
-                  statistics.median(rt) if rt else 0.0,
-                  tr / hits if hits else 0.0,
-                  un / 1e6 if jvm else un / per, statistics.median(ru) if ru else 0.0,
-                  ratio_traced_range=(min(rt), max(rt)) if rt else (0.0, 0.0))
-        if jvm:
-            row.traced_wall_s = tr / 1e9
-            row.untraced_wall_s = un / 1e9
-        rows.append(row)
+        rows.append(Row(v.name, v.what, v.site_bytes, len(m.untraced_ns), hits, hps,
+                        statistics.median(rt) if rt else 0.0,
+                        tr / hits if hits else 0.0,
+                        un / 1e6 if jvm else un / per, statistics.median(ru) if ru else 0.0,
+                        ratio_traced_range=(min(rt), max(rt)) if rt else (0.0, 0.0),
+                        traced_wall_s=tr / 1e9 if jvm else None,
+                        untraced_wall_s=un / 1e9 if jvm else None))
     return rows
 
 

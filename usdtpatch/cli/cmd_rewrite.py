@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -164,22 +165,33 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str | None,
-                  in_place: bool = False, form: str = "auto", kernel: str | None = None,
-                  guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
-                  verify: bool = True, as_json: bool = False, jobs: int = 1,
-                  report: str | None = None, calls: str = "auto") -> int:
-    """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
-    unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
-    the exit status."""
-    several = len(files) > 1
-    if several and output and not Path(output).is_dir():
-        print(f"usdtpatch: rewrite: with several inputs, -o must name an existing directory "
-              f"({output} is not one)", file=err)
-        return EXIT_UNUSABLE
-    todo = [(p, _target(p, output, several)) for p in files]
+@dataclass
+class _Results:
+    """What the rewrites of the files gave, in input order: their entries of the rewrite
+    document, the files refused, each file's report fields, whether a site failed."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    extras: list[dict[str, Any]] = field(default_factory=list)
+    failed: bool = False
+
+    def add(self, entry: dict[str, Any], failed: bool, seconds: float,
+            size_before: int | None) -> None:
+        self.entries.append(entry)
+        self.extras.append(_report_extra(entry, seconds, size_before))
+        self.failed = self.failed or failed
+
+    def refuse(self, path: str, exc: UsdtpatchError, err: IO[str]) -> None:
+        self.errors.append({"path": path, "error": str(exc)})
+        error_line(path, exc, err)
+
+
+def _refused(files: list[str], todo: list[tuple[str, str | None]], in_place: bool,
+             report: str | None, err: IO[str]) -> bool:
+    """Check every output (and the report) before any input is read: a line for each one
+    refused; whether one was."""
     refused = False
-    for p, t in todo:  # every output is checked before any input is read
+    for p, t in todo:
         try:
             if t is not None:
                 check_output(t, files)
@@ -196,66 +208,87 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
         except UsdtpatchError as exc:
             print(printable(f"usdtpatch: rewrite: {exc}"), file=err)
             refused = True
-    if refused:
+    return refused
+
+
+def _in_workers(todo: list[tuple[str, str | None]], jobs: int, options: dict[str, Any],
+                sizes: dict[str, int | None], res: _Results, err: IO[str]) -> None:
+    """Rewrite the files in `jobs` worker processes (-j), one process per file."""
+    # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
+                               initargs=(os.getpid(),),
+                               mp_context=multiprocessing.get_context("fork"))
+    futures: list[tuple[str, Future[tuple[dict[str, Any], bool, float]]]] = []
+    try:
+        futures = [(p, pool.submit(_rewrite_in_worker, p, t, options["in_place"],
+                                   options["form"], options["redzone_guard"],
+                                   options["fork_guard"], options["verify"], options["calls"],
+                                   options["kernel"])) for p, t in todo]
+        for p, fut in futures:
+            try:
+                entry, bad, took = fut.result()
+            except UsdtpatchError as exc:
+                res.refuse(p, exc, err)
+                continue
+            res.add(entry, bad, took, sizes.get(p))
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
+            _interrupt_workers(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
+        _note_written(f for _, f in futures)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _one_by_one(todo: list[tuple[str, str | None]], options: dict[str, Any], sized: bool,
+                res: _Results, err: IO[str]) -> None:
+    """Rewrite the files here, one after the other, with a progress bar on a terminal."""
+    from usdtpatch.report.render import make_console, site_progress
+
+    with site_progress(make_console(err)) as progress_for:
+        for p, t in todo:
+            try:
+                size = _size(p) if sized else None
+                t0 = time.monotonic()
+                shown = progress_for(Path(p).name)
+                o = api.rewrite(p, t, progress=shown.sites, phase=shown.phase, **options)
+            except UsdtpatchError as exc:
+                res.refuse(p, exc, err)
+                continue
+            res.add(outcome_json(o), o.failed, time.monotonic() - t0, size)
+
+
+def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str | None,
+                  in_place: bool = False, form: str = "auto", kernel: str | None = None,
+                  guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
+                  verify: bool = True, as_json: bool = False, jobs: int = 1,
+                  report: str | None = None, calls: str = "auto") -> int:
+    """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
+    unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
+    the exit status."""
+    several = len(files) > 1
+    if several and output and not Path(output).is_dir():
+        print(f"usdtpatch: rewrite: with several inputs, -o must name an existing directory "
+              f"({output} is not one)", file=err)
         return EXIT_UNUSABLE
-    extras: list[dict[str, Any]] = []  # per file: sizes and time, for the report
+    todo = [(p, _target(p, output, several)) for p in files]
+    if _refused(files, todo, in_place, report, err):
+        return EXIT_UNUSABLE
     views: dict[str, list[dict[str, Any]]] = {}  # per input: `show` of each site, for .html
     if report is not None and report_kind(report) == ".html":
         for p, _ in todo:  # of the inputs as they are, before any is rewritten in place
             with contextlib.suppress(UsdtpatchError):  # the rewrite below reports the file
                 views[p] = _site_views(p)
-    entries: list[dict[str, Any]] = []
-    errors: list[dict[str, str]] = []
-    failed = False
+    options = {"form": form, "redzone_guard": guard, "fork_guard": fork_guard,
+               "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel}
+    res = _Results()
     started = time.monotonic()
     if jobs > 1 and several:
-        # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
-        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
-                                   initargs=(os.getpid(),),
-                                   mp_context=multiprocessing.get_context("fork"))
-        futures: list[tuple[str, Future[tuple[dict[str, Any], bool, float]]]] = []
-        try:
-            sizes = {p: _size(p) for p, _ in todo} if report is not None else {}
-            futures = [(p, pool.submit(_rewrite_in_worker, p, t, in_place, form, guard,
-                                       fork_guard, verify, calls, kernel)) for p, t in todo]
-            for p, fut in futures:
-                try:
-                    entry, bad, took = fut.result()
-                except UsdtpatchError as exc:
-                    errors.append({"path": p, "error": str(exc)})
-                    error_line(p, exc, err)
-                    continue
-                entries.append(entry)
-                extras.append(_report_extra(entry, took, sizes.get(p)))
-                failed = failed or bad
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
-                _interrupt_workers(pool)
-            pool.shutdown(wait=True, cancel_futures=True)
-            _note_written(f for _, f in futures)
-            raise
-        pool.shutdown(wait=True)
+        sizes = {p: _size(p) for p, _ in todo} if report is not None else {}
+        _in_workers(todo, jobs, options, sizes, res, err)
     else:
-        from usdtpatch.report.render import make_console, site_progress
-
-        console = make_console(err)
-        with site_progress(console) as progress_for:
-            for p, t in todo:
-                try:
-                    size = _size(p) if report is not None else None
-                    t0 = time.monotonic()
-                    shown = progress_for(Path(p).name)
-                    o = api.rewrite(p, t, form=form, redzone_guard=guard, fork_guard=fork_guard,
-                                    verify=verify, in_place=in_place, progress=shown.sites,
-                                    phase=shown.phase, calls=calls, kernel=kernel)
-                except UsdtpatchError as exc:
-                    errors.append({"path": p, "error": str(exc)})
-                    error_line(p, exc, err)
-                    continue
-                entries.append(outcome_json(o))
-                extras.append(_report_extra(entries[-1], time.monotonic() - t0, size))
-                failed = failed or o.failed
-    doc = rewrite_document(entries, errors, time.monotonic() - started)
+        _one_by_one(todo, options, report is not None, res, err)
+    doc = rewrite_document(res.entries, res.errors, time.monotonic() - started)
     if as_json:
         out.write(json.dumps(doc) + "\n")
     else:
@@ -263,15 +296,15 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
 
         print_rewrite(out, doc)
     if report is not None:
-        rdoc = report_document(doc, extras)
         try:
-            write_report(report, rdoc, [views.get(e["path"], []) for e in entries])
+            write_report(report, report_document(doc, res.extras),
+                         [views.get(e["path"], []) for e in res.entries])
         except UsdtpatchError as exc:
             print(printable(f"usdtpatch: rewrite: {exc}"), file=err)
             return EXIT_UNUSABLE
-    if errors:
+    if res.errors:
         return EXIT_UNUSABLE
-    return EXIT_FAIL if failed else EXIT_OK
+    return EXIT_FAIL if res.failed else EXIT_OK
 
 
 def _size(path: str) -> int | None:

@@ -99,7 +99,7 @@ class SiteResult:
     restored: bool | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Fault:
     pid: int
     tid: int

@@ -6,7 +6,12 @@ The cli package is the one place that prints and that turns exceptions into exit
 USDTPATCH_DEBUG is set), 130 interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP: one line that
 says which outputs were written whole, if any; no partial output). Each
 subcommand module has `register(subparsers)`, which adds its parser and sets
-`func(args, out, err) -> int`; a command parses, calls usdtpatch.api, and renders.
+`func(args, out, err) -> int`; a command parses, calls usdtpatch.api, and chooses a
+rendering from usdtpatch/report/.
+
+Deferred imports: each command's module (only the one run: `list` must not pay for
+unicorn), io.py in `main` (the record of outputs written), integrate/ (only for
+--cmake-dir, --include-dir, --make-include), signal (only while a command runs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """`usdtpatch bench [--only trigger|jvm] [--iterations N] [--repeats R] [--jvm-calls N]
 [--json] [--chart PNG]`: how much faster tracing is on this machine with 5-byte sites
 (usdtpatch.live.bench.runner; the figures for this kind of machine are in docs/performance.md).
+
+Deferred imports: api, integrate, live/bench/runner.py and report/bench.py, only when the
+bench runs (`usdtpatch --help` imports every command's module).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 detour verified in the emulator); 4. plan the kernel's writes on the rewritten file and verify
 them, torn states included, in the emulator; 5. restore the original byte for byte.
 Each capability adds its step here, so that `make demo` always shows the whole toolkit.
+
+Deferred imports: the other commands' modules (cli/cmd_check.py, cli/cmd_rewrite.py,
+cli/cmd_verify.py) and report/render.py (rich), only when the demo runs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """`usdtpatch list FILE... [--json] [--provider P] [--probe [PROVIDER:]NAME]`.
 
-Filtered, the heading of each file counts the probes shown and the file's total."""
+Filtered, the heading of each file counts the probes shown and the file's total.
+
+Deferred imports: report/text.py, only for the table (not for --json).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """`usdtpatch plan FILE [--trampoline ADDR | --maps FILE | --pid PID] [--load-base ADDR]
 [--form nop5|nop10] [--probe PATTERN] [--json]`: the kernel's write sequences for every probe
-site (or those --probe selects)."""
+site (or those --probe selects).
+
+Deferred imports: sequences/sequences.py and sequences/trampoline.py (PAGE_SIZE,
+TASK_SIZE), only when --trampoline is given (verify shares these options).
+"""
 
 from __future__ import annotations
 

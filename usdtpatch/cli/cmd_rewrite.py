@@ -7,6 +7,9 @@ anything is read. Output is written atomically with the input's permission bits.
 is verified in the emulator before the file is written (--no-verify skips it and says so); a
 site that fails stays as it was and the exit status is 1. --dry-run prints the decisions
 without building a file.
+
+Deferred imports: report/render.py (rich: the progress bar), report/text.py (the table,
+not for --json), report/show.py (only for a --report page).
 """
 
 from __future__ import annotations

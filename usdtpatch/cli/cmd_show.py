@@ -1,5 +1,7 @@
 """`usdtpatch show FILE --probe [PROVIDER:]NAME [--json] [--context N]`: the sites of the
 probes chosen, each with its patch window before and after (the document: report/show.py).
+
+Deferred imports: report/render.py (rich), only for the text (not for --json).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ torn state of every write sequence in the bundled emulator; a verdict per site, 
 site fails.
 
 `summarize(path)` is what `usdtpatch demo` calls: plan + verify one file, rendered as text.
+
+Deferred imports: sequences/protocols/ (keystone), only for --protocol.
 """
 
 from __future__ import annotations

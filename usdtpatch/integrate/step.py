@@ -12,6 +12,9 @@ The promises the build integrations rely on:
 - never half-done: the output is written atomically, and only once the check passed. When the
   step fails on a file rewritten in place, that file is removed (as make's .DELETE_ON_ERROR
   does): otherwise the next build would take the linker's output as up to date and pass.
+
+Deferred imports: api and report/ (build.py, checkjson.py, rewrite.py, html.py), only when
+a step runs (the setuptools command imports this module at every build).
 """
 
 from __future__ import annotations

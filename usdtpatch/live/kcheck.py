@@ -27,6 +27,10 @@ Nothing stays attached: every perf fd is closed in a finally block (the kernel r
 uprobes when the event's last fd closes; the trace event definition is removed then), a
 started command is killed by pid, a --pid process is detached. The uprobe trampoline page
 itself stays mapped in the process (the kernel never unmaps it).
+
+Deferred imports: fnmatch (only with --probe patterns), sequences/trampoline.py
+(place_trampoline: looked up when a moved trampoline is explained, so that a test can change
+the rule).
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """The bench document (schema `usdtpatch/bench`, version 1, docs/performance.md) and
 `usdtpatch bench`'s renderings: its tables as text and, with --chart, a PNG of the medians
-(matplotlib, the optional extra usdtpatch[chart], imported only for it)."""
+(matplotlib, the optional extra usdtpatch[chart], imported only for it).
+
+Deferred imports: matplotlib (the optional chart), report/render.py (rich, for a
+terminal's table).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ build-report document (docs/build-integration.md) and the lines a build log show
 
 The step calls the library (rewrite, then check of the bytes to be written) and passes the
 results here; the document holds the rewrite document's entry and the check document.
+
+Deferred imports: rewriter/plan.py (Status), only for a rewrite's findings.
 """
 
 from __future__ import annotations

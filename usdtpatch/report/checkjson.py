@@ -1,6 +1,8 @@
 """The `check` report as data: a versioned JSON document (schema in docs/check-json.md).
 
 Every renderer (rich table, SARIF, HTML) reads this document, so the outputs cannot drift apart.
+
+Deferred imports: elf/demangle.py (c++filt), only when result_json is not given the names.
 """
 
 from __future__ import annotations

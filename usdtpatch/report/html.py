@@ -9,6 +9,8 @@ its window; the script only adds sorting, filters and a search.
 Pages are rendered from the JSON documents (`usdtpatch/analysis`, `usdtpatch/rewrite`) plus,
 for check, the `show` documents of the sites (usdtpatch.report.show.site_views), so they
 cannot disagree with `--json`. Everything shown is escaped with html.escape.
+
+Deferred imports: findings (REWRITE_FAILURES), only for the rewrite page.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ envelope around them (`rewrite_document`). The report's kind is chosen by FILE's
 file's `size_before`, `size_after` and `seconds`) or `.sarif` (SARIF 2.1.0: the files'
 findings and one result per site left unchanged, with its registered code). Written
 atomically with the mode the umask gives (a report is meant to be shared).
+
+Deferred imports: rewriter/plan.py (VERIFICATIONS) and findings, only for the document and
+the SARIF (`check --report FILE` asks report_kind alone), report/html.py and
+report/sarif.py, only for their kind.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 
 The one module that chooses between the two, so that neither imports the other's way back:
 render.py takes its cells from plain.py, and plain.py imports nothing of report/.
+
+Deferred imports: report/render.py (rich), only for a terminal.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ Which instruction the kernel probes for each site form (docs/plan-verify.md):
 Trampolines: `--trampoline` fixes one for every site; otherwise sites are placed in address
 order against the mappings (from maps, or laid out from the load base), each later site
 reusing an earlier trampoline within reach, as the kernel does when sites are hit in that order.
+
+Deferred imports: analysis/check.py (check: the red-zone verdict), only when a plan needs it
+and was not given it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ report medians and ratios against the reference measured in the same run.
     never modified. Per run: wall time traced and untraced, hits/s traced.
 
 Every variant runs once per round, rounds repeat; the figures are medians over rounds.
+
+Deferred imports: live/kcheck.py and sequences/plan.py (the sites to attach to), live/perf.py
+(the uprobe PMU), platform, only when the bench builds or runs.
 """
 
 from __future__ import annotations

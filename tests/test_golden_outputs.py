@@ -13,7 +13,9 @@ Only what changes from run to run is normalized, and nothing else (`_norm`):
   all" and per-file "time: N s".
 A JSON output printed on one line is kept indented in its golden file; the test first checks the
 output is exactly the one-line form of what it parsed (so no byte of it goes unchecked).
-`--form auto` is run with `--kernel 6.18` (else its line names the running kernel).
+`--form auto` is run with `--kernel 6.18` (else its line names the running kernel). The
+rewritten files' digests pin their bytes, which hold the version in the restore marker's note:
+a new version changes them (regenerate and review).
 kcheck and bench need root and the live kernel, and their figures are measured: their renderers
 are fed a report made here (every field set), and the text and document pinned.
 """

@@ -42,8 +42,9 @@ import platform
 import resource
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from usdtpatch.analysis.probes import ProbeSet, read_probes
 from usdtpatch.elf.image import parse_elf
@@ -62,7 +63,7 @@ _STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 _FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGTRAP}
 # kcheck's plans are asked for their sequences only: check's red-zone verdict (a finding of
 # the plan, never a change of its bytes) is not worked out for them
-NO_RED_ZONE: dict[int, str] = {}
+NO_RED_ZONE: Mapping[int, str] = MappingProxyType({})
 MAX_OTHER_FAULTS = 20  # per process, faults not at a site that are analysed and listed
 
 

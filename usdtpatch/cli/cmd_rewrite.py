@@ -27,10 +27,10 @@ from usdtpatch import api
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import WRITTEN, check_output
+from usdtpatch.kernelfacts import Kernel
 from usdtpatch.lifetime import die_with_parent
 from usdtpatch.report.rewrite_report import report_document, report_kind, write_report
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
-from usdtpatch.rewriter.kernel import Kernel
 from usdtpatch.rewriter.report import rewrite_document
 
 

@@ -455,6 +455,26 @@ class CfiIndex:
 
 
 def load_cfi(image: ElfImage) -> CfiIndex:
+    """The index of `image`'s FDEs, read once per image (kept in `image.derived`: the rows,
+    not the index, which refers to the image)."""
+    rows = image.derived.get("cfi")
+    if isinstance(rows, _CfiRows):
+        return CfiIndex(image, rows.starts, rows.fde_addresses, rows.source, rows.cies)
+    index = _read_cfi(image)
+    image.derived["cfi"] = _CfiRows(index.starts, index.fde_addresses, index.source,
+                                    index._cies)
+    return index
+
+
+@dataclass(frozen=True, slots=True)
+class _CfiRows:
+    starts: tuple[int, ...]
+    fde_addresses: tuple[int, ...]
+    source: str
+    cies: dict[int, Cie]
+
+
+def _read_cfi(image: ElfImage) -> CfiIndex:
     """Read `.eh_frame_hdr`'s binary-search table; walk `.eh_frame` only when there is none."""
     hdr_addr = None
     for seg in image.segments:

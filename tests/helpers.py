@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,24 @@ def readelf_sdt_notes(path: Path) -> list[ReadelfNote]:
     for m in _NOTE_RE.finditer(text):
         out.append(ReadelfNote(m["provider"], m["name"], int(m["pc"], 16), int(m["base"], 16),
                                int(m["sem"], 16), (m["args"] or "").rstrip()))
+    return out
+
+
+def build_programs(folder: Path, source: str, builds: Mapping[str, tuple[str, Sequence[str]]],
+                   name: str = "prog.c") -> dict[str, Path]:
+    """`source` (C, written to folder/name) compiled once per build: {build name: (compiler,
+    flags)} -> {build name: the program}; a build whose compiler is not installed is left
+    out. A compile error fails the test with the compiler's message."""
+    src = folder / name
+    src.write_text(source)
+    out: dict[str, Path] = {}
+    for build, (cc, flags) in builds.items():
+        if shutil.which(cc) is None:
+            continue
+        done = subprocess.run([cc, *flags, "-o", str(folder / build), str(src)],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{cc} {' '.join(flags)}: {done.stderr[-3000:]}"
+        out[build] = folder / build
     return out
 
 

@@ -159,9 +159,11 @@ def _leb(buf: EhBytes, at: int, limit: int, what: str, signed: bool) -> tuple[in
                    f"{buf.address + j:#x}, found {bytes(data[i:j]).hex(' ') or 'no byte'}")
 
 
-def leb_bytes(data: bytes | bytearray, pos: int, signed: bool) -> tuple[int, int]:
-    """(value, index after it) of a LEB128 in a call frame program held as plain bytes."""
-    return _leb(EhBytes(data, 0), pos, len(data), "call frame instruction operand", signed)
+def leb_bytes(data: bytes | bytearray, pos: int, signed: bool,
+              what: str = "call frame instruction operand") -> tuple[int, int]:
+    """(value, index after it) of a LEB128 held as plain bytes: in a call frame program, or
+    in DWARF (usdtpatch/elf/dwarf.py reads its LEB128s here)."""
+    return _leb(EhBytes(data, 0), pos, len(data), what, signed)
 
 
 def read_encoded(buf: EhBytes, at: int, enc: int, limit: int, what: str, data_base: int = 0,

@@ -76,6 +76,23 @@ def note_views(ps: ProbeSet) -> list[NoteView]:
             for p in ps.probes]
 
 
+def _fields_differ(theirs: ProbeSet, ours: ProbeSet, pa: Probe, pb: Probe, where: str
+                   ) -> list[str]:
+    """The differences of two notes' provider and name, and of what their base and semaphore
+    point at (the addresses themselves move with the code)."""
+    out: list[str] = []
+    for field in ("provider", "name"):
+        va, vb = getattr(pa.note, field), getattr(pb.note, field)
+        if va != vb:
+            out.append(f"{where}: {field} {va!r} != {vb!r}")
+    for field in ("base", "semaphore"):
+        va, vb = getattr(pa.note, field), getattr(pb.note, field)
+        wa, wb = _pointee(theirs, va), _pointee(ours, vb)
+        if wa != wb:
+            out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
+    return out
+
+
 def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool = False
                   ) -> list[str]:
     """Differences between two builds' notes, field by field except pc (empty: equal).
@@ -90,15 +107,7 @@ def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool =
         out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
     for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
         where = f"note {i} ({pa.probe_id})"
-        for field in ("provider", "name"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            if va != vb:
-                out.append(f"{where}: {field} {va!r} != {vb!r}")
-        for field in ("base", "semaphore"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            wa, wb = _pointee(theirs, va), _pointee(ours, vb)
-            if wa != wb:
-                out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
+        out += _fields_differ(theirs, ours, pa, pb, where)
         if pa.note.args == pb.note.args:
             continue
         if not registers_may_differ or len(pa.args) != len(pb.args):
@@ -135,15 +144,7 @@ def compare_notes_guarded(theirs: ProbeSet, ours: ProbeSet) -> list[str]:
         out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
     for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
         where = f"note {i} ({pa.probe_id})"
-        for field in ("provider", "name"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            if va != vb:
-                out.append(f"{where}: {field} {va!r} != {vb!r}")
-        for field in ("base", "semaphore"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            wa, wb = _pointee(theirs, va), _pointee(ours, vb)
-            if wa != wb:
-                out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
+        out += _fields_differ(theirs, ours, pa, pb, where)
         if len(pa.args) != len(pb.args):
             out.append(f"{where}: args {pa.note.args!r} != {pb.note.args!r}")
             continue

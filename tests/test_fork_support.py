@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import live_kernel_reason, runtime_address, started
+from tests.test_sdt_support import run_cc
 from usdtpatch.live.perf import Uprobe, open_uprobe
 from usdtpatch.live.procfs import read_maps, read_mem
 from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
@@ -48,9 +49,8 @@ def need_cc() -> None:
 
 
 def cc(args: list[str], cwd: Path | None = None) -> None:
-    proc = subprocess.run(["gcc", *args], capture_output=True, text=True, cwd=cwd, check=False)
-    if proc.returncode != 0:
-        raise AssertionError(f"gcc {' '.join(args)}\n{proc.stderr[-3000:]}")
+    """gcc with `args`; a failure raises BuildError with the command and gcc's message."""
+    run_cc(["gcc", *args], cwd)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +178,19 @@ def bpftrace_lines(path: Path, timeout: float = 90) -> list[str]:
                           env=dict(os.environ, LD_LIBRARY_PATH=str(path.parent)))
     assert done.returncode == 0, done.stderr[-2000:]
     return [ln for ln in done.stdout.splitlines() if ln.startswith("@ ")]
+
+
+def bpftrace_original_and_rewritten(name: str, tmp: Path, rewrite: Callable[[Path, Path], object]
+                                    ) -> tuple[list[str], list[str]]:
+    """bpftrace_lines of fixture `name` copied to tmp/orig/NAME, and of its rewrite made by
+    `rewrite(original, output)` into tmp/new/NAME (the same file name: the same probe paths
+    but for the folder)."""
+    orig, out = tmp / "orig" / name, tmp / "new" / name
+    orig.parent.mkdir()
+    out.parent.mkdir()
+    shutil.copy2(fixture(name), orig)
+    rewrite(orig, out)
+    return bpftrace_lines(orig), bpftrace_lines(out)
 
 
 def disable_prover(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_optimized_after_hits, runtime_address, started
-from tests.helpers import bpftrace_lines, fixture
+from tests.helpers import bpftrace_original_and_rewritten, fixture
 from usdtpatch import api
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
@@ -78,13 +78,8 @@ def test_every_rewritten_site_is_optimized_once_probed(name: str, calls: str, ar
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 @pytest.mark.parametrize("name", ["call-window", "cxx-callwin", "retarget"])
 def test_bpftrace_reads_the_same_arguments(name: str, tmp_path: Path) -> None:
-    orig = tmp_path / "orig" / name
-    orig.parent.mkdir()
-    shutil.copy2(fixture(name), orig)
-    out = tmp_path / "new" / name
-    out.parent.mkdir()
-    api.rewrite(orig, out)
+    lines = bpftrace_original_and_rewritten(name, tmp_path, api.rewrite)
     # compared as counts, as this test always did (the order of the hits is not asserted)
-    want, got = Counter(bpftrace_lines(orig)), Counter(bpftrace_lines(out))
+    want, got = Counter(lines[0]), Counter(lines[1])
     assert want and sum(want.values()) >= 10, want
     assert got == want

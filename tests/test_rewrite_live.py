@@ -28,7 +28,13 @@ from tests.conftest import (
     runtime_address,
     started,
 )
-from tests.helpers import bpftrace_lines, fixture, readelf_sdt_notes, run_cli
+from tests.helpers import (
+    bpftrace_lines,
+    bpftrace_original_and_rewritten,
+    fixture,
+    readelf_sdt_notes,
+    run_cli,
+)
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
 from usdtpatch.live.procfs import read_mem
@@ -154,16 +160,12 @@ BPFTRACE_FIXTURES = ["pie", "args-O2", "args-clang", "redzone-leaf", "sema-expli
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 @pytest.mark.parametrize("name", BPFTRACE_FIXTURES)
 def test_bpftrace_reads_the_same_arguments(name: str, tmp_path: Path) -> None:
-    orig = tmp_path / "orig" / name
-    orig.parent.mkdir()
-    shutil.copy2(fixture(name), orig)
-    out = tmp_path / "new" / name
-    out.parent.mkdir()
-    doc = _rewrite(orig, out)
-    assert doc["changed"]
-    want = bpftrace_lines(orig)
+    def rewrite(orig: Path, out: Path) -> None:
+        assert _rewrite(orig, out)["changed"]
+
+    want, got = bpftrace_original_and_rewritten(name, tmp_path, rewrite)
     assert want, "bpftrace saw no probe hit in the original"
-    assert bpftrace_lines(out) == want
+    assert got == want
 
 
 @pytest.mark.slow

@@ -130,6 +130,19 @@ class Started:
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode(errors="replace")
 
+    def say(self, text: str) -> None:
+        """Write `text` to the program's stdin (started with stdin=subprocess.PIPE, text=True)."""
+        assert self.proc.stdin is not None, "start it with stdin=subprocess.PIPE"
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def finish(self, text: str = "", timeout: float = 60) -> str:
+        """Write `text` to stdin and close it, wait for the exit, and return the rest of the
+        output (what `line()` read ahead first; started with text=True)."""
+        out, _ = self.proc.communicate(text, timeout=timeout)
+        rest, self._buf = self._buf.decode(errors="replace"), b""
+        return rest + (out or "")
+
     def signal(self, sig: int) -> None:
         """Send `sig` to the program (by pid) if it is still running."""
         if self.proc.poll() is None:

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +137,60 @@ def readelf_sdt_notes(path: Path) -> list[ReadelfNote]:
         out.append(ReadelfNote(m["provider"], m["name"], int(m["pc"], 16), int(m["base"], 16),
                                int(m["sem"], 16), (m["args"] or "").rstrip()))
     return out
+
+
+def build_programs(folder: Path, source: str, builds: Mapping[str, tuple[str, Sequence[str]]],
+                   name: str = "prog.c") -> dict[str, Path]:
+    """`source` (C, written to folder/name) compiled once per build: {build name: (compiler,
+    flags)} -> {build name: the program}; a build whose compiler is not installed is left
+    out. A compile error fails the test with the compiler's message."""
+    src = folder / name
+    src.write_text(source)
+    out: dict[str, Path] = {}
+    for build, (cc, flags) in builds.items():
+        if shutil.which(cc) is None:
+            continue
+        done = subprocess.run([cc, *flags, "-o", str(folder / build), str(src)],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{cc} {' '.join(flags)}: {done.stderr[-3000:]}"
+        out[build] = folder / build
+    return out
+
+
+def bpftrace_lines(path: Path, timeout: float = 90) -> list[str]:
+    """What bpftrace prints while it runs `path` (-c) with every probe of the file attached:
+    a line "@ provider:name ARGS" per hit, with up to 6 arguments (bpftrace's x86-64 limit);
+    probes with rip-relative symbol arguments are left out (bpftrace 0.17 cannot read them:
+    "deref ident is not handled yet"). The comparison of an original with its rewrite."""
+    parts = []
+    seen = set()
+    for n in readelf_sdt_notes(path):
+        if (n.provider, n.name) in seen or "(%rip)" in n.args:
+            continue
+        seen.add((n.provider, n.name))
+        k = min(6, len(n.args.split()))
+        fmt = " ".join(["%ld"] * k)
+        args = "".join(f", arg{i}" for i in range(k))
+        parts.append(f'usdt:{path}:{n.provider}:{n.name} '
+                     f'{{ printf("@ {n.provider}:{n.name} {fmt}\\n"{args}); }}')
+    done = subprocess.run(["bpftrace", "-e", " ".join(parts), "-c", str(path)],
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env=dict(os.environ, LD_LIBRARY_PATH=str(path.parent)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [ln for ln in done.stdout.splitlines() if ln.startswith("@ ")]
+
+
+def bpftrace_original_and_rewritten(name: str, tmp: Path, rewrite: Callable[[Path, Path], object]
+                                    ) -> tuple[list[str], list[str]]:
+    """bpftrace_lines of fixture `name` copied to tmp/orig/NAME, and of its rewrite made by
+    `rewrite(original, output)` into tmp/new/NAME (the same file name: the same probe paths
+    but for the folder)."""
+    orig, out = tmp / "orig" / name, tmp / "new" / name
+    orig.parent.mkdir()
+    out.parent.mkdir()
+    shutil.copy2(fixture(name), orig)
+    rewrite(orig, out)
+    return bpftrace_lines(orig), bpftrace_lines(out)
 
 
 def disable_prover(monkeypatch: pytest.MonkeyPatch) -> None:

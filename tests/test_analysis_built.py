@@ -9,12 +9,11 @@ with odd semaphores). The switch/cold source uses systemtap's sys/sdt.h and is b
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, build_programs, run_cli
 from usdtpatch.analysis.check import BLOCKED, CheckReport, SiteCheck, check
 from usdtpatch.analysis.hazards import rseq_sections
 from usdtpatch.analysis.targets import COLD_JUMP, JUMP_TABLE, CodeContext, FunctionCode
@@ -257,14 +256,9 @@ BUILDS = {
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("built")
     out: dict[str, Path] = {}
-    for name, (cc, flags, src) in BUILDS.items():
-        if shutil.which(cc) is None:
-            continue
-        c = d / f"{name}.c"
-        c.write_text(src)
-        subprocess.run([cc, *flags, "-o", str(d / name), str(c)], check=True,
-                       capture_output=True)
-        out[name] = d / name
+    for src, c in ((BUILT_C, "built.c"), (SWITCH_C, "switch.c")):
+        out |= build_programs(d, src, {n: (cc, flags) for n, (cc, flags, s) in BUILDS.items()
+                                       if s is src}, c)
     return out
 
 

@@ -39,6 +39,23 @@ def test_package_exports_the_api() -> None:
         _ = usdtpatch.no_such_name
 
 
+def test_the_api_names_are_written_once() -> None:
+    """api.__all__ is the list: the package face repeats it (to bind the names without
+    importing api), its docstring and the README name every function of it."""
+    import inspect
+
+    errors = {"ElfFormatError", "InputError", "OutputError", "UnsupportedError",
+              "UsdtpatchError"}
+    assert sorted(usdtpatch.__all__) == sorted({*api.__all__, *errors, "__version__"})
+    functions = [n for n in api.__all__ if inspect.isfunction(getattr(api, n))]
+    assert len(functions) >= 8
+    readme_row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+                      if ln.startswith("| `usdtpatch/api.py` |"))
+    for text in (usdtpatch.__doc__ or "", readme_row):
+        named = set(re.findall(r"`(\w+)`", text))
+        assert set(functions) <= named, sorted(set(functions) - named)
+
+
 def test_load_and_check() -> None:
     ps = api.load(fixture("demo"))
     assert [p.probe_id for p in ps.probes][:2] == ["demo:parse", "demo:reply"]

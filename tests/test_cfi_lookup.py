@@ -146,3 +146,29 @@ def test_lookup_parses_only_one_fde(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cfi_mod, "parse_fde", counting)
     assert cfi.lookup(image.entry) is not None
     assert len(calls) == 1
+
+
+def test_a_rewrite_reads_the_index_once(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    """check, plan and build each ask for the file's index: it is read once (it was three
+    times), and a second image of the same bytes reads its own."""
+    import usdtpatch.elf.cfi as cfi_mod
+    from usdtpatch.api import rewrite
+
+    reads: list[int] = []
+    real = cfi_mod._read_hdr_table
+
+    def counting(image: object, hdr: int) -> object:
+        reads.append(hdr)
+        return real(image, hdr)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cfi_mod, "_read_hdr_table", counting)
+    out = rewrite(fixture("demo"), tmp_path / "demo", verify=False)
+    assert out.changed
+    assert len(reads) == 1
+    data = fixture("demo").read_bytes()
+    first, second = parse_elf(data), parse_elf(data)
+    assert load_cfi(first).starts == load_cfi(second).starts
+    assert len(reads) == 3
+    assert load_cfi(first).starts == load_cfi(second).starts
+    assert len(reads) == 3

@@ -17,8 +17,9 @@ import pytest
 
 from tests.helpers import ROOT, fixture, run_cli
 from usdtpatch.elf.image import PT_LOAD, parse_elf
-from usdtpatch.elf.writer import MAX_DELTA_PADDING, PAGE, plan_segment
+from usdtpatch.elf.writer import MAX_DELTA_PADDING, plan_segment
 from usdtpatch.errors import ElfFormatError
+from usdtpatch.kernelfacts import PAGE
 
 
 def _one_line_exit_2(res_rc: int, err: str, path: Path) -> str:

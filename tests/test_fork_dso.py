@@ -31,14 +31,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_fork_support import open_everywhere, site_address
+from tests.test_fork_support import run_under_uprobes
 from usdtpatch.api import load, rewrite
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.relocs import RelaTable, import_slots, relative_relocations
 from usdtpatch.elf.symbols import symbol_indices, symbol_value
 from usdtpatch.forkguard import GuardUnsupported, _dynamic, _relas, build_guard, hook_problem
 from usdtpatch.forkguard.dso import find_dso_handle
-from usdtpatch.live.procfs import read_mem
 from usdtpatch.x86.nops import NOP5
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -388,34 +387,14 @@ def test_ruby_forks_with_the_rewritten_libruby(rubies: dict[str, Path], guard: s
     assert probe.offset is not None
     sem = probe.semaphore.offset if probe.semaphore is not None and probe.semaphore.offset \
         else 0
-    uprobes = open_everywhere(lib, probe.offset, sem)
-    proc: subprocess.Popen[str] | None = None
-    try:
-        proc = subprocess.Popen(
-            [str(RUBY), "-e", RUBY_SCRIPT.replace("CHILD_GCS", str(CHILD_GCS))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "LD_LIBRARY_PATH": str(lib.parent)})
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ready"
-        before = sum(u.count() for u in uprobes)
-        assert before >= 3
-        site = read_mem(proc.pid, site_address(proc.pid, lib, probe.offset), 5)
-        assert site[0] == 0xE8, site.hex()  # optimized in the parent before the fork
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline().strip()
-        after = sum(u.count() for u in uprobes) - before
-        proc.communicate("\n", timeout=60)
-        assert proc.returncode == 0
-    finally:
-        for u in uprobes:
-            u.close()
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    # the site is optimized in the parent before the fork (run_under_uprobes checks it)
+    run = run_under_uprobes([str(RUBY), "-e", RUBY_SCRIPT.replace("CHILD_GCS", str(CHILD_GCS))],
+                            [(lib, probe.offset, sem)], last="\n", timeout=60,
+                            env={**os.environ, "LD_LIBRARY_PATH": str(lib.parent)})
+    assert run.before >= 3
     if survives:
-        assert line == "child 0"
-        assert after == CHILD_GCS  # the child's own hits, counted
+        assert run.line == "child 0"
+        assert run.after == CHILD_GCS  # the child's own hits, counted
     else:
-        assert line == f"child {-signal.SIGSEGV}"
-        assert after == 0
+        assert run.line == f"child {-signal.SIGSEGV}"
+        assert run.after == 0

@@ -16,7 +16,6 @@ run and closed in a finally block; every process started is killed by pid if sti
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import started
 from tests.test_fork_support import (
     SRC,
     cc,
@@ -32,10 +32,9 @@ from tests.test_fork_support import (
     need_kernel,
     open_everywhere,
     run_server,
-    site_address,
+    run_under_uprobes,
 )
 from usdtpatch.api import load, rewrite
-from usdtpatch.live.procfs import read_mem
 
 pytestmark = pytest.mark.live
 
@@ -98,31 +97,10 @@ def _run_python(binary: Path, script: str, timeout: float = 60) -> tuple[str, in
     """(the script's report line, hits before "go", hits between "go" and the report) of
     gc__start. The script says "ready", waits for a line, forks and reports, then waits for
     a line again before it exits (the interpreter's own collections at exit do not count)."""
-    off = _probe_offset(binary, "gc__start")
-    uprobes = open_everywhere(binary, off, _semaphore_offset(binary, "gc__start"))
-    proc: subprocess.Popen[str] | None = None
-    try:
-        proc = subprocess.Popen([str(binary), "-c", script], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ready"
-        before = sum(u.count() for u in uprobes)
-        # the parent's site is optimized before the fork
-        site = read_mem(proc.pid, site_address(proc.pid, binary, off), 5)
-        assert site[0] == 0xE8, site.hex()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline().strip()
-        after = sum(u.count() for u in uprobes) - before
-        out, _ = proc.communicate("\n", timeout=timeout)
-        assert proc.returncode == 0, (proc.returncode, line, out)
-        return line, before, after
-    finally:
-        for u in uprobes:
-            u.close()
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    site = (binary, _probe_offset(binary, "gc__start"), _semaphore_offset(binary, "gc__start"))
+    # the parent's site is optimized before the fork (run_under_uprobes checks it)
+    run = run_under_uprobes([str(binary), "-c", script], [site], last="\n", timeout=timeout)
+    return run.line, run.before, run.after
 
 
 @pytest.mark.parametrize(("guard", "survives"), GUARDS, ids=GUARD_IDS)
@@ -283,32 +261,21 @@ def test_python_gc_fork_under_bpftrace(pythons: dict[str, Path], guard: str,
         pytest.skip("bpftrace is not installed")
     binary = pythons[guard]
     script = BPF_SCRIPT.replace("CHILD_COLLECTS", str(CHILD_COLLECTS))
-    tracer: subprocess.Popen[str] | None = None
-    proc: subprocess.Popen[str] | None = None
-    try:
-        tracer = subprocess.Popen(
-            ["bpftrace", "-e", f'usdt:{binary}:python:gc__start {{ @[pid] = count(); }} '
-                               'BEGIN { printf("attached\\n"); }'],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert tracer.stdout is not None
-        seen: list[str] = []
-        while not seen or "attached" not in seen[-1]:  # warnings and "Attaching N probes"
-            seen.append(tracer.stdout.readline())
-            assert seen[-1] and len(seen) < 20, f"bpftrace did not attach: {seen}"
-        proc = subprocess.Popen([str(binary), "-c", script], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        parent, child, status = (int(x) for x in proc.stdout.readline().split())
-        proc.communicate("\n", timeout=60)
-        os.kill(tracer.pid, signal.SIGINT)
-        out, _ = tracer.communicate(timeout=60)
-    finally:
-        for p in (proc, tracer):
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+    program = f'usdt:{binary}:python:gc__start {{ @[pid] = count(); }} ' \
+              'BEGIN { printf("attached\\n"); }'
+    with started(["bpftrace", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True) as tracer:
+        seen: list[str | None] = []
+        while not seen or "attached" not in (seen[-1] or ""):  # warnings, "Attaching N probes"
+            seen.append(tracer.line(60))
+            assert seen[-1] is not None and len(seen) < 20, f"bpftrace did not attach: {seen}"
+        with started([binary, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     text=True) as proc:
+            proc.say("go\n")
+            parent, child, status = (int(x) for x in (proc.line(60) or "").split())
+            proc.finish("\n", timeout=60)
+        tracer.signal(signal.SIGINT)
+        out = tracer.finish(timeout=60)
     counts = {int(m[0]): int(m[1]) for m in re.findall(r"@\[(\d+)\]: (\d+)", out)}
     assert counts.get(parent, 0) >= 3, out
     if survives:

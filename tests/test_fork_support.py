@@ -12,23 +12,25 @@ killed by pid if it is still running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import signal
 import subprocess
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import live_kernel_reason
+from tests.conftest import live_kernel_reason, runtime_address, started
+from tests.test_sdt_support import run_cc
 from usdtpatch.live.perf import Uprobe, open_uprobe
 from usdtpatch.live.procfs import read_maps, read_mem
+from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "fixtures" / "src"
 SDT_INCLUDE = ROOT / "sdt_headers"
-TRAMPOLINE = "[uprobes-trampoline]"
 
 
 def need_kernel() -> None:
@@ -47,9 +49,8 @@ def need_cc() -> None:
 
 
 def cc(args: list[str], cwd: Path | None = None) -> None:
-    proc = subprocess.run(["gcc", *args], capture_output=True, text=True, cwd=cwd, check=False)
-    if proc.returncode != 0:
-        raise AssertionError(f"gcc {' '.join(args)}\n{proc.stderr[-3000:]}")
+    """gcc with `args`; a failure raises BuildError with the command and gcc's message."""
+    run_cc(["gcc", *args], cwd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +78,6 @@ class Run:
     parent_has_trampoline: bool
 
 
-def site_address(pid: int, path: Path, offset: int) -> int:
-    real = os.path.realpath(path)
-    for m in read_maps(pid):
-        if m.path == real and m.offset <= offset < m.offset + (m.end - m.start):
-            return m.start + offset - m.offset
-    raise AssertionError(f"{path}:{offset:#x} is not mapped in {pid}")
-
-
 def open_everywhere(path: Path, offset: int, semaphore: int = 0) -> list[Uprobe]:
     """A counting uprobe on every CPU for every process (`semaphore`: its file offset)."""
     probes: list[Uprobe] = []
@@ -99,39 +92,71 @@ def open_everywhere(path: Path, offset: int, semaphore: int = 0) -> list[Uprobe]
     return probes
 
 
+@contextlib.contextmanager
+def counting(sites: Sequence[tuple[Path, int, int]]) -> Iterator[list[Uprobe]]:
+    """open_everywhere at each (file, offset, semaphore offset) of `sites`; all closed on
+    exit."""
+    uprobes: list[Uprobe] = []
+    try:
+        for path, off, sem in sites:
+            uprobes += open_everywhere(path, off, sem)
+        yield uprobes
+    finally:
+        for u in uprobes:
+            u.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRun:
+    """What a program run by run_under_uprobes did."""
+
+    line: str  # its first line after "go"
+    before: int  # hits counted when it said it was ready
+    after: int  # hits counted between "go" and that line
+    hits: int  # every hit counted, to its exit
+    out: str  # its output after that line
+    site: bytes  # the first site's bytes when it was ready
+    trampoline: bool  # whether it had a trampoline page then
+
+
+def run_under_uprobes(argv: Sequence[str], sites: Sequence[tuple[Path, int, int]], *,
+                      ready: str = "ready", last: str = "", env: dict[str, str] | None = None,
+                      timeout: float = 120) -> ChildRun:
+    """Run `argv` under counting uprobes at `sites` (see counting). When it prints a line
+    starting with `ready`, every site must read the optimized `call` in it; it is told "go",
+    its next line is read, `last` is written to it and its stdin closed; it must exit 0. The
+    uprobes are closed and the program is stopped by pid (tests/conftest.py) whatever
+    happens."""
+    with counting(sites) as uprobes, started(argv, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True,
+                                             env=env) as proc:
+        first = proc.line(timeout)
+        assert first is not None and first.startswith(ready), first
+        before = sum(u.count() for u in uprobes)
+        codes = [read_mem(proc.pid, runtime_address(proc.pid, path, off), 5)
+                 for path, off, _ in sites]
+        for (path, off, _), code in zip(sites, codes, strict=True):
+            assert code[0] == 0xE8, f"{path}:{off:#x} not optimized before the fork: {code.hex()}"
+        tramp = any(m.path == TRAMPOLINE_NAME for m in read_maps(proc.pid))
+        proc.say("go\n")
+        line = (proc.line(timeout) or "").strip()
+        after = sum(u.count() for u in uprobes) - before
+        out = proc.finish(last, timeout)
+        assert proc.proc.returncode == 0, (proc.proc.returncode, line, out)
+        return ChildRun(line, before, after, sum(u.count() for u in uprobes), out, codes[0],
+                        tramp)
+
+
 def run_server(cmd: list[str], probe_file: Path, probe_offset: int, before: int,
                children: int, after: int, env: dict[str, str] | None = None,
                more: tuple[tuple[Path, int], ...] = ()) -> Run:
     """Run the server under counting uprobes at (probe_file, probe_offset) and the `more`
     probes; `hits` sums them all, `parent_site` is the first one's."""
-    uprobes: list[Uprobe] = []
-    proc: subprocess.Popen[str] | None = None
-    try:
-        for path, off in ((probe_file, probe_offset), *more):
-            uprobes += open_everywhere(path, off)
-        proc = subprocess.Popen([*cmd, str(before), str(children), str(after)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                env=env)
-        assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().startswith("ready ns=")
-        site = b""
-        for path, off in ((probe_file, probe_offset), *more):
-            code = read_mem(proc.pid, site_address(proc.pid, path, off), 5)
-            assert code[0] == 0xE8, f"{path}:{off:#x} not optimized before the fork: {code.hex()}"
-            site = site or code
-        tramp = any(m.path == TRAMPOLINE for m in read_maps(proc.pid))
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, (proc.returncode, out)
-        hits = sum(u.count() for u in uprobes)
-        return Run(parse_report(out.strip().splitlines()[-1]), hits, site, tramp)
-    finally:
-        for u in uprobes:
-            u.close()
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    sites = [(path, off, 0) for path, off in ((probe_file, probe_offset), *more)]
+    run = run_under_uprobes([*cmd, str(before), str(children), str(after)], sites,
+                            ready="ready ns=", env=env)
+    last = [ln for ln in (run.line, *run.out.splitlines()) if ln.strip()][-1]
+    return Run(parse_report(last), run.hits, run.site, run.trampoline)
 
 
 # --- the helpers' own tests ---------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, build_programs
 from usdtpatch.api import rewrite_plan
 from usdtpatch.elf.args import parse_args
 from usdtpatch.rewriter.forms import guard_args
@@ -97,10 +97,10 @@ int main(int argc, char **argv)
 """
 
 OWN_BUILDS = {
-    "gcc-O2": ("gcc", ["-O2"]),
-    "gcc-O3-nopie": ("gcc", ["-O3", "-no-pie"]),
-    "gcc-Os": ("gcc", ["-Os"]),
-    "clang-O2": ("clang", ["-O2"]),
+    "gcc-O2": ("gcc", ["-g", "-O2"]),
+    "gcc-O3-nopie": ("gcc", ["-g", "-O3", "-no-pie"]),
+    "gcc-Os": ("gcc", ["-g", "-Os"]),
+    "clang-O2": ("clang", ["-g", "-O2"]),
 }
 
 
@@ -110,17 +110,7 @@ def _convert(path: Path) -> list[SiteDecision]:
 
 @pytest.fixture(scope="module")
 def own(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("own")
-    src = d / "own.c"
-    src.write_text(OWN_C)
-    out: dict[str, Path] = {}
-    for name, (cc, flags) in OWN_BUILDS.items():
-        if shutil.which(cc) is None:
-            continue
-        subprocess.run([cc, "-g", *flags, "-o", str(d / name), str(src)], check=True,
-                       capture_output=True)
-        out[name] = d / name
-    return out
+    return build_programs(tmp_path_factory.mktemp("own"), OWN_C, OWN_BUILDS, "own.c")
 
 
 @pytest.mark.parametrize("name", list(OWN_BUILDS))

@@ -14,7 +14,6 @@ process is stopped by pid and every probe closed in a finally block.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,7 +28,13 @@ from tests.conftest import (
     runtime_address,
     started,
 )
-from tests.helpers import fixture, readelf_sdt_notes, run_cli
+from tests.helpers import (
+    bpftrace_lines,
+    bpftrace_original_and_rewritten,
+    fixture,
+    readelf_sdt_notes,
+    run_cli,
+)
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
 from usdtpatch.live.procfs import read_mem
@@ -147,28 +152,6 @@ def test_rewritten_sites_become_calls_into_the_trampoline(loop_program: Path, fo
             assert read_mem(proc.pid, a, 5) == NOP5, n
 
 
-def _bpftrace_lines(path: Path) -> list[str]:
-    """What bpftrace prints for every probe of `path` (run with -c): one line per hit with
-    up to 6 arguments (bpftrace's x86-64 limit); probes with rip-relative symbol arguments are
-    left out (bpftrace 0.17 cannot read them: "deref ident is not handled yet")."""
-    parts = []
-    seen = set()
-    for n in readelf_sdt_notes(path):
-        if (n.provider, n.name) in seen or "(%rip)" in n.args:
-            continue
-        seen.add((n.provider, n.name))
-        k = min(6, len(n.args.split()))
-        fmt = " ".join(["%ld"] * k)
-        args = "".join(f", arg{i}" for i in range(k))
-        parts.append(f'usdt:{path}:{n.provider}:{n.name} '
-                     f'{{ printf("@ {n.provider}:{n.name} {fmt}\\n"{args}); }}')
-    done = subprocess.run(["bpftrace", "-e", " ".join(parts), "-c", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env=dict(os.environ, LD_LIBRARY_PATH=str(path.parent)))
-    assert done.returncode == 0, done.stderr[-2000:]
-    return [ln for ln in done.stdout.splitlines() if ln.startswith("@ ")]
-
-
 BPFTRACE_FIXTURES = ["pie", "args-O2", "args-clang", "redzone-leaf", "sema-explicit",
                      "branch-after"]
 
@@ -177,16 +160,12 @@ BPFTRACE_FIXTURES = ["pie", "args-O2", "args-clang", "redzone-leaf", "sema-expli
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 @pytest.mark.parametrize("name", BPFTRACE_FIXTURES)
 def test_bpftrace_reads_the_same_arguments(name: str, tmp_path: Path) -> None:
-    orig = tmp_path / "orig" / name
-    orig.parent.mkdir()
-    shutil.copy2(fixture(name), orig)
-    out = tmp_path / "new" / name
-    out.parent.mkdir()
-    doc = _rewrite(orig, out)
-    assert doc["changed"]
-    want = _bpftrace_lines(orig)
+    def rewrite(orig: Path, out: Path) -> None:
+        assert _rewrite(orig, out)["changed"]
+
+    want, got = bpftrace_original_and_rewritten(name, tmp_path, rewrite)
     assert want, "bpftrace saw no probe hit in the original"
-    assert _bpftrace_lines(out) == want
+    assert got == want
 
 
 @pytest.mark.slow
@@ -200,7 +179,7 @@ def test_bpftrace_without_the_guard_reads_clobbered_red_zone_args(tmp_path: Path
     out = tmp_path / "never" / "args-clang"
     out.parent.mkdir()
     _rewrite(orig, out, "--redzone-guard", "never")
-    assert _bpftrace_lines(out) != _bpftrace_lines(orig)
+    assert bpftrace_lines(out) != bpftrace_lines(orig)
 
 
 CALLS = 1000  # redzone.c calls leaf() 1000 times

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,38 @@ def note_views(ps: ProbeSet) -> list[NoteView]:
             for p in ps.probes]
 
 
+def _fields_differ(theirs: ProbeSet, ours: ProbeSet, pa: Probe, pb: Probe, where: str
+                   ) -> list[str]:
+    """The differences of two notes' provider and name, and of what their base and semaphore
+    point at (the addresses themselves move with the code)."""
+    out: list[str] = []
+    for field in ("provider", "name"):
+        va, vb = getattr(pa.note, field), getattr(pb.note, field)
+        if va != vb:
+            out.append(f"{where}: {field} {va!r} != {vb!r}")
+    for field in ("base", "semaphore"):
+        va, vb = getattr(pa.note, field), getattr(pb.note, field)
+        wa, wb = _pointee(theirs, va), _pointee(ours, vb)
+        if wa != wb:
+            out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
+    return out
+
+
+def _compare(theirs: ProbeSet, ours: ProbeSet,
+             args_differ: Callable[[ProbeSet, Probe, Probe, str], list[str]]) -> list[str]:
+    """The differences of two builds' notes, pair by pair in order: the count, each pair's
+    fields (_fields_differ) and its arguments (`args_differ(ours, theirs's, ours's, where)`)."""
+    a, b = theirs.probes, ours.probes
+    out: list[str] = []
+    if len(a) != len(b):
+        out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
+    for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
+        where = f"note {i} ({pa.probe_id})"
+        out += _fields_differ(theirs, ours, pa, pb, where)
+        out += args_differ(ours, pa, pb, where)
+    return out
+
+
 def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool = False
                   ) -> list[str]:
     """Differences between two builds' notes, field by field except pc (empty: equal).
@@ -84,33 +117,23 @@ def compare_notes(theirs: ProbeSet, ours: ProbeSet, registers_may_differ: bool =
     different register (size, sign and float flag must still agree, and every other operand
     must be equal): see test_sdt_notes for when that is allowed and why.
     """
-    a, b = theirs.probes, ours.probes
+    return _compare(theirs, ours, lambda _ps, pa, pb, where:
+                    _args_differ(pa, pb, where, registers_may_differ))
+
+
+def _args_differ(pa: Probe, pb: Probe, where: str, registers_may_differ: bool) -> list[str]:
+    if pa.note.args == pb.note.args:
+        return []
+    if not registers_may_differ or len(pa.args) != len(pb.args):
+        return [f"{where}: args {pa.note.args!r} != {pb.note.args!r}"]
     out: list[str] = []
-    if len(a) != len(b):
-        out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
-    for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
-        where = f"note {i} ({pa.probe_id})"
-        for field in ("provider", "name"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            if va != vb:
-                out.append(f"{where}: {field} {va!r} != {vb!r}")
-        for field in ("base", "semaphore"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            wa, wb = _pointee(theirs, va), _pointee(ours, vb)
-            if wa != wb:
-                out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
-        if pa.note.args == pb.note.args:
+    for j, (x, y) in enumerate(zip(pa.args, pb.args, strict=True)):
+        if (x.size, x.signed, x.is_float) != (y.size, y.signed, y.is_float):
+            out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+        elif isinstance(x.operand, RegOperand) and isinstance(y.operand, RegOperand):
             continue
-        if not registers_may_differ or len(pa.args) != len(pb.args):
-            out.append(f"{where}: args {pa.note.args!r} != {pb.note.args!r}")
-            continue
-        for j, (x, y) in enumerate(zip(pa.args, pb.args, strict=True)):
-            if (x.size, x.signed, x.is_float) != (y.size, y.signed, y.is_float):
-                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
-            elif isinstance(x.operand, RegOperand) and isinstance(y.operand, RegOperand):
-                continue
-            elif x.operand != y.operand:
-                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+        elif x.operand != y.operand:
+            out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
     return out
 
 
@@ -127,39 +150,28 @@ def compare_notes_guarded(theirs: ProbeSet, ours: ProbeSet) -> list[str]:
     registers, so the function's registers and stack slots may be allocated differently
     (a register for a register; the same base register, another displacement, for a stack
     slot; seen with g++ -O3 and clang -O0)."""
+    return _compare(theirs, ours, _guarded_args_differ)
+
+
+def _guarded_args_differ(ours: ProbeSet, pa: Probe, pb: Probe, where: str) -> list[str]:
     from usdtpatch.elf.args import ImmOperand
 
-    a, b = theirs.probes, ours.probes
+    if len(pa.args) != len(pb.args):
+        return [f"{where}: args {pa.note.args!r} != {pb.note.args!r}"]
+    fallback = not _guarded(ours, pb)
     out: list[str] = []
-    if len(a) != len(b):
-        out.append(f"{len(a)} notes in systemtap's build, {len(b)} in ours")
-    for i, (pa, pb) in enumerate(zip(a, b, strict=False)):
-        where = f"note {i} ({pa.probe_id})"
-        for field in ("provider", "name"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            if va != vb:
-                out.append(f"{where}: {field} {va!r} != {vb!r}")
-        for field in ("base", "semaphore"):
-            va, vb = getattr(pa.note, field), getattr(pb.note, field)
-            wa, wb = _pointee(theirs, va), _pointee(ours, vb)
-            if wa != wb:
-                out.append(f"{where}: {field} {va:#x} ({wa}) != {vb:#x} ({wb})")
-        if len(pa.args) != len(pb.args):
-            out.append(f"{where}: args {pa.note.args!r} != {pb.note.args!r}")
-            continue
-        fallback = not _guarded(ours, pb)
-        for j, (x, y) in enumerate(zip(pa.args, pb.args, strict=True)):
-            if (x.size, x.signed, x.is_float) != (y.size, y.signed, y.is_float):
-                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
-            elif fallback:
-                if x.operand != y.operand and not _same_stack_slot_kind(x.operand, y.operand):
-                    out.append(f"{where}: unguarded fallback arg {j} {x.raw!r} != {y.raw!r}")
-            elif isinstance(y.operand, MemOperand):
-                out.append(f"{where}: arg {j} {y.raw!r} is memory at a guarded site")
-            elif isinstance(x.operand, ImmOperand) and x.operand != y.operand:
-                out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
-            elif not isinstance(y.operand, (RegOperand, ImmOperand)):
-                out.append(f"{where}: arg {j} {y.raw!r} is not a register or immediate")
+    for j, (x, y) in enumerate(zip(pa.args, pb.args, strict=True)):
+        if (x.size, x.signed, x.is_float) != (y.size, y.signed, y.is_float):
+            out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+        elif fallback:
+            if x.operand != y.operand and not _same_stack_slot_kind(x.operand, y.operand):
+                out.append(f"{where}: unguarded fallback arg {j} {x.raw!r} != {y.raw!r}")
+        elif isinstance(y.operand, MemOperand):
+            out.append(f"{where}: arg {j} {y.raw!r} is memory at a guarded site")
+        elif isinstance(x.operand, ImmOperand) and x.operand != y.operand:
+            out.append(f"{where}: arg {j} {x.raw!r} != {y.raw!r}")
+        elif not isinstance(y.operand, (RegOperand, ImmOperand)):
+            out.append(f"{where}: arg {j} {y.raw!r} is not a register or immediate")
     return out
 
 

@@ -231,7 +231,8 @@ def test_gdb_stops_at_the_moved_probe(how: str, built: tuple[Path, Path, int],
 
 
 def test_strip_align_is_the_smallest_power_of_two_above_the_gap() -> None:
-    from usdtpatch.elf.writer import MAX_STRIP_ALIGN, PAGE, strip_align
+    from usdtpatch.elf.writer import MAX_STRIP_ALIGN, strip_align
+    from usdtpatch.kernelfacts import PAGE
 
     assert strip_align(0, 0x5018, 0x3020) == 0x2000  # gap 0x1ff8
     assert strip_align(0, 0x6018, 0x3020) == 0x4000  # gap 0x2ff8: 0x2000 is not above it

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import build_programs
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.api import load, rewrite_plan
 from usdtpatch.elf.image import ElfImage
@@ -75,27 +76,17 @@ int main(int argc, char **argv)
 """
 
 BUILDS = {
-    "gcc-O0": ("gcc", ["-O0", "-fno-omit-frame-pointer", "-no-pie"]),
-    "gcc-O2": ("gcc", ["-O2", "-no-pie"]),
-    "clang-O0": ("clang", ["-O0", "-fno-omit-frame-pointer", "-no-pie"]),
-    "clang-O2": ("clang", ["-O2", "-no-pie"]),
-    "gcc-O0-pie": ("gcc", ["-O0", "-fno-omit-frame-pointer", "-fPIE", "-pie"]),
+    "gcc-O0": ("gcc", ["-g", "-O0", "-fno-omit-frame-pointer", "-no-pie"]),
+    "gcc-O2": ("gcc", ["-g", "-O2", "-no-pie"]),
+    "clang-O0": ("clang", ["-g", "-O0", "-fno-omit-frame-pointer", "-no-pie"]),
+    "clang-O2": ("clang", ["-g", "-O2", "-no-pie"]),
+    "gcc-O0-pie": ("gcc", ["-g", "-O0", "-fno-omit-frame-pointer", "-fPIE", "-pie"]),
 }
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("loops")
-    src = d / "loops.c"
-    src.write_text(SRC)
-    out: dict[str, Path] = {}
-    for name, (cc, flags) in BUILDS.items():
-        if shutil.which(cc) is None:
-            continue
-        subprocess.run([cc, "-g", *flags, "-o", str(d / name), str(src)], check=True,
-                       capture_output=True)
-        out[name] = d / name
-    return out
+    return build_programs(tmp_path_factory.mktemp("loops"), SRC, BUILDS, "loops.c")
 
 
 def _decisions(path: Path) -> dict[str, SiteDecision]:

@@ -1,8 +1,8 @@
 """usdtpatch: read, check and rewrite USDT probe sites for Linux optimized uprobes.
 
 The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `restore`,
-`plan`, `verify`, `kcheck`, `dtrace_header`. The command line (`usdtpatch.cli`) is built on
-it.
+`plan`, `verify`, `kcheck`, `dtrace_header`, `rewrite_plan` (the decisions of a rewrite),
+`read_plan` (a plan document read back). The command line (`usdtpatch.cli`) is built on it.
 """
 
 from __future__ import annotations
@@ -19,26 +19,10 @@ from usdtpatch.errors import (
 )
 from usdtpatch.version import __version__
 
-if TYPE_CHECKING:
-    from usdtpatch.api import (
-        CheckResult,
-        ForkGuard,
-        Form,
-        Guard,
-        RestoreOutcome,
-        RewriteOutcome,
-        check,
-        dtrace_header,
-        kcheck,
-        load,
-        plan,
-        read_plan,
-        restore,
-        rewrite,
-        rewrite_plan,
-        verify,
-    )
+if TYPE_CHECKING:  # the names of api.__all__, for type checkers
+    from usdtpatch.api import *  # noqa: F403
 
+# ruff: noqa: F405 (the API's names below are those of the star import above)
 __all__ = [
     "CheckResult",
     "ElfFormatError",
@@ -65,7 +49,8 @@ __all__ = [
 ]
 
 # The API's names are bound on first use: `usdtpatch list` imports only the modules it uses,
-# not the whole API (its dataclasses, enums and the rewriter's modules).
+# not the whole API (its dataclasses, enums and the rewriter's modules). So they are written
+# here again, without importing api: tests/test_api.py checks that they are api.__all__.
 _API_NAMES = frozenset(__all__) - {"ElfFormatError", "InputError", "OutputError",
                                    "UnsupportedError", "UsdtpatchError", "__version__"}
 

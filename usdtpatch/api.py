@@ -106,15 +106,15 @@ def _jobs(jobs: object) -> int | None:
 
 def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
     """plan's and verify's placement arguments: ints in range (TypeError, ValueError)."""
-    from usdtpatch.sequences.sequences import PAGE_SIZE
+    from usdtpatch.kernelfacts import PAGE
     from usdtpatch.sequences.trampoline import TASK_SIZE
 
     _integer("load_base", load_base, 0, 1 << 64)
-    if _integer("trampoline", trampoline, PAGE_SIZE, TASK_SIZE) is not None:
+    if _integer("trampoline", trampoline, PAGE, TASK_SIZE) is not None:
         assert isinstance(trampoline, int)
-        if trampoline % PAGE_SIZE:
+        if trampoline % PAGE:
             raise ValueError(f"trampoline={trampoline:#x}: expected a page address "
-                             f"(a multiple of {PAGE_SIZE:#x})")
+                             f"(a multiple of {PAGE:#x})")
     _integer("pid", pid, 1)
 
 
@@ -186,9 +186,9 @@ class RewriteOutcome:
 
     @property
     def failed(self) -> bool:
-        from usdtpatch.rewriter.plan import Status
+        from usdtpatch.rewriter.plan import sites_failed
 
-        return any(s.status is Status.FAILED for s in self.sites)
+        return sites_failed(self.sites)
 
     @property
     def already_rewritten(self) -> bool:
@@ -270,7 +270,8 @@ def _sound_rewritten(image: ElfImage) -> None:
 def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
     """The form of a rewrite: `form`, or for "auto" the kernel's (usdtpatch.rewriter.kernel);
     ValueError for a value that is neither."""
-    from usdtpatch.rewriter.kernel import AUTO, Kernel, choose_form
+    from usdtpatch.kernelfacts import Kernel
+    from usdtpatch.rewriter.kernel import AUTO, choose_form
 
     return choose_form(form if form == AUTO else _enum(Form, form, "form"),
                        None if kernel is None else _enum(Kernel, kernel, "kernel"))

@@ -506,7 +506,15 @@ template <> struct __usdt_signed_type<wchar_t> {
 
 /* A probe is one asm statement for the site and the note, and one for the base.  The
    asm strings of a probe exceed the 509 characters C90 promises: `__extension__` on a
-   statement expression keeps -std=c89 -pedantic quiet about it, as about nothing else. */
+   statement expression keeps -std=c89 -pedantic quiet about it, as about nothing else.
+   _USDT_ASM is that statement, as an expression: `body`, the line-count padding and `pad`,
+   and the operand list `operands##n` (_USDT_ROPERANDS_ or _USDT_OPERANDS_); _USDT_SITE_ASM
+   is the one of a probe on this header's site, guarded or not as the operands say. */
+# define _USDT_ASM(operands, n, arglist, body, pad) \
+  __extension__ ({ __asm__ __volatile__(body _USDT_PAD_##n pad ::operands##n arglist); })
+# define _USDT_SITE_ASM(operands, provider, name, n, arglist) \
+  _USDT_ASM(operands, n, arglist,                                                      \
+            _USDT_BODY_E(provider, name, _USDT_TEXT_##n, _USDT_FG_ENTRY_LO_STR), "")
 # ifdef _USDT_GUARDED
 /* Guarded: the guarded nop5 site with register operands when every argument fits a
    register, else systemtap's site and operands.  The choice is a constant: in C,
@@ -518,14 +526,12 @@ template <> struct __usdt_signed_type<wchar_t> {
 #  else
 #   define _USDT_FALLBACK_PAD ""
 #  endif
-#  define _USDT_GUARDED_ASM(provider, name, n, arglist)                                \
-  __extension__ ({ __asm__ __volatile__(                                               \
-      _USDT_BODY_E(provider, name, _USDT_TEXT_##n, _USDT_FG_ENTRY_LO_STR)              \
-      _USDT_PAD_##n ::_USDT_ROPERANDS_##n arglist); })
+#  define _USDT_GUARDED_ASM(provider, name, n, arglist) \
+  _USDT_SITE_ASM(_USDT_ROPERANDS_, provider, name, n, arglist)
 #  define _USDT_FALLBACK_ASM(provider, name, n, arglist)                               \
-  __extension__ ({ __asm__ __volatile__(                                               \
-      _USDT_BODY_S(provider, name, _USDT_TEXT_##n, "", "", "771: nop", "")             \
-      _USDT_PAD_##n _USDT_FALLBACK_PAD ::_USDT_OPERANDS_##n arglist); })
+  _USDT_ASM(_USDT_OPERANDS_, n, arglist,                                               \
+            _USDT_BODY_S(provider, name, _USDT_TEXT_##n, "", "", "771: nop", ""),      \
+            _USDT_FALLBACK_PAD)
 #  ifdef __cplusplus
 #   define _USDT_PROBE_ASM(provider, name, n, arglist)                                 \
   if (_USDT_FIT_##n arglist)                                                           \
@@ -539,10 +545,8 @@ template <> struct __usdt_signed_type<wchar_t> {
                         _USDT_FALLBACK_ASM(provider, name, n, arglist));
 #  endif
 # else
-#  define _USDT_PROBE_ASM(provider, name, n, arglist)                                  \
-  __extension__ ({ __asm__ __volatile__(                                               \
-      _USDT_BODY_E(provider, name, _USDT_TEXT_##n, _USDT_FG_ENTRY_LO_STR)              \
-      _USDT_PAD_##n ::_USDT_OPERANDS_##n arglist); });
+#  define _USDT_PROBE_ASM(provider, name, n, arglist) \
+  _USDT_SITE_ASM(_USDT_OPERANDS_, provider, name, n, arglist);
 # endif
 # define _USDT_PROBE(provider, name, n, arglist)                                       \
   do {                                                                                 \

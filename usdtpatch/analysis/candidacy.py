@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from usdtpatch.analysis.probes import Probe, is_x86
 from usdtpatch.analysis.rules import Outcome, Verdict, rule_618, rule_nop10
 from usdtpatch.elf.image import ELFCLASS64, EM_X86_64, PT_LOAD, ElfImage
-from usdtpatch.x86.nops import SiteForm
+from usdtpatch.kernelfacts import PAGE
+from usdtpatch.x86.nops import SiteForm, nop5_offset
 
 __all__ = ["KERNELS", "Candidacy", "Outcome", "Verdict", "site_candidacy",
            "trampoline_reachable"]
 
-PAGE = 4096
 REACH = 1 << 31  # rel32 of the call to the trampoline
 MIN_TRAMPOLINE_PAGE = 0x11000  # pages below about 0x11000 were never used (mmap_min_addr)
 
@@ -73,10 +73,8 @@ def site_candidacy(probe: Probe, image: ElfImage) -> Candidacy:
 
     code, pc, form = probe.code, probe.address, probe.site.form
     # libbpf 1.7 attaches at pc + 1 when the site is `nop; nop5` (and `nop; nop10`)
-    if form is SiteForm.COMBO5:
-        v618 = rule_618(code[1:], pc + 1, is64=is64, reach=reach, at_next=True)
-    else:
-        v618 = rule_618(code, pc, is64=is64, reach=reach)
+    at = nop5_offset(form)
+    v618 = rule_618(code[at:], pc + at, is64=is64, reach=reach, at_next=bool(at))
     if form is SiteForm.COMBO10:
         nop10 = rule_nop10(code[1:], pc + 1, is64=is64, reach=reach, at_next=True, v618=v618)
     else:

@@ -60,7 +60,7 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
-from usdtpatch.x86.nops import SiteForm
+from usdtpatch.x86.nops import nop5_offset
 
 # Site outcomes, in the order the summary lists them.
 OPTIMIZABLE = "optimizable"
@@ -165,7 +165,7 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
     if not exposed:
         return out
-    optimized = {s.probe.address + (1 if s.probe.site.form is SiteForm.COMBO5 else 0)
+    optimized = {s.probe.address + nop5_offset(s.probe.site.form)
                  for s in sites if s.outcome == OPTIMIZABLE}
     cov = forkguard.coverage(image)
     if cov is not None and optimized <= cov.sites:

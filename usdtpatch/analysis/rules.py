@@ -37,9 +37,9 @@ from usdtpatch.findings import (
     SITE_SEGMENT_PREFIX,
     lookup,
 )
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.x86.nops import (
     NOP10_PREFIX,
-    PAGE,
     SEGMENT_PREFIXES_UNPROBEABLE,
     crosses_page,
     decode_nop,

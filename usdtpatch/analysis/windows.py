@@ -66,7 +66,6 @@ from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
 JMP_REL32_SIZE = 5  # e9 rel32: jmp to the detour
 MAX_BACKWARD_INSNS = 8  # instructions before the probe a backward window may start at
 MAX_WINDOW = 64  # bytes: a window never grows beyond this
-PAGE = 4096
 
 
 # How a branch into the window is aimed at the detour's copy of its target (Retarget.how).

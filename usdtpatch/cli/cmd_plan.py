@@ -2,8 +2,8 @@
 [--form nop5|nop10] [--probe PATTERN] [--json]`: the kernel's write sequences for every probe
 site (or those --probe selects).
 
-Deferred imports: sequences/sequences.py and sequences/trampoline.py (PAGE_SIZE,
-TASK_SIZE), only when --trampoline is given (verify shares these options).
+Deferred imports: kernelfacts.py and sequences/trampoline.py (PAGE, TASK_SIZE), only when
+--trampoline is given (verify shares these options).
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ def _addr(text: str) -> int:
 
 def _trampoline(text: str) -> int:
     """--trampoline: a page address in user space (as api.plan checks it)."""
-    from usdtpatch.sequences.sequences import PAGE_SIZE
+    from usdtpatch.kernelfacts import PAGE
     from usdtpatch.sequences.trampoline import TASK_SIZE
 
     v = _addr(text)
-    if not PAGE_SIZE <= v < TASK_SIZE:
+    if not PAGE <= v < TASK_SIZE:
         raise argparse.ArgumentTypeError(f"{text}: not a user-space address "
-                                         f"({PAGE_SIZE:#x} to {TASK_SIZE - 1:#x})")
-    if v % PAGE_SIZE:
+                                         f"({PAGE:#x} to {TASK_SIZE - 1:#x})")
+    if v % PAGE:
         raise argparse.ArgumentTypeError(f"{text}: not a page address (a multiple of "
-                                         f"{PAGE_SIZE:#x})")
+                                         f"{PAGE:#x})")
     return v
 
 

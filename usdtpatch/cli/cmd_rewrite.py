@@ -31,6 +31,7 @@ from usdtpatch import api
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import WRITTEN, check_output
+from usdtpatch.kernelfacts import Kernel
 from usdtpatch.lifetime import die_with_parent
 from usdtpatch.report.rewrite import (
     outcome_json,
@@ -42,7 +43,6 @@ from usdtpatch.report.rewrite import (
     write_report,
 )
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
-from usdtpatch.rewriter.kernel import Kernel
 
 
 def _jobs(text: str) -> int:

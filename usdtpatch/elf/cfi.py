@@ -159,9 +159,11 @@ def _leb(buf: EhBytes, at: int, limit: int, what: str, signed: bool) -> tuple[in
                    f"{buf.address + j:#x}, found {bytes(data[i:j]).hex(' ') or 'no byte'}")
 
 
-def leb_bytes(data: bytes | bytearray, pos: int, signed: bool) -> tuple[int, int]:
-    """(value, index after it) of a LEB128 in a call frame program held as plain bytes."""
-    return _leb(EhBytes(data, 0), pos, len(data), "call frame instruction operand", signed)
+def leb_bytes(data: bytes | bytearray, pos: int, signed: bool,
+              what: str = "call frame instruction operand") -> tuple[int, int]:
+    """(value, index after it) of a LEB128 held as plain bytes: in a call frame program, or
+    in DWARF (usdtpatch/elf/dwarf.py reads its LEB128s here)."""
+    return _leb(EhBytes(data, 0), pos, len(data), what, signed)
 
 
 def read_encoded(buf: EhBytes, at: int, enc: int, limit: int, what: str, data_base: int = 0,
@@ -455,6 +457,26 @@ class CfiIndex:
 
 
 def load_cfi(image: ElfImage) -> CfiIndex:
+    """The index of `image`'s FDEs, read once per image (kept in `image.derived`: the rows,
+    not the index, which refers to the image)."""
+    rows = image.derived.get("cfi")
+    if isinstance(rows, _CfiRows):
+        return CfiIndex(image, rows.starts, rows.fde_addresses, rows.source, rows.cies)
+    index = _read_cfi(image)
+    image.derived["cfi"] = _CfiRows(index.starts, index.fde_addresses, index.source,
+                                    index._cies)
+    return index
+
+
+@dataclass(frozen=True, slots=True)
+class _CfiRows:
+    starts: tuple[int, ...]
+    fde_addresses: tuple[int, ...]
+    source: str
+    cies: dict[int, Cie]
+
+
+def _read_cfi(image: ElfImage) -> CfiIndex:
     """Read `.eh_frame_hdr`'s binary-search table; walk `.eh_frame` only when there is none."""
     hdr_addr = None
     for seg in image.segments:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from usdtpatch.elf.cfi import CfiError, leb_bytes
+from usdtpatch.elf.ehframe import sleb, uleb
 from usdtpatch.elf.image import SHF_COMPRESSED, ElfImage
 
 
@@ -51,24 +53,17 @@ class _Reader:
         return int.from_bytes(self.take(1), "little", signed=True)
 
     def uleb(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.u(1)
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                return value
+        return self._leb(False)
 
     def sleb(self) -> int:
-        value = shift = 0
-        while True:
-            b = self.u(1)
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                if b & 0x40:
-                    value -= 1 << shift
-                return value
+        return self._leb(True)
+
+    def _leb(self, signed: bool) -> int:
+        try:
+            value, self.pos = leb_bytes(self.data, self.pos, signed, "DWARF LEB128")
+        except CfiError as exc:
+            raise DwarfError(str(exc)) from None
+        return value
 
     def cstr(self) -> bytes:
         end = self.data.find(b"\0", self.pos)
@@ -88,27 +83,19 @@ class _Reader:
         return n, 4
 
 
-def uleb(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def sleb(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if (value == 0 and not b & 0x40) or (value == -1 and b & 0x40):
-            out.append(b)
-            return bytes(out)
-        out.append(b | 0x80)
+def _units(data: bytes, section: str) -> Iterator[tuple[int, _Reader, int, int, int]]:
+    """(offset, reader after the version field, offset size 4 or 8, end, version) of each unit
+    of a `.debug_line` or `.debug_info` section, in order."""
+    pos = 0
+    while pos + 4 <= len(data):
+        start = pos
+        r = _Reader(data, pos)
+        length, osize = r.unit_length()
+        end = r.pos + length
+        if end > len(data):
+            raise DwarfError(f"{section} unit at {start:#x} runs past the section")
+        pos = end
+        yield start, r, osize, end, r.u(2)
 
 
 def _cstring(data: bytes, at: int) -> bytes:
@@ -316,16 +303,7 @@ def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) ->
         return table
     strs = {DW_FORM_strp: _section(image, ".debug_str"),
             DW_FORM_line_strp: _section(image, ".debug_line_str")}
-    pos = 0
-    while pos + 4 <= len(data):
-        start = pos
-        r = _Reader(data, pos)
-        length, osize = r.unit_length()
-        end = r.pos + length
-        if end > len(data):
-            raise DwarfError(f".debug_line unit at {start:#x} runs past the section")
-        pos = end
-        version = r.u(2)
+    for start, r, osize, end, version in _units(data, ".debug_line"):
         if not 2 <= version <= 5:
             continue  # a version this reader does not know: its rows are left out
         address_size = 8
@@ -529,16 +507,7 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
     debug_str, line_str = _section(image, ".debug_str"), _section(image, ".debug_line_str")
     str_offsets, debug_addr = _section(image, ".debug_str_offsets"), _section(image,
                                                                              ".debug_addr")
-    pos = 0
-    while pos + 4 <= len(info):
-        start = pos
-        r = _Reader(info, pos)
-        length, osize = r.unit_length()
-        end = r.pos + length
-        if end > len(info):
-            raise DwarfError(f".debug_info unit at {start:#x} runs past the section")
-        pos = end
-        version = r.u(2)
+    for start, r, osize, end, version in _units(info, ".debug_info"):
         if version >= 5:
             unit_type, address_size, abbrev_offset = r.u(1), r.u(1), r.u(osize)
             if unit_type not in (1, 3):  # compile and partial units only

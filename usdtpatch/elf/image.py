@@ -139,6 +139,10 @@ class ElfImage:
     segments: tuple[Segment, ...]
     sections: tuple[Section, ...]
     _loads: tuple[Segment, ...] = field(repr=False, compare=False)
+    # what a reader derived from the bytes and keeps for the next one to ask, by the reader's
+    # name (elf/cfi.py's index: a rewrite's check, plan and build each ask for it)
+    derived: dict[str, object] = field(default_factory=dict, init=False, repr=False,
+                                       compare=False)
 
     @property
     def is64(self) -> bool:

@@ -69,11 +69,11 @@ from usdtpatch.elf.image import (
     Segment,
 )
 from usdtpatch.errors import ElfFormatError, UnsupportedError
+from usdtpatch.kernelfacts import PAGE
 
 if TYPE_CHECKING:
     from usdtpatch.elf.notes import SdtNote
 
-PAGE = 4096
 MAX_DELTA_PADDING = 1 << 20  # zeros accepted to keep the .stapsdt.base segment's delta
 ADDRESS_LIMIT = 1 << 64
 _PHDR = struct.Struct("<IIQQQQQQ")

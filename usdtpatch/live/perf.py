@@ -4,8 +4,8 @@ Reference: perf_event_open(2) and the uprobe PMU (kernel/events/core.c perf_upro
 `type` is read from /sys/bus/event_source/devices/uprobe/type, `config1` is a pointer to the
 file's path, `config2` the file offset of the probed instruction, config bit 0 asks for a
 return probe, config bits 32..63 a semaphore (ref_ctr) offset. The syscall numbers are the
-x86-64 ones: perf_event_open 298, the uprobe syscall 336 (which, called from outside a
-trampoline, fails with ENXIO on kernels that have it and ENOSYS on the others).
+x86-64 ones: perf_event_open 298; the uprobe syscall and what its answer means are
+usdtpatch/kernelfacts.py's.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from usdtpatch.errors import UnsupportedError
+from usdtpatch.kernelfacts import PAGE, kernel_of_errno, uprobe_syscall_errno
 
 SYS_PERF_EVENT_OPEN = 298
-SYS_UPROBE = 336
 UPROBE_TYPE_PATH = "/sys/bus/event_source/devices/uprobe/type"
 PERF_ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7
 PERF_FLAG_FD_CLOEXEC = 1 << 3
@@ -40,9 +40,9 @@ def uprobe_pmu_type() -> int:
 
 
 def has_uprobe_syscall() -> bool:
-    """True when the kernel has the uprobe syscall (336 fails with ENXIO, not ENOSYS)."""
-    rc = _libc.syscall(ctypes.c_long(SYS_UPROBE))
-    return rc == -1 and ctypes.get_errno() == 6  # ENXIO
+    """True when the kernel has the uprobe syscall: its answer is one a kernel generation
+    that optimizes uprobes gives (ENXIO: 6.18 to 7.2, EPROTO: the nop10 series)."""
+    return kernel_of_errno(uprobe_syscall_errno())[0] is not None
 
 
 @dataclass
@@ -231,7 +231,7 @@ class SiteSampler:
         for ring in self._rings:
             head, tail, data_offset, data_size = struct.unpack_from("<QQQQ", ring, 1024)
             if not data_size:  # kernels before 4.1: the data follow the first page
-                data_offset, data_size = 4096, len(ring) - 4096
+                data_offset, data_size = PAGE, len(ring) - PAGE
             pos = tail
             while pos + 8 <= head:
                 rtype, _misc, size = struct.unpack("<IHH", self._at(ring, pos, 8, data_offset,

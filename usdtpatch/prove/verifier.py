@@ -20,8 +20,9 @@ from typing import Any
 
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf.image import ElfImage
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.prove.prover import DIFFERS, PROVED, Proof, Prover, call_returns, tracer_nops
-from usdtpatch.verification.replay import PAGE, Side, State, replay
+from usdtpatch.verification.replay import Side, State, replay
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.relocate import Detour
 

@@ -17,40 +17,14 @@ run on another machine. The detector is a parameter so that tests can fake its a
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import platform
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
+from usdtpatch.kernelfacts import Kernel, kernel_of_errno, uprobe_syscall_errno
 from usdtpatch.rewriter.forms import Form
 
-UPROBE_SYSCALL = 336  # x86-64 syscall number
 AUTO = "auto"
-
-
-class Kernel(Enum):
-    """A kernel generation `--kernel` can name."""
-
-    K618 = "6.18"  # 6.18 .. 7.2: nop5 optimized
-    NOP10_SERIES = "nop10-series"  # the queued series: only the 10-byte NOP optimized
-
-
 FORM_OF = {Kernel.K618: Form.NOP5, Kernel.NOP10_SERIES: Form.COMBO10}
-
-
-def uprobe_syscall_errno() -> int | None:
-    """errno of the uprobe syscall called from here (outside any trampoline); None when this
-    is not x86-64 Linux (336 is another syscall elsewhere) or the call returned 0."""
-    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    ctypes.set_errno(0)
-    rc = libc.syscall(ctypes.c_long(UPROBE_SYSCALL))
-    return ctypes.get_errno() if rc == -1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +42,7 @@ def detect_kernel(errno_of: Callable[[], int | None] | None = None
     """The running kernel's generation (None: it optimizes no uprobe) and how it was told.
     `errno_of` (default `uprobe_syscall_errno`, looked up when called) answers for the
     kernel."""
-    e = (errno_of or uprobe_syscall_errno)()
-    if e == errno.ENXIO:
-        return Kernel.K618, "the uprobe syscall answers ENXIO (Linux 6.18 to 7.2)"
-    if e == errno.EPROTO:
-        return Kernel.NOP10_SERIES, "the uprobe syscall answers EPROTO (the nop10 series)"
-    if e is None:
-        return None, "not an x86-64 Linux kernel with the uprobe syscall"
-    if e == errno.ENOSYS:
-        return None, "the kernel has no uprobe syscall (ENOSYS): it optimizes no uprobe"
-    name = errno.errorcode.get(e, str(e))
-    return None, f"the uprobe syscall answers {name}, which no known kernel generation does"
+    return kernel_of_errno((errno_of or uprobe_syscall_errno)())
 
 
 def choose_form(form: Form | str, kernel: Kernel | str | None = None,

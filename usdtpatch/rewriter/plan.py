@@ -12,7 +12,7 @@ argument: a caller that skips verification says so with `verify=None`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import pairwise
@@ -74,7 +74,7 @@ from usdtpatch.rewriter.index import Claims, SitesByAddress
 from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
 from usdtpatch.rewriter.merge import join_following
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm
+from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm, nop5_offset
 from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window
 
 INT3 = 0xCC
@@ -105,6 +105,12 @@ class Status(Enum):
     REWRITTEN = "rewritten"
     UNCHANGED = "unchanged"
     FAILED = "failed"
+
+
+def sites_failed(sites: Iterable[SiteDecision]) -> bool:
+    """Whether a site that should have been rewritten could not be: the one definition of a
+    failed rewrite (RewritePlan.failed, api.RewriteOutcome.failed)."""
+    return any(s.status is Status.FAILED for s in sites)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +200,7 @@ class RewritePlan:
     @property
     def failed(self) -> bool:
         """Whether a site that should have been rewritten could not be."""
-        return any(s.status is Status.FAILED for s in self.sites)
+        return sites_failed(self.sites)
 
     @property
     def rewritten(self) -> int:
@@ -523,7 +529,7 @@ def existing_nop5_sites(image: ElfImage, sites: tuple[SiteDecision, ...]
         form = s.probe.site.form
         if s.action is Action.SKIPPED and s.code == findings.SITE_ALREADY_5_BYTE.code and \
                 form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
-            at = s.probe.address + (1 if form is SiteForm.COMBO5 else 0)
+            at = s.probe.address + nop5_offset(form)
             out.append((at, bytes(image.read_vaddr(at, 5))))
     return out
 

@@ -40,6 +40,7 @@ from usdtpatch.findings import (
     Severity,
     is_registered,
 )
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.sequences.nop10 import NOP10_LENGTH, nop10_sequences
 from usdtpatch.sequences.sequences import (
     NOP5_LENGTH,
@@ -64,7 +65,15 @@ from usdtpatch.sequences.trampoline import (
     place_trampoline,
 )
 from usdtpatch.version import __version__
-from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, SiteForm, decode_nop, is_guarded_nop5
+from usdtpatch.x86.nops import (
+    GUARD_ENTER,
+    GUARD_LEAVE,
+    NOP5,
+    SiteForm,
+    decode_nop,
+    is_guarded_nop5,
+    nop5_offset,
+)
 
 PLAN_SCHEMA = "usdtpatch/plan"
 PLAN_SCHEMA_VERSION = 1
@@ -126,10 +135,9 @@ def _kernel_site(form: SiteForm, code: bytes, before: bytes, protocol: str
             return 1, NOP10_LENGTH, False, "combo10 (nop10 at pc+1)"
         if form == SiteForm.NOP10:
             return 0, NOP10_LENGTH, False, "nop10"
-    if form == SiteForm.COMBO5:
-        return 1, NOP5_LENGTH, False, "combo5 (nop5 at pc+1)"
-    if form in (SiteForm.NOP5, SiteForm.NOP5_ALT):
-        return 0, NOP5_LENGTH, False, form.value
+    if form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
+        at = nop5_offset(form)
+        return at, NOP5_LENGTH, False, f"{form.value} (nop5 at pc+{at})" if at else form.value
     insn = decode_nop(code[:15])
     length = insn.length if insn is not None else 1
     return 0, length, False, form.value
@@ -150,7 +158,7 @@ def red_zone_users(ps: ProbeSet) -> dict[int, str]:
 
 def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base: int = 0,
                load_base_source: str = "default", maps: tuple[MapEntry, ...] | None = None,
-               trampoline: int | None = None, mmap_min_addr: int = 4096,
+               trampoline: int | None = None, mmap_min_addr: int = PAGE,
                red_zone: Mapping[int, str] | None = None) -> Plan:
     """The plan for every probe of `ps` under `protocol`, loaded at `load_base`.
 
@@ -232,7 +240,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
             assert tramp is not None
             seqs = nop5_sequences(addr, original, tramp)
         if (seqs.trampoline is not None and trampoline is None and not reused):
-            layout = (*layout, MapEntry(seqs.trampoline, seqs.trampoline + 4096, "r-xp", 0, 0,
+            layout = (*layout, MapEntry(seqs.trampoline, seqs.trampoline + PAGE, "r-xp", 0, 0,
                                         TRAMPOLINE_NAME))
         if protocol == PROTOCOL_NOP5 and seqs.protocol == PROTOCOL_NOP5 and not guarded:
             if red_zone is None:

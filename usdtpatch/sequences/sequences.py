@@ -33,11 +33,11 @@ from usdtpatch.findings import (
     Finding,
     lookup,
 )
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.x86.nops import decode_nop
 
 INT3 = 0xCC  # int3
 CALL_REL32 = 0xE8  # call rel32
-PAGE_SIZE = 4096
 NOP5_LENGTH = 5
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
@@ -227,7 +227,7 @@ def refusal_finding(verdict: Verdict, address: int, length: int, original: bytes
             return code.finding(f"the nop10 at {address:#x} crosses a page boundary", where,
                                 "the kernel would not optimize it; move the site")
         return code.finding(f"the nop5 at {address:#x} crosses a page boundary "
-                            f"({address % PAGE_SIZE:#x} > {PAGE_SIZE - length:#x} into its page)",
+                            f"({address % PAGE:#x} > {PAGE - length:#x} into its page)",
                             where, "the kernel never optimizes it; move the site")
     if code is NO_TRAMPOLINE_REACH:
         if trampoline is None:

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_LOAD, ElfImage
 from usdtpatch.errors import InputError, UnsupportedError
-from usdtpatch.sequences.sequences import INT32_MAX, INT32_MIN, PAGE_SIZE
+from usdtpatch.kernelfacts import PAGE
+from usdtpatch.sequences.sequences import INT32_MAX, INT32_MIN
 
 TRAMPOLINE_NAME = "[uprobes-trampoline]"
 TASK_SIZE = 0x7FFFFFFFF000  # x86-64 user space with 4-level paging
-STACK_GUARD_GAP = 256 * PAGE_SIZE  # mm/mmap.c stack_guard_gap default
+STACK_GUARD_GAP = 256 * PAGE  # mm/mmap.c stack_guard_gap default
 DEFAULT_PIE_BASE = 0x555555554000  # ELF_ET_DYN_BASE on x86-64 without randomization
 
 # The 6.18 kernel's trampoline, 19 bytes at the start of the page (the rest is zero):
@@ -52,8 +53,6 @@ TRAMPOLINE_NOP10 = bytes([
     0xC2, 0x80, 0x00,  # ret $0x80
     0xCC,  # int3
 ])
-
-UPROBE_SYSCALL = 336
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +98,11 @@ def parse_maps(text: str, source: str = "maps") -> tuple[MapEntry, ...]:
 
 
 def _page_down(v: int) -> int:
-    return v & ~(PAGE_SIZE - 1)
+    return v & ~(PAGE - 1)
 
 
 def _page_up(v: int) -> int:
-    return (v + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1)
+    return (v + PAGE - 1) & ~(PAGE - 1)
 
 
 def _busy(maps: tuple[MapEntry, ...]) -> list[tuple[int, int]]:
@@ -118,7 +117,7 @@ def _busy(maps: tuple[MapEntry, ...]) -> list[tuple[int, int]]:
 
 def _overlap(busy: list[tuple[int, int]], a: int) -> tuple[int, int] | None:
     for lo, hi in busy:
-        if lo < a + PAGE_SIZE and a < hi:
+        if lo < a + PAGE and a < hi:
             return lo, hi
     return None
 
@@ -128,7 +127,7 @@ def existing_trampolines(maps: tuple[MapEntry, ...]) -> list[int]:
 
 
 def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int = 5,
-                     mmap_min_addr: int = PAGE_SIZE, gap_pages: int = 2) -> Placement:
+                     mmap_min_addr: int = PAGE, gap_pages: int = 2) -> Placement:
     """The page the kernel will use for the trampoline of the site at `site`.
 
     `call_end_offset` is where the call instruction ends relative to the site (5 for nop5,
@@ -136,33 +135,33 @@ def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int
     a page from (2, below; 1 answers where a page would go had the page after it been free,
     which kcheck asks of mappings read after the kernel placed it: usdtpatch.live.kcheck).
     """
-    second = PAGE_SIZE if gap_pages >= 2 else 0
+    second = PAGE if gap_pages >= 2 else 0
     call_end = site + call_end_offset
     for t in existing_trampolines(maps):
         if INT32_MIN <= t - call_end <= INT32_MAX:
             return Placement(t, True, f"reuses the existing {TRAMPOLINE_NAME} at {t:#x}")
     busy = _busy(maps)
     high_limit = min(call_end + INT32_MAX, TASK_SIZE)
-    low_limit = max(call_end + INT32_MIN, PAGE_SIZE, _page_up(mmap_min_addr))
+    low_limit = max(call_end + INT32_MIN, PAGE, _page_up(mmap_min_addr))
     high: int | None = _page_up(call_end)
     # the kernel asks vm_unmapped_area for a page with a page's alignment mask added to the
     # length (the worst-case alignment overhead): only a gap of two pages or more is taken,
     # at its lowest page going up and its highest page going down (seen with a one-page gap
     # left by ld.so's alignment of a library with p_align 0x4000: the kernel went below)
-    while high is not None and high + PAGE_SIZE <= high_limit:
+    while high is not None and high + PAGE <= high_limit:
         hit = _overlap(busy, high) or (_overlap(busy, high + second) if second else None)
         if hit is None:
             break
         high = _page_up(hit[1])
-    if high is not None and high + PAGE_SIZE > high_limit:
+    if high is not None and high + PAGE > high_limit:
         high = None
-    low: int | None = _page_down(call_end - PAGE_SIZE) if call_end >= PAGE_SIZE else None
+    low: int | None = _page_down(call_end - PAGE) if call_end >= PAGE else None
     while low is not None and low >= low_limit:
-        hit = _overlap(busy, low) or ((_overlap(busy, low - second) if low >= PAGE_SIZE
-                                        else (0, PAGE_SIZE)) if second else None)
+        hit = _overlap(busy, low) or ((_overlap(busy, low - second) if low >= PAGE
+                                        else (0, PAGE)) if second else None)
         if hit is None:
             break
-        low = _page_down(hit[0] - PAGE_SIZE) if hit[0] >= PAGE_SIZE else None
+        low = _page_down(hit[0] - PAGE) if hit[0] >= PAGE else None
     if low is not None and low < low_limit:
         low = None
     if high is None and low is None:
@@ -194,7 +193,7 @@ def default_load_base(image: ElfImage) -> int:
 
 def check_load_base(image: ElfImage, load_base: int) -> None:
     """Refuse a load base the loader could not use (unaligned, or moving an ET_EXEC)."""
-    if load_base % PAGE_SIZE:
+    if load_base % PAGE:
         raise InputError(f"load base {load_base:#x} is not page aligned")
     if image.type == ET_EXEC and load_base != 0:
         raise UnsupportedError(f"load base {load_base:#x} given for a non-PIE executable "

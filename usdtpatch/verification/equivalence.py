@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf.image import PF_W, PF_X, ElfImage
 from usdtpatch.errors import UnsupportedError
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.lifetime import die_with_parent
 from usdtpatch.verification.machine import (
     GPR_NAMES,
@@ -83,7 +84,6 @@ _T = TypeVar("_T")
 # verify(image, window, detour, replaced probe addresses) -> None when equivalent, else why
 Verifier = Callable[[ElfImage, PatchWindow, Detour, tuple[int, ...]], "str | None"]
 
-PAGE = 4096
 RUNS = 64
 MAX_INSNS = 2000
 STACK_TOP = 0x7FFF_F000_0000

@@ -29,6 +29,7 @@ from typing import Any
 from usdtpatch.elf.image import PT_LOAD, ElfImage
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.findings import Finding
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.sequences.trampoline import (
     default_load_base,
     layout_from_load_base,
@@ -39,7 +40,6 @@ from usdtpatch.verification.machine import (
     HOOK_INTR,
     HOOK_MEM_UNMAPPED,
     INS_SYSCALL,
-    PAGE,
     PROT_ALL,
     STACK_BASE,
     STACK_SIZE,
@@ -261,10 +261,10 @@ def model_fork(image: ElfImage, sites: tuple[int, ...] | None = None, *,
         else:
             from usdtpatch.analysis.check import OPTIMIZABLE, check
             from usdtpatch.analysis.probes import read_probes
-            from usdtpatch.x86.nops import SiteForm
+            from usdtpatch.x86.nops import nop5_offset
 
             rep = check(read_probes(image))
-            sites = tuple(sorted({s.probe.address + (s.probe.site.form is SiteForm.COMBO5)
+            sites = tuple(sorted({s.probe.address + nop5_offset(s.probe.site.form)
                                   for s in rep.sites if s.outcome == OPTIMIZABLE}))
     layout = layout_from_load_base(image, base)
     tramp = place_trampoline(layout, base + sites[0]).address if sites else None

@@ -48,7 +48,7 @@ from unicorn import x86_const as X
 
 from usdtpatch.elf.image import PT_LOAD, ElfImage
 from usdtpatch.errors import UnsupportedError
-from usdtpatch.sequences.trampoline import UPROBE_SYSCALL
+from usdtpatch.kernelfacts import PAGE, UPROBE_SYSCALL, UPROBE_SYSCALL_ERRNO, Kernel
 
 _UC: Any = _unicorn  # the binding's own annotations are partial: use it untyped, here only
 UcError: Any = _UC.UcError
@@ -72,13 +72,12 @@ def reg_id(name: str) -> int:
     return int(getattr(X, f"UC_X86_REG_{name.upper()}"))
 
 
-PAGE = 4096
 STACK_BASE = 0x7FFF_F000_0000
 STACK_SIZE = 0x10000
 ARRIVAL_RSP = STACK_BASE + 0x8000 - 8  # as inside a function body after a call
 STACK_WINDOW = 1024  # bytes around rsp restored after a run that wrote to the stack
 STACK_FILL = 0x5A
-ENXIO = 6
+ENXIO = UPROBE_SYSCALL_ERRNO[Kernel.K618]  # the modelled kernel is a 6.18 one
 
 GPR_NAMES = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")

@@ -64,13 +64,13 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.sequences.nop10 import LEA_RSP_MINUS_128, NOP10_HEAD, NOP10_LENGTH, REX_W
 from usdtpatch.sequences.plan import Plan, SitePlan, check_plan_matches, red_zone_users
 from usdtpatch.sequences.sequences import (
     CALL_REL32,
     INT3,
     NOP5_LENGTH,
-    PAGE_SIZE,
     PROTOCOL_INT3,
     PROTOCOL_NOP10,
     Sequence,
@@ -519,9 +519,9 @@ def verify_plan(plan: Plan, image: ElfImage,
     for t in plan.trampolines:
         if probe_machine is None:
             break
-        clash = t % PAGE_SIZE != 0 or any(probe_machine.mapped(a) for a in
-                                          range(t, t + PAGE_SIZE, 512)) or \
-            any(abs(t - u) < PAGE_SIZE for u in mapped)
+        clash = t % PAGE != 0 or any(probe_machine.mapped(a) for a in
+                                          range(t, t + PAGE, 512)) or \
+            any(abs(t - u) < PAGE for u in mapped)
         if not clash:
             mapped[t] = code
     machine: Machine | None = None

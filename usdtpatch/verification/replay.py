@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from usdtpatch.kernelfacts import PAGE
 from usdtpatch.verification.machine import (
     GPR_NAMES,
     HOOK_CODE,
@@ -33,7 +34,6 @@ from usdtpatch.verification.machine import (
     new_x86_64,
 )
 
-PAGE = 4096
 MAX_INSNS = 1000
 _STATUS_FLAGS = 0x8D5
 TRAMPOLINE_BYTES = 32

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from usdtpatch.kernelfacts import PAGE
+
 NOP1 = bytes([0x90])  # nop
 NOP5 = bytes([0x0F, 0x1F, 0x44, 0x00, 0x00])  # nopl 0x0(%rax,%rax,1)
 NOP10 = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84, 0, 0, 0, 0, 0])  # cs nopw 0x0(%rax,%rax,1)
@@ -36,8 +38,6 @@ def is_guarded_nop5(before: bytes, code: bytes) -> bool:
     """True when a nop5 at the site (`code` from pc) sits between the guard's two leas
     (`before` ends at pc)."""
     return before.endswith(GUARD_ENTER) and code.startswith(NOP5 + GUARD_LEAVE)
-
-PAGE = 4096
 
 
 def crosses_page(address: int, length: int) -> bool:
@@ -62,6 +62,12 @@ class SiteForm(Enum):
     OTHER = "other"  # anything else (disassembly shown)
     UNMAPPED = "unmapped"  # the pc is in no loadable segment of the file
     UNSUPPORTED_ARCH = "unsupported-arch"  # not x86: listed, not classified
+
+
+def nop5_offset(form: SiteForm) -> int:
+    """How far past the note pc the 5-byte NOP a 6.18 kernel optimizes starts: 1 for combo5
+    (`90` + nop5, where libbpf 1.7 attaches at pc + 1), 0 for every other form."""
+    return 1 if form is SiteForm.COMBO5 else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,13 +156,13 @@ def test_a_rewrite_reads_the_index_once(monkeypatch: pytest.MonkeyPatch,
     from usdtpatch.api import rewrite
 
     reads: list[int] = []
-    real = cfi_mod._read_hdr_table
+    real = cfi_mod.read_hdr_table
 
     def counting(image: object, hdr: int) -> object:
         reads.append(hdr)
         return real(image, hdr)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cfi_mod, "_read_hdr_table", counting)
+    monkeypatch.setattr(cfi_mod, "read_hdr_table", counting)
     out = rewrite(fixture("demo"), tmp_path / "demo", verify=False)
     assert out.changed
     assert len(reads) == 1

@@ -298,13 +298,13 @@ def test_the_dwarf_reader_reads_leb128_with_the_one_reader() -> None:
     """DWARF's LEB128s are read by elf/cfi.py's reader and written by elf/ehframe.py's
     writer; a truncated or overlong one is a DwarfError (the rewrite then leaves the debug
     information out), never another exception."""
-    from usdtpatch.elf.dwarf import _Reader
+    from usdtpatch.elf.dwarf import DwarfReader
     from usdtpatch.elf.ehframe import sleb, uleb
 
     values = [0, 1, 127, 128, 624485, 1 << 63]
-    r = _Reader(b"".join(uleb(v) + sleb(-v) for v in values))
+    r = DwarfReader(b"".join(uleb(v) + sleb(-v) for v in values))
     assert [(r.uleb(), r.sleb()) for _ in values] == [(v, -v) for v in values]
     assert r.pos == len(r.data)
     for bad in (b"\x80\x80", b"\xff" * 17, b""):
         with pytest.raises(DwarfError, match="DWARF LEB128"):
-            _Reader(bad).uleb()
+            DwarfReader(bad).uleb()

@@ -487,7 +487,7 @@ def _read_cfi(image: ElfImage) -> CfiIndex:
         if sec is not None:
             hdr_addr = sec.addr
     if hdr_addr is not None:
-        table = _read_hdr_table(image, hdr_addr)
+        table = read_hdr_table(image, hdr_addr)
         if table is not None:
             return table
     sec = image.section(".eh_frame")
@@ -496,7 +496,7 @@ def _read_cfi(image: ElfImage) -> CfiIndex:
     return _walk_eh_frame(image, sec.addr, sec.size)
 
 
-def _read_hdr_table(image: ElfImage, hdr: int) -> CfiIndex | None:
+def read_hdr_table(image: ElfImage, hdr: int) -> CfiIndex | None:
     buf = _segment_bytes(image, hdr, ".eh_frame_hdr header")
     lim = buf.end
     version = buf.byte(hdr, lim, ".eh_frame_hdr header")

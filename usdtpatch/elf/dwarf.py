@@ -34,7 +34,7 @@ class DwarfError(ValueError):
 # --- reading primitives -------------------------------------------------------------------
 
 
-class _Reader:
+class DwarfReader:
     def __init__(self, data: bytes, pos: int = 0) -> None:
         self.data = data
         self.pos = pos
@@ -83,13 +83,13 @@ class _Reader:
         return n, 4
 
 
-def _units(data: bytes, section: str) -> Iterator[tuple[int, _Reader, int, int, int]]:
+def _units(data: bytes, section: str) -> Iterator[tuple[int, DwarfReader, int, int, int]]:
     """(offset, reader after the version field, offset size 4 or 8, end, version) of each unit
     of a `.debug_line` or `.debug_info` section, in order."""
     pos = 0
     while pos + 4 <= len(data):
         start = pos
-        r = _Reader(data, pos)
+        r = DwarfReader(data, pos)
         length, osize = r.unit_length()
         end = r.pos + length
         if end > len(data):
@@ -170,7 +170,7 @@ class _Unit:
     address_size: int
 
 
-def _form_value(r: _Reader, form: int, unit: _Unit, implicit: int) -> int | bytes:
+def _form_value(r: DwarfReader, form: int, unit: _Unit, implicit: int) -> int | bytes:
     """An attribute's raw value: an int (constants, offsets, references, indices) or bytes
     (inline strings and blocks)."""
     if form == DW_FORM_indirect:
@@ -257,7 +257,7 @@ class LineTable:
 _DW_LNCT_path, _DW_LNCT_directory_index = 1, 2
 
 
-def _entry_formats(r: _Reader) -> list[tuple[int, int]]:
+def _entry_formats(r: DwarfReader) -> list[tuple[int, int]]:
     return [(r.uleb(), r.uleb()) for _ in range(r.u(1))]
 
 
@@ -270,7 +270,7 @@ def _string_form(value: int | bytes, form: int, strs: dict[int, bytes | None]) -
     return _cstring(data, value).decode("utf-8", "surrogateescape")
 
 
-def _v5_entries(r: _Reader, unit: _Unit, strs: dict[int, bytes | None]
+def _v5_entries(r: DwarfReader, unit: _Unit, strs: dict[int, bytes | None]
                 ) -> list[tuple[str, int]]:
     """(path, directory index) of each entry of a v5 directory or file name table."""
     formats = _entry_formats(r)
@@ -338,13 +338,13 @@ def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) ->
                 r.uleb()
                 files.append(_join(dirs[di] if di < len(dirs) else "",
                                    fname.decode("utf-8", "surrogateescape")))
-        _run_program(_Reader(data[:end], program), table, files, min_inst, line_base,
+        _run_program(DwarfReader(data[:end], program), table, files, min_inst, line_base,
                      line_range, opcode_base, lengths, address_size, version >= 5)
     table.finish()
     return table
 
 
-def _run_program(r: _Reader, table: LineTable, files: list[str], min_inst: int,
+def _run_program(r: DwarfReader, table: LineTable, files: list[str], min_inst: int,
                  line_base: int, line_range: int, opcode_base: int, lengths: list[int],
                  address_size: int, v5: bool) -> None:
     def reset() -> list[int]:
@@ -439,7 +439,7 @@ class DebugInfo:
 
 def _abbrevs(data: bytes, offset: int
              ) -> dict[int, tuple[int, bool, list[tuple[int, int, int]]]]:
-    r = _Reader(data, offset)
+    r = DwarfReader(data, offset)
     out: dict[int, tuple[int, bool, list[tuple[int, int, int]]]] = {}
     while (code := r.uleb()):
         tag, children = r.uleb(), bool(r.u(1))

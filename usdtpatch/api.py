@@ -388,18 +388,16 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
         raise UnsupportedError(rp.fork_refusal)
     if target is None:
         return outcome(rp.changed, rp.sites, rp.findings), None, origin
-    findings = rp.findings
     result = data
     say = phase if phase is not None else (lambda _name: None)
     if rp.changed:
-        from usdtpatch.rewriter.build import build_rewrite, output_findings
+        from usdtpatch.rewriter.build import build_rewrite
 
         say("build")
-        built = build_rewrite(rp)
+        result = build_rewrite(rp)
         say("check")
-        _validate(built.data, image)
-        result, findings = built.data, output_findings(rp, built)
-    return outcome(rp.changed, rp.sites, findings), result, origin
+        _validate(result, image)
+    return outcome(rp.changed, rp.sites, rp.findings), result, origin
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,

@@ -8,11 +8,9 @@ sha256).
 from __future__ import annotations
 
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.elf.marker import MARKER_OWNER, MARKER_SECTION, MARKER_TYPE, marker_note, marker_of
+from usdtpatch.elf.marker import MARKER_SECTION, marker_of
 from usdtpatch.errors import UnsupportedError
 
-__all__ = ["MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "AlreadyRewritten", "marker_note",
-           "marker_of", "restore_image"]
 
 class AlreadyRewritten(UnsupportedError):
     """The file carries a usdtpatch marker: rewriting it again is a no-op."""

@@ -3,6 +3,9 @@
 The marker holds the original's size, sha256 and ELF header, and the original bytes of every
 in-place edit: `restore_image` gives back the original byte for byte (checked against the
 sha256).
+
+Deferred import: hashlib (OpenSSL), only when a file is restored: `check` reads markers
+(through the fork guard) and never hashes.
 """
 
 from __future__ import annotations

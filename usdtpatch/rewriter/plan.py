@@ -18,7 +18,7 @@ from enum import Enum
 from itertools import pairwise
 from typing import Any
 
-from usdtpatch import findings
+from usdtpatch import findings, forkguard
 from usdtpatch.analysis.calls import (
     CALL_CHOICES,
     CALLS_AUTO,
@@ -629,8 +629,6 @@ def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
     """
     if fork_guard is ForkGuard.NEVER:
         return None, None
-    from usdtpatch import forkguard
-
     exposure = forkguard.fork_exposure(image)
     if fork_guard is ForkGuard.AUTO and exposure is None:
         return None, None
@@ -731,8 +729,6 @@ def _guard_only(image: ElfImage, sites: tuple[SiteDecision, ...], fork_guard: Fo
     refuses the file when the guard cannot be added), rather than copy an unguarded file."""
     if fork_guard is ForkGuard.NEVER:
         return False
-    from usdtpatch import forkguard
-
     if forkguard.coverage(image) is not None:
         return False
     if fork_guard is ForkGuard.AUTO and forkguard.fork_exposure(image) is None:

@@ -2,8 +2,17 @@
 
 The flow is one way: the probes and their check (patch windows, red-zone verdicts, from
 usdtpatch.analysis.check) -> one `SiteDecision` per probe -> the detours laid out in the new
-segment. Nothing here makes the output file: `usdtpatch.rewriter.build.build_rewrite(plan)` does,
-and `rewrite --dry-run` prints a plan without building it.
+segment -> what the whole file gets (the fork guard, the detours' symbols, the findings of
+the output). Nothing here makes the output file: `usdtpatch.rewriter.build.build_rewrite(plan)`
+does, deciding nothing, and `rewrite --dry-run` prints a plan without building it, so the dry
+run says what the real run does.
+
+Each site is decided by `_decide_site`, in steps that read in order and each decide or leave
+the site as it is (raise `_Skip` with the finding code and why): its window (`_window`), the
+windows already taken, its sites' arguments (`_member_args`), the window's calls
+(`_call_handling`), then in place (`_fits_in_place`) or a detour (`_detoured`: `_relocated`,
+the ways in, `_verified`, `_detour_unwind`). What an accepted site adds (code, edits, unwind
+rows, arguments) goes into one `_Segment`; `_whole_file` makes the plan of it.
 
 Every detour is handed to the verifier (the emulator's equivalence check) before it is
 accepted; a site whose detour fails is left as it was and reported. The verifier is a required

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import re
 
+import pytest
+
 from tests.helpers import ROOT
 
 PACKAGE = ROOT / "usdtpatch"
@@ -158,3 +160,19 @@ def test_the_deferred_import_rule_rejects_an_undeclared_one() -> None:
         "usdtpatch.rewriter.plan"]
     assert undeclared_imports('"""Deferred imports: capstonex, plans.py."""\n' + body) == [
         "capstone", "usdtpatch.rewriter.plan"]
+
+
+def test_the_plans_records_are_built_by_keyword() -> None:
+    """RewritePlan had 14-15 positional fields, built positionally in three places: every
+    record of the plan now takes keywords only (a positional one is a TypeError)."""
+    import dataclasses
+
+    from usdtpatch.rewriter import plan
+
+    records = [plan.SiteDecision, plan.DetourUnwind, plan.ForkGuardCode, plan.RewritePlan,
+               plan.DetourSymbols]
+    for record in records:
+        fields = dataclasses.fields(record)
+        assert fields and all(f.kw_only for f in fields), record.__name__
+    with pytest.raises(TypeError):
+        plan.DetourSymbols(())  # type: ignore[call-arg]

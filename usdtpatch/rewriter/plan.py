@@ -126,7 +126,7 @@ class Status(Enum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SiteDecision:
     """The decision on one probe's site."""
 
@@ -154,7 +154,7 @@ class SiteDecision:
         return Status.FAILED if self.code in FAILURE_CODES else Status.UNCHANGED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DetourUnwind:
     """A detour and its unwind rows (new address, row), from the FDE of its window; with
     `lsda` (the address of the detour's own LSDA, in the new segment's text) and
@@ -172,7 +172,7 @@ NOT_VERIFIED = "not verified"
 VERIFICATIONS = (PROVED, EMULATED, NOT_VERIFIED)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ForkGuardCode:
     """What the fork guard adds: code at `address` in the new segment, and in-place edits
     (file offset, bytes) that make the object register the guard when it loads."""
@@ -184,9 +184,10 @@ class ForkGuardCode:
     marker: tuple[tuple[str, object], ...] = ()  # what the restore marker records of it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RewritePlan:
-    """Every decision of one rewrite and the layout the builder follows.
+    """Every decision of one rewrite and the layout the builder follows (built by keyword,
+    as every record here is).
 
     `text` is the code of the new segment from `text_addr` (the detours, int3 between them);
     `patches` are the in-place edits of the original bytes by file offset; `new_args` maps a
@@ -269,7 +270,7 @@ def check_rewritable(image: ElfImage) -> None:
                                f"{findings.NOT_LINKED.hint}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Inputs:
     """What every site's decision reads, fixed for one plan."""
 
@@ -284,7 +285,7 @@ class _Inputs:
     by_address: SitesByAddress[SiteCheck]  # every site at each address (two notes may name one pc)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Segment:
     """What the accepted sites have added so far, in the order they were accepted: the new
     segment's code from `text_addr` (the next detour goes at `cursor` or after), the edits of
@@ -425,7 +426,7 @@ def _member_args(members: list[SiteCheck], win: PatchWindow, guarded: bool) -> d
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Calls:
     """How the window's calls go along (analysis/calls.py): the technique (MOVED, EMULATED,
     None without a call), the calls emulated, and the exception tables a moved call needs."""
@@ -659,7 +660,7 @@ def text_section_index(image: ElfImage) -> int:
     return len(image.sections)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DetourSymbols:
     """The local STT_FUNC symbols the output adds (name, address, size: the detours', then
     the fork guard's) and where they go: `.symtab` grown where it is (`in_place`), a new copy

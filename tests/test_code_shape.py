@@ -170,7 +170,7 @@ def test_the_plans_records_are_built_by_keyword() -> None:
     from usdtpatch.rewriter import plan
 
     records = [plan.SiteDecision, plan.DetourUnwind, plan.ForkGuardCode, plan.RewritePlan,
-               plan.DetourSymbols]
+               plan.DetourSymbols, plan.UnwindTables]
     for record in records:
         fields = dataclasses.fields(record)
         assert fields and all(f.kw_only for f in fields), record.__name__

@@ -34,9 +34,7 @@ from usdtpatch.elf.ehframe import (
     build_personality_cie,
 )
 from usdtpatch.elf.image import (
-    PT_GNU_EH_FRAME,
     SHF_ALLOC,
-    SHF_COMPRESSED,
     SHF_EXECINSTR,
     SHT_NOTE,
     SHT_PROGBITS,
@@ -56,16 +54,23 @@ from usdtpatch.elf.writer import (
     write,
 )
 from usdtpatch.errors import UnsupportedError
-from usdtpatch.rewriter.plan import Action, DetourSymbols, RewritePlan, text_section_index
+from usdtpatch.rewriter.plan import (
+    Action,
+    DetourSymbols,
+    RewritePlan,
+    UnwindTables,
+    text_section_index,
+)
 
 TEXT_SECTION = ".usdtpatch.text"
 EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs
 
 
-def _unwind_tables(plan: RewritePlan, eh_frame_addr: int, end: int
+def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
                    ) -> tuple[int, list[AllocSection], TailSection | None]:
-    """The detours' unwind tables, placed from `end` on: (vaddr of the new `.eh_frame_hdr`,
-    the sections of the new segment, the `.debug_frame` for gdb or None).
+    """The detours' unwind tables, as the plan places them (`where`), from `end` on: (vaddr
+    of the new `.eh_frame_hdr`, the sections of the new segment, the `.debug_frame` for gdb
+    or None).
 
     The original `.eh_frame` is left where it is; the new header's table holds its FDEs (from
     the original header's table) and the detours' (docs/rewrite.md, "What each consumer needs")."""
@@ -90,13 +95,12 @@ def _unwind_tables(plan: RewritePlan, eh_frame_addr: int, end: int
         table.append((du.detour.address, fde_addr))
     blob += b"\0\0\0\0"  # terminator
     hdr_addr = (blob_addr + len(blob) + 3) & ~3
-    hdr = build_eh_frame_hdr(hdr_addr, eh_frame_addr, table)
+    hdr = build_eh_frame_hdr(hdr_addr, where.eh_frame, table)
     alloc = [AllocSection(EH_FRAME_SECTION, SHT_PROGBITS, SHF_ALLOC, blob_addr, bytes(blob), 8),
              AllocSection(".eh_frame_hdr", SHT_PROGBITS, SHF_ALLOC, hdr_addr, hdr, 4)]
     old = image.section(".debug_frame")
     debug_frame = None
-    if old is None or (old.type == SHT_PROGBITS and not old.flags & (SHF_ALLOC
-                                                                       | SHF_COMPRESSED)):
+    if where.debug_frame:
         existing = image.section_data(old) if old is not None else b""
         debug_frame = TailSection(".debug_frame", SHT_PROGBITS, build_debug_frame(
             existing, [(du.detour.address, du.detour.end, list(du.rows))
@@ -256,10 +260,9 @@ def build_rewrite(plan: RewritePlan) -> bytes:
     renames: dict[str, str] = {}
     hdr_addr: int | None = None
     unwind_tail: list[TailSection] = []
-    eh = image.section(".eh_frame")
-    has_hdr = any(s.type == PT_GNU_EH_FRAME for s in image.segments)
-    if eh is not None and eh.addr and has_hdr and plan.unwind:
-        hdr_addr, blobs, debug_frame = _unwind_tables(plan, eh.addr, text_addr + len(text))
+    if plan.unwind_tables is not None:
+        hdr_addr, blobs, debug_frame = _unwind_tables(plan, plan.unwind_tables,
+                                                      text_addr + len(text))
         alloc += blobs
         if debug_frame is not None:
             unwind_tail.append(debug_frame)

@@ -69,6 +69,10 @@ from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
     ET_EXEC,
+    PT_GNU_EH_FRAME,
+    SHF_ALLOC,
+    SHF_COMPRESSED,
+    SHT_PROGBITS,
     SHT_RELA,
     SHT_SYMTAB,
     ElfImage,
@@ -185,6 +189,17 @@ class ForkGuardCode:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnwindTables:
+    """Where the detours' unwind rows go (docs/rewrite.md, "What each consumer needs"): a new
+    `.eh_frame_hdr` indexing the original `.eh_frame` (at `eh_frame`) and the detours' FDEs,
+    and the same FDEs in `.debug_frame` for gdb when `debug_frame` (the input has none, or a
+    plain one: not loaded, not compressed)."""
+
+    eh_frame: int
+    debug_frame: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RewritePlan:
     """Every decision of one rewrite and the layout the builder follows (built by keyword,
     as every record here is).
@@ -216,6 +231,9 @@ class RewritePlan:
     fork_refusal: str | None = None
     fork_guard_code: ForkGuardCode | None = None  # the fork guard the output carries
     symbols: DetourSymbols | None = None  # None: the plan does not change the file
+    # None: no unwind tables are added (no detour rows, or the input has no `.eh_frame` with
+    # a PT_GNU_EH_FRAME header the runtime unwinders find it by)
+    unwind_tables: UnwindTables | None = None
 
     @property
     def changed(self) -> bool:
@@ -611,7 +629,20 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     return replace(base, findings=tuple(said), text_addr=seg.text_addr,
                    text=bytes(seg.text), unwind=tuple(seg.unwind), patches=tuple(seg.patches),
                    new_args=tuple(sorted(seg.new_args.items())), guard_only=guard_only,
-                   fork_refusal=refusal, fork_guard_code=fork, symbols=symbols)
+                   fork_refusal=refusal, fork_guard_code=fork, symbols=symbols,
+                   unwind_tables=_unwind_tables(image, seg.unwind))
+
+
+def _unwind_tables(image: ElfImage, unwind: list[DetourUnwind]) -> UnwindTables | None:
+    """Whether and where the detours' unwind rows go (UnwindTables), or None."""
+    eh = image.section(".eh_frame")
+    if not unwind or eh is None or not eh.addr or \
+            not any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+        return None
+    old = image.section(".debug_frame")
+    plain = old is None or (old.type == SHT_PROGBITS
+                            and not old.flags & (SHF_ALLOC | SHF_COMPRESSED))
+    return UnwindTables(eh_frame=eh.addr, debug_frame=plain)
 
 
 def output_nop5_sites(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...]

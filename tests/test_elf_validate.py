@@ -15,7 +15,8 @@ from usdtpatch.elf.image import PT_LOAD, ElfImage, parse_elf
 from usdtpatch.elf.marker import MARKER_SECTION
 from usdtpatch.elf.validate import SDT_NOTE_SECTION, validate_output
 from usdtpatch.errors import OutputError, UnsupportedError
-from usdtpatch.rewriter.apply import rewrite_image
+from usdtpatch.rewriter.build import build_rewrite
+from usdtpatch.rewriter.plan import plan_rewrite
 
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -24,10 +25,10 @@ _PHDR = struct.Struct("<IIQQQQQQ")
 def _rewritten(path: Path) -> tuple[bytes, ElfImage] | None:
     image = parse_elf(path.read_bytes())
     try:
-        result = rewrite_image(image, verify=None)
+        plan = plan_rewrite(image, verify=None)
+        return (build_rewrite(plan), image) if plan.changed else None
     except UnsupportedError:
         return None
-    return (result.data, image) if result.data is not None else None
 
 
 def _pie() -> tuple[bytes, ElfImage]:

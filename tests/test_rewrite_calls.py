@@ -150,12 +150,12 @@ def test_without_the_detours_lsda_the_handler_is_missed(tmp_path: Path) -> None:
     stripped = replace(plan, unwind=tuple(replace(u, lsda=None, personality=None)
                                           for u in plan.unwind))
     out = tmp_path / "no-lsda"
-    out.write_bytes(build_rewrite(stripped).data)
+    out.write_bytes(build_rewrite(stripped))
     out.chmod(0o755)
     res = _run(out)
     assert res.returncode == -signal.SIGABRT  # the exception left tryloop uncaught
     good = tmp_path / "with-lsda"
-    good.write_bytes(build_rewrite(plan).data)
+    good.write_bytes(build_rewrite(plan))
     good.chmod(0o755)
     assert _run(good).stdout == _run(fixture("cxx-callwin")).stdout
 

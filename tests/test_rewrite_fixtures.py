@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import fixture, fixture_files, readelf_sdt_notes, run_cli
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.rewriter.apply import MARKER_SECTION
+from usdtpatch.elf.marker import MARKER_SECTION
 from usdtpatch.rewriter.forms import Form
 
 # not runnable here (foreign architecture, 32-bit), or made to be rejected, or a library

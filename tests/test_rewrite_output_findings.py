@@ -1,7 +1,7 @@
-"""The findings of a built rewrite (usdtpatch.rewriter.build.output_findings): the input's
-`process-can-fork` hazard is left out where the output carries the fork guard, and kept where
-it does not. Every way to build a rewrite reports the same: usdtpatch.api.rewrite and the
-bytes-in, bytes-out usdtpatch.rewriter.apply.rewrite_image."""
+"""The findings of a rewrite are decided in its plan (usdtpatch.rewriter.plan), so that
+`rewrite --dry-run` says what the real run does: the fork guard the output carries
+(`fork-guarded`, and the input's `process-can-fork` hazard left out where it covers it), the
+detours' symbols left out; the builder (usdtpatch.rewriter.build) adds none."""
 
 from __future__ import annotations
 
@@ -12,79 +12,89 @@ import pytest
 
 from tests.helpers import fixture
 from usdtpatch import api
+from usdtpatch.analysis.check import check
+from usdtpatch.analysis.probes import read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.marker import marker_of
-from usdtpatch.findings import FORK_GUARDED, PROCESS_CAN_FORK, Finding
-from usdtpatch.rewriter.apply import rewrite_image
-from usdtpatch.rewriter.build import Built, build_rewrite, output_findings
+from usdtpatch.findings import DETOUR_SYMBOLS_LEFT_OUT, FORK_GUARDED, PROCESS_CAN_FORK, Finding
+from usdtpatch.rewriter import plan as plan_module
+from usdtpatch.rewriter.build import build_rewrite
 from usdtpatch.rewriter.forms import ForkGuard, Form
-from usdtpatch.rewriter.plan import RewritePlan, plan_rewrite
+from usdtpatch.rewriter.plan import plan_rewrite
 
 
 def _codes(found: tuple[Finding, ...]) -> list[str]:
     return [f.code for f in found]
 
 
-def _fork_plan(fork_guard: ForkGuard = ForkGuard.AUTO) -> RewritePlan:
+def test_the_plan_says_the_fork_guard_covers_the_hazard() -> None:
     image = parse_elf(fixture("fork").read_bytes())
-    plan = plan_rewrite(image, form=Form.NOP5, fork_guard=fork_guard, verify=None)
-    # the input's hazard, so that the tests below cannot pass by its absence
-    assert PROCESS_CAN_FORK.code in _codes(plan.findings)
-    return plan
-
-
-def test_rewrite_image_drops_the_covered_fork_hazard() -> None:
-    res = rewrite_image(parse_elf(fixture("fork").read_bytes()), Form.NOP5, verify=None)
-    assert res.data is not None
-    doc = marker_of(parse_elf(res.data))
-    assert doc is not None and doc.get("fork_guard")  # the output carries the guard
-    codes = _codes(res.findings)
+    plan = plan_rewrite(image, form=Form.NOP5, verify=None)
+    assert plan.fork_guard_code is not None
+    codes = _codes(plan.findings)
     assert FORK_GUARDED.code in codes
     assert PROCESS_CAN_FORK.code not in codes
+    doc = marker_of(parse_elf(build_rewrite(plan)))
+    assert doc is not None and doc.get("fork_guard")  # the output carries the guard
 
 
-def test_rewrite_image_keeps_the_hazard_without_the_guard() -> None:
-    res = rewrite_image(parse_elf(fixture("fork").read_bytes()), Form.NOP5, verify=None,
-                        fork_guard=ForkGuard.NEVER)
-    codes = _codes(res.findings)
+def test_without_the_guard_the_plan_keeps_the_hazard() -> None:
+    image = parse_elf(fixture("fork").read_bytes())
+    plan = plan_rewrite(image, form=Form.NOP5, fork_guard=ForkGuard.NEVER, verify=None)
+    assert not plan.changed and plan.fork_guard_code is None  # its sites are nop5 already
+    codes = _codes(plan.findings)
     assert PROCESS_CAN_FORK.code in codes
     assert FORK_GUARDED.code not in codes
 
 
-@pytest.mark.parametrize("name", ["fork", "nofork", "libprobes.so", "retarget-pie"])
-@pytest.mark.parametrize("fork_guard", ["auto", "never"])
-def test_api_and_rewrite_image_report_the_same(tmp_path: Path, name: str,
-                                              fork_guard: str) -> None:
-    src = fixture(name)
-    got = api.rewrite(src, tmp_path / "out", form="nop5", verify=False, fork_guard=fork_guard)
-    res = rewrite_image(parse_elf(src.read_bytes()), Form.NOP5, verify=None,
-                        fork_guard=ForkGuard(fork_guard))
-    assert [f.to_json() for f in got.findings] == [f.to_json() for f in res.findings]
-    if res.data is not None:
-        assert (tmp_path / "out").read_bytes() == res.data
-
-
-def test_output_findings_follow_the_built_file() -> None:
-    plan = _fork_plan()
-    built = build_rewrite(plan)
-    assert built.fork_guarded
-    said = output_findings(plan, built)
-    assert PROCESS_CAN_FORK.code not in _codes(said)
-    # everything else is kept, in order: the plan's, then the builder's
-    assert said == tuple(f for f in plan.findings + built.findings
-                         if f.code != PROCESS_CAN_FORK.code)
-    unguarded = Built(built.data, (), fork_guarded=False)
-    assert output_findings(plan, unguarded) == plan.findings
-
-
-def test_an_unguarded_build_keeps_the_hazard() -> None:
+def test_an_unguarded_rewrite_keeps_the_hazard() -> None:
     """A file the rewrite changes without adding the guard (--fork-guard never), said to
     fork: the output still forks with optimized sites, so the hazard stays."""
     image = parse_elf(fixture("pie").read_bytes())
-    plan = plan_rewrite(image, form=Form.NOP5, fork_guard=ForkGuard.NEVER, verify=None)
-    assert plan.changed
+    rep = check(read_probes(image))
     hazard = PROCESS_CAN_FORK.finding("it calls fork")
-    plan = replace(plan, findings=(*plan.findings, hazard))
-    built = build_rewrite(plan)
-    assert not built.fork_guarded
-    assert hazard in output_findings(plan, built)
+    plan = plan_rewrite(image, form=Form.NOP5, fork_guard=ForkGuard.NEVER, verify=None,
+                        report=replace(rep, findings=(*rep.findings, hazard)))
+    assert plan.changed and plan.fork_guard_code is None
+    assert hazard in plan.findings
+    doc = marker_of(parse_elf(build_rewrite(plan)))
+    assert doc is not None and "fork_guard" not in doc
+
+
+@pytest.mark.parametrize("name", ["fork", "nofork", "libprobes.so", "retarget-pie", "nop5"])
+@pytest.mark.parametrize("fork_guard", ["auto", "never", "always"])
+def test_a_dry_run_reports_what_the_real_run_does(tmp_path: Path, name: str,
+                                                  fork_guard: str) -> None:
+    """The same sites and findings with and without an output (before, the dry run of a file
+    that may fork said `process-can-fork` where the real run said `fork-guarded`), and the
+    output is the plan's, built."""
+    src = fixture(name)
+    real = api.rewrite(src, tmp_path / "out", form="nop5", verify=False,
+                       fork_guard=fork_guard)
+    dry = api.rewrite(src, form="nop5", verify=False, fork_guard=fork_guard)
+    assert [f.to_json() for f in dry.findings] == [f.to_json() for f in real.findings]
+    assert dry.sites == real.sites
+    plan = plan_rewrite(parse_elf(src.read_bytes()), form=Form.NOP5, verify=None,
+                        fork_guard=ForkGuard(fork_guard))
+    if plan.changed:
+        assert (tmp_path / "out").read_bytes() == build_rewrite(plan)
+
+
+def test_symbols_left_out_is_the_plans_decision(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `.symtab` that cannot grow in place and is too big to copy: the plan says the
+    detours go without symbols (the dry run says so too), and the output's table is the
+    input's."""
+    monkeypatch.setattr(plan_module, "symtab_in_place", lambda *_a: None)
+    monkeypatch.setattr(plan_module, "SYMTAB_COPY_FLOOR", 0)
+    src = fixture("demo")
+    dry = api.rewrite(src, form="nop5", verify=False)
+    assert DETOUR_SYMBOLS_LEFT_OUT.code in _codes(dry.findings)
+    plan = plan_rewrite(parse_elf(src.read_bytes()), form=Form.NOP5, verify=None)
+    assert plan.symbols is not None and plan.symbols.left_out is not None
+    assert plan.symbols.symbols  # the detours' names are still decided (DWARF uses them)
+    out = parse_elf(build_rewrite(plan))
+    image = parse_elf(src.read_bytes())
+    old, new = image.section(".symtab"), out.section(".symtab")
+    assert old is not None and new is not None
+    assert out.section_data(new) == image.section_data(old)

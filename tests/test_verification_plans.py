@@ -200,13 +200,14 @@ def test_guarded_nop5_leaves_the_red_zone_alone(tmp_path: Path) -> None:
     if done.returncode != 0:
         pytest.skip(f"cannot build the guarded program: {done.stderr[:200]}")
     from usdtpatch.elf.image import parse_elf
-    from usdtpatch.rewriter.apply import rewrite_image
+    from usdtpatch.rewriter.build import build_rewrite
     from usdtpatch.rewriter.forms import Guard
+    from usdtpatch.rewriter.plan import plan_rewrite
 
-    res = rewrite_image(parse_elf((tmp_path / "g").read_bytes()), guard=Guard.ALWAYS,
-                        verify=None)
-    assert res.data is not None and res.sites[0].guarded
-    (tmp_path / "g.rw").write_bytes(res.data)
+    rp = plan_rewrite(parse_elf((tmp_path / "g").read_bytes()), guard=Guard.ALWAYS,
+                      verify=None)
+    assert rp.changed and rp.sites[0].guarded
+    (tmp_path / "g.rw").write_bytes(build_rewrite(rp))
     (tmp_path / "g.rw").chmod(0o755)
     plan = _plan(tmp_path / "g.rw")
     site = plan.sites[0]

@@ -182,7 +182,8 @@ def load_bases(files: Sequence[Path] = ()) -> list[Base]:
     """Every base, built once: the plain fixtures and rewritten copies of some; or `files`
     (other ELF files, e.g. a real library: read only) and their rewritten copies."""
     from usdtpatch.elf.image import parse_elf
-    from usdtpatch.rewriter.apply import rewrite_image
+    from usdtpatch.rewriter.build import build_rewrite
+    from usdtpatch.rewriter.plan import plan_rewrite
 
     plain = [(p.name, p) for p in files] if files else \
         [(n, FIXTURES / n) for n in PLAIN_BASES]
@@ -195,9 +196,9 @@ def load_bases(files: Sequence[Path] = ()) -> list[Base]:
         if not path.is_file():
             continue
         data = path.read_bytes()
-        done = rewrite_image(parse_elf(data), verify=None).data
-        if done is not None:
-            bases.append(_describe(f"{name}.rewritten", done, data))
+        rp = plan_rewrite(parse_elf(data), verify=None)
+        if rp.changed:
+            bases.append(_describe(f"{name}.rewritten", build_rewrite(rp), data))
     return bases
 
 

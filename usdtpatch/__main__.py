@@ -1,4 +1,7 @@
-"""`python -m usdtpatch`, and the installed `usdtpatch` command (`entry`)."""
+"""`python -m usdtpatch`, and the installed `usdtpatch` command (`entry`).
+
+Deferred import: cli/, imported in `entry` with the cyclic collector paused (see there).
+"""
 
 import gc
 import sys

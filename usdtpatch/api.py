@@ -14,18 +14,36 @@ UnsupportedError, OutputError) whose message says what is wrong; a problem with 
 a finding in the result, never an exception. Inputs are only read; an output is written
 through a temporary file and one rename, and an output that is an input is refused unless
 `in_place=True`.
+
+Deferred imports, inside the functions that use them, so that a command loads no engine and
+no other command's machinery it does not use (docs/performance.md, "Deferred imports"):
+- engines: rewriter/plan.py, report/rewrite.py and rewriter/build.py (iced-x86, through
+  x86/relocate.py), the verifiers (unicorn: verification/, its equivalence.py, plans.py and
+  fork.py), the prover (z3 and pyvex: prove/), the output's validation (elf/validate.py:
+  pyelftools, hashlib);
+- other commands' machinery, each of which `check` would otherwise load (together 23 ms of
+  `check`'s 94 ms start-up, 2026-12-01): live/ (kcheck's ctypes bindings of ptrace and perf,
+  tempfile; procfs), rewriter/kernel.py and kernelfacts (ctypes: the uprobe syscall's
+  answer), sequences/
+  (plan and verify), dtrace/ (subprocess), jsondoc (json: `read_plan` only).
+Everything else is imported here.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from usdtpatch.analysis.check import CheckReport
+from usdtpatch.analysis.check import check as check_probes
+from usdtpatch.analysis.probes import ProbeSet, read_probes
 from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.elf.notes import parse_notes
 from usdtpatch.errors import InputError, UnsupportedError
+from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING, Finding
 from usdtpatch.io import (
     Origin,
     StrPath,
@@ -36,11 +54,9 @@ from usdtpatch.io import (
     write_atomic,
 )
 from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
+from usdtpatch.rewriter.marker import AlreadyRewritten, restore_image
 
-if TYPE_CHECKING:  # imported where used: each command pays only for what it uses
-    from usdtpatch.analysis.check import CheckReport
-    from usdtpatch.analysis.probes import ProbeSet
-    from usdtpatch.findings import Finding
+if TYPE_CHECKING:  # the deferred modules (see above)
     from usdtpatch.live.kcheck import KcheckReport
     from usdtpatch.rewriter.kernel import FormChoice
     from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Verifier
@@ -124,8 +140,6 @@ def _image(path: StrPath) -> ElfImage:
 
 def load(path: StrPath) -> ProbeSet:
     """Read and parse one file into its probes (raises UsdtpatchError when unusable)."""
-    from usdtpatch.analysis.probes import read_probes
-
     return read_probes(_image(path))
 
 
@@ -147,16 +161,11 @@ class CheckResult:
 
 def check(path: StrPath) -> CheckResult:
     """Judge every probe site of one file as a candidate for the kernel's optimized uprobes."""
-    from usdtpatch.analysis.check import check as check_probes
-
     return CheckResult(os.fspath(path), check_probes(load(path)))
 
 
 def _check_data(path: StrPath, data: bytes) -> CheckResult:
     """`check` of a file's bytes not yet written (`path`: the name they will have)."""
-    from usdtpatch.analysis.check import check as check_probes
-    from usdtpatch.analysis.probes import read_probes
-
     return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data))))
 
 
@@ -218,13 +227,10 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
     `jobs` processes (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this
     process may use). `phase("verify")` is called when a planning pass has handed its
     detours to the verification and waits for it."""
-    from usdtpatch.rewriter.plan import plan_rewrite
+    from usdtpatch.rewriter.plan import check_rewritable, plan_rewrite
 
     if not verify:
         return plan_rewrite(image, verify=None, **options)
-    from usdtpatch.analysis.check import check
-    from usdtpatch.analysis.probes import read_probes
-    from usdtpatch.elf.notes import parse_notes
     from usdtpatch.verification.equivalence import plan_verified
 
     # Only the notes are counted here: plan_verified forks its workers before the analysis
@@ -242,11 +248,9 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
 
     def plan(verifier: Verifier) -> RewritePlan:
         if not report:  # once: later passes take the same analysis
-            from usdtpatch.rewriter.plan import check_rewritable
-
             check_rewritable(image)
             ps = read_probes(image)
-            report.append(check(ps) if ps.notes is not None and ps.probes else None)
+            report.append(check_probes(ps) if ps.notes is not None and ps.probes else None)
         if prover is not None:
             from usdtpatch.prove.verifier import ProvingVerifier
 
@@ -262,8 +266,6 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
 def _sound_rewritten(image: ElfImage) -> None:
     """Refuse (ElfFormatError) a file with a marker whose probes `list` could not read: it
     would otherwise be copied as "already rewritten"."""
-    from usdtpatch.analysis.probes import read_probes
-
     read_probes(image)
 
 
@@ -343,9 +345,6 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
         check_output(target, [src], in_place=in_place)
     data, origin = read_source(src, in_place)
     image = parse_elf(data)
-    from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING
-    from usdtpatch.rewriter.marker import AlreadyRewritten
-
     f = choice.form
     said = (FORM_CHOSEN.finding(choice.why),) if choice.detected or choice.kernel else ()
     copy = data if target is not None and not in_place else None  # the input, unchanged
@@ -368,18 +367,16 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
         raise UnsupportedError(rp.fork_refusal)
     if target is None:
         return outcome(rp.changed, rp.sites, rp.findings), None, origin
-    findings = rp.findings
     result = data
     say = phase if phase is not None else (lambda _name: None)
     if rp.changed:
-        from usdtpatch.rewriter.build import build_rewrite, output_findings
+        from usdtpatch.rewriter.build import build_rewrite
 
         say("build")
-        built = build_rewrite(rp)
+        result = build_rewrite(rp)
         say("check")
-        _validate(built.data, image)
-        result, findings = built.data, output_findings(rp, built)
-    return outcome(rp.changed, rp.sites, findings), result, origin
+        _validate(result, image)
+    return outcome(rp.changed, rp.sites, rp.findings), result, origin
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
@@ -423,8 +420,6 @@ def restore(path: StrPath, out: StrPath | None = None, *,
             in_place: bool = False) -> RestoreOutcome:
     """The original of a rewritten file, byte for byte (checked against its sha256), written
     atomically to `out` or over `path` with `in_place=True` (neither: returned only)."""
-    from usdtpatch.rewriter.marker import restore_image
-
     _flag("in_place", in_place)
     src = os.fspath(path)
     if in_place and out is not None and os.fspath(out) != src:
@@ -518,14 +513,12 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
         the_plan = _plan_of(ps, src, form, load_base, trampoline, maps, pid, users)
     rep = verify_plan(the_plan, ps.image, users)
     # fork (docs/fork-guard.md): the child of a process whose nop5 sites are optimized
-    from dataclasses import replace as _replace
-
     from usdtpatch.verification.fork import fork_findings
 
     optimized = tuple(s.link_address for s in the_plan.sites
                       if s.sequences is not None and s.sequences.protocol == "nop5"
                       and s.sequences.optimize is not None)
-    return _replace(rep, findings=rep.findings + fork_findings(ps.image, optimized,
+    return replace(rep, findings=rep.findings + fork_findings(ps.image, optimized,
                                                                 the_plan.load_base))
 
 

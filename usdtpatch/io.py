@@ -23,10 +23,12 @@ import mmap
 import os
 import signal
 import stat
+import threading  # signal handlers belong to the main thread
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from usdtpatch.elf.image import named_extent
 from usdtpatch.errors import InputError, OutputError
 
 StrPath = str | os.PathLike[str]
@@ -145,8 +147,6 @@ def _extent(p: str, fd: int, size: int, whole: bool) -> int:
     lie past that, which is refused with one line)."""
     if size <= LARGE_FILE:
         return size
-    from usdtpatch.elf.image import named_extent
-
     try:
         extent = named_extent(lambda offset, n: os.pread(fd, n, offset), size)
     except OSError as exc:
@@ -406,8 +406,6 @@ class _Deferred:
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Deferred:
-        import threading  # signal handlers belong to the main thread
-
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._hold)

@@ -2,8 +2,9 @@
 the page, the uprobe syscall's number, and the one reading of that syscall's answer, which
 tells the kernel generations apart.
 
-Plain data and pure functions but one: `uprobe_syscall_errno` asks the running kernel (ctypes
-and platform are imported inside it, so that a command that never asks does not load them).
+Plain data and pure functions but one: `uprobe_syscall_errno` asks the running kernel.
+Deferred imports: ctypes, platform and sys, inside it, so that a command that never asks does
+not load them.
 This module imports nothing of usdtpatch: every layer may import it, `elf/` and `x86/` too.
 """
 

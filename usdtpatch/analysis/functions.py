@@ -8,6 +8,7 @@ describe exactly the bytes the unwinder believes belong to the function.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Fde
@@ -61,8 +62,6 @@ def function_bounds(address: int, cfi: CfiIndex, symbols: SymbolTable) -> Functi
 
 
 def _next_symbol(symbols: SymbolTable, start: int) -> int | None:
-    from bisect import bisect_right
-
     i = bisect_right(symbols.addresses, start)
     if i < len(symbols.addresses):
         return min(symbols.addresses[i], start + MAX_UNSIZED_SYMBOL)
@@ -71,8 +70,6 @@ def _next_symbol(symbols: SymbolTable, start: int) -> int | None:
 
 def symbols_inside(symbols: SymbolTable, start: int, end: int) -> list[int]:
     """Addresses of function symbols strictly inside (start, end): other entry points."""
-    from bisect import bisect_left, bisect_right
-
     lo = bisect_right(symbols.addresses, start)
     hi = bisect_left(symbols.addresses, end)
     return list(symbols.addresses[lo:hi])

@@ -1,5 +1,5 @@
-"""Writing call frame information: a moved copy of `.eh_frame`, FDEs for detours, a new
-`.eh_frame_hdr`, and the CFA-rule interpreter they need.
+"""Writing call frame information: FDEs for detours, a new `.eh_frame_hdr`, and the CFA-rule
+interpreter they need.
 
 References: the LSB "Exception Frames" chapter (.eh_frame CIE/FDE layout, the DW_EH_PE pointer
 encodings, the .eh_frame_hdr binary-search table) and DWARF 4 section 6.4 (call frame
@@ -12,7 +12,6 @@ merges `.debug_frame`. So the original `.eh_frame` stays where it is under its n
 detours get a small CIE + FDEs in the new segment (`.usdtpatch.eh_frame`), a new
 `.eh_frame_hdr` indexes the original FDEs and the detours' together (the original header is
 renamed `.eh_frame_hdr.orig`), and the same FDEs go to `.debug_frame` for gdb.
-`copy_eh_frame` (a moved copy of a whole `.eh_frame`) is kept for callers that need one.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 from usdtpatch.elf.cfi import (
     CfiError,
     Cie,
-    DW_EH_PE_absptr,
     DW_EH_PE_datarel,
     DW_EH_PE_indirect,
     DW_EH_PE_omit,
@@ -31,10 +29,8 @@ from usdtpatch.elf.cfi import (
     DW_EH_PE_sdata4,
     DW_EH_PE_udata4,
     DW_EH_PE_uleb128,
-    EhBytes,
     Fde,
     Lsda,
-    iter_entries,
     leb_bytes,
     pointer_code,
 )
@@ -72,65 +68,6 @@ def sleb(value: int) -> bytes:
         out.append(b | (0 if done else 0x80))
         if done:
             return bytes(out)
-
-
-def _move_field(buf: bytearray, pos: int, enc: int, shift: int, word: int, dyn: bool,
-                what: str) -> None:
-    """Adjust the pointer field at buf[pos] for a move of its section by `shift` bytes."""
-    if enc == DW_EH_PE_omit:
-        return
-    app = enc & 0x70
-    if app == DW_EH_PE_pcrel:
-        code = pointer_code(enc, word)
-        if code is None:
-            raise UnsupportedError(f"{what}: a pc-relative LEB128 pointer cannot be moved")
-        size = struct.calcsize(code)
-        (val,) = struct.unpack_from("<" + code, buf, pos)
-        new = val - shift
-        if code.isupper():
-            new &= (1 << (8 * size)) - 1
-        elif not -(1 << (8 * size - 1)) <= new < (1 << (8 * size - 1)):
-            raise UnsupportedError(f"{what}: pc-relative pointer out of range after the move")
-        struct.pack_into("<" + code, buf, pos, new)
-    elif app == 0 and dyn and enc & 0x0F == DW_EH_PE_absptr:
-        raise UnsupportedError(f"{what}: absolute pointer in a position-independent file "
-                               f"(it would need a dynamic relocation at its new place)")
-    elif app != 0:
-        raise UnsupportedError(f"{what}: pointer encoding {enc:#04x} cannot be moved")
-
-
-def copy_eh_frame(data: bytes, old_addr: int, new_addr: int, word: int, dyn: bool
-                  ) -> tuple[bytes, list[tuple[int, int]]]:
-    """Copy the entries of an `.eh_frame` section (bytes `data` at `old_addr`) for `new_addr`.
-
-    Returns the copy without a terminator, and (pc_begin, new FDE address) for every FDE.
-    The entries are read by usdtpatch.elf.cfi's parser; a malformed one raises CfiError (an
-    ElfFormatError), one this copy cannot move raises UnsupportedError.
-    """
-    shift = new_addr - old_addr
-    src = EhBytes(data, old_addr, word, "<")
-    buf = bytearray(data)
-    fdes: list[tuple[int, int]] = []
-    stop = 0
-    cies: dict[int, Cie] = {}
-    for entry in iter_entries(src, cies):
-        where = f".eh_frame+{entry.address - old_addr:#x}"
-        if isinstance(entry, Cie):
-            if not entry.understood:
-                raise UnsupportedError(f"{where}: augmentation {entry.augmentation!r}")
-            if entry.personality_at is not None:
-                _move_field(buf, entry.personality_at - old_addr, entry.personality_encoding,
-                            shift, word, dyn, f"{where} personality")
-        else:
-            assert isinstance(entry, Fde)
-            _move_field(buf, entry.pc_begin_at - old_addr, entry.cie.fde_encoding, shift, word,
-                        dyn, f"{where} pc_begin")
-            if entry.lsda_at is not None:
-                _move_field(buf, entry.lsda_at - old_addr, entry.cie.lsda_encoding, shift,
-                            word, dyn, f"{where} LSDA")
-            fdes.append((entry.pc_begin, new_addr + entry.address - old_addr))
-        stop = entry.end - old_addr
-    return bytes(buf[:stop]), fdes
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ size, sha256 and ELF header, and the original bytes of every in-place edit (docs
 Reading and framing it is ELF parsing, so it lives here, below every layer that asks whether
 a file was rewritten (the rewriter, the fork guard, the emulator's fork model, the output
 check).
+
+Deferred imports: jsondoc and json, only where a marker is read or made (`check` of a file
+that was never rewritten loads no json).
 """
 
 from __future__ import annotations

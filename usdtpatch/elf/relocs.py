@@ -15,6 +15,7 @@ from itertools import compress, repeat
 from operator import and_, eq
 
 from usdtpatch.elf.image import SHT_DYNSYM, SHT_RELA, ElfImage
+from usdtpatch.elf.symbols import symbol_indices
 
 R_X86_64_64 = 1
 R_X86_64_GLOB_DAT = 6
@@ -167,8 +168,6 @@ def import_slots(image: ElfImage, name: str) -> list[int]:
     A GOT slot a PLT stub jumps through, or a `call *slot(%rip)` calls through, is one of them.
     Empty for an ELF32 file. Found by searching each table for the r_info words those entries
     would have, not by unpacking every entry."""
-    from usdtpatch.elf.symbols import symbol_indices
-
     if not image.is64:
         return []
     out: list[int] = []

@@ -23,6 +23,8 @@ raises OutputError with the first reason the file is not sound:
 Reference: the gABI (ELF header, program and section headers, notes); the marker's layout is
 usdtpatch.elf.marker's. The marker is parsed again here on purpose, with the output check's
 own error messages, rather than through marker_of.
+
+Deferred import: elftools (pyelftools), in the one function that reads the headers with it.
 """
 
 from __future__ import annotations

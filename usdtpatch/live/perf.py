@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -169,8 +170,6 @@ class SiteSampler:
     event count is the number of CPUs. close() detaches every site and removes the event."""
 
     def __init__(self, path: str, sites: list[tuple[int, int]]) -> None:
-        import mmap
-
         if any(c.isspace() for c in path):
             raise UnsupportedError(f"{path}: a path with white space cannot be named in "
                                    f"uprobe_events")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from usdtpatch.errors import InputError
+from usdtpatch.io import read_input
 from usdtpatch.sequences.trampoline import MapEntry, parse_maps
 
 
@@ -27,8 +28,6 @@ def read_maps(pid: int) -> tuple[MapEntry, ...]:
 
 def read_maps_file(path: str) -> tuple[MapEntry, ...]:
     """A saved /proc/PID/maps snapshot."""
-    from usdtpatch.io import read_input
-
     return parse_maps(read_input(path).decode("utf-8", "replace"), path)
 
 

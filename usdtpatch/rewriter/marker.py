@@ -3,16 +3,17 @@
 The marker holds the original's size, sha256 and ELF header, and the original bytes of every
 in-place edit: `restore_image` gives back the original byte for byte (checked against the
 sha256).
+
+Deferred import: hashlib (OpenSSL), only when a file is restored: `check` reads markers
+(through the fork guard) and never hashes.
 """
 
 from __future__ import annotations
 
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.elf.marker import MARKER_OWNER, MARKER_SECTION, MARKER_TYPE, marker_note, marker_of
+from usdtpatch.elf.marker import MARKER_SECTION, marker_of
 from usdtpatch.errors import UnsupportedError
 
-__all__ = ["MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "AlreadyRewritten", "marker_note",
-           "marker_of", "restore_image"]
 
 class AlreadyRewritten(UnsupportedError):
     """The file carries a usdtpatch marker: rewriting it again is a no-op."""

@@ -2,8 +2,17 @@
 
 The flow is one way: the probes and their check (patch windows, red-zone verdicts, from
 usdtpatch.analysis.check) -> one `SiteDecision` per probe -> the detours laid out in the new
-segment. Nothing here makes the output file: `usdtpatch.rewriter.build.build_rewrite(plan)` does,
-and `rewrite --dry-run` prints a plan without building it.
+segment -> what the whole file gets (the fork guard, the detours' symbols, the findings of
+the output). Nothing here makes the output file: `usdtpatch.rewriter.build.build_rewrite(plan)`
+does, deciding nothing, and `rewrite --dry-run` prints a plan without building it, so the dry
+run says what the real run does.
+
+Each site is decided by `_decide_site`, in steps that read in order and each decide or leave
+the site as it is (raise `_Skip` with the finding code and why): its window (`_window`), the
+windows already taken, its sites' arguments (`_member_args`), the window's calls
+(`_call_handling`), then in place (`_fits_in_place`) or a detour (`_detoured`: `_relocated`,
+the ways in, `_verified`, `_detour_unwind`). What an accepted site adds (code, edits, unwind
+rows, arguments) goes into one `_Segment`; `_whole_file` makes the plan of it.
 
 Every detour is handed to the verifier (the emulator's equivalence check) before it is
 accepted; a site whose detour fails is left as it was and reported. The verifier is a required
@@ -13,12 +22,12 @@ argument: a caller that skips verification says so with `verify=None`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import pairwise
 from typing import Any
 
-from usdtpatch import findings
+from usdtpatch import findings, forkguard
 from usdtpatch.analysis.calls import (
     CALL_CHOICES,
     CALLS_AUTO,
@@ -56,8 +65,22 @@ from usdtpatch.elf.ehframe import (
     detour_call_sites,
     rows_at,
 )
-from usdtpatch.elf.image import EM_X86_64, ET_DYN, ET_EXEC, SHT_RELA, ElfImage, Section
+from usdtpatch.elf.image import (
+    EM_X86_64,
+    ET_DYN,
+    ET_EXEC,
+    PT_GNU_EH_FRAME,
+    SHF_ALLOC,
+    SHF_COMPRESSED,
+    SHT_PROGBITS,
+    SHT_RELA,
+    SHT_SYMTAB,
+    ElfImage,
+    Section,
+)
+from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
+from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
@@ -71,7 +94,7 @@ from usdtpatch.rewriter.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.rewriter.index import Claims, SitesByAddress
-from usdtpatch.rewriter.marker import AlreadyRewritten, marker_of
+from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.rewriter.merge import join_following
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm, nop5_offset
@@ -113,7 +136,7 @@ def sites_failed(sites: Iterable[SiteDecision]) -> bool:
     return any(s.status is Status.FAILED for s in sites)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SiteDecision:
     """The decision on one probe's site."""
 
@@ -141,11 +164,7 @@ class SiteDecision:
         return Status.FAILED if self.code in FAILURE_CODES else Status.UNCHANGED
 
 
-# Kept for older imports: a site's outcome is its decision.
-SiteOutcome = SiteDecision
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DetourUnwind:
     """A detour and its unwind rows (new address, row), from the FDE of its window; with
     `lsda` (the address of the detour's own LSDA, in the new segment's text) and
@@ -163,13 +182,38 @@ NOT_VERIFIED = "not verified"
 VERIFICATIONS = (PROVED, EMULATED, NOT_VERIFIED)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForkGuardCode:
+    """What the fork guard adds: code at `address` in the new segment, and in-place edits
+    (file offset, bytes) that make the object register the guard when it loads."""
+
+    address: int
+    text: bytes
+    patches: tuple[tuple[int, bytes], ...]
+    symbols: tuple[tuple[str, int, int], ...] = ()  # (name, address, size)
+    marker: tuple[tuple[str, object], ...] = ()  # what the restore marker records of it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnwindTables:
+    """Where the detours' unwind rows go (docs/rewrite.md, "What each consumer needs"): a new
+    `.eh_frame_hdr` indexing the original `.eh_frame` (at `eh_frame`) and the detours' FDEs,
+    and the same FDEs in `.debug_frame` for gdb when `debug_frame` (the input has none, or a
+    plain one: not loaded, not compressed)."""
+
+    eh_frame: int
+    debug_frame: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RewritePlan:
-    """Every decision of one rewrite and the layout the builder follows.
+    """Every decision of one rewrite and the layout the builder follows (built by keyword,
+    as every record here is).
 
     `text` is the code of the new segment from `text_addr` (the detours, int3 between them);
     `patches` are the in-place edits of the original bytes by file offset; `new_args` maps a
-    probe's index to its guarded argument string.
+    probe's index to its guarded argument string. `findings` are those of the output: the
+    builder adds none.
     """
 
     image: ElfImage
@@ -181,16 +225,21 @@ class RewritePlan:
     sites: tuple[SiteDecision, ...]
     findings: tuple[Finding, ...]
     layout: SegmentLayout | None
-    text_addr: int
-    text: bytes
-    unwind: tuple[DetourUnwind, ...]
-    patches: tuple[tuple[int, bytes], ...]
-    new_args: tuple[tuple[int, str], ...]
+    text_addr: int = 0
+    text: bytes = b""
+    unwind: tuple[DetourUnwind, ...] = ()
+    patches: tuple[tuple[int, bytes], ...] = ()
+    new_args: tuple[tuple[int, str], ...] = ()
     # no site to rewrite, but its 5-byte sites need the fork guard (docs/fork-guard.md)
     guard_only: bool = False
     # why rewrite refuses the file: it may fork and cannot carry the fork guard (None: it
     # does not refuse); decided here so that --dry-run says what the real run does
     fork_refusal: str | None = None
+    fork_guard_code: ForkGuardCode | None = None  # the fork guard the output carries
+    symbols: DetourSymbols | None = None  # None: the plan does not change the file
+    # None: no unwind tables are added (no detour rows, or the input has no `.eh_frame` with
+    # a PT_GNU_EH_FRAME header the runtime unwinders find it by)
+    unwind_tables: UnwindTables | None = None
 
     @property
     def changed(self) -> bool:
@@ -207,8 +256,21 @@ class RewritePlan:
         return sum(1 for s in self.sites if s.status is Status.REWRITTEN)
 
 
-def _skip(sc: SiteCheck, code: str, reason: str) -> SiteDecision:
-    return SiteDecision(sc.probe, Action.SKIPPED, code, reason, None, None, None, False, 0)
+def _skip(sc: SiteCheck, code: str, reason: str, verification: str | None = None
+          ) -> SiteDecision:
+    return SiteDecision(probe=sc.probe, action=Action.SKIPPED, code=code, reason=reason,
+                        new_pc=None, window=None, detour=None, guarded=False, extra_jumps=0,
+                        verification=verification)
+
+
+class _Skip(Exception):
+    """A step of a site's decision leaves the site as it is: the finding code and why."""
+
+    def __init__(self, code: str, reason: str, verification: str | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.verification = verification
 
 
 def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
@@ -232,6 +294,48 @@ def check_rewritable(image: ElfImage) -> None:
                                f"{findings.NOT_LINKED.hint}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Inputs:
+    """What every site's decision reads, fixed for one plan."""
+
+    image: ElfImage
+    form: Form
+    guard: Guard
+    calls: str
+    verify: Verifier | None
+    cfi: CfiIndex
+    shstk: bool
+    relocs: Relocations
+    by_address: SitesByAddress[SiteCheck]  # every site at each address (two notes may name one pc)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Segment:
+    """What the accepted sites have added so far, in the order they were accepted: the new
+    segment's code from `text_addr` (the next detour goes at `cursor` or after), the edits of
+    the original bytes by file offset and the address ranges they claim, the detours' unwind
+    rows, the guarded argument strings and the plan's findings."""
+
+    text_addr: int
+    cursor: int
+    text: bytearray
+    patches: list[tuple[int, bytes]]
+    claimed: Claims  # rewriter/index.py: overlap tests by bisection, not a scan
+    unwind: list[DetourUnwind]
+    new_args: dict[int, str]
+    found: list[Finding]
+
+    def add_code(self, at: int, code: bytes) -> None:
+        """Put `code` at `at` in the new segment (int3 over the gap before it)."""
+        self.text += bytes([INT3]) * (at - (self.text_addr + len(self.text))) + code
+        self.cursor = at + len(code)
+
+    def patch(self, vaddr: int, offset: int, code: bytes) -> None:
+        """Edit the original bytes at file `offset` (link-time `vaddr`) and claim them."""
+        self.patches.append((offset, code))
+        self.claimed.append((vaddr, vaddr + len(code)))
+
+
 def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guard.AUTO,
                  fork_guard: ForkGuard = ForkGuard.AUTO, verify: Verifier | None,
                  report: CheckReport | None = None,
@@ -247,228 +351,304 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
         raise ValueError(f"calls must be one of {', '.join(CALL_CHOICES)}, not {calls!r}")
     check_rewritable(image)
     ps: ProbeSet = report.probeset if report is not None else read_probes(image)
-
-    def empty(sites: tuple[SiteDecision, ...], said: tuple[Finding, ...],
-              layout: SegmentLayout | None) -> RewritePlan:
-        return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, sites,
-                           said, layout, 0, b"", (), (), ())
-
     if ps.notes is None or not ps.probes:
-        return empty((), ps.findings, None)
+        return RewritePlan(image=image, probeset=ps, form=form, guard=guard,
+                           fork_guard=fork_guard, verified=verify is not None, sites=(),
+                           findings=ps.findings, layout=None)
     rep = report if report is not None else check(ps)
     base_sec = image.section(BASE_SECTION)
     layout = plan_segment(image, base_sec.addr if base_sec is not None else None)
-
-    cursor = layout.payload_vaddr
-    text = bytearray()
-    text_addr = cursor
+    inputs = _Inputs(image=image, form=form, guard=guard, calls=calls, verify=verify,
+                     cfi=load_cfi(image), shstk=shadow_stack_marked(image),
+                     relocs=Relocations(image),  # read on the first question
+                     by_address=SitesByAddress(rep.sites))
+    seg = _Segment(text_addr=layout.payload_vaddr, cursor=layout.payload_vaddr,
+                   text=bytearray(), patches=[], claimed=Claims(), unwind=[], new_args={},
+                   found=list(rep.findings))
     decided: dict[int, SiteDecision] = {}
-    patches: list[tuple[int, bytes]] = []
-    claimed = Claims()  # rewriter/index.py: overlap tests by bisection, not a scan
-    unwind: list[DetourUnwind] = []
-    new_args: dict[int, str] = {}
-    found: list[Finding] = list(rep.findings)
-    cfi = load_cfi(image)
-    shstk = shadow_stack_marked(image)
-    relocs = Relocations(image)  # read on the first question (few plans ask one)
-    # every site at each address (two notes may name one pc)
-    by_address = SitesByAddress(rep.sites)
-
     order = sorted(rep.sites, key=lambda s: s.probe.address)
     for n, sc in enumerate(order):
         if progress is not None:
             progress(n, len(rep.sites))
-        p = sc.probe
-        if p.index in decided:
-            continue
-        not_code = _not_code(sc)
-        if not_code is not None:
-            decided[p.index] = not_code
-            continue
-        if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT) and \
-                sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
-            # the kernel never optimizes a nop5 that crosses a page where it is: move it
-            win = _page_crossing_window(p)
-        elif _already_in_form(p.site.form, form):
-            decided[p.index] = _skip(sc, findings.SITE_ALREADY_5_BYTE.code,
-                                     f"already a {p.site.form.value} site")
-            continue
-        else:
-            wr = sc.window
-            if wr is None or wr.window is None:
-                decided[p.index] = _skip(sc, sc.blocked or (wr.code if wr else None) or
-                                         findings.NO_PATCH_WINDOW.code,
-                                         wr.reason if wr is not None else "no patch window")
-                continue
-            win = join_following(wr.window, order, n)  # rewriter/merge.py
-        if claimed.overlaps(win.start, win.end):
-            decided[p.index] = _skip(sc, findings.WINDOW_OVERLAPS_SITE.code,
-                                     "its window overlaps another rewritten site's")
-            continue
-        members = list(by_address.between(win.start, win.end))
-        addresses = sorted({m.probe.address for m in members})
-        guarded = any(_needs_guard(m, guard) for m in members)
-        bad = None
-        for m in members:
-            if guarded:
-                args, why = guard_args(m.probe.args)
-                if why is not None:
-                    bad = (findings.GUARD_IMPOSSIBLE.code, f"{m.probe.probe_id}: {why}")
-                    break
-                new_args[m.probe.index] = args
-            numeric = uses_numeric_rip(m.probe.args)
-            if numeric is not None and win.shape is not WindowShape.IN_PLACE:
-                bad = (findings.ARG_RIP_RELATIVE.code,
-                       f"{m.probe.probe_id}: argument {numeric!r} is read relative to rip and "
-                       f"would move")
-                break
-        if bad is not None:
-            decided[p.index] = _skip(sc, bad[0], bad[1])
-            for m in members:
-                new_args.pop(m.probe.index, None)
-            continue
-        sb = site_bytes(form, guarded)
-
-        def optimized(at: int, sb: SiteBytes = sb) -> bool:
-            """Whether the kernel optimizes the new site's NOP when it lies at `at`."""
-            return optimized_where_it_is(sb.code[sb.optimized_offset :], at,
-                                         nop10=form is Form.COMBO10)
-
-        technique: str | None = None
-        emulate: frozenset[int] = frozenset()
-        eh: _DetourEh | None = None
-        if win.calls:
-            choice = _call_technique(image, cfi, win, calls, shstk)
-            if isinstance(choice, str):
-                decided[p.index] = _skip(sc, findings.WINDOW_CALL_UNWIND.code, choice)
-                continue
-            technique, emulate, eh = choice
-        start_off = image.vaddr_to_offset(win.start)
-        if start_off is None:
-            decided[p.index] = _skip(sc, findings.PC_OUTSIDE_SEGMENTS.code,
-                                     "window not in the file")
-            continue
-
-        in_place_ok = (win.shape is WindowShape.IN_PLACE and len(members) == 1
-                       and len(sb.code) <= win.end - p.address and p.address == win.start
-                       and optimized(p.address + sb.optimized_offset))
-        if in_place_ok:
-            code = sb.code + b"\x90" * (win.end - win.start - len(sb.code))
-            patches.append((start_off, code))
-            claimed.append((win.start, win.end))
-            decided[p.index] = SiteDecision(p, Action.IN_PLACE, None,
-                                            f"{form.value} written over {win.size} bytes of NOPs",
-                                            p.address + sb.pc_offset, win, None, guarded, 0,
-                                            verification=NOT_VERIFIED)
-            continue
-
-        # the probe instruction's real length (a hint-NOP or DS-prefixed nop5 site is 5 bytes;
-        # `site.length` is None for the forms it does not classify as 1-byte nops)
-        sizes = {i.address: i.size for i in win.insns}
-        first_at = {a: next(m for m in members if m.probe.address == a) for a in addresses}
-        reps = [Replacement(a, sizes.get(a, first_at[a].probe.site.length or 1), sb.code)
-                for a in addresses]
-        detour = None
+        if sc.probe.index in decided:
+            continue  # moved along in an earlier site's window
         try:
-            for _ in range(2):
-                at = (cursor + 15) & ~15
-                detour = relocate_window(win.code, win.start, reps, at, emulate)
-                bad_page = [a for a, b in detour.insn_map
-                            if a in {r.address for r in reps}
-                            and not optimized(b + sb.optimized_offset)]
-                if not bad_page:
-                    break
-                cursor = (at + 4096) & ~4095  # move the detour to the next page
-                detour = None
-            if detour is None:
-                raise RelocationError("the new site would cross a page")
-            jmp = jmp_rel32(win.start, detour.address)
-            ways = _retarget_patches(image, win, detour, claimed, relocs)
-        except _WayIn as exc:
-            decided[p.index] = _skip(sc, findings.WINDOW_WAY_IN.code, str(exc))
-            continue
-        except RelocationError as exc:
-            decided[p.index] = _skip(sc, findings.RELOCATION_FAILED.code, str(exc))
-            continue
-        if verify is not None:
-            extra: dict[str, Any] = {}
-            entries = _entries(win, detour)
-            if ways or entries:
-                extra = {"patches": tuple((a, b) for a, _o, b, _w in ways),
-                         "entries": entries}
-            why = verify(image, win, detour, tuple(r.address for r in reps), **extra)
-            verification = getattr(verify, "last_method", EMULATED)
-            if why is not None:
-                decided[p.index] = SiteDecision(p, Action.SKIPPED,
-                                                findings.VERIFICATION_FAILED.code, why, None,
-                                                None, None, False, 0,
-                                                verification=verification)
-                continue
-        else:
-            verification = NOT_VERIFIED
-        rows = _detour_rows(cfi, win, detour, guarded, emulate)
-        lsda_at: int | None = None
-        lsda_bytes = b""
-        if eh is not None:
-            lsda_at = (detour.end + 3) & ~3
-            try:
-                lsda_bytes = build_detour_lsda(image, eh.lsda, lsda_at, detour.address,
-                                               _lsda_rows(eh.lsda, win, detour))
-            except UnsupportedError as exc:
-                decided[p.index] = _skip(sc, findings.WINDOW_CALL_UNWIND.code,
-                                         f"the detour's LSDA cannot be built: {exc}")
-                continue
-            if isinstance(rows, str):
-                decided[p.index] = _skip(sc, findings.WINDOW_CALL_UNWIND.code,
-                                         f"the detour's FDE cannot be built: {rows}")
-                continue
-        if isinstance(rows, str) and technique == MOVED and cfi.lookup(win.start) is not None:
-            # a moved call returns into the detour: without the detour's FDE, unwinding from
-            # the callee would stop there (the original function has one)
-            decided[p.index] = _skip(sc, findings.WINDOW_CALL_UNWIND.code,
-                                     f"the detour's FDE cannot be built: {rows}")
-            continue
-        if isinstance(rows, str):
-            found.append(findings.DETOUR_WITHOUT_CFI.finding(f"{p.probe_id}: {rows}",
-                                                             p.probe_id))
-        else:
-            unwind.append(DetourUnwind(detour, tuple(rows), lsda_at,
-                                       eh.personality if eh is not None else None))
-        text += bytes([INT3]) * (detour.address - (text_addr + len(text))) + detour.code
-        cursor = detour.end
-        if lsda_at is not None:
-            text += bytes([INT3]) * (lsda_at - (text_addr + len(text))) + lsda_bytes
-            cursor = lsda_at + len(lsda_bytes)
-        patches.append((start_off, jmp + bytes([INT3]) * (win.size - len(jmp))))
-        claimed.append((win.start, win.end))
-        for a, off, b, _w in ways:
-            patches.append((off, b))
-            claimed.append((a, a + len(b)))
-        mapping = dict(detour.insn_map)
-        for m in members:
-            new_pc = mapping[m.probe.address] + sb.pc_offset
-            action = Action.DETOUR if m.probe.index == p.index else Action.MOVED
-            decided[m.probe.index] = SiteDecision(
-                m.probe, action, None,
-                f"{win.shape.value} window of {win.size} bytes relocated to {detour.address:#x}"
-                + (f"; {len(win.calls)} call(s) {technique}" if win.calls else "")
-                + (", with the detour's own LSDA" if eh is not None else "")
-                + (f"; {len(ways)} way(s) in retargeted" if ways else ""),
-                new_pc, win, detour, guarded, 2, technique,
-                tuple(w for _a, _o, _b, w in ways), verification)
+            for d in _decide_site(inputs, seg, order, n):
+                decided[d.probe.index] = d
+        except _Skip as skip:
+            decided[sc.probe.index] = _skip(sc, skip.code, skip.reason, skip.verification)
+    return _whole_file(RewritePlan(image=image, probeset=ps, form=form, guard=guard,
+                                   fork_guard=fork_guard, verified=verify is not None,
+                                   sites=tuple(decided[p.index] for p in ps.probes),
+                                   findings=tuple(seg.found), layout=layout), seg)
 
-    ordered = tuple(decided[p.index] for p in ps.probes)
-    place_at = (text_addr + len(text) + 15) & ~15  # where the builder puts the guard
-    if not patches:
-        if _guard_only(image, ordered, fork_guard):
-            return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, ordered,
-                               tuple(found), layout, text_addr, b"", (), (), (), True,
-                               fork_guard_refusal(image, form, ordered, fork_guard, place_at))
-        return empty(ordered, tuple(found), layout)
-    return RewritePlan(image, ps, form, guard, fork_guard, verify is not None, ordered,
-                       tuple(found), layout, text_addr, bytes(text), tuple(unwind),
-                       tuple(patches), tuple(sorted(new_args.items())), False,
-                       fork_guard_refusal(image, form, ordered, fork_guard, place_at))
+
+def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
+                 ) -> list[SiteDecision]:
+    """The decisions on the site `order[n]` and the sites its window takes along, added to
+    `seg`; raises _Skip when the site stays as it is. In order: its window, the sites in it
+    and their arguments, the window's calls, then in place or a detour."""
+    sc = order[n]
+    win = _window(sc, order, n, inputs.form)
+    if seg.claimed.overlaps(win.start, win.end):
+        raise _Skip(findings.WINDOW_OVERLAPS_SITE.code,
+                    "its window overlaps another rewritten site's")
+    members = list(inputs.by_address.between(win.start, win.end))
+    guarded = any(_needs_guard(m, inputs.guard) for m in members)
+    new_args = _member_args(members, win, guarded)
+    sb = site_bytes(inputs.form, guarded)
+    handling = _call_handling(inputs, win)
+    start_off = inputs.image.vaddr_to_offset(win.start)
+    if start_off is None:
+        raise _Skip(findings.PC_OUTSIDE_SEGMENTS.code, "window not in the file")
+    if _fits_in_place(inputs.form, win, sc.probe, members, sb):
+        seg.patch(win.start, start_off, sb.code + b"\x90" * (win.size - len(sb.code)))
+        seg.new_args.update(new_args)
+        return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
+                             reason=f"{inputs.form.value} written over {win.size} bytes of NOPs",
+                             new_pc=sc.probe.address + sb.pc_offset, window=win, detour=None,
+                             guarded=guarded, extra_jumps=0, verification=NOT_VERIFIED)]
+    return _detoured(inputs, seg, sc, win, members, sb, handling, start_off, new_args)
+
+
+def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchWindow:
+    """The window the site `order[n]` is rewritten in, or _Skip: not code, already in the
+    form, no window. A nop5 the kernel never optimizes where it is (it crosses a page) is
+    moved as it is; a window is joined with the sites that follow it (rewriter/merge.py)."""
+    p = sc.probe
+    wr = sc.window
+    if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
+                                      findings.PROBE_NOT_DECODED.code):
+        raise _Skip(wr.code, wr.reason)  # data in code, or not an instruction boundary
+    if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT) and \
+            sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
+        return _page_crossing_window(p)
+    if _already_in_form(p.site.form, form):
+        raise _Skip(findings.SITE_ALREADY_5_BYTE.code, f"already a {p.site.form.value} site")
+    if wr is None or wr.window is None:
+        raise _Skip(sc.blocked or (wr.code if wr else None) or findings.NO_PATCH_WINDOW.code,
+                    wr.reason if wr is not None else "no patch window")
+    return join_following(wr.window, order, n)
+
+
+def _member_args(members: list[SiteCheck], win: PatchWindow, guarded: bool) -> dict[int, str]:
+    """The guarded argument strings of the sites in the window (probe index -> arguments;
+    none unguarded), or _Skip: an argument the guard cannot adjust, or one read relative to
+    rip in a window that moves."""
+    out: dict[int, str] = {}
+    for m in members:
+        if guarded:
+            args, why = guard_args(m.probe.args)
+            if why is not None:
+                raise _Skip(findings.GUARD_IMPOSSIBLE.code, f"{m.probe.probe_id}: {why}")
+            out[m.probe.index] = args
+        numeric = uses_numeric_rip(m.probe.args)
+        if numeric is not None and win.shape is not WindowShape.IN_PLACE:
+            raise _Skip(findings.ARG_RIP_RELATIVE.code,
+                        f"{m.probe.probe_id}: argument {numeric!r} is read relative to rip and "
+                        f"would move")
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Calls:
+    """How the window's calls go along (analysis/calls.py): the technique (MOVED, EMULATED,
+    None without a call), the calls emulated, and the exception tables a moved call needs."""
+
+    technique: str | None = None
+    emulate: frozenset[int] = frozenset()
+    eh: _DetourEh | None = None
+
+
+def _call_handling(inputs: _Inputs, win: PatchWindow) -> _Calls:
+    """How the window's calls are handled, or _Skip when they cannot go along."""
+    if not win.calls:
+        return _Calls()
+    choice = _call_technique(inputs.image, inputs.cfi, win, inputs.calls, inputs.shstk)
+    if isinstance(choice, str):
+        raise _Skip(findings.WINDOW_CALL_UNWIND.code, choice)
+    technique, emulate, eh = choice
+    return _Calls(technique=technique, emulate=emulate, eh=eh)
+
+
+def _optimized(form: Form, sb: SiteBytes, at: int) -> bool:
+    """Whether the kernel optimizes the new site's NOP when the site lies at `at`."""
+    return optimized_where_it_is(sb.code[sb.optimized_offset :], at + sb.optimized_offset,
+                                 nop10=form is Form.COMBO10)
+
+
+def _fits_in_place(form: Form, win: PatchWindow, p: Probe, members: list[SiteCheck],
+                   sb: SiteBytes) -> bool:
+    """Whether the new site is written over the window's NOPs, where the kernel optimizes it."""
+    return (win.shape is WindowShape.IN_PLACE and len(members) == 1
+            and len(sb.code) <= win.end - p.address and p.address == win.start
+            and _optimized(form, sb, p.address))
+
+
+def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
+              members: list[SiteCheck], sb: SiteBytes, handling: _Calls, start_off: int,
+              new_args: dict[int, str]) -> list[SiteDecision]:
+    """The decisions of a window moved to a detour (the site's DETOUR, the others' MOVED),
+    added to `seg`; or _Skip: it cannot be relocated, a way in cannot be aimed at it, it
+    fails verification, or its unwind information cannot be built."""
+    reps = _replacements(win, members, sb)
+    detour = _relocated(inputs, seg, win, reps, sb, handling.emulate)
+    try:
+        jmp = jmp_rel32(win.start, detour.address)
+        ways = _retarget_patches(inputs.image, win, detour, seg.claimed, inputs.relocs)
+    except _WayIn as exc:
+        raise _Skip(findings.WINDOW_WAY_IN.code, str(exc)) from None
+    except RelocationError as exc:
+        raise _Skip(findings.RELOCATION_FAILED.code, str(exc)) from None
+    verification = _verified(inputs, win, detour, reps, ways)
+    unwind, lsda = _detour_unwind(inputs, sc.probe, win, detour, sb, handling)
+    if isinstance(unwind, str):
+        seg.found.append(findings.DETOUR_WITHOUT_CFI.finding(f"{sc.probe.probe_id}: {unwind}",
+                                                             sc.probe.probe_id))
+    else:
+        seg.unwind.append(unwind)
+    seg.add_code(detour.address, detour.code)
+    if lsda is not None:
+        seg.add_code(*lsda)
+    seg.patch(win.start, start_off, jmp + bytes([INT3]) * (win.size - len(jmp)))
+    for a, off, b, _w in ways:
+        seg.patch(a, off, b)
+    seg.new_args.update(new_args)
+    mapping = dict(detour.insn_map)
+    reason = (f"{win.shape.value} window of {win.size} bytes relocated to {detour.address:#x}"
+              + (f"; {len(win.calls)} call(s) {handling.technique}" if win.calls else "")
+              + (", with the detour's own LSDA" if handling.eh is not None else "")
+              + (f"; {len(ways)} way(s) in retargeted" if ways else ""))
+    return [SiteDecision(probe=m.probe, code=None,
+                         action=Action.DETOUR if m.probe.index == sc.probe.index
+                         else Action.MOVED,
+                         reason=reason, new_pc=mapping[m.probe.address] + sb.pc_offset,
+                         window=win, detour=detour, guarded=sb.guarded, extra_jumps=2,
+                         calls=handling.technique,
+                         retargeted=tuple(w for _a, _o, _b, w in ways),
+                         verification=verification)
+            for m in members]
+
+
+def _replacements(win: PatchWindow, members: list[SiteCheck], sb: SiteBytes
+                  ) -> list[Replacement]:
+    """The new site bytes in place of each probe instruction of the window, by address: the
+    instruction's real length (a hint-NOP or DS-prefixed nop5 site is 5 bytes; `site.length`
+    is None for the forms it does not classify as 1-byte nops)."""
+    sizes = {i.address: i.size for i in win.insns}
+    first_at: dict[int, SiteCheck] = {}
+    for m in members:
+        first_at.setdefault(m.probe.address, m)
+    return [Replacement(address=a, length=sizes.get(a, first_at[a].probe.site.length or 1),
+                        site=sb.code)
+            for a in sorted(first_at)]
+
+
+def _relocated(inputs: _Inputs, seg: _Segment, win: PatchWindow, reps: list[Replacement],
+               sb: SiteBytes, emulate: frozenset[int]) -> Detour:
+    """The window relocated at the segment's cursor (16-byte aligned), or on the next page
+    when a new site would not be optimized where it lands; _Skip when it cannot be. A move
+    to the next page moves the cursor even when the site is then skipped."""
+    sites = {r.address for r in reps}
+    try:
+        for _ in range(2):
+            at = (seg.cursor + 15) & ~15
+            detour = relocate_window(win.code, win.start, reps, at, emulate)
+            if all(_optimized(inputs.form, sb, b) for a, b in detour.insn_map if a in sites):
+                return detour
+            seg.cursor = (at + 4096) & ~4095  # move the detour to the next page
+        raise RelocationError("the new site would cross a page")
+    except RelocationError as exc:
+        raise _Skip(findings.RELOCATION_FAILED.code, str(exc)) from None
+
+
+def _verified(inputs: _Inputs, win: PatchWindow, detour: Detour, reps: list[Replacement],
+              ways: list[tuple[int, int, bytes, str]]) -> str:
+    """How the detour was verified (PROVED, EMULATED, NOT_VERIFIED without a verifier), or
+    _Skip (`verification-failed`) when it is not equivalent to the window."""
+    if inputs.verify is None:
+        return NOT_VERIFIED
+    extra: dict[str, Any] = {}
+    entries = _entries(win, detour)
+    if ways or entries:
+        extra = {"patches": tuple((a, b) for a, _o, b, _w in ways), "entries": entries}
+    why = inputs.verify(inputs.image, win, detour, tuple(r.address for r in reps), **extra)
+    verification: str = getattr(inputs.verify, "last_method", EMULATED)
+    if why is not None:
+        raise _Skip(findings.VERIFICATION_FAILED.code, why, verification)
+    return verification
+
+
+def _detour_unwind(inputs: _Inputs, p: Probe, win: PatchWindow, detour: Detour,
+                   sb: SiteBytes, handling: _Calls
+                   ) -> tuple[DetourUnwind | str, tuple[int, bytes] | None]:
+    """The detour's unwind rows (or why it has none: `detour-without-cfi`) and its own LSDA
+    (address, bytes) where it moves a call the function's exception tables cover; _Skip where
+    a moved call needs them and they cannot be built."""
+    rows = _detour_rows(inputs.cfi, win, detour, sb.guarded, handling.emulate)
+    lsda: tuple[int, bytes] | None = None
+    eh = handling.eh
+    if eh is not None:
+        lsda_at = (detour.end + 3) & ~3
+        try:
+            lsda = (lsda_at, build_detour_lsda(inputs.image, eh.lsda, lsda_at, detour.address,
+                                               _lsda_rows(eh.lsda, win, detour)))
+        except UnsupportedError as exc:
+            raise _Skip(findings.WINDOW_CALL_UNWIND.code,
+                        f"the detour's LSDA cannot be built: {exc}") from None
+    if isinstance(rows, str) and (eh is not None or (
+            handling.technique == MOVED and inputs.cfi.lookup(win.start) is not None)):
+        # a moved call returns into the detour: without the detour's FDE, unwinding from
+        # the callee would stop there (the original function has one)
+        raise _Skip(findings.WINDOW_CALL_UNWIND.code, f"the detour's FDE cannot be built: {rows}")
+    if isinstance(rows, str):
+        return rows, None
+    return DetourUnwind(detour=detour, rows=tuple(rows),
+                        lsda=lsda[0] if lsda is not None else None,
+                        personality=eh.personality if eh is not None else None), lsda
+
+
+def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
+    """The plan of the whole file from its sites' decisions: the new segment, the fork guard
+    (added, refused, or none) and the detours' symbols; the findings as the output will have
+    them (with the guard added, `fork-guarded` covers the input's `process-can-fork`)."""
+    image, layout = base.image, base.layout
+    assert layout is not None
+    guard_only = not seg.patches and _guard_only(image, base.sites, base.fork_guard)
+    if not seg.patches and not guard_only:
+        return base
+    place_at = (seg.text_addr + len(seg.text) + 15) & ~15  # the fork guard's place
+    fork, refusal = _fork_guard(image, base.form, base.sites, base.fork_guard, place_at)
+    symbols = _symbols(image, detour_symbols(base.sites)
+                       + list(fork.symbols if fork is not None else ()), layout)
+    said = [*base.findings]
+    if symbols.left_out is not None:
+        said.append(symbols.left_out)
+    if fork is not None:
+        entry = dict(fork.marker)
+        span = entry.get("table")
+        count = (span[1] - span[0]) // 12 if isinstance(span, list) else 0
+        said = [f for f in said if f.code != findings.PROCESS_CAN_FORK.code]
+        said.append(findings.FORK_GUARDED.finding(
+            f"fork guard added for {count} site(s): a forked child puts them back on the int3 "
+            f"path; the output registers it when it loads, through {entry.get('hook')}"))
+    return replace(base, findings=tuple(said), text_addr=seg.text_addr,
+                   text=bytes(seg.text), unwind=tuple(seg.unwind), patches=tuple(seg.patches),
+                   new_args=tuple(sorted(seg.new_args.items())), guard_only=guard_only,
+                   fork_refusal=refusal, fork_guard_code=fork, symbols=symbols,
+                   unwind_tables=_unwind_tables(image, seg.unwind))
+
+
+def _unwind_tables(image: ElfImage, unwind: list[DetourUnwind]) -> UnwindTables | None:
+    """Whether and where the detours' unwind rows go (UnwindTables), or None."""
+    eh = image.section(".eh_frame")
+    if not unwind or eh is None or not eh.addr or \
+            not any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+        return None
+    old = image.section(".debug_frame")
+    plain = old is None or (old.type == SHT_PROGBITS
+                            and not old.flags & (SHF_ALLOC | SHF_COMPRESSED))
+    return UnwindTables(eh_frame=eh.addr, debug_frame=plain)
 
 
 def output_nop5_sites(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...]
@@ -482,25 +662,110 @@ def output_nop5_sites(image: ElfImage, form: Form, sites: tuple[SiteDecision, ..
     return tuple(sorted(out))
 
 
-def fork_guard_refusal(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
-                       fork_guard: ForkGuard, place_at: int) -> str | None:
-    """Why the rewrite of these decisions must be refused over the fork guard, or None: the
-    file may fork (forkguard.fork_exposure; with --fork-guard always, any file) and the guard
-    cannot be built for its optimized sites at `place_at`, where the builder puts it."""
-    if fork_guard is ForkGuard.NEVER:
-        return None
-    from usdtpatch import forkguard
+def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
+                fork_guard: ForkGuard, place_at: int) -> tuple[ForkGuardCode | None, str | None]:
+    """THE FORK GUARD SEAM (docs/fork-guard.md): the guard's code to add at `place_at` (just
+    after the detours in the new segment, 16-byte aligned) or None, and why the rewrite is
+    refused (None: it is not).
 
+    usdtpatch.forkguard.build_guard builds it for every NOP the output's kernel optimizes
+    (output_nop5_sites; sites a 6.18 kernel never optimizes, such as combo10's, need none).
+    --fork-guard auto adds it to a file whose process may fork a copy of itself
+    (forkguard.fork_exposure: it calls fork and the like, or it is a shared object), always to
+    every file; a file that needs it and cannot carry it is refused unless --fork-guard never.
+    """
+    if fork_guard is ForkGuard.NEVER:
+        return None, None
     exposure = forkguard.fork_exposure(image)
     if fork_guard is ForkGuard.AUTO and exposure is None:
-        return None
+        return None, None
     try:
-        forkguard.build_guard(image, output_nop5_sites(image, form, sites), place_at)
+        g = forkguard.build_guard(image, output_nop5_sites(image, form, sites), place_at)
     except forkguard.GuardUnsupported as exc:
         why = exposure or "--fork-guard always"
-        return (f"the fork guard cannot be added ({exc}) and the optimized sites would crash "
-                f"a forked child ({why}): rewrite with --fork-guard never to accept that")
-    return None
+        return None, (f"the fork guard cannot be added ({exc}) and the optimized sites would "
+                      f"crash a forked child ({why}): rewrite with --fork-guard never to "
+                      f"accept that")
+    if g.empty:
+        return None, None
+    return ForkGuardCode(address=place_at, text=g.text, patches=g.patches, symbols=g.symbols,
+                         marker=tuple(forkguard.marker_entry(g).items())), None
+
+
+def text_section_index(image: ElfImage) -> int:
+    """The section index of `.usdtpatch.text` in the output: the first section it adds."""
+    return len(image.sections)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DetourSymbols:
+    """The local STT_FUNC symbols the output adds (name, address, size: the detours', then
+    the fork guard's) and where they go: `.symtab` grown where it is (`in_place`), a new copy
+    of it at the end, or nowhere (`left_out`, the finding that says why)."""
+
+    symbols: tuple[tuple[str, int, int], ...]
+    in_place: SymtabInPlace | None = None
+    left_out: Finding | None = None
+
+
+def detour_symbols(sites: tuple[SiteDecision, ...]) -> list[tuple[str, int, int]]:
+    """(name, address, size) of the local STT_FUNC symbol of each detour, named as compilers
+    name the split-off parts of a function (`f.cold`, `f.part.0`): `f.usdtpatch.N`, N
+    counting f's detours from 0, so that backtraces and profilers without debug information
+    still name the original function f; `__usdtpatch_detour_<provider>_<name>_<index>` where
+    the site's function has no symbol."""
+    out = []
+    count: dict[str, int] = {}
+    for o in sites:
+        if o.action is Action.DETOUR and o.detour is not None:
+            fn = o.probe.function
+            if fn:
+                name = f"{fn}.usdtpatch.{count.get(fn, 0)}"
+                count[fn] = count.get(fn, 0) + 1
+            else:
+                name = f"{DETOUR_PREFIX}{o.probe.provider}_{o.probe.name}_{o.probe.index}"
+            out.append((name, o.detour.address, len(o.detour.code)))
+    return out
+
+
+def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentLayout
+             ) -> DetourSymbols:
+    """Where the added symbols go: `.symtab` grown in place when it can be
+    (usdtpatch.elf.symbols.symtab_in_place: names must end before the new segment; past the
+    `cut` of the input, usdtpatch.elf.writer.plan_segment, the table grows in the writer's copy
+    of the input's end, with no limit, unless it would straddle the cut), else a copy at the
+    end unless that is refused (`_symtab_copy_refused`)."""
+    limit, cut = layout.offset, layout.cut
+    grown = symtab_in_place(image, syms, text_section_index(image),
+                            limit if cut is None else 1 << 62)
+    if grown is not None and cut is not None and any(
+            at < cut < at + len(data) or (at < cut and at + len(data) > limit)
+            for at, data in ((grown.symtab_offset, grown.prefix), (grown.names_at, grown.names))):
+        grown = None  # it would straddle the cut
+    if grown is not None:
+        return DetourSymbols(symbols=tuple(syms), in_place=grown)
+    return DetourSymbols(symbols=tuple(syms), left_out=_symtab_copy_refused(image))
+
+
+SYMTAB_COPY_FLOOR = 64 << 10  # a table this small is copied whatever the file's size
+
+
+def _symtab_copy_refused(image: ElfImage) -> Finding | None:
+    """`detour-symbols-left-out` when `.symtab` cannot grow in place and copying it and its
+    strings to the end would grow the file by more than 1% (and 64 KiB): a file grows by at
+    most its detours, their tables and 1% (issue 22), and a 10-million-entry table is not
+    copied (issue 20, item 11: 2.4 GB of memory, a file twice its size)."""
+    old = image.section(".symtab")
+    if old is None or old.type != SHT_SYMTAB or not 0 < old.link < len(image.sections):
+        return None  # a new, small table
+    copied = old.size + image.sections[old.link].size
+    budget = max(SYMTAB_COPY_FLOOR, len(image.data) // 100)
+    if copied <= budget:
+        return None
+    return findings.DETOUR_SYMBOLS_LEFT_OUT.finding(
+        f".symtab ({old.size // 24} entries) cannot grow where it is, and copying it with its "
+        f"strings ({copied} bytes) would grow the file by more than {budget} bytes (1%): the "
+        f"detours are left without symbols")
 
 
 def _guard_only(image: ElfImage, sites: tuple[SiteDecision, ...], fork_guard: ForkGuard
@@ -511,8 +776,6 @@ def _guard_only(image: ElfImage, sites: tuple[SiteDecision, ...], fork_guard: Fo
     refuses the file when the guard cannot be added), rather than copy an unguarded file."""
     if fork_guard is ForkGuard.NEVER:
         return False
-    from usdtpatch import forkguard
-
     if forkguard.coverage(image) is not None:
         return False
     if fork_guard is ForkGuard.AUTO and forkguard.fork_exposure(image) is None:
@@ -706,24 +969,18 @@ def _already_in_form(site: SiteForm, form: Form) -> bool:
     return site in (SiteForm.COMBO10, SiteForm.NOP10) and form is Form.COMBO10
 
 
-def _not_code(sc: SiteCheck) -> SiteDecision | None:
-    """The skip of a site whose pc check found not to be code (data in code, or not an
-    instruction boundary), whatever its form: no byte there is written."""
-    wr = sc.window
-    if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
-                                      findings.PROBE_NOT_DECODED.code):
-        return _skip(sc, wr.code, wr.reason)
-    return None
-
-
 def _page_crossing_window(p: Probe) -> PatchWindow:
     """The window of a nop5 site that crosses a page: the nop5 alone, moved to a detour where
     it does not cross one (a jmp rel32 fills its 5 bytes exactly)."""
     code = p.code[:5]
-    return PatchWindow(WindowShape.FORWARD, p.address, p.address + 5, p.address, 5,
-                       sweep(code, p.address).insns, code, None, 5, 2,
-                       "the probe's nop5, which crosses a 4 KiB page",
-                       "the end of the nop5", (), (), p.address, p.address + 5)
+    return PatchWindow(shape=WindowShape.FORWARD, start=p.address, end=p.address + 5,
+                       probe_address=p.address, probe_length=5,
+                       insns=sweep(code, p.address).insns, code=code, replacement=None,
+                       relocated_bytes=5, extra_jumps=2,
+                       start_reason="the probe's nop5, which crosses a 4 KiB page",
+                       end_reason="the end of the nop5", targets_at_start=(),
+                       internal_targets=(), function_start=p.address,
+                       function_end=p.address + 5)
 
 
 def _detour_rows(cfi: CfiIndex, win: PatchWindow, detour: Detour,

@@ -13,6 +13,7 @@ reader of /proc/PID/maps is usdtpatch.live.procfs.
 
 from __future__ import annotations
 
+import os.path
 from dataclasses import dataclass
 
 from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_LOAD, ElfImage
@@ -208,8 +209,6 @@ def load_base_from_maps(image: ElfImage, maps: tuple[MapEntry, ...], path: str) 
     if not loads:
         return None
     first = loads[0]
-    import os.path
-
     want = {path, os.path.realpath(path)} if path else set()
     base_name = os.path.basename(path)
     candidates = [m for m in maps if m.path in want] or [

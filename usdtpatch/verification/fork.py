@@ -26,9 +26,20 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from usdtpatch import forkguard
+from usdtpatch.analysis.check import OPTIMIZABLE, check
+from usdtpatch.analysis.probes import read_probes
 from usdtpatch.elf.image import PT_LOAD, ElfImage
+from usdtpatch.elf.marker import marker_of
 from usdtpatch.errors import UsdtpatchError
-from usdtpatch.findings import Finding
+from usdtpatch.findings import (
+    FORK_GUARD_FAILED,
+    FORK_GUARDED,
+    PROCESS_CAN_FORK,
+    Finding,
+    Severity,
+)
+from usdtpatch.forkguard import _code
 from usdtpatch.kernelfacts import PAGE
 from usdtpatch.sequences.trampoline import (
     default_load_base,
@@ -49,6 +60,7 @@ from usdtpatch.verification.machine import (
     new_x86_64,
     reg_id,
 )
+from usdtpatch.x86.nops import nop5_offset
 
 SYS_OPEN, SYS_CLOSE, SYS_MPROTECT, SYS_PWRITE64, SYS_MINCORE = 2, 3, 10, 18, 27
 ENOENT, EBADF, ENOMEM = 2, 9, 12
@@ -250,19 +262,12 @@ def model_fork(image: ElfImage, sites: tuple[int, ...] | None = None, *,
     `guard=False` models the same file with its handler not run (as if unregistered);
     `proc=False` a child without /proc (the handler then takes its mprotect path).
     """
-    from usdtpatch import forkguard
-    from usdtpatch.forkguard import _code
-
     base = default_load_base(image) if load_base is None else load_base
     cov = forkguard.coverage(image)
     if sites is None:
         if cov is not None:
             sites = tuple(sorted(cov.sites))
         else:
-            from usdtpatch.analysis.check import OPTIMIZABLE, check
-            from usdtpatch.analysis.probes import read_probes
-            from usdtpatch.x86.nops import nop5_offset
-
             rep = check(read_probes(image))
             sites = tuple(sorted({s.probe.address + nop5_offset(s.probe.site.form)
                                   for s in rep.sites if s.outcome == OPTIMIZABLE}))
@@ -297,13 +302,9 @@ def model_fork(image: ElfImage, sites: tuple[int, ...] | None = None, *,
 
 
 def _table_span(image: ElfImage, kind: str) -> tuple[int, int] | None:
-    from usdtpatch import forkguard
-
     if kind == "sdt.h":
         sec = image.section(forkguard.TABLE_SECTION)
         return None if sec is None else (sec.addr, sec.addr + sec.size)
-    from usdtpatch.elf.marker import marker_of
-
     marker = marker_of(image)
     fg = marker.get("fork_guard") if marker is not None else None
     span = fg.get("table") if isinstance(fg, dict) else None
@@ -331,9 +332,6 @@ def fork_findings(image: ElfImage, sites: tuple[int, ...], load_base: int | None
     optimizes: nothing when the file neither can fork nor carries a guard; `fork-guarded` when
     the modelled child survives, `fork-guard-failed` when a guarded file's child still dies,
     `process-can-fork` (a warning: the child dies, no guard) otherwise."""
-    from usdtpatch import forkguard
-    from usdtpatch.findings import FORK_GUARD_FAILED, FORK_GUARDED, PROCESS_CAN_FORK, Severity
-
     if not sites:
         return ()
     cov = forkguard.coverage(image)

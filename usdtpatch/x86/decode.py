@@ -1,7 +1,13 @@
-"""Disassembly for analysis and display. The only module that imports capstone."""
+"""Disassembly for analysis and display. The only module that imports capstone.
+
+Deferred imports: capstone, and ctypes with importlib (the binding of capstone's C library,
+`_lite`), when something is first decoded (`check` of a file of NOP sites decodes nothing);
+x86/relocate.py (iced-x86) for the instructions capstone does not know.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -64,7 +70,6 @@ _CS_API = (5, 0)
 def _lite(mode64: bool) -> tuple[Any, Any, Any] | None:
     """(library, handle, cs_insn structure) of capstone's C library, or None."""
     import ctypes
-    import os
     from importlib.util import find_spec
 
     try:

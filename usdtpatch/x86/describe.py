@@ -4,6 +4,8 @@ forms nearly every site is made of.
 `describe` answers from `_KNOWN_TEXT` (what capstone prints for those encodings; a test checks
 each against capstone) and asks capstone (usdtpatch/x86/decode.py) for anything else, so that
 `list` imports neither capstone nor the analysis' decoder.
+
+Deferred import: x86/decode.py, for a site that is not one of those NOPs.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ displacement written in the text (even 0x0) and missing from the encoding, a `no
 a NOP the CPU and the kernel decode as one (keystone encodes `nopl 0x0(%rax,%rax,1)` as
 `0f 18 24 00`, a 4-byte prefetch-space hint, not the 5-byte `0f 1f 44 00 00`), or a state
 whose length is not the site's.
+
+Deferred import: keystone, only when a state is assembled (loading a protocol file does not
+assemble).
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
         sites.append((p.address, b.start, b.end) if b is not None else
                      (p.address, p.address, p.address))
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
-    return build_ways_in(ctx.image, sites, starts)
+    return build_ways_in(ctx.image, sites, starts, ctx.cfi)
 
 
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],

@@ -47,8 +47,12 @@ from usdtpatch.analysis.waysin import (
     BRANCH_REL8,
     BRANCH_REL32,
     CODE_KINDS,
+    REL_TABLE,
     WayIn,
     WaysIn,
+)
+from usdtpatch.analysis.waysin import (
+    LANDING_PAD as WAYSIN_LANDING_PAD,
 )
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
@@ -68,7 +72,7 @@ SYMBOL = "symbol"
 JUMP = "jump"
 CALL_TARGET = "call-target"
 RETURN_SITE = "return-site"
-LANDING_PAD = "landing-pad"
+LANDING_PAD = WAYSIN_LANDING_PAD  # one name for both: the function's own and other LSDAs'
 JUMP_TABLE = "jump-table"
 COLD_JUMP = "jump-from-other-part"
 RSEQ_ABORT = "rseq-abort"
@@ -359,6 +363,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     for a in ctx.rseq_aborts:
         add(Target(a, RSEQ_ABORT, None))
     unresolved = list(own.unresolved)
+    known_tables = {t.table for t in own.tables if t.entry_size == 4}
     followed = 0
     seen: set[int] = {bounds.start}
     for t_addr in _related_order(ctx, own.outside):
@@ -370,6 +375,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
         seen.add(other.start)
         followed += 1
         scan = ctx.part(other)
+        known_tables.update(t.table for t in scan.tables if t.entry_size == 4)
         for t in scan.targets:
             if t.kind in (JUMP, JUMP_TABLE, LANDING_PAD):
                 add(Target(t.address, COLD_JUMP if t.kind == JUMP else t.kind, t.source))
@@ -379,7 +385,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
         for addr, ways in ctx.ways_in.between(bounds.start, bounds.end):
             known = {k.source for k in incoming.get(addr, ())}
             for w in ways:
-                way = _way_in(ctx, bounds, own, w)
+                way = _way_in(ctx, bounds, own, w, known_tables)
                 if way is not None and way.source not in known:
                     known.add(way.source)
                     add(way)
@@ -390,12 +396,16 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
                         _padding_before(ctx, bounds))
 
 
-def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn
-            ) -> Target | None:
+def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
+            known_tables: set[int]) -> Target | None:
     """The file-wide index's way in `w` as a target of the function, or None when it is not
     one: a branch of the function itself (its own disassembly has it), bytes that the linear
     disassembly of the code holding them shows to be part of another instruction, or an
-    entry of one of the function's recognized jump tables (a JUMP_TABLE target already)."""
+    entry of one of the function's recognized jump tables (a JUMP_TABLE target already:
+    `known_tables` are the 4-byte tables of the function and its related parts, read there
+    with their bounds)."""
+    if w.kind == REL_TABLE and w.base in known_tables:
+        return None
     if w.kind not in CODE_KINDS:
         for tb in own.tables:
             if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:

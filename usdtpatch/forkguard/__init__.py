@@ -455,7 +455,7 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int]] | str:
                 or bounds is None or not bounds.contains(start):
             return f"the {what} system call at {pc:#x} is not `mov $N,%eax; syscall`"
         ctx.ways_in = build_ways_in(image, [(pc, bounds.start, bounds.end)],
-                                    sorted({*cfi.starts, *ctx.symbols.addresses}))
+                                    sorted({*cfi.starts, *ctx.symbols.addresses}), cfi)
         fc = ctx.function(bounds)
         if fc.all_targets is not None or fc.is_target(pc) or fc.index_of(start) is None:
             return f"the {what} system call at {pc:#x} is reached other than from its mov"

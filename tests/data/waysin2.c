@@ -31,6 +31,7 @@ asm(".text\n"
     "\tlea .Lrt_table(%rip), %rdx\n\tmovslq (%rdx), %rcx\n\tadd %rdx, %rcx\n"
     "\tjmp *%rcx\n.cfi_endproc\n" END("reltab_other")
     ".pushsection .rodata\n.p2align 2\n"
+    ".globl reltab_table\nreltab_table:\n"
     ".Lrt_table: .long .Lrt_after - .Lrt_table\n"
     ".popsection\n"
     /* lpad_other's LSDA names a landing pad inside lpad's window (its call-site row
@@ -41,6 +42,7 @@ asm(".text\n"
     "\tadd $8, %rsp\n.cfi_adjust_cfa_offset -8\n\tret\n.cfi_endproc\n" END("lpad_other")
     PROBED("lpad", ".Llp_after", "5")
     ".pushsection .gcc_except_table, \"a\", @progbits\n"
+    ".globl lpad_lsda\nlpad_lsda:\n"
     ".Llp_lsda: .byte 0xff, 0xff, 0x03\n"  /* LPStart omitted, no types, udata4 rows */
     ".uleb128 13\n"
     ".long .Llp_call - lpad_other, .Llp_call_end - .Llp_call, .Llp_after - lpad_other\n"

@@ -61,6 +61,25 @@ def test_check_predicts_rewrite_on_fixtures(path: Path) -> None:
     assert _mismatches(path) == []
 
 
+def refusal_mismatch(path: Path) -> str | None:
+    """Whether check's `fork-guard-unavailable` and rewrite --fork-guard auto's refusal of
+    the file (decided in the plan) disagree: what they say, or None."""
+    said = [f.message for f in api.check(path).report.findings
+            if f.code == "fork-guard-unavailable"]
+    try:
+        refusal = api.rewrite_plan(path, verify=False).fork_refusal
+    except UnsupportedError:
+        return None
+    if bool(said) != (refusal is not None):
+        return f"{path.name}: check {said}, rewrite {refusal}"
+    return None
+
+
+@pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
+def test_check_predicts_the_fork_guard_refusal_on_fixtures(path: Path) -> None:
+    assert refusal_mismatch(path) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_BINARIES))
 def test_check_predicts_rewrite_on_real_binaries(name: str) -> None:

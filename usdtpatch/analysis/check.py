@@ -140,6 +140,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
+    findings.extend(_guard_unavailable(image, sites))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
 
 
@@ -186,13 +187,25 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
             f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
             PROCESS_CAN_FORK.hint, ""))
-        if copying and len(exposed) > now and cov is None:
-            problem = forkguard.hook_problem(image)
-            if problem is not None:
-                out.append(FORK_GUARD_UNAVAILABLE.finding(
-                    f"the file can fork and {len(exposed) - now} site(s) would be "
-                    f"rewritten, but the fork guard cannot be added: {problem}"))
     return out
+
+
+def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+    """`fork-guard-unavailable` where rewrite --fork-guard auto refuses the file: it may fork
+    (usdtpatch.forkguard.fork_exposure, what rewrite asks) and the guard cannot be added
+    (forkguard.hook_problem: what building it would say)."""
+    from usdtpatch import forkguard
+
+    if not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites) or \
+            forkguard.coverage(image) is not None:
+        return []
+    exposure = forkguard.fork_exposure(image)
+    problem = forkguard.hook_problem(image) if exposure is not None else None
+    if problem is None:
+        return []
+    return [FORK_GUARD_UNAVAILABLE.finding(
+        f"the file may fork ({exposure}), but the fork guard cannot be added: {problem}; "
+        f"rewrite --fork-guard auto refuses the file (--fork-guard never accepts the risk)")]
 
 
 def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
@@ -269,13 +282,6 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
             f"no symbol names a fork and the code cannot tell whether the process forks "
             f"({why}); if it does, a child forked while a site is optimized dies with "
             f"SIGSEGV at the site ({counts})"))
-    if ev.forks and len(exposed) > now:
-        problem = forkguard.hook_problem(image)
-        if problem is not None:
-            out.append(FORK_GUARD_UNAVAILABLE.finding(
-                f"the file may fork and {len(exposed) - now} site(s) would be rewritten, but "
-                f"the fork guard cannot be added: {problem}; rewrite --fork-guard auto "
-                f"refuses the file (--fork-guard never accepts the risk)"))
     return out
 
 

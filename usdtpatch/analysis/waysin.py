@@ -311,6 +311,29 @@ def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+# rip-relative references: (opcode pattern, bytes to the displacement, name)
+RIP_REFERENCES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"),
+                  (rb"\xff\x15", 2, "call-indirect"), (rb"\xff\x25", 2, "jmp-indirect"),
+                  (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"),
+                  (rb"\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "mov"))
+
+
+def references_to(image: ElfImage, targets: set[int]) -> list[tuple[int, str, int]]:
+    """(source, name, target) of every byte sequence of the file's code that is a call or jmp
+    rel32, a `call`/`jmp *disp(%rip)`, or a rip-relative `lea`/`mov` whose address is one of
+    `targets` (bytes: the caller checks that an instruction starts there)."""
+    out: list[tuple[int, str, int]] = []
+    if not targets:
+        return out
+    spans = _spans([(t, t, t) for t in targets], CHUNK)
+    for vaddr, off, size in code_ranges(image):
+        data = bytes(image.data[off:off + size])
+        for opcode, head, name in RIP_REFERENCES:
+            at = _candidates(data, vaddr, opcode, head, spans)
+            out.extend((src, name, t) for src, t in _rel32_hits(data, vaddr, at, head, targets))
+    return out
+
+
 _LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}
 
 

@@ -34,10 +34,20 @@ def _predicted(s: SiteCheck) -> tuple[str, str | None]:
     return "skipped", "*"  # not applicable: any reason
 
 
-def _mismatches(path: Path) -> list[str]:
-    rep = api.check(path).report
+# non-default rewrite options check is given too (each with rewrite --no-verify: check does
+# not run the emulator; the defaults are compared with verification on)
+OPTIONS: dict[str, dict[str, str]] = {
+    "combo10": {"form": "combo10"}, "combo5": {"form": "combo5"},
+    "guard-always": {"redzone_guard": "always"}, "guard-never": {"redzone_guard": "never"},
+    "calls-emulate": {"calls": "emulate"}, "calls-move": {"calls": "move"},
+}
+
+
+def _mismatches(path: Path, options: dict[str, str] | None = None) -> list[str]:
+    opts = options or {}
+    rep = api.check(path, **opts).report
     try:
-        plan = api.rewrite_plan(path, fork_guard="never")
+        plan = api.rewrite_plan(path, fork_guard="never", verify=not opts, **opts)
     except UnsupportedError:
         # not x86-64 ELF64: rewrite refuses the file; check promises no rewrite there
         return [f"{path.name} {s.probe.probe_id}: check {s.outcome}" for s in rep.sites
@@ -61,13 +71,19 @@ def test_check_predicts_rewrite_on_fixtures(path: Path) -> None:
     assert _mismatches(path) == []
 
 
-def refusal_mismatch(path: Path) -> str | None:
-    """Whether check's `fork-guard-unavailable` and rewrite --fork-guard auto's refusal of
-    the file (decided in the plan) disagree: what they say, or None."""
-    said = [f.message for f in api.check(path).report.findings
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_check_predicts_rewrite_with_other_options(name: str) -> None:
+    """Every fixture, with each non-default option."""
+    assert [m for p in fixture_files() for m in _mismatches(p, OPTIONS[name])] == []
+
+
+def refusal_mismatch(path: Path, fork_guard: str = "auto") -> str | None:
+    """Whether check's `fork-guard-unavailable` and rewrite's refusal of the file (decided in
+    the plan) disagree: what they say, or None."""
+    said = [f.message for f in api.check(path, fork_guard=fork_guard).report.findings
             if f.code == "fork-guard-unavailable"]
     try:
-        refusal = api.rewrite_plan(path, verify=False).fork_refusal
+        refusal = api.rewrite_plan(path, verify=False, fork_guard=fork_guard).fork_refusal
     except UnsupportedError:
         return None
     if bool(said) != (refusal is not None):
@@ -75,9 +91,9 @@ def refusal_mismatch(path: Path) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
-def test_check_predicts_the_fork_guard_refusal_on_fixtures(path: Path) -> None:
-    assert refusal_mismatch(path) is None
+@pytest.mark.parametrize("fork_guard", ["auto", "always"])
+def test_check_predicts_the_fork_guard_refusal_on_fixtures(fork_guard: str) -> None:
+    assert [m for p in fixture_files() if (m := refusal_mismatch(p, fork_guard))] == []
 
 
 @pytest.mark.slow

@@ -28,20 +28,23 @@ from usdtpatch.analysis.hazards import (
     semaphore_problems,
 )
 from usdtpatch.analysis.probes import Probe, ProbeSet
+from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.analysis.waysin import WaysIn, build_ways_in
-from usdtpatch.analysis.windows import WindowResult, WindowShape, find_window
+from usdtpatch.analysis.windows import PatchWindow, WindowResult, WindowShape, find_window
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
 from usdtpatch.findings import (
+    ARG_RIP_RELATIVE,
     ARG_USES_RIP,
     ARG_USES_RSP,
     CFI_MALFORMED,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
     FORK_UNKNOWN,
+    GUARD_IMPOSSIBLE,
     NO_TRAMPOLINE_REACH,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
@@ -60,6 +63,14 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
+from usdtpatch.rewriter.forms import (
+    ForkGuard,
+    Form,
+    Guard,
+    guard_args,
+    site_bytes,
+    uses_numeric_rip,
+)
 from usdtpatch.x86.nops import SiteForm
 
 # Site outcomes, in the order the summary lists them.
@@ -76,6 +87,21 @@ _BLOCK_HINT = WINDOW_BRANCH_TARGET.hint
 _KERNEL_FINDINGS = frozenset(c.code for c in (
     SITE_CROSSES_PAGE, SITE_SEGMENT_PREFIX, SITE_HINT_NOP, SITE_ELF32, NO_TRAMPOLINE_REACH,
     SITE_COMBO5_PC1))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    """The options of `rewrite` its decisions depend on, for check to predict them (the
+    defaults are rewrite's for a 6.18 target): the site form, the red-zone guard, how a
+    window's calls are handled (usdtpatch.analysis.calls.CALL_CHOICES) and the fork guard."""
+
+    form: Form = Form.NOP5
+    guard: Guard = Guard.AUTO
+    calls: str = CALLS_AUTO
+    fork_guard: ForkGuard = ForkGuard.AUTO
+
+
+DEFAULT_OPTIONS = CheckOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +130,7 @@ class CheckReport:
     cfi_fdes: int
     # the symbols, CFI and analysed functions check used: `show` and the HTML report reuse them
     context: CodeContext | None = field(default=None, repr=False, compare=False)
+    options: CheckOptions = DEFAULT_OPTIONS  # the rewrite options the outcomes predict
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:
@@ -117,8 +144,10 @@ class CheckReport:
         return dict(sorted(Counter(s.blocked for s in self.sites if s.blocked).items()))
 
 
-def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport:
-    """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions."""
+def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
+          options: CheckOptions = DEFAULT_OPTIONS) -> CheckReport:
+    """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions.
+    The outcomes are what `rewrite` with `options` decides."""
     image = probeset.image
     findings: list[Finding] = list(probeset.findings)
     if symbols is None:
@@ -136,12 +165,15 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
-    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes))
+    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes),
+                      options)
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
-    findings.extend(_guard_unavailable(image, sites))
-    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
+    if options.fork_guard is not ForkGuard.NEVER:
+        findings.extend(_guard_unavailable(image, sites, options.fork_guard))
+    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx,
+                       options)
 
 
 def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
@@ -190,32 +222,41 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     return out
 
 
-def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...]) -> list[Finding]:
-    """`fork-guard-unavailable` where rewrite --fork-guard auto refuses the file: it may fork
-    (usdtpatch.forkguard.fork_exposure, what rewrite asks) and the guard cannot be added
-    (forkguard.hook_problem: what building it would say)."""
+def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
+                       fork_guard: ForkGuard) -> list[Finding]:
+    """`fork-guard-unavailable` where rewrite refuses the file: it may fork
+    (usdtpatch.forkguard.fork_exposure, what rewrite asks; with --fork-guard always, any
+    file) and the guard cannot be added (forkguard.hook_problem: what building it says)."""
     from usdtpatch import forkguard
 
     if not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites) or \
             forkguard.coverage(image) is not None:
         return []
     exposure = forkguard.fork_exposure(image)
+    if exposure is None and fork_guard is ForkGuard.ALWAYS:
+        exposure = "--fork-guard always"
     problem = forkguard.hook_problem(image) if exposure is not None else None
     if problem is None:
         return []
     return [FORK_GUARD_UNAVAILABLE.finding(
         f"the file may fork ({exposure}), but the fork guard cannot be added: {problem}; "
-        f"rewrite --fork-guard auto refuses the file (--fork-guard never accepts the risk)")]
+        f"rewrite --fork-guard {fork_guard.value} refuses the file (--fork-guard never "
+        f"accepts the risk)")]
 
 
-def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
-    """The sites as rewrite (default options) decides them together, walking them in address
-    order as usdtpatch.rewriter.plan does: the sites inside one window go along with the
-    first (one detour; `in-place` only for a window that holds one site and needs no red-zone
-    guard, else the window moves to a detour: `forward`); a window overlapping one already
-    taken is not used (`window-overlaps-site`); a window whose calls can neither move nor be
-    emulated (usdtpatch.analysis.calls, `--calls auto`) is not used (`window-call-unwind`)."""
-    shstk: bool | None = None
+def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+              options: CheckOptions = DEFAULT_OPTIONS) -> tuple[SiteCheck, ...]:
+    """The sites as rewrite (with `options`) decides them together, walking them in address
+    order as usdtpatch.rewriter.plan does: a site already in the target's form is left as it
+    is (`optimizable`); the sites inside one window go along with the first (one detour;
+    `in-place` only for a window that holds one site, needs no red-zone guard and holds the
+    new site's bytes where the kernel optimizes them, else the window moves to a detour:
+    `forward`); a window overlapping one already taken is not used (`window-overlaps-site`);
+    nor one whose calls can neither move nor be emulated (usdtpatch.analysis.calls,
+    `window-call-unwind`), one whose guarded site's arguments cannot follow the guard
+    (`guard-impossible`), or one that would move an argument read relative to rip
+    (`arg-rip-relative`)."""
+    shstk: list[bool] = []
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
@@ -223,35 +264,83 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck
     for sc in by_address:
         if sc.probe.index in decided:
             continue
+        if _in_target_form(sc, options.form):
+            if sc.outcome != OPTIMIZABLE:
+                decided[sc.probe.index] = replace(sc, outcome=OPTIMIZABLE, blocked=None)
+            continue
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
             continue
-        if any(s < w.end and w.start < e for s, e in claimed):
-            why = "its window overlaps another rewritten site's"
-            decided[sc.probe.index] = replace(
-                sc, outcome=BLOCKED, blocked=WINDOW_OVERLAPS_SITE.code,
-                findings=(*sc.findings, WINDOW_OVERLAPS_SITE.finding(
-                    f"{why} ([{w.start:#x}, {w.end:#x}))", sc.probe.probe_id)))
-            continue
-        if w.calls:
-            shstk = shadow_stack_marked(ctx.image) if shstk is None else shstk
-            how = call_technique(ctx.image, ctx.cfi, w, CALLS_AUTO, shstk)
-            if isinstance(how, str):
-                decided[sc.probe.index] = replace(
-                    sc, outcome=BLOCKED, blocked=WINDOW_CALL_UNWIND.code,
-                    findings=(*sc.findings, WINDOW_CALL_UNWIND.finding(how, sc.probe.probe_id)))
-                continue
         members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
-        guarded = any(m.red_zone is None or m.red_zone.may_use for m in members)
-        shape = w.shape.value
-        if w.shape is WindowShape.IN_PLACE and (len(members) > 1 or guarded):
-            shape = FORWARD  # the NOP run moves to a detour, with the guard or its neighbours
+        why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
+        if why is not None:
+            code, reason = why
+            decided[sc.probe.index] = replace(
+                sc, outcome=BLOCKED, blocked=code,
+                findings=(*sc.findings, lookup(code).finding(reason, sc.probe.probe_id)))
+            continue
+        shape = _shape(sc, w, members, options)
         for m in members:
             decided[m.probe.index] = replace(m, outcome=shape, blocked=None) \
                 if m.outcome != shape else m
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
     return tuple(decided.get(s.probe.index, s) for s in sites)
+
+
+def _in_target_form(sc: SiteCheck, form: Form) -> bool:
+    """Whether rewrite leaves the site as it is for `form` (rewriter/plan.py's
+    `_already_in_form`): a 10-byte NOP site for a nop10-series target (--form combo10)."""
+    return form is Form.COMBO10 and sc.probe.site.form in (SiteForm.COMBO10, SiteForm.NOP10) \
+        and sc.outcome != NOT_APPLICABLE
+
+
+def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
+    if guard is not Guard.AUTO:
+        return guard is Guard.ALWAYS
+    return sc.red_zone is None or sc.red_zone.may_use
+
+
+def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
+                    members: list[SiteCheck], claimed: list[tuple[int, int]],
+                    options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
+    """(code, reason) when rewrite does not use the site's window, else None."""
+    if any(s < w.end and w.start < e for s, e in claimed):
+        return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
+                                           f"([{w.start:#x}, {w.end:#x}))")
+    guarded = any(_needs_guard(m, options.guard) for m in members)
+    for m in members:
+        if guarded:
+            _args, why = guard_args(m.probe.args)
+            if why is not None:
+                return GUARD_IMPOSSIBLE.code, f"{m.probe.probe_id}: {why}"
+        numeric = uses_numeric_rip(m.probe.args)
+        if numeric is not None and w.shape is not WindowShape.IN_PLACE:
+            return ARG_RIP_RELATIVE.code, (f"{m.probe.probe_id}: argument {numeric!r} is read "
+                                           f"relative to rip and would move")
+    if w.calls:
+        if not shstk:
+            shstk.append(shadow_stack_marked(ctx.image))
+        how = call_technique(ctx.image, ctx.cfi, w, options.calls, shstk[0])
+        if isinstance(how, str):
+            return WINDOW_CALL_UNWIND.code, how
+    return None
+
+
+def _shape(sc: SiteCheck, w: PatchWindow, members: list[SiteCheck],
+           options: CheckOptions) -> str:
+    """The outcome of a used window: `in-place` where rewrite writes the new site over the
+    NOP run itself, else the window's shape (a detour)."""
+    if w.shape is not WindowShape.IN_PLACE:
+        return FORWARD if w.shape is WindowShape.FORWARD else BACKWARD
+    guarded = any(_needs_guard(m, options.guard) for m in members)
+    sb = site_bytes(options.form, guarded)
+    pc = sc.probe.address
+    fits = (len(members) == 1 and not guarded and pc == w.start
+            and len(sb.code) <= w.end - pc
+            and optimized_where_it_is(sb.code[sb.optimized_offset:], pc + sb.optimized_offset,
+                                      nop10=options.form is Form.COMBO10))
+    return IN_PLACE if fits else FORWARD  # the NOP run moves to a detour
 
 
 def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:

@@ -13,6 +13,7 @@ the DTrace -G sites that rewrite moves together to one detour.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,14 +37,14 @@ def _predicted(s: SiteCheck) -> tuple[str, str | None]:
 
 # non-default rewrite options check is given too (each with rewrite --no-verify: check does
 # not run the emulator; the defaults are compared with verification on)
-OPTIONS: dict[str, dict[str, str]] = {
+OPTIONS: dict[str, dict[str, Any]] = {
     "combo10": {"form": "combo10"}, "combo5": {"form": "combo5"},
     "guard-always": {"redzone_guard": "always"}, "guard-never": {"redzone_guard": "never"},
     "calls-emulate": {"calls": "emulate"}, "calls-move": {"calls": "move"},
 }
 
 
-def _mismatches(path: Path, options: dict[str, str] | None = None) -> list[str]:
+def _mismatches(path: Path, options: dict[str, Any] | None = None) -> list[str]:
     opts = options or {}
     rep = api.check(path, **opts).report
     try:

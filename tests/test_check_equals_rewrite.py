@@ -12,12 +12,14 @@ the DTrace -G sites that rewrite moves together to one detour.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import REAL_BINARIES, fixture_files
+from tests.helpers import REAL_BINARIES, ROOT, fixture_files, run_cli
 from usdtpatch import api
 from usdtpatch.analysis.check import SiteCheck
 from usdtpatch.errors import UnsupportedError
@@ -104,3 +106,33 @@ def test_check_predicts_rewrite_on_real_binaries(name: str) -> None:
     if not path.exists():
         pytest.skip(f"{path} is not installed")
     assert _mismatches(path) == []
+
+
+@pytest.fixture(scope="module")
+def trywin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    exe = tmp_path_factory.mktemp("trywin") / "cxx-trywin"
+    subprocess.run(["g++", "-O2", str(ROOT / "tests" / "data" / "cxx-trywin.cc"), "-o",
+                    str(exe)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("name", ["default", *sorted(OPTIONS)])
+def test_calls_in_try_regions(trywin: Path, name: str, tmp_path: Path) -> None:
+    """A window holding a call in a try region: check says what rewrite does, with every
+    option (with --calls move, t1's detour cannot get its own LSDA: both skip it,
+    window-call-unwind); the rewritten program runs as the original, throws included."""
+    opts = OPTIONS.get(name, {})
+    assert _mismatches(trywin, opts) == []
+    t1 = next(s for s in api.check(trywin, **opts).report.sites if s.probe.name == "t1")
+    if name == "calls-move":
+        assert t1.blocked == "window-call-unwind", t1.outcome
+    elif name == "default":
+        assert t1.outcome == "forward" and t1.window is not None and t1.window.window
+        assert t1.window.window.calls
+        out = tmp_path / "out"
+        assert run_cli("rewrite", trywin, "-o", out, "--form", "nop5").rc == 0
+        runs = [subprocess.run([str(p), "4"], capture_output=True, text=True, timeout=30,
+                               check=True).stdout for p in (trywin, out)]
+        assert runs[0] == runs[1] and "-1 -2 -3" in runs[0]

@@ -134,7 +134,14 @@ def test_real_stripped_library(name: str) -> None:
     assert address is not None, reason
     assert "__cxa_finalize" in kinds  # crtstuff's __do_global_dtors_aux
     assert address in _self_pointing(image)
-    assert hook_problem(image) is None
+    problem = hook_problem(image)
+    if name == "libruby":
+        # Kernel#syscall: calls of syscall() with a number not fixed in the code, a fork the
+        # atfork handlers would not see: the guard is refused for that, not for the handle
+        assert problem is not None and "syscall() is called with a number" in problem
+        assert "__dso_handle" not in problem
+    else:
+        assert problem is None
 
 
 def test_libruby_has_several_self_pointing_words() -> None:

@@ -24,6 +24,7 @@ from usdtpatch.analysis.hazards import (
     fork_evidence,
     imported_fork_family,
     red_zone,
+    remember_context,
     rseq_sections,
     semaphore_problems,
 )
@@ -161,6 +162,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
+    remember_context(ctx)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()

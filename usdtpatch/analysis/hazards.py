@@ -382,11 +382,15 @@ def _syscall_calls(ctx: CodeContext, wrapper: FunctionBounds | None
     image = ctx.image
     slots = set(import_slots(image, "syscall"))
     entries = {wrapper.start} if wrapper is not None else set()
-    for src, name, _t in references_to(image, slots):
+    for src, name, _t in references_to(image, slots, ("jmp-indirect",)):
         if name == "jmp-indirect":  # a PLT stub: `[endbr64] [bnd] jmp *slot(%rip)`
             entries.update(_stub_starts(image, src))
     out: list[tuple[int, tuple[str, str]]] = []
-    for src, name, t in references_to(image, slots | entries):
+    if not slots and not entries:
+        return out
+    refs = [*references_to(image, entries, ("call", "jmp", "lea")),
+            *references_to(image, slots, ("call-indirect", "jmp-indirect", "mov"))]
+    for src, name, t in sorted(refs):
         if (name == "jmp-indirect" and src in entries) or src in entries:
             continue  # the PLT stub itself
         kind = _call_kind(ctx, src, name, t)
@@ -454,11 +458,23 @@ def _classify(ctx: CodeContext, insns: tuple[CodeInsn, ...], k: int, number: int
     return None
 
 
+_CONTEXT: list[CodeContext] = []  # the last analysis context of a check, for its file
+
+
+def remember_context(ctx: CodeContext) -> None:
+    """Keep `ctx` (check's, with the symbols, CFI and functions it read) for the questions
+    about the same file that follow (fork_evidence_of: the fork guard's decisions)."""
+    _CONTEXT[:] = [ctx]
+
+
 def fork_evidence_of(image: ElfImage, raw: bool = True) -> ForkEvidence:
-    """fork_evidence with the file's own call frame information and symbols."""
+    """fork_evidence with the file's own call frame information and symbols (check's context
+    for the file when it has one: `remember_context`)."""
     from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
     from usdtpatch.elf.symbols import load_symbols
 
+    if _CONTEXT and _CONTEXT[0].image is image:
+        return fork_evidence(_CONTEXT[0], raw)
     try:
         cfi = load_cfi(image)
     except CfiError:

@@ -318,20 +318,24 @@ RIP_REFERENCES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"),
                   (rb"\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "mov"))
 
 
-def references_to(image: ElfImage, targets: set[int]) -> list[tuple[int, str, int]]:
+def references_to(image: ElfImage, targets: set[int],
+                  names: Iterable[str] | None = None) -> list[tuple[int, str, int]]:
     """(source, name, target) of every byte sequence of the file's code that is a call or jmp
-    rel32, a `call`/`jmp *disp(%rip)`, or a rip-relative `lea`/`mov` whose address is one of
-    `targets` (bytes: the caller checks that an instruction starts there)."""
+    rel32, a `call`/`jmp *disp(%rip)`, or a rip-relative `lea`/`mov` (only the kinds
+    `names` of RIP_REFERENCES, when given) whose address is one of `targets` (bytes: the
+    caller checks that an instruction starts there). One search per opcode (a literal
+    first byte lets the search skip along), by source."""
     out: list[tuple[int, str, int]] = []
-    if not targets:
+    wanted = [r for r in RIP_REFERENCES if names is None or r[2] in frozenset(names)]
+    if not targets or not wanted:
         return out
     spans = _spans([(t, t, t) for t in targets], CHUNK)
     for vaddr, off, size in code_ranges(image):
         data = bytes(image.data[off:off + size])
-        for opcode, head, name in RIP_REFERENCES:
+        for opcode, head, name in wanted:
             at = _candidates(data, vaddr, opcode, head, spans)
             out.extend((src, name, t) for src, t in _rel32_hits(data, vaddr, at, head, targets))
-    return out
+    return sorted(out)
 
 
 _LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}

@@ -164,10 +164,10 @@ def _bypassing(image: ElfImage, kind: str) -> list[tuple[int, str]]:
     from usdtpatch.elf.symbols import load_symbols
 
     ev = _evidence(image, kind != "shared")
-    symbols = load_symbols(image)
+    symbols = load_symbols(image) if ev.forks else None
     out = list(ev.unknown)
     for pc, what in ev.forks:
-        sym = symbols.lookup(pc) if pc else None
+        sym = symbols.lookup(pc) if pc and symbols is not None else None
         if sym is None or sym[0].name not in LIBC_FORK_FUNCTIONS:
             out.append((pc, what))
     return out

@@ -64,6 +64,7 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
+from usdtpatch.forkguard.reader import coverage, is_shared
 from usdtpatch.rewriter.forms import (
     ForkGuard,
     Form,
@@ -172,6 +173,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
+    findings.extend(_library_syscall_findings(ctx, sites))
     if options.fork_guard is not ForkGuard.NEVER:
         findings.extend(_guard_unavailable(image, sites, options.fork_guard))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx,
@@ -194,7 +196,6 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     """The fork hazard of the file: covered by a fork guard (usdtpatch.forkguard: built with
     sys/sdt.h's, or added by rewrite), or `process-can-fork`, and whether rewrite could add
     the guard (docs/fork-guard.md)."""
-    from usdtpatch import forkguard
 
     out: list[Finding] = []
     exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
@@ -202,7 +203,7 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
         return out
     optimized = {s.probe.address + (1 if s.probe.site.form is SiteForm.COMBO5 else 0)
                  for s in sites if s.outcome == OPTIMIZABLE}
-    cov = forkguard.coverage(image)
+    cov = coverage(image)
     if cov is not None and optimized <= cov.sites:
         out.append(FORK_GUARDED.finding(
             f"{len(optimized)} optimizable site(s), every one in the fork guard's table "
@@ -232,7 +233,7 @@ def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
     from usdtpatch import forkguard
 
     if not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites) or \
-            forkguard.coverage(image) is not None:
+            coverage(image) is not None:
         return []
     exposure = forkguard.fork_exposure(image)
     if exposure is None and fork_guard is ForkGuard.ALWAYS:
@@ -349,11 +350,10 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
     """Where no symbol names a fork that copies the address space: what the code says
     (usdtpatch.analysis.hazards.fork_evidence): `process-can-fork` for a fork or clone system
     call, `fork-unknown` when it cannot tell; never silence for a file that may fork."""
-    from usdtpatch import forkguard
 
     exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
     image = ctx.image
-    if not exposed or forkguard.coverage(image) is not None or forkguard.is_shared(image):
+    if not exposed or coverage(image) is not None or is_shared(image):
         return []
     ev = fork_evidence(ctx)
     why = ev.describe() or ev.uncertainty()
@@ -374,6 +374,28 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
             f"({why}); if it does, a child forked while a site is optimized dies with "
             f"SIGSEGV at the site ({counts})"))
     return out
+
+
+def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
+                              ) -> list[Finding]:
+    """`fork-unknown` for a shared object that calls `syscall()` with a fork number or one not
+    fixed in its code (Ruby's Kernel#syscall): the fork guard's atfork handler does not run
+    for such a fork. Reported, not refused: the guard still covers fork() (docs/rewrite.md,
+    "What is not covered")."""
+    image = ctx.image
+    if not is_shared(image) or coverage(image) is not None or \
+            not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites):
+        return []
+    ev = fork_evidence(ctx, raw=False)
+    items = [*ev.forks, *ev.unknown]
+    if not items:
+        return []
+    at, what = items[0]
+    more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+    return [FORK_UNKNOWN.finding(
+        f"the library may fork through syscall(): {what}{f' at {at:#x}' if at else ''}{more}; "
+        f"the fork guard's atfork handler does not run for such a fork, and its child dies "
+        f"with SIGSEGV at an optimized site (the guard covers fork())")]
 
 
 def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],

@@ -8,9 +8,13 @@ the child does not have, writes back the kernel's int3 state (`cc` + the site's 
 through /proc/self/mem. The next hit traps, the probe fires for the child, and the kernel
 optimizes the site again in the child. docs/fork-guard.md has the whole story.
 
-This package holds the guard's code (rearm.c, built by recipe.py into _code.py) and
-`build_guard`, the rewriter's seam: the code, the site table and two stubs for the new
-segment, and the in-place edits that make the object register the guard when it loads:
+This package holds the guard's code (rearm.c, built by recipe.py into _code.py), its reader
+(reader.py: whether a file carries a guard and the sites its table lists, what `check` and
+`verify` read; it analyses no code) and, here, the builder: `build_guard`, the rewriter's
+seam (and the fork evidence it asks usdtpatch.analysis for, imported where it is asked:
+analysis/check.py imports the reader, the builder imports the analysis): the code, the site
+table and two stubs for the new segment, and the in-place edits that make the object
+register the guard when it loads:
 
 - a dynamically linked object: its first DT_INIT_ARRAY entry (the R_X86_64_RELATIVE addend
   that fills it in a PIE or shared object, the pointer itself in a non-PIE executable), or
@@ -39,28 +43,43 @@ from typing import TYPE_CHECKING
 from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
-    ET_EXEC,
-    PT_DYNAMIC,
-    PT_INTERP,
     ElfImage,
 )
 from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import symbol_value
-from usdtpatch.errors import UnsupportedError, UsdtpatchError
+from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
+from usdtpatch.forkguard.reader import (
+    ENTRY_SIZE,
+    TABLE_SECTION,
+    Coverage,
+    GuardUnsupported,
+    TableEntry,
+    coverage,
+    dynamic_entries,
+    header_table,
+    is_shared,
+    object_kind,
+    read_table,
+)
 from usdtpatch.x86.nops import crosses_page, kernel_optimizable_nop5
+
+__all__ = ["ENTRY_SIZE", "TABLE_SECTION", "Coverage", "GuardBuild", "GuardUnsupported",
+           "TableEntry", "build_guard", "coverage", "fork_exposure", "fork_syscall_hooks",
+           "guarded_sites", "header_table", "hook_problem", "is_shared", "marker_entry",
+           "read_table"]
+
+_dynamic = dynamic_entries  # (the builder's names for the reader's)
+_kind = object_kind
 
 if TYPE_CHECKING:
     from usdtpatch.analysis.hazards import ForkEvidence
     from usdtpatch.analysis.targets import CodeContext
 
-ENTRY_SIZE = 12
 CHILD_STUB = 0
 INIT_STUB = 32
 CODE_AT = 80
-TABLE_SECTION = "__usdtpatch_fork_sites"  # sys/sdt.h's table
 
-DT_NULL = 0
 DT_RELA = 7
 DT_RELASZ = 8
 DT_RELAENT = 9
@@ -69,13 +88,7 @@ DT_INIT_ARRAY = 25
 DT_INIT_ARRAYSZ = 27
 DT_RELRSZ = 35
 DT_RELR = 36
-DT_FLAGS_1 = 0x6FFFFFFB
-DF_1_PIE = 0x08000000
 R_X86_64_RELATIVE = 8
-
-
-class GuardUnsupported(UnsupportedError):
-    """The file cannot carry the fork guard; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +173,13 @@ def _bypassing(image: ElfImage, kind: str) -> list[tuple[int, str]]:
     through the C library's fork() (whose atfork handlers the guard registers with): a fork
     or clone system call outside the C library's fork functions, one whose number the code
     does not fix, a call of syscall() with a fork number or with a number not fixed (a shared
-    object: only its calls of syscall())."""
+    object: none; its calls of syscall() are reported by check, `fork-unknown`, not refused:
+    docs/rewrite.md, "What is not covered")."""
     from usdtpatch.elf.symbols import load_symbols
 
-    ev = _evidence(image, kind != "shared")
+    if kind == "shared":
+        return []
+    ev = _evidence(image, True)
     symbols = load_symbols(image) if ev.forks else None
     out = list(ev.unknown)
     for pc, what in ev.forks:
@@ -173,43 +189,7 @@ def _bypassing(image: ElfImage, kind: str) -> list[tuple[int, str]]:
     return out
 
 
-def is_shared(image: ElfImage) -> bool:
-    """Whether `image` is a shared object (not an executable, static or dynamic)."""
-    return _kind(image) == "shared"
-
-
-def _kind(image: ElfImage) -> str:
-    """"exe" (dynamically linked executable), "shared" (shared object), "static" (static
-    executable, PIE or not) or "other"."""
-    if image.type not in (ET_EXEC, ET_DYN):
-        return "other"
-    if any(s.type == PT_INTERP for s in image.segments):
-        return "exe"
-    dyn = _dynamic(image) if any(s.type == PT_DYNAMIC for s in image.segments) else []
-    if not dyn:
-        return "static"
-    flags1 = next((v for t, v, _o in dyn if t == DT_FLAGS_1), 0)
-    if image.type == ET_EXEC or flags1 & DF_1_PIE:
-        return "static"  # a static PIE relocates itself: it has a .dynamic and no interpreter
-    return "shared"
-
-
 # --- reading the file --------------------------------------------------------------------
-
-def _dynamic(image: ElfImage) -> list[tuple[int, int, int]]:
-    """(tag, value, file offset of the entry) of PT_DYNAMIC, up to DT_NULL."""
-    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
-    if seg is None:
-        return []
-    out = []
-    end = min(seg.offset + seg.filesz, len(image.data))
-    for off in range(seg.offset, end - 15, 16):
-        tag, val = struct.unpack_from("<qQ", image.data, off)
-        if tag == DT_NULL:
-            break
-        out.append((tag, val, off))
-    return out
-
 
 def _offset(image: ElfImage, vaddr: int, size: int, what: str) -> int:
     off = image.vaddr_to_offset(vaddr)
@@ -654,77 +634,6 @@ def marker_entry(g: GuardBuild) -> dict[str, object]:
 
 
 # --- reading a guard back ------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class TableEntry:
-    entry: int  # the entry's address
-    site: int
-    orig: bytes
-
-
-def read_table(image: ElfImage, start: int, end: int) -> tuple[TableEntry, ...]:
-    """The entries of a site table in [start, end) (empty entries left out)."""
-    raw = image.read_vaddr(start, end - start)
-    if len(raw) != end - start or (end - start) % ENTRY_SIZE:
-        raise GuardUnsupported(f"site table [{start:#x}, {end:#x}) is not in the file")
-    out = []
-    for i in range(0, len(raw), ENTRY_SIZE):
-        (rel,) = struct.unpack_from("<i", raw, i)
-        if rel:
-            out.append(TableEntry(start + i, start + i + rel, raw[i + 4: i + 9]))
-    return tuple(out)
-
-
-def header_table(image: ElfImage) -> tuple[TableEntry, ...] | None:
-    """The fork-guard table sys/sdt.h left in a file (None: the file has none)."""
-    sec = image.section(TABLE_SECTION)
-    if sec is None or not sec.allocated:
-        return None
-    return read_table(image, sec.addr, sec.addr + sec.size)
-
-
-@dataclass(frozen=True, slots=True)
-class Coverage:
-    """The fork guard a file carries: which of its sites it covers and how it registers."""
-
-    kind: str  # "sdt.h" (built with usdtpatch's header) or "rewrite" (added by rewrite)
-    sites: frozenset[int]
-    how: str
-
-
-def coverage(image: ElfImage) -> Coverage | None:
-    """The fork guard of `image`, or None when it has none (or it cannot be read)."""
-    try:
-        return _coverage(image)
-    except (UsdtpatchError, struct.error, ValueError):
-        return None
-
-
-def _coverage(image: ElfImage) -> Coverage | None:
-    table = header_table(image)
-    if table is not None:
-        return Coverage("sdt.h", frozenset(e.site for e in table),
-                        "sys/sdt.h's constructor registers it with pthread_atfork")
-    from usdtpatch.elf.marker import marker_of
-
-    try:
-        marker = marker_of(image)
-    except UnsupportedError:
-        return None
-    fg = marker.get("fork_guard") if marker is not None else None
-    if not isinstance(fg, dict):
-        return None
-    span = fg.get("table")
-    hook = fg.get("hook")
-    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
-        return None
-    try:
-        entries = read_table(image, span[0], span[1])
-    except GuardUnsupported:
-        return None
-    return Coverage("rewrite", frozenset(e.site for e in entries),
-                    f"usdtpatch rewrite added it ({hook})")
-
 
 def hook_problem(image: ElfImage) -> str | None:
     """Why `build_guard` would refuse `image` (None: a guard can be added)."""

@@ -12,11 +12,14 @@ the DTrace -G sites that rewrite moves together to one detour.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import REAL_BINARIES, fixture_files
+from tests.helpers import REAL_BINARIES, ROOT, fixture_files, run_cli
 from usdtpatch import api
 from usdtpatch.analysis.check import SiteCheck
 from usdtpatch.errors import UnsupportedError
@@ -34,10 +37,20 @@ def _predicted(s: SiteCheck) -> tuple[str, str | None]:
     return "skipped", "*"  # not applicable: any reason
 
 
-def _mismatches(path: Path) -> list[str]:
-    rep = api.check(path).report
+# non-default rewrite options check is given too (each with rewrite --no-verify: check does
+# not run the emulator; the defaults are compared with verification on)
+OPTIONS: dict[str, dict[str, Any]] = {
+    "combo10": {"form": "combo10"}, "combo5": {"form": "combo5"},
+    "guard-always": {"redzone_guard": "always"}, "guard-never": {"redzone_guard": "never"},
+    "calls-emulate": {"calls": "emulate"}, "calls-move": {"calls": "move"},
+}
+
+
+def _mismatches(path: Path, options: dict[str, Any] | None = None) -> list[str]:
+    opts = options or {}
+    rep = api.check(path, **opts).report
     try:
-        plan = api.rewrite_plan(path, fork_guard="never")
+        plan = api.rewrite_plan(path, fork_guard="never", verify=not opts, **opts)
     except UnsupportedError:
         # not x86-64 ELF64: rewrite refuses the file; check promises no rewrite there
         return [f"{path.name} {s.probe.probe_id}: check {s.outcome}" for s in rep.sites
@@ -61,6 +74,31 @@ def test_check_predicts_rewrite_on_fixtures(path: Path) -> None:
     assert _mismatches(path) == []
 
 
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_check_predicts_rewrite_with_other_options(name: str) -> None:
+    """Every fixture, with each non-default option."""
+    assert [m for p in fixture_files() for m in _mismatches(p, OPTIONS[name])] == []
+
+
+def refusal_mismatch(path: Path, fork_guard: str = "auto") -> str | None:
+    """Whether check's `fork-guard-unavailable` and rewrite's refusal of the file (decided in
+    the plan) disagree: what they say, or None."""
+    said = [f.message for f in api.check(path, fork_guard=fork_guard).report.findings
+            if f.code == "fork-guard-unavailable"]
+    try:
+        refusal = api.rewrite_plan(path, verify=False, fork_guard=fork_guard).fork_refusal
+    except UnsupportedError:
+        return None
+    if bool(said) != (refusal is not None):
+        return f"{path.name}: check {said}, rewrite {refusal}"
+    return None
+
+
+@pytest.mark.parametrize("fork_guard", ["auto", "always"])
+def test_check_predicts_the_fork_guard_refusal_on_fixtures(fork_guard: str) -> None:
+    assert [m for p in fixture_files() if (m := refusal_mismatch(p, fork_guard))] == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_BINARIES))
 def test_check_predicts_rewrite_on_real_binaries(name: str) -> None:
@@ -68,3 +106,33 @@ def test_check_predicts_rewrite_on_real_binaries(name: str) -> None:
     if not path.exists():
         pytest.skip(f"{path} is not installed")
     assert _mismatches(path) == []
+
+
+@pytest.fixture(scope="module")
+def trywin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    exe = tmp_path_factory.mktemp("trywin") / "cxx-trywin"
+    subprocess.run(["g++", "-O2", str(ROOT / "tests" / "data" / "cxx-trywin.cc"), "-o",
+                    str(exe)], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("name", ["default", *sorted(OPTIONS)])
+def test_calls_in_try_regions(trywin: Path, name: str, tmp_path: Path) -> None:
+    """A window holding a call in a try region: check says what rewrite does, with every
+    option (with --calls move, t1's detour cannot get its own LSDA: both skip it,
+    window-call-unwind); the rewritten program runs as the original, throws included."""
+    opts = OPTIONS.get(name, {})
+    assert _mismatches(trywin, opts) == []
+    t1 = next(s for s in api.check(trywin, **opts).report.sites if s.probe.name == "t1")
+    if name == "calls-move":
+        assert t1.blocked == "window-call-unwind", t1.outcome
+    elif name == "default":
+        assert t1.outcome == "forward" and t1.window is not None and t1.window.window
+        assert t1.window.window.calls
+        out = tmp_path / "out"
+        assert run_cli("rewrite", trywin, "-o", out, "--form", "nop5").rc == 0
+        runs = [subprocess.run([str(p), "4"], capture_output=True, text=True, timeout=30,
+                               check=True).stdout for p in (trywin, out)]
+        assert runs[0] == runs[1] and "-1 -2 -3" in runs[0]

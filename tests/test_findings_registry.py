@@ -37,6 +37,7 @@ NOT_CODES = frozenset({
     "call-target", "return-site", "landing-pad", "jump-table", "jump-from-other-part",
     "rseq-abort", "unknown-indirect",  # analysis/targets.py target kinds
     "branch-from-elsewhere", "short-branch-from-elsewhere", "address-taken", "data-word",
+    "code-word", "relative-table-entry",
     # analysis/waysin.py: kinds of way in from the whole file
     "in-place",  # window shape / rewrite action
     "rel8-stub",  # analysis/windows.py: how a branch into a window is retargeted

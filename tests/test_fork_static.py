@@ -13,11 +13,20 @@ C library's `_Fork` makes the clone system call inline). The code itself is the 
   instruction between the number and the `syscall`): rewrite --fork-guard auto refuses it
   (exit 2, one line saying why and that `--fork-guard never` accepts it), and so does
   `--dry-run`: the plan decides it; nothing is written; `--fork-guard never` accepts it;
-- tests/data/nofork-static.c, stripped, never forks, but its C library makes system calls
+- tests/data/nofork-static.c, stripped, never forks, but its C library makes a system call
   whose number the code does not fix: check says `fork-unknown`, never nothing, and rewrite
-  repeats it.
+  repeats it and hooks that system call (the hook compares the number with the fork ones at
+  run time);
+- tests/data/sysfork-static.c forks through syscall(SYS_fork + n), n not fixed in the code:
+  static, rewrite hooks syscall()'s own system call (unstripped: the one its symbol names;
+  stripped: the system call whose number is not fixed), and traced every child survives;
+  linked dynamically, syscall() is the C library's, whose system call the file cannot hook
+  and which bypasses the atfork handlers the guard registers with: rewrite --fork-guard auto
+  refuses it and check says so (`fork-guard-unavailable`).
+check's `fork-guard-unavailable` is there exactly when rewrite --fork-guard auto refuses.
 Before, check said nothing about forking for the stripped files and rewrite exited 0 with
-an unguarded output whose traced children died.
+an unguarded output whose traced children died; a fork through syscall() was `fork-unknown`
+and left unguarded.
 """
 
 from __future__ import annotations
@@ -47,13 +56,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("forkstatic")
     paths: dict[str, Path] = {}
     for name, src in (("fork", "forkstatic.c"), ("nofork", "nofork-static.c"),
-                      ("rawfork", "rawfork-static.c")):
+                      ("rawfork", "rawfork-static.c"), ("sysfork", "sysfork-static.c")):
         exe = out / name
         subprocess.run(["gcc", "-O2", "-static", "-I", str(ROOT / "fixtures" / "src"),
                         str(DATA / src), "-o", str(exe)], check=True)
         stripped = out / f"{name}-stripped"
         subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
         paths[name], paths[f"{name}-stripped"] = exe, stripped
+    dyn = out / "sysfork-dynamic"
+    subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
+                    str(DATA / "sysfork-static.c"), "-o", str(dyn)], check=True)
+    paths["sysfork-dynamic"] = dyn
     return paths
 
 
@@ -121,6 +134,40 @@ def test_no_fork_found_is_said_not_silence(built: dict[str, Path], tmp_path: Pat
     assert "fork-unknown" in said
 
 
+def test_check_predicts_the_refusal(built: dict[str, Path]) -> None:
+    from tests.test_check_equals_rewrite import refusal_mismatch
+
+    assert [m for p in built.values() if (m := refusal_mismatch(p))] == []
+
+
+@pytest.mark.parametrize("name", ["sysfork", "sysfork-stripped", "nofork-stripped"])
+def test_rewrite_hooks_a_system_call_of_unknown_number(built: dict[str, Path], tmp_path: Path,
+                                                       name: str) -> None:
+    out = tmp_path / "out"
+    res = run_cli("rewrite", built[name], "-o", out, "--json")
+    assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "compare their number with the fork ones at run time" in said["fork-guarded"]
+    if name.startswith("sysfork"):
+        lo, hi = _nm(built["sysfork"], "syscall")
+        m = re.findall(r"0x[0-9a-f]+", said["fork-guarded"].split("system call")[-1])
+        assert any(lo <= int(a, 16) < hi for a in m), said["fork-guarded"]
+    run = [subprocess.run([str(p), "2"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout for p in (built[name], out)]
+    assert run[0] == run[1]
+
+
+def test_a_fork_through_the_libraries_syscall_is_refused(built: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    path = built["sysfork-dynamic"]
+    codes = {f.code: f.message for f in check(load(path)).findings}
+    assert "syscall()" in codes["fork-guard-unavailable"], codes
+    res = run_cli("rewrite", path, "-o", tmp_path / "out")
+    assert res.rc == 2 and "--fork-guard never" in res.err, (res.rc, res.err)
+    assert not (tmp_path / "out").exists()
+    assert run_cli("rewrite", path, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
+
+
 def _traced(path: Path) -> str:
     script = f"usdt:{path}:sfork:site {{ @n = count(); }}"
     done = subprocess.run(["bpftrace", "-e", script, "-c", f"{path} 3"], capture_output=True,
@@ -133,7 +180,7 @@ def _traced(path: Path) -> str:
 @pytest.mark.live
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
-@pytest.mark.parametrize("name", ["fork", "fork-stripped"])
+@pytest.mark.parametrize("name", ["fork", "fork-stripped", "sysfork", "sysfork-stripped"])
 def test_guarded_static_children_survive_tracing(built: dict[str, Path], tmp_path: Path,
                                                  name: str) -> None:
     out = tmp_path / "out"

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from usdtpatch.analysis.check import CheckReport
+from usdtpatch.analysis.calls import CALL_CHOICES
+from usdtpatch.analysis.check import CheckOptions, CheckReport
 from usdtpatch.analysis.check import check as check_probes
 from usdtpatch.analysis.probes import ProbeSet, read_probes
 from usdtpatch.elf.image import ElfImage, parse_elf
@@ -159,9 +160,21 @@ class CheckResult:
         return self.report.all_findings
 
 
-def check(path: StrPath) -> CheckResult:
-    """Judge every probe site of one file as a candidate for the kernel's optimized uprobes."""
-    return CheckResult(os.fspath(path), check_probes(load(path)))
+def check(path: StrPath, *, form: Form | str = Form.NOP5,
+          redzone_guard: Guard | str = Guard.AUTO,
+          fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
+          kernel: str | None = None) -> CheckResult:
+    """Judge every probe site of one file as a candidate for the kernel's optimized uprobes;
+    the outcomes predict `rewrite` with the same options (`form` "auto" and `kernel` as for
+    `rewrite`; UnsupportedError when "auto" finds a kernel that optimizes nothing)."""
+    choice = _form_choice(form, kernel)
+    if choice.form is None:
+        raise UnsupportedError(choice.why)
+    if calls not in CALL_CHOICES:
+        raise ValueError(f"calls={calls!r}: expected one of {', '.join(CALL_CHOICES)}")
+    options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
+                           _enum(ForkGuard, fork_guard, "fork_guard"))
+    return CheckResult(os.fspath(path), check_probes(load(path), options=options))
 
 
 def _check_data(path: StrPath, data: bytes) -> CheckResult:

@@ -24,24 +24,28 @@ from usdtpatch.analysis.hazards import (
     fork_evidence,
     imported_fork_family,
     red_zone,
+    remember_context,
     rseq_sections,
     semaphore_problems,
 )
 from usdtpatch.analysis.probes import Probe, ProbeSet
+from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.analysis.waysin import WaysIn, build_ways_in
-from usdtpatch.analysis.windows import WindowResult, WindowShape, find_window
+from usdtpatch.analysis.windows import PatchWindow, WindowResult, WindowShape, find_window
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
 from usdtpatch.findings import (
+    ARG_RIP_RELATIVE,
     ARG_USES_RIP,
     ARG_USES_RSP,
     CFI_MALFORMED,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
     FORK_UNKNOWN,
+    GUARD_IMPOSSIBLE,
     NO_TRAMPOLINE_REACH,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
@@ -60,7 +64,16 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
-from usdtpatch.x86.nops import nop5_offset
+from usdtpatch.forkguard.reader import coverage, is_shared
+from usdtpatch.rewriter.forms import (
+    ForkGuard,
+    Form,
+    Guard,
+    guard_args,
+    site_bytes,
+    uses_numeric_rip,
+)
+from usdtpatch.x86.nops import SiteForm, nop5_offset
 
 # Site outcomes, in the order the summary lists them.
 OPTIMIZABLE = "optimizable"
@@ -76,6 +89,21 @@ _BLOCK_HINT = WINDOW_BRANCH_TARGET.hint
 _KERNEL_FINDINGS = frozenset(c.code for c in (
     SITE_CROSSES_PAGE, SITE_SEGMENT_PREFIX, SITE_HINT_NOP, SITE_ELF32, NO_TRAMPOLINE_REACH,
     SITE_COMBO5_PC1))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    """The options of `rewrite` its decisions depend on, for check to predict them (the
+    defaults are rewrite's for a 6.18 target): the site form, the red-zone guard, how a
+    window's calls are handled (usdtpatch.analysis.calls.CALL_CHOICES) and the fork guard."""
+
+    form: Form = Form.NOP5
+    guard: Guard = Guard.AUTO
+    calls: str = CALLS_AUTO
+    fork_guard: ForkGuard = ForkGuard.AUTO
+
+
+DEFAULT_OPTIONS = CheckOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +132,7 @@ class CheckReport:
     cfi_fdes: int
     # the symbols, CFI and analysed functions check used: `show` and the HTML report reuse them
     context: CodeContext | None = field(default=None, repr=False, compare=False)
+    options: CheckOptions = DEFAULT_OPTIONS  # the rewrite options the outcomes predict
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:
@@ -117,8 +146,10 @@ class CheckReport:
         return dict(sorted(Counter(s.blocked for s in self.sites if s.blocked).items()))
 
 
-def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport:
-    """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions."""
+def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
+          options: CheckOptions = DEFAULT_OPTIONS) -> CheckReport:
+    """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions.
+    The outcomes are what `rewrite` with `options` decides."""
     image = probeset.image
     findings: list[Finding] = list(probeset.findings)
     if symbols is None:
@@ -132,15 +163,21 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None) -> CheckReport
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
+    remember_context(ctx)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
-    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes))
+    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes),
+                      options)
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
-    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx)
+    findings.extend(_library_syscall_findings(ctx, sites))
+    if options.fork_guard is not ForkGuard.NEVER:
+        findings.extend(_guard_unavailable(image, sites, options.fork_guard))
+    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx,
+                       options)
 
 
 def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
@@ -151,7 +188,7 @@ def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
         sites.append((p.address, b.start, b.end) if b is not None else
                      (p.address, p.address, p.address))
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
-    return build_ways_in(ctx.image, sites, starts)
+    return build_ways_in(ctx.image, sites, starts, ctx.cfi)
 
 
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
@@ -159,7 +196,6 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     """The fork hazard of the file: covered by a fork guard (usdtpatch.forkguard: built with
     sys/sdt.h's, or added by rewrite), or `process-can-fork`, and whether rewrite could add
     the guard (docs/fork-guard.md)."""
-    from usdtpatch import forkguard
 
     out: list[Finding] = []
     exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
@@ -167,7 +203,7 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
         return out
     optimized = {s.probe.address + nop5_offset(s.probe.site.form)
                  for s in sites if s.outcome == OPTIMIZABLE}
-    cov = forkguard.coverage(image)
+    cov = coverage(image)
     if cov is not None and optimized <= cov.sites:
         out.append(FORK_GUARDED.finding(
             f"{len(optimized)} optimizable site(s), every one in the fork guard's table "
@@ -186,23 +222,44 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
             f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
             PROCESS_CAN_FORK.hint, ""))
-        if copying and len(exposed) > now and cov is None:
-            problem = forkguard.hook_problem(image)
-            if problem is not None:
-                out.append(FORK_GUARD_UNAVAILABLE.finding(
-                    f"the file can fork and {len(exposed) - now} site(s) would be "
-                    f"rewritten, but the fork guard cannot be added: {problem}"))
     return out
 
 
-def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck, ...]:
-    """The sites as rewrite (default options) decides them together, walking them in address
-    order as usdtpatch.rewriter.plan does: the sites inside one window go along with the
-    first (one detour; `in-place` only for a window that holds one site and needs no red-zone
-    guard, else the window moves to a detour: `forward`); a window overlapping one already
-    taken is not used (`window-overlaps-site`); a window whose calls can neither move nor be
-    emulated (usdtpatch.analysis.calls, `--calls auto`) is not used (`window-call-unwind`)."""
-    shstk: bool | None = None
+def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
+                       fork_guard: ForkGuard) -> list[Finding]:
+    """`fork-guard-unavailable` where rewrite refuses the file: it may fork
+    (usdtpatch.forkguard.fork_exposure, what rewrite asks; with --fork-guard always, any
+    file) and the guard cannot be added (forkguard.hook_problem: what building it says)."""
+    from usdtpatch import forkguard
+
+    if not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites) or \
+            coverage(image) is not None:
+        return []
+    exposure = forkguard.fork_exposure(image)
+    if exposure is None and fork_guard is ForkGuard.ALWAYS:
+        exposure = "--fork-guard always"
+    problem = forkguard.hook_problem(image) if exposure is not None else None
+    if problem is None:
+        return []
+    return [FORK_GUARD_UNAVAILABLE.finding(
+        f"the file may fork ({exposure}), but the fork guard cannot be added: {problem}; "
+        f"rewrite --fork-guard {fork_guard.value} refuses the file (--fork-guard never "
+        f"accepts the risk)")]
+
+
+def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+              options: CheckOptions = DEFAULT_OPTIONS) -> tuple[SiteCheck, ...]:
+    """The sites as rewrite (with `options`) decides them together, walking them in address
+    order as usdtpatch.rewriter.plan does: a site already in the target's form is left as it
+    is (`optimizable`); the sites inside one window go along with the first (one detour;
+    `in-place` only for a window that holds one site, needs no red-zone guard and holds the
+    new site's bytes where the kernel optimizes them, else the window moves to a detour:
+    `forward`); a window overlapping one already taken is not used (`window-overlaps-site`);
+    nor one whose calls can neither move nor be emulated (usdtpatch.analysis.calls,
+    `window-call-unwind`), one whose guarded site's arguments cannot follow the guard
+    (`guard-impossible`), or one that would move an argument read relative to rip
+    (`arg-rip-relative`)."""
+    shstk: list[bool] = []
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
@@ -210,29 +267,22 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck
     for sc in by_address:
         if sc.probe.index in decided:
             continue
+        if _in_target_form(sc, options.form):
+            if sc.outcome != OPTIMIZABLE:
+                decided[sc.probe.index] = replace(sc, outcome=OPTIMIZABLE, blocked=None)
+            continue
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
             continue
-        if any(s < w.end and w.start < e for s, e in claimed):
-            why = "its window overlaps another rewritten site's"
-            decided[sc.probe.index] = replace(
-                sc, outcome=BLOCKED, blocked=WINDOW_OVERLAPS_SITE.code,
-                findings=(*sc.findings, WINDOW_OVERLAPS_SITE.finding(
-                    f"{why} ([{w.start:#x}, {w.end:#x}))", sc.probe.probe_id)))
-            continue
-        if w.calls:
-            shstk = shadow_stack_marked(ctx.image) if shstk is None else shstk
-            how = call_technique(ctx.image, ctx.cfi, w, CALLS_AUTO, shstk)
-            if isinstance(how, str):
-                decided[sc.probe.index] = replace(
-                    sc, outcome=BLOCKED, blocked=WINDOW_CALL_UNWIND.code,
-                    findings=(*sc.findings, WINDOW_CALL_UNWIND.finding(how, sc.probe.probe_id)))
-                continue
         members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
-        guarded = any(m.red_zone is None or m.red_zone.may_use for m in members)
-        shape = w.shape.value
-        if w.shape is WindowShape.IN_PLACE and (len(members) > 1 or guarded):
-            shape = FORWARD  # the NOP run moves to a detour, with the guard or its neighbours
+        why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
+        if why is not None:
+            code, reason = why
+            decided[sc.probe.index] = replace(
+                sc, outcome=BLOCKED, blocked=code,
+                findings=(*sc.findings, lookup(code).finding(reason, sc.probe.probe_id)))
+            continue
+        shape = _shape(sc, w, members, options)
         for m in members:
             decided[m.probe.index] = replace(m, outcome=shape, blocked=None) \
                 if m.outcome != shape else m
@@ -241,15 +291,69 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck
     return tuple(decided.get(s.probe.index, s) for s in sites)
 
 
+def _in_target_form(sc: SiteCheck, form: Form) -> bool:
+    """Whether rewrite leaves the site as it is for `form` (rewriter/plan.py's
+    `_already_in_form`): a 10-byte NOP site for a nop10-series target (--form combo10)."""
+    return form is Form.COMBO10 and sc.probe.site.form in (SiteForm.COMBO10, SiteForm.NOP10) \
+        and sc.outcome != NOT_APPLICABLE
+
+
+def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
+    if guard is not Guard.AUTO:
+        return guard is Guard.ALWAYS
+    return sc.red_zone is None or sc.red_zone.may_use
+
+
+def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
+                    members: list[SiteCheck], claimed: list[tuple[int, int]],
+                    options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
+    """(code, reason) when rewrite does not use the site's window, else None."""
+    if any(s < w.end and w.start < e for s, e in claimed):
+        return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
+                                           f"([{w.start:#x}, {w.end:#x}))")
+    guarded = any(_needs_guard(m, options.guard) for m in members)
+    for m in members:
+        if guarded:
+            _args, why = guard_args(m.probe.args)
+            if why is not None:
+                return GUARD_IMPOSSIBLE.code, f"{m.probe.probe_id}: {why}"
+        numeric = uses_numeric_rip(m.probe.args)
+        if numeric is not None and w.shape is not WindowShape.IN_PLACE:
+            return ARG_RIP_RELATIVE.code, (f"{m.probe.probe_id}: argument {numeric!r} is read "
+                                           f"relative to rip and would move")
+    if w.calls:
+        if not shstk:
+            shstk.append(shadow_stack_marked(ctx.image))
+        how = call_technique(ctx.image, ctx.cfi, w, options.calls, shstk[0])
+        if isinstance(how, str):
+            return WINDOW_CALL_UNWIND.code, how
+    return None
+
+
+def _shape(sc: SiteCheck, w: PatchWindow, members: list[SiteCheck],
+           options: CheckOptions) -> str:
+    """The outcome of a used window: `in-place` where rewrite writes the new site over the
+    NOP run itself, else the window's shape (a detour)."""
+    if w.shape is not WindowShape.IN_PLACE:
+        return FORWARD if w.shape is WindowShape.FORWARD else BACKWARD
+    guarded = any(_needs_guard(m, options.guard) for m in members)
+    sb = site_bytes(options.form, guarded)
+    pc = sc.probe.address
+    fits = (len(members) == 1 and not guarded and pc == w.start
+            and len(sb.code) <= w.end - pc
+            and optimized_where_it_is(sb.code[sb.optimized_offset:], pc + sb.optimized_offset,
+                                      nop10=options.form is Form.COMBO10))
+    return IN_PLACE if fits else FORWARD  # the NOP run moves to a detour
+
+
 def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:
     """Where no symbol names a fork that copies the address space: what the code says
     (usdtpatch.analysis.hazards.fork_evidence): `process-can-fork` for a fork or clone system
     call, `fork-unknown` when it cannot tell; never silence for a file that may fork."""
-    from usdtpatch import forkguard
 
     exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
     image = ctx.image
-    if not exposed or forkguard.coverage(image) is not None or forkguard.is_shared(image):
+    if not exposed or coverage(image) is not None or is_shared(image):
         return []
     ev = fork_evidence(ctx)
     why = ev.describe() or ev.uncertainty()
@@ -269,14 +373,29 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
             f"no symbol names a fork and the code cannot tell whether the process forks "
             f"({why}); if it does, a child forked while a site is optimized dies with "
             f"SIGSEGV at the site ({counts})"))
-    if ev.forks and len(exposed) > now:
-        problem = forkguard.hook_problem(image)
-        if problem is not None:
-            out.append(FORK_GUARD_UNAVAILABLE.finding(
-                f"the file may fork and {len(exposed) - now} site(s) would be rewritten, but "
-                f"the fork guard cannot be added: {problem}; rewrite --fork-guard auto "
-                f"refuses the file (--fork-guard never accepts the risk)"))
     return out
+
+
+def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
+                              ) -> list[Finding]:
+    """`fork-unknown` for a shared object that calls `syscall()` with a fork number or one not
+    fixed in its code (Ruby's Kernel#syscall): the fork guard's atfork handler does not run
+    for such a fork. Reported, not refused: the guard still covers fork() (docs/rewrite.md,
+    "What is not covered")."""
+    image = ctx.image
+    if not is_shared(image) or coverage(image) is not None or \
+            not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites):
+        return []
+    ev = fork_evidence(ctx, raw=False)
+    items = [*ev.forks, *ev.unknown]
+    if not items:
+        return []
+    at, what = items[0]
+    more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+    return [FORK_UNKNOWN.finding(
+        f"the library may fork through syscall(): {what}{f' at {at:#x}' if at else ''}{more}; "
+        f"the fork guard's atfork handler does not run for such a fork, and its child dies "
+        f"with SIGSEGV at an optimized site (the guard covers fork())")]
 
 
 def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],

@@ -23,6 +23,7 @@ import struct
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from usdtpatch.analysis.functions import FunctionBounds
 from usdtpatch.analysis.probes import Probe
 from usdtpatch.analysis.targets import (
     ENTRY,
@@ -35,10 +36,11 @@ from usdtpatch.analysis.targets import (
     _reaching_defs,
     _regs_alias,
 )
-from usdtpatch.analysis.waysin import code_ranges
+from usdtpatch.analysis.waysin import code_ranges, references_to
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.image import PF_W, PT_LOAD, ElfImage
-from usdtpatch.elf.symbols import symbol_names
+from usdtpatch.elf.relocs import import_slots
+from usdtpatch.elf.symbols import symbol_names, symbol_value
 from usdtpatch.findings import (
     SEMAPHORE_MISALIGNED,
     SEMAPHORE_NOT_IN_PROBES,
@@ -334,42 +336,150 @@ class ForkEvidence:
         return None
 
 
-def fork_evidence(ctx: CodeContext) -> ForkEvidence:
+def fork_evidence(ctx: CodeContext, raw: bool = True) -> ForkEvidence:
     """Every `syscall` instruction of the file's executable code, classified by the constant
     the instructions before it (in its function's linear disassembly, on straight-line code)
-    put in %eax: fork, vfork, clone (with clone's flags from %edi), clone3; and the import
-    of `syscall` (the number is an argument). A `syscall` whose function cannot be decoded,
-    or whose number is not such a constant, is `unknown`."""
+    put in %eax: fork, vfork, clone (with clone's flags from %edi), clone3; and every call of
+    the C library's `syscall()` function (imported, or defined in a static file), classified
+    by the constant its caller puts in %edi (clone's flags: %esi). A `syscall` instruction or
+    a call whose number is not such a constant, or a reference to `syscall()` that is not a
+    call (its address taken), is `unknown`. The system call inside a defined `syscall()` is
+    judged by its callers. `raw=False` leaves out the `syscall` instructions (only the calls
+    of `syscall()`: a shared object's code, scanned by its process's executable)."""
 
     image = ctx.image
     forks: list[tuple[int, str]] = []
     shared: list[tuple[int, str]] = []
     unknown: list[tuple[int, str]] = []
-    if "syscall" in set(symbol_names(image)) and image.section(".dynsym") is not None:
-        unknown.append((0, "it calls syscall(2), whose number is an argument"))
-    for vaddr, off, size in code_ranges(image):
+    buckets = {"forks": forks, "shared": shared, "unknown": unknown}
+    wrapper = _syscall_function(ctx)
+    for pc, (bucket, what) in _syscall_calls(ctx, wrapper):
+        buckets[bucket].append((pc, what))
+    for vaddr, off, size in code_ranges(image) if raw else ():
         data = bytes(image.data[off:off + size])
         at = data.find(b"\x0f\x05")
         while at >= 0:
             pc = vaddr + at
-            kind = _syscall_kind(ctx, pc)
+            kind = None if wrapper is not None and wrapper.contains(pc) else \
+                _syscall_kind(ctx, pc)
             if kind is not None:
-                bucket, what = kind
-                {"forks": forks, "shared": shared, "unknown": unknown}[bucket].append((pc, what))
+                buckets[kind[0]].append((pc, kind[1]))
             at = data.find(b"\x0f\x05", at + 1)
     return ForkEvidence(tuple(forks), tuple(shared), tuple(unknown))
 
 
-def fork_evidence_of(image: ElfImage) -> ForkEvidence:
-    """fork_evidence with the file's own call frame information and symbols."""
+def _syscall_function(ctx: CodeContext) -> FunctionBounds | None:
+    """The bounds of the C library's `syscall()` defined in the file (a static executable with
+    symbols), or None."""
+    at = symbol_value(ctx.image, "syscall")
+    return ctx.bounds(at) if at is not None and ctx.bounds(at) is not None else None
+
+
+def _syscall_calls(ctx: CodeContext, wrapper: FunctionBounds | None
+                   ) -> list[tuple[int, tuple[str, str]]]:
+    """(call site, (bucket, what)) of every reference to `syscall()`: its PLT stubs and GOT
+    slots (an import) or its entry (a definition); calls classified by their number."""
+    image = ctx.image
+    slots = set(import_slots(image, "syscall"))
+    entries = {wrapper.start} if wrapper is not None else set()
+    for src, name, _t in references_to(image, slots, ("jmp-indirect",)):
+        if name == "jmp-indirect":  # a PLT stub: `[endbr64] [bnd] jmp *slot(%rip)`
+            entries.update(_stub_starts(image, src))
+    out: list[tuple[int, tuple[str, str]]] = []
+    if not slots and not entries:
+        return out
+    refs = [*references_to(image, entries, ("call", "jmp", "lea")),
+            *references_to(image, slots, ("call-indirect", "jmp-indirect", "mov"))]
+    for src, name, t in sorted(refs):
+        if (name == "jmp-indirect" and src in entries) or src in entries:
+            continue  # the PLT stub itself
+        kind = _call_kind(ctx, src, name, t)
+        if kind is not None:
+            out.append((src, kind))
+    return out
+
+
+def _stub_starts(image: ElfImage, jmp: int) -> set[int]:
+    """Where a PLT stub whose `jmp *slot(%rip)` is at `jmp` may start (its prefixes)."""
+    out = {jmp}
+    at = jmp
+    if image.read_vaddr(at - 1, 1) == b"\xf2":  # bnd
+        at -= 1
+        out.add(at)
+    if image.read_vaddr(at - 4, 4) == b"\xf3\x0f\x1e\xfa":  # endbr64
+        out.add(at - 4)
+    return out
+
+
+def _call_kind(ctx: CodeContext, src: int, name: str, target: int
+               ) -> tuple[str, str] | None:
+    """What the reference to `syscall()` at `src` does (bucket, what), or None when the bytes
+    are not an instruction referring to it, or it is a call of a number that is not a fork."""
+    bounds = ctx.bounds(src)
+    if bounds is None:
+        return "unknown", "a reference to syscall() in code of no known function"
+    sw = ctx.sweep(bounds.start, bounds.end)
+    k = bisect_left(sw.insns, src, key=lambda x: x.address)
+    if k >= len(sw.insns) or sw.insns[k].address != src:
+        # a prefixed instruction starts one byte before (notrack, bnd, rex)
+        k -= 1
+        if k < 0 or not sw.insns[k].address <= src < sw.insns[k].end:
+            return ("unknown", "a reference to syscall() in code that does not decode") \
+                if sw.bad else None
+    ins = sw.insns[k]
+    if target not in (ins.target, ins.rip_target):
+        return None
+    if name in ("lea", "mov"):
+        return "unknown", "the address of syscall() is taken"
+    fc = ctx.function(bounds)
+    number = _constant_before(sw.insns, k, "rdi", fc)
+    if number is None:
+        return "unknown", "syscall() is called with a number not fixed in the code"
+    return _classify(ctx, sw.insns, k, number, "rsi", fc, "{} (through syscall())")
+
+
+def _classify(ctx: CodeContext, insns: tuple[CodeInsn, ...], k: int, number: int,
+              flags_reg: str, fc: FunctionCode, what: str) -> tuple[str, str] | None:
+    """The bucket of a system call of `number` made by instruction k (clone's flags in
+    `flags_reg`), `what` naming it ("{}" the call's name); None: it does not fork."""
+    if number == SYS_FORK:
+        return "forks", what.format("fork")
+    if number == SYS_VFORK:
+        return "shared", what.format("vfork")
+    if number == SYS_CLONE:
+        flags = _constant_before(insns, k, flags_reg, fc)
+        if flags is None:
+            return "unknown", what.format("clone") + " with flags that are not a constant"
+        if flags & CLONE_VM:
+            return "shared", what.format("clone") + f" (flags {flags:#x}, CLONE_VM)"
+        return "forks", what.format("clone") + f" (flags {flags:#x}, without CLONE_VM)"
+    if number == SYS_CLONE3:
+        return "unknown", what.format("clone3") + " (its flags are in memory)"
+    return None
+
+
+_CONTEXT: list[CodeContext] = []  # the last analysis context of a check, for its file
+
+
+def remember_context(ctx: CodeContext) -> None:
+    """Keep `ctx` (check's, with the symbols, CFI and functions it read) for the questions
+    about the same file that follow (fork_evidence_of: the fork guard's decisions)."""
+    _CONTEXT[:] = [ctx]
+
+
+def fork_evidence_of(image: ElfImage, raw: bool = True) -> ForkEvidence:
+    """fork_evidence with the file's own call frame information and symbols (check's context
+    for the file when it has one: `remember_context`)."""
     from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
     from usdtpatch.elf.symbols import load_symbols
 
+    if _CONTEXT and _CONTEXT[0].image is image:
+        return fork_evidence(_CONTEXT[0], raw)
     try:
         cfi = load_cfi(image)
     except CfiError:
         cfi = CfiIndex(image, (), (), "none")
-    return fork_evidence(CodeContext(image, cfi, load_symbols(image)))
+    return fork_evidence(CodeContext(image, cfi, load_symbols(image)), raw)
 
 
 def _syscall_kind(ctx: CodeContext, pc: int) -> tuple[str, str] | None:
@@ -383,23 +493,26 @@ def _syscall_kind(ctx: CodeContext, pc: int) -> tuple[str, str] | None:
     k = bisect_left(insns, pc, key=lambda x: x.address)
     if k >= len(insns) or insns[k].address != pc or insns[k].base_mnemonic != "syscall":
         return None if not sw.bad else ("unknown", "a syscall in code that does not decode")
+    if image_bytes_before(ctx.image, pc) in _SIGRETURN:
+        return None  # the signal return trampoline: rt_sigreturn, which does not return
     number = _constant_before(insns, k, "rax", ctx.function(bounds))
     if number is None:
         return "unknown", "a syscall whose number is not a constant set before it"
-    if number in (SYS_FORK,):
-        return "forks", "fork"
-    if number == SYS_VFORK:
-        return "shared", "vfork"
-    if number == SYS_CLONE:
-        flags = _constant_before(insns, k, "rdi", ctx.function(bounds))
-        if flags is None:
-            return "unknown", "a clone system call whose flags are not a constant"
-        if flags & CLONE_VM:
-            return "shared", f"clone (flags {flags:#x}, CLONE_VM)"
-        return "forks", f"clone (flags {flags:#x}, without CLONE_VM)"
-    if number == SYS_CLONE3:
-        return "unknown", "a clone3 system call (its flags are in memory)"
-    return None
+    return _classify(ctx, insns, k, number, "rdi", ctx.function(bounds), "{}")
+
+
+# `mov $15,%rax` / `mov $15,%eax` right before a syscall: the C library's signal return
+# trampoline (glibc's __restore_rt, musl's), whose FDE starts a byte early (so that a lookup
+# of its address - 1 finds it): its linear disassembly from there is misaligned
+_SIGRETURN = (b"\x48\xc7\xc0\x0f\x00\x00\x00", b"\xb8\x0f\x00\x00\x00")
+
+
+def image_bytes_before(image: ElfImage, pc: int) -> bytes:
+    """The 7 or 5 bytes before `pc` that match a `_SIGRETURN` pattern, else b""."""
+    for pat in _SIGRETURN:
+        if image.read_vaddr(pc - len(pat), len(pat)) == pat:
+            return pat
+    return b""
 
 
 def _constant_before(insns: tuple[CodeInsn, ...], k: int, reg: str,

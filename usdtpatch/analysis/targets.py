@@ -47,8 +47,12 @@ from usdtpatch.analysis.waysin import (
     BRANCH_REL8,
     BRANCH_REL32,
     CODE_KINDS,
+    REL_TABLE,
     WayIn,
     WaysIn,
+)
+from usdtpatch.analysis.waysin import (
+    LANDING_PAD as WAYSIN_LANDING_PAD,
 )
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
@@ -56,6 +60,7 @@ from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
 from usdtpatch.x86.nops import nop_run_length
+from usdtpatch.x86.regs import CALLER_SAVED, IMPLICIT_WRITES, alias, sized
 
 MAX_TABLE_ENTRIES = 4096
 MAX_COLD_PARTS = 8  # related parts followed per function
@@ -68,7 +73,7 @@ SYMBOL = "symbol"
 JUMP = "jump"
 CALL_TARGET = "call-target"
 RETURN_SITE = "return-site"
-LANDING_PAD = "landing-pad"
+LANDING_PAD = WAYSIN_LANDING_PAD  # one name for both: the function's own and other LSDAs'
 JUMP_TABLE = "jump-table"
 COLD_JUMP = "jump-from-other-part"
 RSEQ_ABORT = "rseq-abort"
@@ -359,6 +364,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     for a in ctx.rseq_aborts:
         add(Target(a, RSEQ_ABORT, None))
     unresolved = list(own.unresolved)
+    known_tables = {t.table for t in own.tables if t.entry_size == 4}
     followed = 0
     seen: set[int] = {bounds.start}
     for t_addr in _related_order(ctx, own.outside):
@@ -370,6 +376,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
         seen.add(other.start)
         followed += 1
         scan = ctx.part(other)
+        known_tables.update(t.table for t in scan.tables if t.entry_size == 4)
         for t in scan.targets:
             if t.kind in (JUMP, JUMP_TABLE, LANDING_PAD):
                 add(Target(t.address, COLD_JUMP if t.kind == JUMP else t.kind, t.source))
@@ -379,7 +386,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
         for addr, ways in ctx.ways_in.between(bounds.start, bounds.end):
             known = {k.source for k in incoming.get(addr, ())}
             for w in ways:
-                way = _way_in(ctx, bounds, own, w)
+                way = _way_in(ctx, bounds, own, w, known_tables)
                 if way is not None and way.source not in known:
                     known.add(way.source)
                     add(way)
@@ -390,12 +397,16 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
                         _padding_before(ctx, bounds))
 
 
-def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn
-            ) -> Target | None:
+def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
+            known_tables: set[int]) -> Target | None:
     """The file-wide index's way in `w` as a target of the function, or None when it is not
     one: a branch of the function itself (its own disassembly has it), bytes that the linear
     disassembly of the code holding them shows to be part of another instruction, or an
-    entry of one of the function's recognized jump tables (a JUMP_TABLE target already)."""
+    entry of one of the function's recognized jump tables (a JUMP_TABLE target already:
+    `known_tables` are the 4-byte tables of the function and its related parts, read there
+    with their bounds)."""
+    if w.kind == REL_TABLE and w.base in known_tables:
+        return None
     if w.kind not in CODE_KINDS:
         for tb in own.tables:
             if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:
@@ -472,22 +483,9 @@ def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:
     return symbols.addresses[i] if i < len(symbols.addresses) else None
 
 
-_ALIASES = {
-    **{f"e{x}": f"r{x}" for x in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")},
-    **{x: f"r{x}" for x in ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")},
-    **{f"{x}l": f"r{x}x" for x in "abcd"}, **{f"{x}h": f"r{x}x" for x in "abcd"},
-    "sil": "rsi", "dil": "rdi", "bpl": "rbp", "spl": "rsp",
-}
-
-
 def _regs_alias(reg: str) -> str:
     """The 64-bit name of a general register (eax, ax, al -> rax; r8d, r8w, r8b -> r8)."""
-    r = reg.lstrip("*%")
-    if r in _ALIASES:
-        return _ALIASES[r]
-    if r.startswith("r") and r[-1] in "dwb" and r[1:-1].isdigit():
-        return r[:-1]
-    return r
+    return alias(reg)
 
 
 def _dest(ins: CodeInsn) -> str | None:
@@ -650,39 +648,17 @@ def _reaching_defs(g: _Graph, at: int, reg: str) -> list[tuple[str, int]] | None
     return out
 
 
-def _sized(*names: str) -> frozenset[str]:
-    """AT&T mnemonics with and without their size suffixes."""
-    return frozenset(n + sfx for n in names for sfx in ("", "b", "w", "l", "q"))
-
-
-_STRING_DI = _sized("movs", "stos", "scas", "cmps", "ins")
-_STRING_SI = _sized("movs", "lods", "cmps", "outs")
-_MULDIV = _sized("mul", "div", "idiv")  # one operand: writes rdx:rax (imul: when 1 operand)
-_IMPLICIT_WRITES: dict[str, frozenset[str]] = {
-    "rax": _MULDIV | _sized("lods", "cmpxchg") | frozenset(
-        {"cqto", "cltq", "cwtl", "cltd", "cwtd", "cpuid", "rdtsc", "rdtscp", "xgetbv",
-         "syscall", "rdpid", "rdrand", "rdseed", "lahf"}),
-    "rdx": _MULDIV | frozenset({"cqto", "cltd", "cwtd", "cpuid", "rdtsc", "rdtscp",
-                                "xgetbv", "rdmsr"}),
-    "rcx": frozenset({"cpuid", "syscall", "rdtscp", "loop", "loope", "loopne"}),
-    "rbx": frozenset({"cpuid"}),
-    "rdi": _STRING_DI,
-    "rsi": _STRING_SI,
-    "r11": frozenset({"syscall"}),
-}
-
-
 def _writes(ins: CodeInsn, reg: str) -> bool:
     """Conservatively, whether `ins` may write the 64-bit register `reg`."""
     base = ins.base_mnemonic
     ops = ins.operands
-    if base in _IMPLICIT_WRITES.get(reg, ()):
+    if base in IMPLICIT_WRITES.get(reg, ()):
         return True
-    if reg in ("rax", "rdx") and base in _sized("imul") and len(ops) == 1:
+    if reg in ("rax", "rdx") and base in sized("imul") and len(ops) == 1:
         return True
     if reg == "rcx" and ins.mnemonic.startswith("rep"):
         return True
-    if base.startswith(("cmp", "test", "bt", "push", "jmp", "call")) and base not in _sized(
+    if base.startswith(("cmp", "test", "bt", "push", "jmp", "call")) and base not in sized(
             "cmpxchg", "btc", "btr", "bts"):
         return False
     if base.startswith("xchg") and any(o.startswith("%") and _regs_alias(o) == reg
@@ -691,7 +667,6 @@ def _writes(ins: CodeInsn, reg: str) -> bool:
     return bool(ops) and ops[-1].startswith("%") and _regs_alias(ops[-1]) == reg
 
 
-CALLER_SAVED = frozenset({"rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11"})
 MAX_REACHING_STEPS = 20000
 
 

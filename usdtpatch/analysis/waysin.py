@@ -15,9 +15,19 @@ this index adds what lies outside it, found by scanning the whole file once:
 - relocations: every entry of an allocated SHT_RELA table (the loader's) whose value
   (R_X86_64_RELATIVE / IRELATIVE: the addend; R_X86_64_64 and the other symbol relocations:
   the symbol's value + addend) lands in a region;
-- data words: every 8-byte-aligned 64-bit word and, in a fixed-address file, every
-  4-byte-aligned 32-bit word of any allocated section whose value lands in a region (a non-PIE
-  `&&label` table, an `.init_array`-like table, a table of handlers).
+- 4-byte relative jump tables of any function: an int32 word E at any address A of an
+  allocated non-executable PROGBITS section (not `.eh_frame`) such that T + E lands in a region
+  for a table base T in [A - 16 KiB, A] with A - T a multiple of 4, where T is the target of a
+  rip-relative `lea` anywhere in code (what a PIC switch's table is addressed by). The words
+  are found with the rel32 scan's prefilter (their upper half must be one that can reach a
+  region), then the `lea`s of the candidate bases by the rel32 scan itself;
+- landing pads: the call-site table of the LSDA of every FDE (only the FDEs whose CIE has an
+  LSDA encoding are parsed: the CIE pointer of each FDE is read without parsing it);
+- data words: in a fixed-address file, every 32-bit value (and 64-bit value, for regions above
+  4 GiB) at any byte of any allocated section, code included, that is an address in a region:
+  a non-PIE `&&label` table, an `.init_array`-like table, a table of handlers, an unaligned
+  word, a `mov $imm32` or `push imm32` of the address (a position-independent file holds no
+  usable absolute address in its bytes: the loader stores each one through a relocation).
 
 The regions are the bytes around each probe a window can cover ([pc - 128, pc + 72), within
 its function and the padding after it), less the function starts (a start is a target
@@ -35,17 +45,20 @@ from __future__ import annotations
 import re
 import struct
 import sys
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import add, and_, itemgetter, not_
+from mmap import mmap
+from operator import add, and_, itemgetter, not_, rshift
 
+from usdtpatch.elf.cfi import CfiError, CfiIndex, Cie, parse_cie, parse_lsda
 from usdtpatch.elf.image import (
     ET_EXEC,
     PF_X,
     PT_LOAD,
     SHT_NOBITS,
+    SHT_PROGBITS,
     SHT_RELA,
     ElfImage,
 )
@@ -62,7 +75,11 @@ BRANCH_REL32 = "branch-from-elsewhere"  # a direct jmp/jcc/call rel32 outside th
 BRANCH_REL8 = "short-branch-from-elsewhere"  # a direct jmp/jcc rel8 outside the function
 ADDRESS_TAKEN = "address-taken"  # a rip-relative lea of the address (code anywhere)
 RELOCATION = "relocation"  # a relocation whose value is the address
-DATA_WORD = "data-word"  # an absolute word in the file's bytes holding the address
+DATA_WORD = "data-word"  # an absolute word in the file's data holding the address
+CODE_WORD = "code-word"  # an absolute value in the file's code (a mov/push immediate)
+REL_TABLE = "relative-table-entry"  # an entry of a 4-byte relative table (table + int32)
+LANDING_PAD = "landing-pad"  # a landing pad an LSDA names
+TABLE_BYTES = 4 * 4096  # how far a relative table's entry may lie from its base
 
 CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, ADDRESS_TAKEN})
 _S32 = struct.Struct("<i")
@@ -77,6 +94,7 @@ class WayIn:
     kind: str
     source: int
     what: str
+    base: int = 0  # REL_TABLE: the table's address (the `lea`'s target)
 
 
 class WaysIn:
@@ -218,6 +236,15 @@ def _prefilter(opcode: bytes, halves: set[int]) -> re.Pattern[bytes]:
     return re.compile(opcode + b"(?=..(?:" + alts + b"))", re.S)
 
 
+def _halves_pattern(halves: set[int]) -> re.Pattern[bytes]:
+    """A pattern matching the third byte of each 4 little-endian bytes whose upper half (bytes
+    2 and 3) may be one of `halves`: a superset (any of their low bytes followed by any of
+    their high bytes), one byte long so that overlapping candidates all match, and a byte
+    class first, which the search skips along quickly."""
+    return re.compile(_byte_class({h & 0xFF for h in halves}) + b"(?="
+                      + _byte_class({h >> 8 for h in halves}) + b")", re.S)
+
+
 def _candidates(data: bytes, vaddr: int, opcode: bytes, head: int,
                 spans: list[tuple[int, int]]) -> list[int]:
     """Offsets in `data` of each `opcode` whose rel32 (`head` bytes on) may land in `spans`:
@@ -242,11 +269,24 @@ def _candidates(data: bytes, vaddr: int, opcode: bytes, head: int,
 
 
 def _code_hits(data: bytes, vaddr: int, protected: set[int],
-               spans: list[tuple[int, int]]) -> list[tuple[int, str, int]]:
+               spans: list[tuple[int, int]], lea_spans: list[tuple[int, int]] | None = None,
+               lea_targets: list[int] | None = None) -> list[tuple[int, str, int]]:
     """(source, name, target) of every rel32 call/jmp, jcc and rip-relative lea in `data`
-    whose target is protected: call/jmp by source, then jcc, then lea."""
+    whose target is protected: call/jmp by source, then jcc, then lea. With `lea_spans`, the
+    targets of the leas that may land there as well are added to `lea_targets` (the one
+    search for the opcode serves both)."""
     out: list[tuple[int, str, int]] = []
     for opcode, head, name in _REL32_OPCODES:
+        if name == "lea" and lea_spans and lea_targets is not None:
+            at = _candidates(data, vaddr, opcode, head, _merged([*spans, *lea_spans]))
+            limit = len(data) - head - 4
+            at = [q for q in at if q <= limit]
+            targets = _rel32_targets(data, vaddr, at, head)
+            lea_targets.extend(targets)
+            hits = protected.intersection(targets)
+            out.extend((vaddr + at[i], name, targets[i])
+                       for i in compress(range(len(at)), map(hits.__contains__, targets)))
+            continue
         at = _candidates(data, vaddr, opcode, head, spans)
         out.extend((src, name, t) for src, t in _rel32_hits(data, vaddr, at, head, protected))
         if name == "jmp":
@@ -254,17 +294,62 @@ def _code_hits(data: bytes, vaddr: int, protected: set[int],
     return out
 
 
+def _rel32_targets(data: bytes, vaddr: int, at: list[int], head: int) -> list[int]:
+    """The target of the rel32 `head` bytes after each offset of `at` (each one fits)."""
+    disp = map(_FIRST, map(_S32.unpack_from, repeat(data), map(add, at, repeat(head))))
+    return list(map(add, disp, map(add, at, repeat(vaddr + head + 4))))
+
+
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, overlapping or touching [lo, hi) ranges merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+# rip-relative references: (opcode pattern, bytes to the displacement, name)
+RIP_REFERENCES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"),
+                  (rb"\xff\x15", 2, "call-indirect"), (rb"\xff\x25", 2, "jmp-indirect"),
+                  (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"),
+                  (rb"\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "mov"))
+
+
+def references_to(image: ElfImage, targets: set[int],
+                  names: Iterable[str] | None = None) -> list[tuple[int, str, int]]:
+    """(source, name, target) of every byte sequence of the file's code that is a call or jmp
+    rel32, a `call`/`jmp *disp(%rip)`, or a rip-relative `lea`/`mov` (only the kinds
+    `names` of RIP_REFERENCES, when given) whose address is one of `targets` (bytes: the
+    caller checks that an instruction starts there). One search per opcode (a literal
+    first byte lets the search skip along), by source."""
+    out: list[tuple[int, str, int]] = []
+    wanted = [r for r in RIP_REFERENCES if names is None or r[2] in frozenset(names)]
+    if not targets or not wanted:
+        return out
+    spans = _spans([(t, t, t) for t in targets], CHUNK)
+    for vaddr, off, size in code_ranges(image):
+        data = bytes(image.data[off:off + size])
+        for opcode, head, name in wanted:
+            at = _candidates(data, vaddr, opcode, head, spans)
+            out.extend((src, name, t) for src, t in _rel32_hits(data, vaddr, at, head, targets))
+    return sorted(out)
+
+
 _LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}
 
 
-def _scan_code(image: ElfImage, protected: set[int],
-               probes: list[tuple[int, int, int]]) -> list[WayIn]:
+def _scan_code(image: ElfImage, protected: set[int], probes: list[tuple[int, int, int]],
+               lea_spans: list[tuple[int, int]] | None = None,
+               lea_targets: list[int] | None = None) -> list[WayIn]:
     out: list[WayIn] = []
     ranges = code_ranges(image)
     reach = _spans(probes, CHUNK)
     for vaddr, off, size in ranges:
         data = bytes(image.data[off:off + size])
-        for src, name, t in _code_hits(data, vaddr, protected, reach):
+        for src, name, t in _code_hits(data, vaddr, protected, reach, lea_spans, lea_targets):
             out.append(WayIn(t, ADDRESS_TAKEN if name == "lea" else BRANCH_REL32, src,
                              f"{_LABEL[name]} at {src:#x}"))
     # rel8: only sources within reach of a probe's region and outside its function (whose
@@ -353,43 +438,194 @@ def _symbol_values(image: ElfImage, link: int) -> Callable[[int], int | None]:
 
 
 def _scan_words(image: ElfImage, protected: set[int]) -> list[WayIn]:
-    """Absolute words of a fixed-address file. A position-independent file holds no usable
-    absolute code address in its bytes: the loader stores each one through a relocation
-    (_scan_relocations)."""
+    """Absolute values of a fixed-address file, at any byte of any allocated section: a word
+    in data, an immediate (`mov $imm32`, `push imm32`, `movabs`) or absolute displacement in
+    code. A position-independent file holds no usable absolute code address in its bytes:
+    the loader stores each one through a relocation (_scan_relocations)."""
     out: list[WayIn] = []
     if not image.little_endian or sys.byteorder != "little" or image.type != ET_EXEC:
         return out
     small = {a for a in protected if a < 1 << 32}
+    big = protected - small
     for sec in image.sections:
         if not sec.allocated or sec.type == SHT_NOBITS or not sec.size or \
                 sec.offset + sec.size > len(image.data):
             continue
-        for size, want in ((8, protected), (4, small)):
-            if not want:
+        code = bool(sec.flags & SHF_EXECINSTR)
+        for size, want in ((4, small), (8, big)):
+            for place, value in _values_in(image.data, sec.offset, sec.size, size, want):
+                at = sec.addr + place - sec.offset
+                where = f"in {sec.name or 'code' if code else sec.name or 'data'}"
+                out.append(WayIn(value, CODE_WORD if code else DATA_WORD, at,
+                                 f"{size}-byte value at {at:#x} {where}"))
+    return out
+
+
+def _values_in(data: bytes | mmap, off: int, size: int, width: int,
+               want: set[int]) -> list[tuple[int, int]]:
+    """(file offset, value) of every little-endian `width`-byte value at any byte of
+    data[off:off + size] that is in `want`: a pattern on the two bytes holding the value's
+    bits 16..31 finds the candidates, which are then read exactly."""
+    if not want or size < width:
+        return []
+    halves = {(a >> 16) & 0xFFFF for a in want}
+    fmt = "<I" if width == 4 else "<Q"
+    out: list[tuple[int, int]] = []
+    if len(halves) > _WIDE:
+        found: Iterable[int] = range(off, off + size - width + 1)
+    else:
+        found = (m.start() - 2 for m in
+                 _halves_pattern(halves).finditer(data, off + 2, off + size - width + 3))
+    for q in found:
+        (v,) = struct.unpack_from(fmt, data, q)
+        if v in want:
+            out.append((q, v))
+    return out
+
+
+def _table_sections(image: ElfImage) -> list[tuple[int, int, int]]:
+    """(vaddr, file offset, size) of the sections a relative jump table may be in: allocated
+    non-executable PROGBITS (`.rodata`, `.data.rel.ro`, ...), less the unwind tables."""
+    out: list[tuple[int, int, int]] = []
+    for sec in image.sections:
+        if (sec.allocated and sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR
+                and sec.name not in (".eh_frame", ".eh_frame_hdr") and sec.size
+                and sec.offset >= 0 and sec.offset + sec.size <= len(image.data)):
+            out.append((sec.addr, sec.offset, sec.size))
+    return out
+
+
+def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(address A, int32 value E) of every word of `_table_sections`, at any byte, that would
+    land in `spans` as the entry of a relative table at most TABLE_BYTES before it (A + E in
+    [lo, hi + TABLE_BYTES) for a span [lo, hi)). The words are found by the prefilter on
+    their upper half, then checked exactly."""
+    wide = _merged((lo, hi + TABLE_BYTES) for lo, hi in spans)
+    pages: set[int] = set()
+    for lo, hi in wide:
+        pages.update(range(lo >> 12, ((hi - 1) >> 12) + 1))
+    los = [lo for lo, _hi in wide]
+    out: list[tuple[int, int]] = []
+    data = image.data
+    for vaddr, off, size in _table_sections(image):
+        for c0 in range(0, size - 3, CHUNK):
+            c1 = min(c0 + CHUNK, size - 3)
+            halves = _high_halves(wide, vaddr + c0, vaddr + c1 - 1)
+            if not halves:
                 continue
-            first = (-sec.addr) % size
-            n = (sec.size - first) // size
-            if n <= 0:
+            if len(halves) > _WIDE:
+                at = list(range(off + c0, off + c1))
+            else:
+                at = [m.start() - 2 for m in
+                      _halves_pattern(halves).finditer(data, off + c0 + 2, off + c1 + 2)]
+            # A + E, A = vaddr + q - off: kept when its 4 KiB page is one of a wide span's
+            ends = list(map(add, map(_FIRST, map(_S32.unpack_from, repeat(data), at)),
+                            map(add, at, repeat(vaddr - off))))
+            for i in compress(range(len(at)), map(pages.__contains__,
+                                                  map(rshift, ends, repeat(12)))):
+                j = bisect_right(los, ends[i]) - 1
+                if j >= 0 and ends[i] < wide[j][1]:
+                    a = vaddr + at[i] - off
+                    out.append((a, ends[i] - a))
+    return out
+
+
+def _table_reach(words: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where the base of a table holding one of `words` can be: up to TABLE_BYTES before."""
+    return _merged((max(0, a - TABLE_BYTES), a + 1) for a, _e in words)
+
+
+def _scan_tables(words: list[tuple[int, int]], lea_targets: list[int],
+                 protected: set[int]) -> list[WayIn]:
+    """The entries of 4-byte relative jump tables (any function's) that land in a region.
+    A table starts at the target T of a rip-relative `lea` (a PIC switch's table base) and
+    ends at the next such target or TABLE_BYTES on; an entry at A (A - T a multiple of 4)
+    holding E goes to T + E. `words` are `_table_words`'s, `lea_targets` every lea target in
+    their `_table_reach` (and others)."""
+    bases = sorted(set(lea_targets))
+    out: list[WayIn] = []
+    for a, e in words:
+        i = bisect_right(bases, a) - 1
+        t = bases[i] if i >= 0 else -TABLE_BYTES
+        if a - t < TABLE_BYTES and (a - t) % 4 == 0 and t + e in protected:
+            out.append(WayIn(t + e, REL_TABLE, a, f"4-byte entry at {a:#x} of the table at "
+                             f"{t:#x} (its address is taken by a rip-relative lea)", t))
+    return out
+
+
+def _scan_landing_pads(image: ElfImage, cfi: CfiIndex, protected: set[int]) -> list[WayIn]:
+    """Every landing pad in a region that the LSDA of any FDE names. Only the FDEs whose CIE
+    has an LSDA encoding are parsed: the CIE pointer of each is read first."""
+    out: list[WayIn] = []
+    fdes = cfi.fde_addresses
+    if not fdes or not _may_have_lsda(image):
+        return out
+    seg = image.load_segment_for(fdes[0])
+    if seg is None or not seg.contains_vaddr(fdes[-1]) or min(fdes) < seg.vaddr or \
+            max(fdes) + 8 > seg.vaddr + min(seg.filesz, len(image.data) - seg.offset):
+        return _landing_pads_of(image, cfi, range(len(fdes)), protected)
+    heads = list(map(_HEAD.unpack_from, repeat(image.data),
+                     map(add, fdes, repeat(seg.offset - seg.vaddr))))
+    # (a 64-bit DWARF FDE, length 0xffffffff, is parsed whatever its CIE)
+    cie_at = [fa + 4 - cid if length != 0xFFFFFFFF else -1
+              for fa, (length, cid) in zip(fdes, heads, strict=True)]
+    capable: set[int] = {-1}
+    cies: dict[int, Cie] = {}
+    for c in set(cie_at) - {-1}:
+        try:
+            cie = parse_cie(image, c, cies)
+        except CfiError:
+            capable.add(c)  # unreadable: let the FDE's parse say
+            continue
+        if "L" in cie.augmentation and cie.lsda_encoding != 0xFF:
+            capable.add(c)
+    todo = [i for i, c in enumerate(cie_at) if c in capable]
+    return _landing_pads_of(image, cfi, todo, protected)
+
+
+_HEAD = struct.Struct("<II")  # an FDE's length and CIE pointer
+# a CIE's head: CIE id 0, version 1 or 3, an augmentation string "z..." naming an LSDA
+_CIE_WITH_L = re.compile(rb"\0\0\0\0[\x01\x03]z[A-Za-z]*L")
+
+
+def _may_have_lsda(image: ElfImage) -> bool:
+    """False when `.eh_frame` holds no CIE whose augmentation names an LSDA (then no FDE has
+    one); True when it may, or when the file has no `.eh_frame` section to look in."""
+    sec = image.section(".eh_frame")
+    if sec is None or sec.type == SHT_NOBITS or sec.offset + sec.size > len(image.data):
+        return True
+    return _CIE_WITH_L.search(image.data, sec.offset, sec.offset + sec.size) is not None
+
+
+def _landing_pads_of(image: ElfImage, cfi: CfiIndex, which: Iterable[int],
+                     protected: set[int]) -> list[WayIn]:
+    out: list[WayIn] = []
+    for i in which:
+        try:
+            fde = cfi.fde_at(i)
+            if fde.lsda is None:
                 continue
-            raw = memoryview(image.data)[sec.offset + first:sec.offset + first + n * size]
-            vals = raw.cast("Q") if size == 8 else raw.cast("I")
-            hit = want.intersection(vals)
-            if not hit:
-                continue
-            for i in compress(range(n), map(hit.__contains__, vals)):
-                place = sec.addr + first + i * size
-                out.append(WayIn(vals[i], DATA_WORD, place,
-                                 f"{size}-byte word at {place:#x} in {sec.name or 'data'}"))
+            pads = parse_lsda(image, fde.lsda, fde.pc_begin).landing_pads
+        except CfiError:
+            continue  # an LSDA that does not parse: its own function's analysis says so
+        out.extend(WayIn(lp, LANDING_PAD, fde.lsda, f"landing pad of the LSDA at "
+                         f"{fde.lsda:#x} (of the FDE at {fde.pc_begin:#x})")
+                   for lp in pads if lp in protected)
     return out
 
 
 def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
-                  starts: list[int]) -> WaysIn:
+                  starts: list[int], cfi: CfiIndex | None = None) -> WaysIn:
     """The file-wide index for `probes`: (link-time pc, start, end of its function; start ==
-    end when unknown); `starts` are the function starts (FDE starts and symbols), sorted."""
+    end when unknown); `starts` are the function starts (FDE starts and symbols), sorted;
+    `cfi` the file's FDEs (their LSDAs' landing pads)."""
     sites = list(probes)
     if not sites:
         return WaysIn(())
     protected = _regions(sites, starts)
-    return WaysIn([*_scan_code(image, protected, sites), *_scan_relocations(image, protected),
-                   *_scan_words(image, protected)])
+    pads = _scan_landing_pads(image, cfi, protected) if cfi is not None else []
+    words = _table_words(image, _spans(sites, 1))
+    leas: list[int] = []
+    code = _scan_code(image, protected, sites, _table_reach(words), leas)
+    return WaysIn([*code, *_scan_relocations(image, protected), *_scan_words(image, protected),
+                   *_scan_tables(words, leas, protected), *pads])

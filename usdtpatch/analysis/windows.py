@@ -47,7 +47,10 @@ from usdtpatch.analysis.waysin import (
     ADDRESS_TAKEN,
     BRANCH_REL8,
     BRANCH_REL32,
+    CODE_WORD,
     DATA_WORD,
+    LANDING_PAD,
+    REL_TABLE,
     RELOCATION,
 )
 from usdtpatch.findings import (
@@ -427,6 +430,11 @@ _FIXED = {
     RELOCATION: "the relocation of the word at {:#x} holds its address (a code pointer the "
                 "loader stores: a computed-goto table, an .init_array-like table)",
     DATA_WORD: "the data word at {:#x} holds its address (a code pointer in the file's data)",
+    CODE_WORD: "the code at {:#x} holds its address as an absolute value (a mov or push "
+               "immediate of a fixed-address file)",
+    REL_TABLE: "the 4-byte relative jump-table entry at {:#x} (of another function) lands "
+               "on it",
+    LANDING_PAD: "it is a landing pad the LSDA at {:#x} names",
 }
 
 

@@ -1,5 +1,10 @@
 """`usdtpatch check FILE... [--json | --sarif | --html] [--report FILE] [--fail-on LEVEL]
-[--summary]`.
+[--summary] [--form F] [--kernel K] [--redzone-guard G] [--fork-guard G] [--calls C]`.
+
+The outcomes predict what `rewrite` decides with the same --form, --kernel, --redzone-guard,
+--fork-guard and --calls (rewrite's choices and meanings; check's --form defaults to nop5, a
+Linux 6.18 target, instead of asking the running kernel: `--form auto` asks it as rewrite
+does).
 
 The format switches never take a value (so none can take a FILE for its output): the report
 goes to stdout, or with `--report FILE` to FILE, in the format of the switch or else of FILE's
@@ -20,11 +25,14 @@ import argparse
 from typing import IO, Any
 
 from usdtpatch import api
+from usdtpatch.analysis.calls import CALL_CHOICES
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
+from usdtpatch.kernelfacts import Kernel
 from usdtpatch.report.checkjson import check_document, document_findings, reaches, result_json
+from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 
 FAIL_LEVELS = ("info", "warning", "error", "never")
 
@@ -47,20 +55,39 @@ def register(sub: Any) -> None:
     p.add_argument("--fail-on", choices=FAIL_LEVELS, default="error",
                    help="exit 1 when a finding has this severity or worse (default: error)")
     p.add_argument("--summary", action="store_true", help="only the summary line per file")
+    p.add_argument("--form", choices=["auto", *(f.value for f in Form)], default="nop5",
+                   help="predict rewrite --form F (default nop5: a Linux 6.18 target; auto: "
+                        "the running kernel's, as rewrite)")
+    p.add_argument("--kernel", choices=[k.value for k in Kernel], default=None,
+                   help="with --form auto: the kernel generation the binary will run on")
+    p.add_argument("--redzone-guard", choices=[g.value for g in Guard],
+                   default=Guard.AUTO.value, help="predict rewrite --redzone-guard G")
+    p.add_argument("--fork-guard", choices=[g.value for g in ForkGuard],
+                   default=ForkGuard.AUTO.value, help="predict rewrite --fork-guard G")
+    p.add_argument("--calls", choices=list(CALL_CHOICES), default="auto",
+                   help="predict rewrite --calls C")
     p.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The rewrite options check predicts (api.check's keyword arguments)."""
+    return {"form": args.form, "kernel": args.kernel, "redzone_guard": args.redzone_guard,
+            "fork_guard": args.fork_guard, "calls": args.calls}
 
 
 def build_document(paths: list[str], err: IO[str] | None = None,
                    fail_on: str = "error",
-                   views: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+                   views: list[list[dict[str, Any]]] | None = None,
+                   options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The check document of `paths`; unusable inputs go to its `errors` (and to `err`).
     `views`, when given, receives the `show` documents of every site of each file (for the
-    HTML page), in the order of the document's files."""
+    HTML page), in the order of the document's files. `options`: api.check's rewrite
+    options."""
     results: list[api.CheckResult] = []
     errors: list[dict[str, str]] = []
     for path in paths:
         try:
-            results.append(api.check(path))
+            results.append(api.check(path, **(options or {})))
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": str(exc)})
             if err is not None:
@@ -125,7 +152,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return EXIT_UNUSABLE
     target = "-" if report is None else report
     views: list[list[dict[str, Any]]] | None = [] if fmt == "html" else None
-    doc = build_document(args.files, err, args.fail_on, views)
+    doc = build_document(args.files, err, args.fail_on, views, _options(args))
     if fmt == "json":
         import json  # here: the table form does not pay for importing it
 

@@ -8,9 +8,13 @@ the child does not have, writes back the kernel's int3 state (`cc` + the site's 
 through /proc/self/mem. The next hit traps, the probe fires for the child, and the kernel
 optimizes the site again in the child. docs/fork-guard.md has the whole story.
 
-This package holds the guard's code (rearm.c, built by recipe.py into _code.py) and
-`build_guard`, the rewriter's seam: the code, the site table and two stubs for the new
-segment, and the in-place edits that make the object register the guard when it loads:
+This package holds the guard's code (rearm.c, built by recipe.py into _code.py), its reader
+(reader.py: whether a file carries a guard and the sites its table lists, what `check` and
+`verify` read; it analyses no code) and, here, the builder: `build_guard`, the rewriter's
+seam (and the fork evidence it asks usdtpatch.analysis for, imported where it is asked:
+analysis/check.py imports the reader, the builder imports the analysis): the code, the site
+table and two stubs for the new segment, and the in-place edits that make the object
+register the guard when it loads:
 
 - a dynamically linked object: its first DT_INIT_ARRAY entry (the R_X86_64_RELATIVE addend
   that fills it in a PIE or shared object, the pointer itself in a non-PIE executable), or
@@ -34,28 +38,48 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
-    ET_EXEC,
-    PT_DYNAMIC,
-    PT_INTERP,
     ElfImage,
 )
 from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import symbol_value
-from usdtpatch.errors import UnsupportedError, UsdtpatchError
+from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
+from usdtpatch.forkguard.reader import (
+    ENTRY_SIZE,
+    TABLE_SECTION,
+    Coverage,
+    GuardUnsupported,
+    TableEntry,
+    coverage,
+    dynamic_entries,
+    header_table,
+    is_shared,
+    object_kind,
+    read_table,
+)
 from usdtpatch.x86.nops import crosses_page, kernel_optimizable_nop5
 
-ENTRY_SIZE = 12
+__all__ = ["ENTRY_SIZE", "TABLE_SECTION", "Coverage", "GuardBuild", "GuardUnsupported",
+           "TableEntry", "build_guard", "coverage", "fork_exposure", "fork_syscall_hooks",
+           "guarded_sites", "header_table", "hook_problem", "is_shared", "marker_entry",
+           "read_table"]
+
+_dynamic = dynamic_entries  # (the builder's names for the reader's)
+_kind = object_kind
+
+if TYPE_CHECKING:
+    from usdtpatch.analysis.hazards import ForkEvidence
+    from usdtpatch.analysis.targets import CodeContext
+
 CHILD_STUB = 0
 INIT_STUB = 32
 CODE_AT = 80
-TABLE_SECTION = "__usdtpatch_fork_sites"  # sys/sdt.h's table
 
-DT_NULL = 0
 DT_RELA = 7
 DT_RELASZ = 8
 DT_RELAENT = 9
@@ -64,13 +88,7 @@ DT_INIT_ARRAY = 25
 DT_INIT_ARRAYSZ = 27
 DT_RELRSZ = 35
 DT_RELR = 36
-DT_FLAGS_1 = 0x6FFFFFFB
-DF_1_PIE = 0x08000000
 R_X86_64_RELATIVE = 8
-
-
-class GuardUnsupported(UnsupportedError):
-    """The file cannot carry the fork guard; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,49 +142,54 @@ def fork_exposure(image: ElfImage) -> str | None:
         return "it is a shared object (the process that loads it may fork)"
     if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
         # no symbol names a fork (a stripped static executable, a raw system call): the code
-        from usdtpatch.analysis.hazards import fork_evidence_of
-
-        return fork_evidence_of(image).describe()
+        ev = _evidence(image, True)
+        return ev.describe() or ev.uncertainty()
     return None
 
 
-def is_shared(image: ElfImage) -> bool:
-    """Whether `image` is a shared object (not an executable, static or dynamic)."""
-    return _kind(image) == "shared"
+_LAST_EVIDENCE: list[tuple[ElfImage, bool, ForkEvidence]] = []  # the last file's, kept
 
 
-def _kind(image: ElfImage) -> str:
-    """"exe" (dynamically linked executable), "shared" (shared object), "static" (static
-    executable, PIE or not) or "other"."""
-    if image.type not in (ET_EXEC, ET_DYN):
-        return "other"
-    if any(s.type == PT_INTERP for s in image.segments):
-        return "exe"
-    dyn = _dynamic(image) if any(s.type == PT_DYNAMIC for s in image.segments) else []
-    if not dyn:
-        return "static"
-    flags1 = next((v for t, v, _o in dyn if t == DT_FLAGS_1), 0)
-    if image.type == ET_EXEC or flags1 & DF_1_PIE:
-        return "static"  # a static PIE relocates itself: it has a .dynamic and no interpreter
-    return "shared"
+def _evidence(image: ElfImage, raw: bool) -> ForkEvidence:
+    """usdtpatch.analysis.hazards.fork_evidence_of(image, raw), for the last file asked
+    about remembered (check and rewrite ask several times about one file)."""
+    from usdtpatch.analysis.hazards import fork_evidence_of
+
+    for img, r, ev in _LAST_EVIDENCE:
+        if img is image and r == raw:
+            return ev
+    got = fork_evidence_of(image, raw)
+    _LAST_EVIDENCE[:] = [*_LAST_EVIDENCE[-1:], (image, raw, got)]
+    return got
+
+
+# the C library's own fork functions: the fork system call there runs the atfork handlers
+# (the guard's registration) through fork()
+LIBC_FORK_FUNCTIONS = frozenset({"_Fork", "__libc_fork", "fork", "__fork", "_IO_new_fork"})
+
+
+def _bypassing(image: ElfImage, kind: str) -> list[tuple[int, str]]:
+    """The system calls of the file's code that may fork a copy of the process without going
+    through the C library's fork() (whose atfork handlers the guard registers with): a fork
+    or clone system call outside the C library's fork functions, one whose number the code
+    does not fix, a call of syscall() with a fork number or with a number not fixed (a shared
+    object: none; its calls of syscall() are reported by check, `fork-unknown`, not refused:
+    docs/rewrite.md, "What is not covered")."""
+    from usdtpatch.elf.symbols import load_symbols
+
+    if kind == "shared":
+        return []
+    ev = _evidence(image, True)
+    symbols = load_symbols(image) if ev.forks else None
+    out = list(ev.unknown)
+    for pc, what in ev.forks:
+        sym = symbols.lookup(pc) if pc and symbols is not None else None
+        if sym is None or sym[0].name not in LIBC_FORK_FUNCTIONS:
+            out.append((pc, what))
+    return out
 
 
 # --- reading the file --------------------------------------------------------------------
-
-def _dynamic(image: ElfImage) -> list[tuple[int, int, int]]:
-    """(tag, value, file offset of the entry) of PT_DYNAMIC, up to DT_NULL."""
-    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
-    if seg is None:
-        return []
-    out = []
-    end = min(seg.offset + seg.filesz, len(image.data))
-    for off in range(seg.offset, end - 15, 16):
-        tag, val = struct.unpack_from("<qQ", image.data, off)
-        if tag == DT_NULL:
-            break
-        out.append((tag, val, off))
-    return out
-
 
 def _offset(image: ElfImage, vaddr: int, size: int, what: str) -> int:
     off = image.vaddr_to_offset(vaddr)
@@ -345,11 +368,19 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     dyn_entries = _dynamic(image)
     relas = _relas(image, {t: v for t, v, _o in dyn_entries})
     register_atfork: int | None = None
+    bypass = _bypassing(image, kind)
     if kind == "static":
         register_atfork = _symbol(image, "__register_atfork")
-        if register_atfork is None:
-            # no registration point: hook the fork system calls themselves
+        if register_atfork is None or bypass:
+            # no registration point, or system calls that would not run the handlers: hook
+            # the fork system calls themselves
             return _syscall_guard(image, todo, place_at)
+    elif bypass:
+        at, what = bypass[0]
+        more = f" (and {len(bypass) - 1} more)" if len(bypass) > 1 else ""
+        raise GuardUnsupported(
+            f"its code may fork without the C library's fork(), whose atfork handlers the "
+            f"guard registers with: {what}{f' at {at:#x}' if at else ''}{more}")
     if dyn_entries:
         target, how, where = _find_hook(image, dyn_entries, relas)
     else:
@@ -427,40 +458,90 @@ _CHILD_RETURN = bytes([
 ])
 
 
-def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int]] | str:
-    """(window start, system call number) of each fork system call of a static executable
-    that the guard can hook (usdtpatch.analysis.hazards.fork_evidence: fork, or clone without
-    CLONE_VM): `mov $N,%eax` right before the `syscall`, the `syscall` reached only from it
-    (no branch target there, no way in from the whole file), or why one cannot be hooked."""
-    from usdtpatch.analysis.hazards import fork_evidence
+def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | str:
+    """(window start, window length, system call number or None) of each system call of a
+    static executable that the guard hooks (usdtpatch.analysis.hazards.fork_evidence), or why
+    one cannot be hooked:
+
+    - a fork (or clone without CLONE_VM): `mov $N,%eax; syscall`, the number known;
+    - a `syscall` whose number the code does not fix (None: the hook compares %eax with the
+      fork numbers at run time): the whole instructions right before it (at least 3 bytes,
+      none rip-relative or a branch) and the `syscall`.
+
+    No way in may land inside a window (its function's targets and the file-wide ways in); a
+    call of syscall() is not a `syscall` instruction and cannot be hooked."""
     from usdtpatch.analysis.targets import CodeContext
     from usdtpatch.analysis.waysin import build_ways_in
     from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
     from usdtpatch.elf.symbols import load_symbols
 
+    ev = _evidence(image, True)
+    todo = [(pc, what, True) for pc, what in ev.forks] + \
+        [(pc, what, False) for pc, what in ev.unknown]
+    if not todo:
+        return "no fork system call was found to hook"
     try:
         cfi = load_cfi(image)
     except CfiError:
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, load_symbols(image))
-    ev = fork_evidence(ctx)
-    if not ev.forks:  # (system calls of a number the code does not fix: fork-unknown)
-        return "no fork system call was found to hook"
-    out: list[tuple[int, int]] = []
-    for pc, what in ev.forks:
+    wrapper = _symbol(image, "syscall")
+    wb = ctx.bounds(wrapper) if wrapper is not None else None
+    if wb is not None:
+        # calls of (or references to) the C library's syscall(): its own system call is
+        # hooked, the number compared at run time, whoever calls it
+        calls = [t for t in todo if image.read_vaddr(t[0], 2) != b"\x0f\x05"]
+        if calls:
+            raw = bytes(image.read_vaddr(wb.start, wb.size))
+            inside = [wb.start + i for i in range(len(raw) - 1) if raw[i:i + 2] == b"\x0f\x05"]
+            todo = [t for t in todo if t not in calls] + \
+                [(pc, "the system call of syscall()", False) for pc in inside]
+    spans = [(pc, b.start, b.end) for pc, _w, _k in todo if (b := ctx.bounds(pc)) is not None]
+    ctx.ways_in = build_ways_in(image, spans, sorted({*cfi.starts, *ctx.symbols.addresses}),
+                                cfi)
+    out: list[tuple[int, int, int | None]] = []
+    for pc, what, known in todo:
+        got = _hook_window(ctx, image, pc, what, known)
+        if isinstance(got, str):
+            return got
+        out.append(got)
+    return out
+
+
+def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: bool
+                 ) -> tuple[int, int, int | None] | str:
+    """fork_syscall_hooks' window for the system call at `pc`, or why there is none."""
+    from usdtpatch.x86.decode import Flow
+
+    where = (f"{what} system call at {pc:#x}" if known else
+             f"system call at {pc:#x} ({what})" if pc else what)
+    bounds = ctx.bounds(pc) if pc else None
+    if bounds is None or image.read_vaddr(pc, 2) != b"\x0f\x05":
+        return f"the {where} is not a syscall instruction of a known function"
+    fc = ctx.function(bounds)
+    k = fc.index_of(pc)
+    if fc.all_targets is not None or k is None:
+        return f"the {where} is reached other than by falling into it"
+    if known:
         start = pc - 5
         raw = bytes(image.read_vaddr(start, SYSCALL_HOOK_WINDOW))
-        bounds = ctx.bounds(pc)
-        if len(raw) != SYSCALL_HOOK_WINDOW or raw[0] != 0xB8 or raw[5:] != b"\x0f\x05" \
-                or bounds is None or not bounds.contains(start):
-            return f"the {what} system call at {pc:#x} is not `mov $N,%eax; syscall`"
-        ctx.ways_in = build_ways_in(image, [(pc, bounds.start, bounds.end)],
-                                    sorted({*cfi.starts, *ctx.symbols.addresses}))
-        fc = ctx.function(bounds)
-        if fc.all_targets is not None or fc.is_target(pc) or fc.index_of(start) is None:
-            return f"the {what} system call at {pc:#x} is reached other than from its mov"
-        out.append((start, int.from_bytes(raw[1:5], "little")))
-    return out
+        if raw[:1] != b"\xb8" or fc.index_of(start) is None or not bounds.contains(start):
+            return f"the {where} is not `mov $N,%eax; syscall`"
+        number: int | None = int.from_bytes(raw[1:5], "little")
+    else:
+        j = k
+        while j > 0 and pc - fc.insns[j].address < 3:
+            j -= 1
+            ins = fc.insns[j]
+            if ins.flow is not Flow.NONE or ins.rip_target is not None:
+                return (f"the {where} follows {ins.text} at {ins.address:#x}, which cannot "
+                        f"be moved to the hook")
+        start, number = fc.insns[j].address, None
+        if pc - start < 3:
+            return f"the {where} has too few bytes before it in its function to hook"
+    if fc.targets_between(start, pc + 2):
+        return f"the {where} is reached other than by falling into it"
+    return start, pc + 2 - start, number
 
 
 def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
@@ -470,9 +551,9 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     calls the child stub with every register the code after it may read kept."""
     hooks = fork_syscall_hooks(image)
     if isinstance(hooks, str):
-        raise GuardUnsupported(f"static executable whose symbol table does not name "
-                               f"__register_atfork (stripped, or fork handlers not linked), "
-                               f"and {hooks}")
+        raise GuardUnsupported(f"static executable whose fork system calls must be hooked "
+                               f"(its symbol table does not name __register_atfork, or its "
+                               f"code may fork without fork()), and {hooks}")
     child = place_at + CHILD_STUB
     code = place_at + CODE_AT
     table = (code + len(_code.CODE) + 3) & ~3
@@ -484,38 +565,67 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     stub_child = bytes(a.code)
     h = _Asm((table_end + 15) & ~15)
     patches: list[tuple[int, bytes]] = []
-    starts: list[int] = []
-    for start, number in hooks:
+    for start, length, number in hooks:
         at = h.pc
-        starts.append(at)
-        back = start + SYSCALL_HOOK_WINDOW
-        h.raw(b"\xb8" + struct.pack("<I", number) + b"\x0f\x05")  # the system call itself
-        h.raw(b"\x48\x85\xc0")  # test %rax,%rax
-        h.raw(b"\x0f\x85" + _rel32(h.pc + 6, at + 0))  # placeholder, fixed below
-        jnz_at = len(h.code) - 6
-        h.raw(_CHILD_CALL)
-        h.call(child)
-        h.raw(_CHILD_RETURN)
-        cont = h.pc
-        h.code[jnz_at + 2: jnz_at + 6] = _rel32(h.address + jnz_at + 6, cont)
-        h.jmp(back)
+        _hook(h, image, start, length, number, child)
         off = image.vaddr_to_offset(start)
         if off is None:
-            raise GuardUnsupported(f"the fork system call at {start:#x} is not in the file")
-        patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc\xcc"))
+            raise GuardUnsupported(f"the system call at {start:#x} is not in the file")
+        patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc" * (length - 5)))
     text = bytearray(b"\xcc" * (h.pc - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
     _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
+    checked = sum(1 for _s, _n, number in hooks if number is None)
     how = ("the fork system call" + ("s" if len(hooks) > 1 else "") + " at "
-           + ", ".join(f"{s + 5:#x}" for s, _n in hooks)
-           + " (hooked: no __register_atfork to register with)")
+           + ", ".join(f"{s + n - 2:#x}" for s, n, _k in hooks)
+           + " (hooked" + (f"; {checked} of them compare their number with the fork ones at "
+                           "run time" if checked else "") + ")")
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_hooks", h.address, len(h.code)))
     return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
                       symbols, how)
+
+
+_LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
+_LEA_UP = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
+_PUSHF, _POPF, _SYSCALL = b"\x9c", b"\x9d", b"\x0f\x05"
+# the system calls whose child the hook re-arms: fork, clone, clone3 (a clone with CLONE_VM
+# re-arms sites its parent shares: harmless, they are optimized again at the next hit)
+_FORK_NUMBERS = (57, 56, 435)
+
+
+def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
+          child: int) -> None:
+    """One hook at h.pc for the window [start, start + length) (its last 2 bytes the
+    `syscall`): the system call made as in the window, and, in the child of a fork (%rax 0),
+    the child stub called with every register the code after it may read kept."""
+    back = start + length
+    if number is not None:
+        h.raw(b"\xb8" + struct.pack("<I", number) + _SYSCALL)  # mov $N,%eax; syscall
+    else:
+        h.raw(bytes(image.read_vaddr(start, length - 2)))  # the instructions before it
+        h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
+        jumps = []
+        for n in _FORK_NUMBERS:
+            h.raw(b"\x3d" + struct.pack("<I", n))  # cmp $n,%eax (the kernel reads %eax)
+            h.raw(b"\x0f\x84\0\0\0\0")  # je fork (fixed below)
+            jumps.append(len(h.code))
+        h.raw(_POPF + _LEA_UP + _SYSCALL)  # not a fork: the system call as it was
+        h.jmp(back)
+        for end in jumps:
+            h.code[end - 4:end] = _rel32(h.address + end, h.pc)
+        h.raw(_POPF + _LEA_UP + _SYSCALL)
+    h.raw(b"\x48\x85\xc0")  # test %rax,%rax
+    jnz_at = len(h.code)
+    h.raw(b"\x0f\x85\0\0\0\0")  # jnz cont (fixed below): the parent, or an error
+    h.raw(_CHILD_CALL)
+    h.call(child)
+    h.raw(_CHILD_RETURN)
+    h.code[jnz_at + 2:jnz_at + 6] = _rel32(h.address + jnz_at + 6, h.pc)
+    h.jmp(back)
 
 
 def marker_entry(g: GuardBuild) -> dict[str, object]:
@@ -524,77 +634,6 @@ def marker_entry(g: GuardBuild) -> dict[str, object]:
 
 
 # --- reading a guard back ------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class TableEntry:
-    entry: int  # the entry's address
-    site: int
-    orig: bytes
-
-
-def read_table(image: ElfImage, start: int, end: int) -> tuple[TableEntry, ...]:
-    """The entries of a site table in [start, end) (empty entries left out)."""
-    raw = image.read_vaddr(start, end - start)
-    if len(raw) != end - start or (end - start) % ENTRY_SIZE:
-        raise GuardUnsupported(f"site table [{start:#x}, {end:#x}) is not in the file")
-    out = []
-    for i in range(0, len(raw), ENTRY_SIZE):
-        (rel,) = struct.unpack_from("<i", raw, i)
-        if rel:
-            out.append(TableEntry(start + i, start + i + rel, raw[i + 4: i + 9]))
-    return tuple(out)
-
-
-def header_table(image: ElfImage) -> tuple[TableEntry, ...] | None:
-    """The fork-guard table sys/sdt.h left in a file (None: the file has none)."""
-    sec = image.section(TABLE_SECTION)
-    if sec is None or not sec.allocated:
-        return None
-    return read_table(image, sec.addr, sec.addr + sec.size)
-
-
-@dataclass(frozen=True, slots=True)
-class Coverage:
-    """The fork guard a file carries: which of its sites it covers and how it registers."""
-
-    kind: str  # "sdt.h" (built with usdtpatch's header) or "rewrite" (added by rewrite)
-    sites: frozenset[int]
-    how: str
-
-
-def coverage(image: ElfImage) -> Coverage | None:
-    """The fork guard of `image`, or None when it has none (or it cannot be read)."""
-    try:
-        return _coverage(image)
-    except (UsdtpatchError, struct.error, ValueError):
-        return None
-
-
-def _coverage(image: ElfImage) -> Coverage | None:
-    table = header_table(image)
-    if table is not None:
-        return Coverage("sdt.h", frozenset(e.site for e in table),
-                        "sys/sdt.h's constructor registers it with pthread_atfork")
-    from usdtpatch.elf.marker import marker_of
-
-    try:
-        marker = marker_of(image)
-    except UnsupportedError:
-        return None
-    fg = marker.get("fork_guard") if marker is not None else None
-    if not isinstance(fg, dict):
-        return None
-    span = fg.get("table")
-    hook = fg.get("hook")
-    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
-        return None
-    try:
-        entries = read_table(image, span[0], span[1])
-    except GuardUnsupported:
-        return None
-    return Coverage("rewrite", frozenset(e.site for e in entries),
-                    f"usdtpatch rewrite added it ({hook})")
-
 
 def hook_problem(image: ElfImage) -> str | None:
     """Why `build_guard` would refuse `image` (None: a guard can be added)."""

@@ -35,6 +35,7 @@ from typing import NamedTuple
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable, import_slots
 from usdtpatch.x86.decode import disassemble_lite
+from usdtpatch.x86.regs import CALLER_SAVED, CLOBBERS_MORE, READ_ONLY, reg64
 
 DT_INIT = 12
 DT_FINI = 13
@@ -51,25 +52,6 @@ INIT_FUNCTIONS = 16
 FINI_FUNCTIONS = 8
 
 _RIP = re.compile(r"^(-?0x[0-9a-f]+|-?\d+)\(%rip\)$")
-_ALIASES: dict[str, str] = {}
-for _r in ("ax", "bx", "cx", "dx"):
-    for _n in (f"r{_r}", f"e{_r}", _r, f"{_r[0]}l", f"{_r[0]}h"):
-        _ALIASES[_n] = f"r{_r}"
-for _r in ("si", "di", "bp", "sp"):
-    for _n in (f"r{_r}", f"e{_r}", _r, f"{_r}l"):
-        _ALIASES[_n] = f"r{_r}"
-for _i in range(8, 16):
-    for _s in ("", "d", "w", "b"):
-        _ALIASES[f"r{_i}{_s}"] = f"r{_i}"
-CALLER_SAVED = frozenset({"rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11"})
-# instructions that write registers other than (or besides) their last operand
-_CLOBBER_ALL = ("mul", "imul", "div", "idiv", "cq", "cd", "cl", "cw", "cpuid", "rdtsc",
-                "syscall", "xchg", "cmpxchg", "xadd", "rep", "movs", "stos", "lods", "scas",
-                "cmps", "enter", "int")
-# instructions that only read their operands
-_READ_ONLY = ("cmp", "test", "bt", "nop", "endbr", "prefetch", "ucomis", "comis")
-
-
 class Insn(NamedTuple):
     address: int
     size: int
@@ -99,9 +81,7 @@ class DsoHandle(NamedTuple):
 
 def _reg(text: str) -> str | None:
     t = text.strip()
-    if not t.startswith("%"):
-        return None
-    return _ALIASES.get(t[1:])
+    return reg64(t) if t.startswith("%") else None
 
 
 def _rip_target(ins: Insn, operand: str) -> int | None:
@@ -209,10 +189,10 @@ def _calls(code: _Code, insns: list[Insn], slots: frozenset[int], reg: str,
             continue
         if m.startswith(("push", "j")):
             continue
-        if m.startswith(_CLOBBER_ALL):
+        if m.startswith(CLOBBERS_MORE):
             values.clear()
             continue
-        if m.startswith(_READ_ONLY):
+        if m.startswith(READ_ONLY):
             continue
         if len(ops) == 2 and m in ("lea", "leaq", "mov", "movq"):
             dst = _reg(ops[1])

@@ -1,0 +1,130 @@
+"""The fork guard as a file carries it: whether there is one and the sites its table lists
+(what `check` and `verify` read), and the kind of object the file is. Nothing here analyses
+code: usdtpatch.forkguard (the builder) and usdtpatch.analysis both use this module, which
+uses neither."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_DYNAMIC, PT_INTERP, ElfImage
+from usdtpatch.errors import UnsupportedError, UsdtpatchError
+
+ENTRY_SIZE = 12
+TABLE_SECTION = "__usdtpatch_fork_sites"  # sys/sdt.h's table
+DT_NULL = 0
+DT_FLAGS_1 = 0x6FFFFFFB
+DF_1_PIE = 0x08000000
+
+
+class GuardUnsupported(UnsupportedError):
+    """The file cannot carry the fork guard; the message says why."""
+
+
+
+def is_shared(image: ElfImage) -> bool:
+    """Whether `image` is a shared object (not an executable, static or dynamic)."""
+    return object_kind(image) == "shared"
+
+
+def object_kind(image: ElfImage) -> str:
+    """"exe" (dynamically linked executable), "shared" (shared object), "static" (static
+    executable, PIE or not) or "other"."""
+    if image.type not in (ET_EXEC, ET_DYN):
+        return "other"
+    if any(s.type == PT_INTERP for s in image.segments):
+        return "exe"
+    dyn = dynamic_entries(image) if any(s.type == PT_DYNAMIC for s in image.segments) else []
+    if not dyn:
+        return "static"
+    flags1 = next((v for t, v, _o in dyn if t == DT_FLAGS_1), 0)
+    if image.type == ET_EXEC or flags1 & DF_1_PIE:
+        return "static"  # a static PIE relocates itself: it has a .dynamic and no interpreter
+    return "shared"
+
+
+def dynamic_entries(image: ElfImage) -> list[tuple[int, int, int]]:
+    """(tag, value, file offset of the entry) of PT_DYNAMIC, up to DT_NULL."""
+    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
+    if seg is None:
+        return []
+    out = []
+    end = min(seg.offset + seg.filesz, len(image.data))
+    for off in range(seg.offset, end - 15, 16):
+        tag, val = struct.unpack_from("<qQ", image.data, off)
+        if tag == DT_NULL:
+            break
+        out.append((tag, val, off))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TableEntry:
+    entry: int  # the entry's address
+    site: int
+    orig: bytes
+
+
+def read_table(image: ElfImage, start: int, end: int) -> tuple[TableEntry, ...]:
+    """The entries of a site table in [start, end) (empty entries left out)."""
+    raw = image.read_vaddr(start, end - start)
+    if len(raw) != end - start or (end - start) % ENTRY_SIZE:
+        raise GuardUnsupported(f"site table [{start:#x}, {end:#x}) is not in the file")
+    out = []
+    for i in range(0, len(raw), ENTRY_SIZE):
+        (rel,) = struct.unpack_from("<i", raw, i)
+        if rel:
+            out.append(TableEntry(start + i, start + i + rel, raw[i + 4: i + 9]))
+    return tuple(out)
+
+
+def header_table(image: ElfImage) -> tuple[TableEntry, ...] | None:
+    """The fork-guard table sys/sdt.h left in a file (None: the file has none)."""
+    sec = image.section(TABLE_SECTION)
+    if sec is None or not sec.allocated:
+        return None
+    return read_table(image, sec.addr, sec.addr + sec.size)
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """The fork guard a file carries: which of its sites it covers and how it registers."""
+
+    kind: str  # "sdt.h" (built with usdtpatch's header) or "rewrite" (added by rewrite)
+    sites: frozenset[int]
+    how: str
+
+
+def coverage(image: ElfImage) -> Coverage | None:
+    """The fork guard of `image`, or None when it has none (or it cannot be read)."""
+    try:
+        return _coverage(image)
+    except (UsdtpatchError, struct.error, ValueError):
+        return None
+
+
+def _coverage(image: ElfImage) -> Coverage | None:
+    table = header_table(image)
+    if table is not None:
+        return Coverage("sdt.h", frozenset(e.site for e in table),
+                        "sys/sdt.h's constructor registers it with pthread_atfork")
+    from usdtpatch.elf.marker import marker_of
+
+    try:
+        marker = marker_of(image)
+    except UnsupportedError:
+        return None
+    fg = marker.get("fork_guard") if marker is not None else None
+    if not isinstance(fg, dict):
+        return None
+    span = fg.get("table")
+    hook = fg.get("hook")
+    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
+        return None
+    try:
+        entries = read_table(image, span[0], span[1])
+    except GuardUnsupported:
+        return None
+    return Coverage("rewrite", frozenset(e.site for e in entries),
+                    f"usdtpatch rewrite added it ({hook})")

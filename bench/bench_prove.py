@@ -29,10 +29,10 @@ from typing import Any
 
 from bench.common import ROOT, machine_line, median_seconds
 from usdtpatch import api
+from usdtpatch.analysis.forms import Form
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.io import read_input
 from usdtpatch.prove.prover import Prover
-from usdtpatch.rewriter.forms import Form
 from usdtpatch.rewriter.plan import VERIFICATIONS, plan_rewrite
 
 LIBJVM = Path("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so")

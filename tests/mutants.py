@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from usdtpatch.analysis.forms import Form, Guard
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.io import read_input
-from usdtpatch.rewriter.forms import Form, Guard
 from usdtpatch.rewriter.plan import plan_rewrite
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_LEAVE

@@ -17,6 +17,7 @@ from tests.helpers import fixture, fixture_files, run_cli
 from tests.mutants import Question, mutants, questions
 from usdtpatch import api
 from usdtpatch.analysis.check import check
+from usdtpatch.analysis.forms import Guard
 from usdtpatch.analysis.windows import PatchWindow, WindowShape
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.io import read_input
@@ -25,7 +26,6 @@ from usdtpatch.prove.support import provable
 from usdtpatch.prove.verifier import ProvingVerifier, replay_proof
 from usdtpatch.report import plain
 from usdtpatch.rewriter import plan as rewriter_plan
-from usdtpatch.rewriter.forms import Guard
 from usdtpatch.verification.equivalence import DetourVerifier
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import GUARD_ENTER, NOP5

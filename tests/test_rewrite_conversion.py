@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, build_programs
+from usdtpatch.analysis.forms import guard_args
 from usdtpatch.api import rewrite_plan
 from usdtpatch.elf.args import parse_args
-from usdtpatch.rewriter.forms import guard_args
 from usdtpatch.rewriter.merge import joined
 from usdtpatch.rewriter.plan import Action, SiteDecision
 

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import fixture, fixture_files, readelf_sdt_notes, run_cli
+from usdtpatch.analysis.forms import Form
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.marker import MARKER_SECTION
-from usdtpatch.rewriter.forms import Form
 
 # not runnable here (foreign architecture, 32-bit), or made to be rejected, or a library
 NOT_RUNNABLE = {"i386", "aarch64", "bigendian", "odd-note", "bad-args", "libprobes.so"}

@@ -16,10 +16,10 @@ import pytest
 
 from tests.helpers import fixture, run_cli
 from usdtpatch import api
+from usdtpatch.analysis.forms import Form
 from usdtpatch.kernelfacts import Kernel
 from usdtpatch.live.perf import has_uprobe_syscall
 from usdtpatch.rewriter import kernel as kmod
-from usdtpatch.rewriter.forms import Form
 from usdtpatch.rewriter.kernel import choose_form, detect_kernel
 
 

@@ -35,10 +35,10 @@ from tests.helpers import (
     readelf_sdt_notes,
     run_cli,
 )
+from usdtpatch.analysis.forms import Form
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.live.perf import open_uprobe
 from usdtpatch.live.procfs import read_mem
-from usdtpatch.rewriter.forms import Form
 from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME
 from usdtpatch.x86.nops import NOP5
 

@@ -13,13 +13,13 @@ import pytest
 from tests.helpers import fixture
 from usdtpatch import api
 from usdtpatch.analysis.check import check
+from usdtpatch.analysis.forms import ForkGuard, Form
 from usdtpatch.analysis.probes import read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.marker import marker_of
 from usdtpatch.findings import DETOUR_SYMBOLS_LEFT_OUT, FORK_GUARDED, PROCESS_CAN_FORK, Finding
 from usdtpatch.rewriter import plan as plan_module
 from usdtpatch.rewriter.build import build_rewrite
-from usdtpatch.rewriter.forms import ForkGuard, Form
 from usdtpatch.rewriter.plan import plan_rewrite
 
 

@@ -199,9 +199,9 @@ def test_guarded_nop5_leaves_the_red_zone_alone(tmp_path: Path) -> None:
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot build the guarded program: {done.stderr[:200]}")
+    from usdtpatch.analysis.forms import Guard
     from usdtpatch.elf.image import parse_elf
     from usdtpatch.rewriter.build import build_rewrite
-    from usdtpatch.rewriter.forms import Guard
     from usdtpatch.rewriter.plan import plan_rewrite
 
     rp = plan_rewrite(parse_elf((tmp_path / "g").read_bytes()), guard=Guard.ALWAYS,

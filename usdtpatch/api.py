@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from usdtpatch.analysis.calls import CALL_CHOICES
 from usdtpatch.analysis.check import CheckOptions, CheckReport
 from usdtpatch.analysis.check import check as check_probes
+from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.analysis.probes import ProbeSet, read_probes
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.notes import parse_notes
@@ -54,7 +55,6 @@ from usdtpatch.io import (
     read_source,
     write_atomic,
 )
-from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 from usdtpatch.rewriter.marker import AlreadyRewritten, restore_image
 
 if TYPE_CHECKING:  # the deferred modules (see above)

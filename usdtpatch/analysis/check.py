@@ -14,6 +14,14 @@ from dataclasses import dataclass, field, replace
 
 from usdtpatch.analysis.calls import CALLS_AUTO, call_technique, shadow_stack_marked
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
+from usdtpatch.analysis.forms import (
+    ForkGuard,
+    Form,
+    Guard,
+    guard_args,
+    site_bytes,
+    uses_numeric_rip,
+)
 from usdtpatch.analysis.functions import FunctionBounds
 from usdtpatch.analysis.hazards import (
     CLOBBERED,
@@ -65,14 +73,6 @@ from usdtpatch.findings import (
     lookup,
 )
 from usdtpatch.forkguard.reader import coverage, is_shared
-from usdtpatch.rewriter.forms import (
-    ForkGuard,
-    Form,
-    Guard,
-    guard_args,
-    site_bytes,
-    uses_numeric_rip,
-)
 from usdtpatch.x86.nops import SiteForm, nop5_offset
 
 # Site outcomes, in the order the summary lists them.

@@ -26,13 +26,13 @@ from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.analysis.calls import CALL_CHOICES
+from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.elf.demangle import demangle
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
 from usdtpatch.kernelfacts import Kernel
 from usdtpatch.report.checkjson import check_document, document_findings, reaches, result_json
-from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 
 FAIL_LEVELS = ("info", "warning", "error", "never")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from usdtpatch import api
+from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import WRITTEN, check_output
@@ -42,7 +43,6 @@ from usdtpatch.report.rewrite import (
     rewrite_document,
     write_report,
 )
-from usdtpatch.rewriter.forms import ForkGuard, Form, Guard
 
 
 def _jobs(text: str) -> int:

@@ -9,6 +9,7 @@ import struct
 from dataclasses import dataclass
 
 from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_DYNAMIC, PT_INTERP, ElfImage
+from usdtpatch.elf.marker import marker_of
 from usdtpatch.errors import UnsupportedError, UsdtpatchError
 
 ENTRY_SIZE = 12
@@ -109,8 +110,6 @@ def _coverage(image: ElfImage) -> Coverage | None:
     if table is not None:
         return Coverage("sdt.h", frozenset(e.site for e in table),
                         "sys/sdt.h's constructor registers it with pthread_atfork")
-    from usdtpatch.elf.marker import marker_of
-
     try:
         marker = marker_of(image)
     except UnsupportedError:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from usdtpatch.analysis.forms import Form
 from usdtpatch.kernelfacts import Kernel, kernel_of_errno, uprobe_syscall_errno
-from usdtpatch.rewriter.forms import Form
 
 AUTO = "auto"
 FORM_OF = {Kernel.K618: Form.NOP5, Kernel.NOP10_SERIES: Form.COMBO10}

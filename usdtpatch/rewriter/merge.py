@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from usdtpatch.analysis.check import SiteCheck
+from usdtpatch.analysis.forms import guard_args, uses_numeric_rip
 from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
-from usdtpatch.rewriter.forms import guard_args, uses_numeric_rip
 from usdtpatch.x86.nops import SiteForm
 
 

@@ -38,6 +38,15 @@ from usdtpatch.analysis.calls import (
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import call_technique as _call_technique
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check
+from usdtpatch.analysis.forms import (
+    ForkGuard,
+    Form,
+    Guard,
+    SiteBytes,
+    guard_args,
+    site_bytes,
+    uses_numeric_rip,
+)
 from usdtpatch.analysis.probes import (
     BASE_SECTION,
     Probe,
@@ -84,15 +93,6 @@ from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
-from usdtpatch.rewriter.forms import (
-    ForkGuard,
-    Form,
-    Guard,
-    SiteBytes,
-    guard_args,
-    site_bytes,
-    uses_numeric_rip,
-)
 from usdtpatch.rewriter.index import Claims, SitesByAddress
 from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.rewriter.merge import join_following

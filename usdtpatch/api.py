@@ -25,7 +25,8 @@ no other command's machinery it does not use (docs/performance.md, "Deferred imp
   `check`'s 94 ms start-up, 2026-12-01): live/ (kcheck's ctypes bindings of ptrace and perf,
   tempfile; procfs), rewriter/kernel.py and kernelfacts (ctypes: the uprobe syscall's
   answer), sequences/
-  (plan and verify), dtrace/ (subprocess), jsondoc (json: `read_plan` only).
+  (plan and verify), dtrace/ (subprocess), jsondoc (json: `read_plan` only), forkguard
+  (the guard's builder, handed to check: it reads the site analysis, which cannot import it).
 Everything else is imported here.
 """
 
@@ -38,7 +39,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from usdtpatch.analysis.calls import CALL_CHOICES
-from usdtpatch.analysis.check import CheckOptions, CheckReport
+from usdtpatch.analysis.check import CheckOptions, CheckReport, GuardBuilder
 from usdtpatch.analysis.check import check as check_probes
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.analysis.probes import ProbeSet, read_probes
@@ -174,12 +175,21 @@ def check(path: StrPath, *, form: Form | str = Form.NOP5,
         raise ValueError(f"calls={calls!r}: expected one of {', '.join(CALL_CHOICES)}")
     options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
                            _enum(ForkGuard, fork_guard, "fork_guard"))
-    return CheckResult(os.fspath(path), check_probes(load(path), options=options))
+    return CheckResult(os.fspath(path), check_probes(load(path), options=options,
+                                                     guard_builder=_guard_builder()))
+
+
+def _guard_builder() -> GuardBuilder:
+    """The fork guard's builder, as check asks it (usdtpatch.analysis.check.GuardBuilder)."""
+    from usdtpatch import forkguard
+
+    return GuardBuilder(forkguard.fork_exposure, forkguard.hook_problem)
 
 
 def _check_data(path: StrPath, data: bytes) -> CheckResult:
     """`check` of a file's bytes not yet written (`path`: the name they will have)."""
-    return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data))))
+    return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data)),
+                                                     guard_builder=_guard_builder()))
 
 
 # -------------------------------------------------------------------------------- rewrite

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from usdtpatch.analysis.calls import CALLS_AUTO, call_technique, shadow_stack_marked
@@ -23,6 +24,7 @@ from usdtpatch.analysis.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.analysis.functions import FunctionBounds
+from usdtpatch.analysis.guardfile import coverage, is_shared
 from usdtpatch.analysis.hazards import (
     CLOBBERED,
     FORK_COPIES_MM,
@@ -72,7 +74,6 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
-from usdtpatch.forkguard.reader import coverage, is_shared
 from usdtpatch.x86.nops import SiteForm, nop5_offset
 
 # Site outcomes, in the order the summary lists them.
@@ -147,9 +148,11 @@ class CheckReport:
 
 
 def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
-          options: CheckOptions = DEFAULT_OPTIONS) -> CheckReport:
+          options: CheckOptions = DEFAULT_OPTIONS,
+          guard_builder: GuardBuilder | None = None) -> CheckReport:
     """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions.
-    The outcomes are what `rewrite` with `options` decides."""
+    The outcomes are what `rewrite` with `options` decides; with `guard_builder`, also
+    whether rewrite refuses the file for a fork guard it cannot add."""
     image = probeset.image
     findings: list[Finding] = list(probeset.findings)
     if symbols is None:
@@ -174,8 +177,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
     findings.extend(_library_syscall_findings(ctx, sites))
-    if options.fork_guard is not ForkGuard.NEVER:
-        findings.extend(_guard_unavailable(image, sites, options.fork_guard))
+    if options.fork_guard is not ForkGuard.NEVER and guard_builder is not None:
+        findings.extend(_guard_unavailable(image, sites, options.fork_guard, guard_builder))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx,
                        options)
 
@@ -225,20 +228,28 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     return out
 
 
-def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
-                       fork_guard: ForkGuard) -> list[Finding]:
-    """`fork-guard-unavailable` where rewrite refuses the file: it may fork
-    (usdtpatch.forkguard.fork_exposure, what rewrite asks; with --fork-guard always, any
-    file) and the guard cannot be added (forkguard.hook_problem: what building it says)."""
-    from usdtpatch import forkguard
+@dataclass(frozen=True, slots=True)
+class GuardBuilder:
+    """What check asks the fork guard's builder, to predict rewrite's refusal: why the file
+    may fork (usdtpatch.forkguard.fork_exposure, what rewrite asks) and why the guard could
+    not be added (forkguard.hook_problem: what building it says). The builder sits above
+    this module (it reads the site analysis), so the library hands these in (api.check)."""
 
+    fork_exposure: Callable[[ElfImage], str | None]
+    hook_problem: Callable[[ElfImage], str | None]
+
+
+def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
+                       fork_guard: ForkGuard, builder: GuardBuilder) -> list[Finding]:
+    """`fork-guard-unavailable` where rewrite refuses the file: it may fork (with
+    --fork-guard always, any file) and the guard cannot be added."""
     if not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites) or \
             coverage(image) is not None:
         return []
-    exposure = forkguard.fork_exposure(image)
+    exposure = builder.fork_exposure(image)
     if exposure is None and fork_guard is ForkGuard.ALWAYS:
         exposure = "--fork-guard always"
-    problem = forkguard.hook_problem(image) if exposure is not None else None
+    problem = builder.hook_problem(image) if exposure is not None else None
     if problem is None:
         return []
     return [FORK_GUARD_UNAVAILABLE.finding(

@@ -40,16 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from usdtpatch.elf.image import (
-    EM_X86_64,
-    ET_DYN,
-    ElfImage,
-)
-from usdtpatch.elf.relocs import RelaTable
-from usdtpatch.elf.symbols import symbol_value
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.forkguard import _code
-from usdtpatch.forkguard.reader import (
+from usdtpatch.analysis.guardfile import (
     ENTRY_SIZE,
     TABLE_SECTION,
     Coverage,
@@ -62,6 +53,15 @@ from usdtpatch.forkguard.reader import (
     object_kind,
     read_table,
 )
+from usdtpatch.elf.image import (
+    EM_X86_64,
+    ET_DYN,
+    ElfImage,
+)
+from usdtpatch.elf.relocs import RelaTable
+from usdtpatch.elf.symbols import symbol_value
+from usdtpatch.errors import UsdtpatchError
+from usdtpatch.forkguard import _code
 from usdtpatch.x86.nops import crosses_page, kernel_optimizable_nop5
 
 __all__ = ["ENTRY_SIZE", "TABLE_SECTION", "Coverage", "GuardBuild", "GuardUnsupported",

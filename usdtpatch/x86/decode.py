@@ -2,7 +2,7 @@
 
 Deferred imports: capstone, and ctypes with importlib (the binding of capstone's C library,
 `_lite`), when something is first decoded (`check` of a file of NOP sites decodes nothing);
-x86/relocate.py (iced-x86) for the instructions capstone does not know.
+x86/lengths.py (iced-x86) for the instructions capstone does not know.
 """
 
 from __future__ import annotations
@@ -310,11 +310,11 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
 
 
 def _by_length(code: bytes, address: int, mode64: bool) -> CodeInsn | None:
-    """An instruction capstone does not decode, decoded by iced-x86 (usdtpatch.x86.relocate,
-    the one module that imports it): its length and text, when it is one that falls through
+    """An instruction capstone does not decode, decoded by iced-x86 (usdtpatch.x86.lengths):
+    its length and text, when it is one that falls through
     to the next instruction (`serialize` and other instructions newer than capstone's
     tables); None when iced does not know it either, or it passes control elsewhere."""
-    from usdtpatch.x86.relocate import decode_one
+    from usdtpatch.x86.lengths import decode_one
 
     got = decode_one(code, address, mode64)
     if got is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import partial
 
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.prove.smt import (
@@ -212,7 +213,7 @@ class Prover:
                                         Dead(skip) if tracer else None)
                     questions.append(([*pw.cond, *pd.cond], diffs, [*pw.loads, *pd.loads],
                                       plausible(pw, pd, code_ranges),
-                                      fault_witness(pw, pd)))
+                                      partial(fault_witness, pw, pd)))  # when needed
             verdict, model, spent = solve(questions, shared, self.rlimit - used)
             used += spent
             if verdict == "differs" and model is not None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -915,16 +915,17 @@ def _arrays(kind: Any, pairs: list[tuple[Any, Any]], keep: list[Z]) -> tuple[Any
     return src, dst, keep  # `keep`: the Python objects that hold the terms' references
 
 
-def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], list[Z]]],
+def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z],
+                            Callable[[], list[Z]]]],
           shared: Shared,
           rlimit: int) -> tuple[str, Model | None, int]:
     """Each (path conditions, differences, addresses read, what a shown difference assumes,
-    what makes a difference in the accesses one the replay shows: `fault_witness`) pair
-    asked in turn: ("proved", None), ("differs", counterexample), ("unknown", None), or
-    ("vacuous", None) when a pair of paths whose conditions can hold together is taken by no
-    state the assumptions admit (its accesses must land in the changed bytes, below 64 KiB
-    or outside user space: a proof under them would say nothing about that pair); and the
-    resource units used."""
+    what makes a difference in the accesses one the replay shows: `fault_witness`, made
+    when asked) pair asked in turn: ("proved", None), ("differs", counterexample),
+    ("unknown", None), or ("vacuous", None) when a pair of paths whose conditions can hold
+    together is taken by no state the assumptions admit (its accesses must land in the
+    changed bytes, below 64 KiB or outside user space: a proof under them would say nothing
+    about that pair); and the resource units used."""
     used = 0
 
     def check(*facts: Z) -> tuple[Z, Z]:
@@ -961,10 +962,11 @@ def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], l
             if not group:
                 continue
             differ = z3.Or(*(c for _w, c, _x in group))
-            if group is hidden and witness:
+            faults = witness() if group is hidden else []
+            if faults:
                 # a state in which one side faults where the other does not, if there is
                 # one (the replay can show it); else any state the accesses differ in
-                res, s = check(*cond, differ, *witness)
+                res, s = check(*cond, differ, *faults)
                 if res == z3.sat:
                     return "differs", _model(s.model(), shared, group, reads), used
             res, s = check(*cond, *(assume if group is shown else ()), differ)

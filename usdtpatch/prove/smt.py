@@ -24,13 +24,15 @@ differ between two paths; `solve(...)` asks z3, under a deterministic resource l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import z3
+from z3 import z3 as _z3_module  # its main context (fresh_context)
 from z3.z3 import _to_expr_ref as _ref  # a term z3's C API made, its reference held
 
 from usdtpatch.prove.vex import FAULTS, Block, NotLiftable, Undecodable, lift_block
@@ -55,6 +57,29 @@ TRAMPOLINE_BYTES = 32  # 6.18's optimized hit: call (8) + push rcx, r11, rax (24
 
 class Unprovable(Exception):
     """Outside what the prover models (or the path/step limits); the message says what."""
+
+
+@contextlib.contextmanager
+def fresh_context() -> Iterator[None]:
+    """Every term made inside made anew, in a z3 context of its own (z3.main_ctx swapped;
+    the kept terms of _bv, _var, _wide and the witness states set aside): what z3 answers
+    then depends on the question alone, not on the terms the process made before (z3
+    orders a sum's or a conjunction's operands by their ids, and a model follows the
+    order). Nothing made inside may be used after."""
+    old = _z3_module._main_ctx
+    _forget()
+    _z3_module._main_ctx = z3.Context()
+    try:
+        yield
+    finally:
+        _forget()
+        _z3_module._main_ctx = old
+
+
+def _forget() -> None:
+    for kept in (_var, _wide, _bv):
+        kept.cache_clear()
+    _STATES.clear()
 
 
 @dataclass
@@ -847,6 +872,18 @@ def fault_witness(w: Path, d: Path) -> list[Z]:
     return [z3.Or(*ways)] if ways else []
 
 
+def replayable(w: Path, d: Path) -> list[Z]:
+    """What a counterexample's exits should meet for the replay to show them: each an
+    address a jump can leave to (in user space above 64 KiB; a jump to a non-canonical
+    address faults at the jump itself, one into page zero at its target on both sides).
+    Asked for, not assumed: a difference only such states show is still one."""
+    out: list[Z] = []
+    for path in (w, d):
+        if path.jumpkind != FAULT and not _is_value(path.exit):
+            out += [z3.UGE(path.exit, 0x10000), z3.ULT(path.exit, 1 << 47)]
+    return out
+
+
 # The concrete states `witnessed` tries: (every 64-bit variable of guest state a pointer
 # into user space, distinct ones or all one; rflags; what every uninterpreted operation
 # returns; memory holding a user-space pointer in every aligned 8 bytes, or zeros). The
@@ -916,12 +953,13 @@ def _arrays(kind: Any, pairs: list[tuple[Any, Any]], keep: list[Z]) -> tuple[Any
 
 
 def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z],
-                            Callable[[], list[Z]]]],
+                            Callable[[], list[Z]], Callable[[], list[Z]]]],
           shared: Shared,
           rlimit: int) -> tuple[str, Model | None, int]:
     """Each (path conditions, differences, addresses read, what a shown difference assumes,
-    what makes a difference in the accesses one the replay shows: `fault_witness`, made
-    when asked) pair asked in turn: ("proved", None), ("differs", counterexample),
+    what makes a difference in the accesses one the replay shows: `fault_witness`, and
+    what a counterexample should meet to be replayable: `replayable`; both made when asked)
+    pair asked in turn: ("proved", None), ("differs", counterexample),
     ("unknown", None), or ("vacuous", None) when a pair of paths whose conditions can hold
     together is taken by no state the assumptions admit (its accesses must land in the
     changed bytes, below 64 KiB or outside user space: a proof under them would say nothing
@@ -938,7 +976,7 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
         used += _rlimit_count(s) - before
         return res, s
 
-    for cond, diffs, reads, assume_all, witness in pairs:
+    for cond, diffs, reads, assume_all, witness, prefer in pairs:
         assume = [a for a in assume_all if not z3.is_true(a)]
         live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
         # what a run shows first (the exit, registers, memory, probe hits), then where it
@@ -974,6 +1012,14 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
                 continue
             if res != z3.sat:
                 return "unknown", None, used
+            # a state the replay can show, if the difference has one: both exits where a
+            # jump leaves rather than faults (a non-canonical target faults at the jump on
+            # both sides)
+            better = prefer() if group is shown else []
+            if better:
+                res, s2 = check(*cond, *assume, differ, *better)
+                if res == z3.sat:
+                    s = s2
             return "differs", _model(s.model(), shared, group, reads), used
     return "proved", None, used
 
@@ -1019,4 +1065,5 @@ def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -
 
 
 __all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",
-           "Unprovable", "differences", "fault_witness", "plausible", "solve"]
+           "Unprovable", "differences", "fault_witness", "fresh_context", "plausible",
+           "replayable", "solve"]

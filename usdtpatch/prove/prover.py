@@ -16,9 +16,11 @@ state (registers, flags, vector registers, memory):
 - each original instruction accesses the same bytes in both (the copy of an instruction
   faults exactly where the original does: the exit map of faults).
 
-The answers are kept per `Prover` (one per rewrite) by the position-independent form of the
-window and the detour: a detour moved to another address (a rejected one before it freed
-its place) is the same question.
+The answers are kept per `Prover` (one per verifying process of a rewrite) by the window
+and the position-independent form of the detour: a detour moved to another address (a
+rejected one before it freed its place) is the same question. A counterexample, and an
+answer over the budget, is asked again in a z3 context of its own (smt.fresh_context): it
+then depends on the question alone, not on what the process asked before.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ DIFFERS = "differs"  # a counterexample the caller replays before calling it not
 NOT_PROVABLE = "not-provable"
 # z3's deterministic resource limit per site (the same answer on every machine and load):
 # 150,000 units took 90-150 ms of solving on the reference machine under load
-# (docs/performance.md, "Proofs"); the detours of libjvm.so needed at most 1,670 (median 184)
-# before each pair of paths was also checked to admit a state the restriction allows
-# (smt.solve's "vacuous"): now at most 16,559 (median 10,023), measured 2026-12-01.
+# (docs/performance.md, "Proofs"). The detours of libjvm.so need at most 2,124 (median 184,
+# measured 2026-12-01): the check that each pair of paths admits a state the restriction
+# allows is shown by a concrete witness (smt.witnessed), the solver asked only where none
+# fits (it cost a median of ~10,000 units a detour asked of the solver every time).
 # A site that needs more is left to the emulator
 RLIMIT = 150_000
 

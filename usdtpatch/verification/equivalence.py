@@ -669,8 +669,10 @@ def _diff(a: bytes, b: bytes) -> str:
 # branches and site bytes at the same offsets), so the memo is keyed by the detour's shape,
 # not its address, and a moved detour is not run again. Results do not depend on which
 # worker ran a detour: every check starts from the same machine state (`_verify_one` unmaps
-# the detour's pages again). A worker that dies (the emulator crashing) stops the rewrite
-# with an UnsupportedError instead of a hang.
+# the detour's pages again), and a proof's answer depends on the question alone (a
+# counterexample is asked in a z3 context of its own: usdtpatch.prove.smt.fresh_context).
+# A worker that dies (the emulator crashing) stops the rewrite with an UnsupportedError
+# instead of a hang.
 
 JOBS_MIN_DETOURS = 24  # fewer detours: the pool's start-up costs more than it saves
 PENDING = "pending"  # the memo's `last_method` for an answer not back yet

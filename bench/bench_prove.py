@@ -7,8 +7,9 @@ does to the verified rewrite of libjvm.so.
    cold cache (median and 90th percentile over the detours, each the median of `--repeat`
    proofs).
 2. libjvm.so rewritten with the default verification twice, alternately in one run: with
-   the prover (the default: proofs first, the rest emulated) and without it (`prove=False`:
-   every detour emulated, as before); median wall time of each and their ratio.
+   the prover (the default: proofs first, the rest emulated, in the verification workers)
+   and without it (`prove=False`: every detour emulated, as before); median wall and CPU
+   time of each, their ratios, and the load average.
 
 It prints figures; it is not a timed test.
 
@@ -18,8 +19,11 @@ It prints figures; it is not a timed test.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, machine_line, median_seconds
+from bench.common import ROOT, machine_line
 from usdtpatch import api
 from usdtpatch.analysis.forms import Form
 from usdtpatch.elf.image import ElfImage, parse_elf
@@ -49,7 +53,9 @@ def _x86(path: Path) -> bool:
 
 
 def proof_times(path: str, repeat: int) -> tuple[list[float], Counter[str]]:
-    """Milliseconds of one cold proof of each detour the planner builds, and outcomes."""
+    """Milliseconds of one cold proof of each detour the planner builds, and outcomes (and
+    "cache hits": the questions one prover asked them all in turn answered from its cache,
+    as a rewrite's is)."""
     image = parse_elf(read_input(path))
     asked: list[tuple[ElfImage, Any, Any, tuple[int, ...], dict[str, Any]]] = []
 
@@ -63,6 +69,11 @@ def proof_times(path: str, repeat: int) -> tuple[list[float], Counter[str]]:
         return [], Counter()
     times: list[float] = []
     outcomes: Counter[str] = Counter()
+    kept = Prover()
+    for img, w, d, probes, extra in asked:
+        kept.prove(w, bytes(img.read_vaddr(w.start, w.size)), d, probes,
+                   entries=extra.get("entries", ()), patches=extra.get("patches", ()))
+    outcomes["cache hits"] = kept.hits
     for img, w, d, probes, extra in asked:
         code = bytes(img.read_vaddr(w.start, w.size))
         one = []
@@ -86,6 +97,16 @@ def shares(path: str) -> Counter[str]:
     return Counter(s.verification for s in plan.sites if s.verification is not None)
 
 
+def _timed(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (the process and the children it waited for) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
 def _pct(n: int, total: int) -> str:
     return f"{100 * n / total:.1f}%" if total else "-"
 
@@ -107,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copyfile(LIBJVM, jvm)
             targets.append(("libjvm.so", str(jvm)))
         print(f"{'file':28} {'sites':>6} " + " ".join(f"{k:>13}" for k in VERIFICATIONS)
-              + f" {'detours':>8} {'median ms':>10} {'p90 ms':>8} {'max ms':>8}")
+              + f" {'detours':>8} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'hits':>5}")
         all_times: list[float] = []
         fixture_total: Counter[str] = Counter()
         for label, path in targets:
             share = shares(path)
-            times, _outcomes = proof_times(path, args.repeat)
+            times, outcomes = proof_times(path, args.repeat)
             all_times += times
             total = sum(share.values())
             if label.startswith("fixture"):
@@ -122,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 (times[0] if times else 0.0)
             print(f"{label:28} {total:>6} {cells} {len(times):>8} "
                   f"{statistics.median(times) if times else 0:>10.1f} {q:>8.1f} "
-                  f"{max(times) if times else 0:>8.1f}")
+                  f"{max(times) if times else 0:>8.1f} {outcomes['cache hits']:>5}")
         total = sum(fixture_total.values())
         print(f"{'all fixtures':28} {total:>6} " + " ".join(
             f"{fixture_total[k]:>5} {_pct(fixture_total[k], total):>7}" for k in VERIFICATIONS))
@@ -135,16 +156,19 @@ def main(argv: list[str] | None = None) -> int:
             code = ("import sys; from usdtpatch import api; "
                     "api.rewrite(sys.argv[1], sys.argv[2], form='nop5', "
                     "prove=sys.argv[3] == '1')")
-            proved: list[float] = []
-            emulated: list[float] = []
+            proved: list[tuple[float, float]] = []
+            emulated: list[tuple[float, float]] = []
             for _ in range(args.runs):  # alternately, so that load drifts hit both
-                proved.append(median_seconds([sys.executable, "-c", code, str(jvm), str(out),
-                                              "1"], runs=1, warmup=0))
-                emulated.append(median_seconds([sys.executable, "-c", code, str(jvm),
-                                                str(out), "0"], runs=1, warmup=0))
-            p, e = statistics.median(proved), statistics.median(emulated)
+                proved.append(_timed([sys.executable, "-c", code, str(jvm), str(out), "1"]))
+                emulated.append(_timed([sys.executable, "-c", code, str(jvm), str(out), "0"]))
+            p, e = (statistics.median(w for w, _c in proved),
+                    statistics.median(w for w, _c in emulated))
+            pc, ec = (statistics.median(c for _w, c in proved),
+                      statistics.median(c for _w, c in emulated))
             print(f"libjvm.so rewrite, verified: proofs first {p:.2f} s, emulation only "
-                  f"{e:.2f} s (medians of {args.runs}); ratio {p / e:.2f}")
+                  f"{e:.2f} s (medians of {args.runs}); ratio {p / e:.2f}; CPU {pc:.2f} s vs "
+                  f"{ec:.2f} s, ratio {pc / ec:.2f} (load "
+                  + " ".join(f"{x:.2f}" for x in os.getloadavg()) + ")")
     return 0
 
 

@@ -1,10 +1,12 @@
 """`usdtpatch rewrite`: how long a rewrite takes, and what a rewritten probe costs untraced.
 
 1. Rewrite of OpenJDK 17's libjvm.so (531 sites): median wall time of the CLI without
-   verification (target <= 5 s) and with the default verification (64 random states per
-   site, verified in parallel, one worker per CPU; target <= 5 s on 2 CPUs), the verified
-   rewrite in one process for comparison, next to references measured in the same run: `cp`
-   of the file and `readelf -n` (binutils listing its notes); the load average after each;
+   verification (target <= 5 s), with the default verification (proofs first, the rest in
+   the emulator, in parallel, one worker per CPU; target <= 5 s on 2 CPUs) and with
+   `--no-prove` (every detour in the emulator: proofs first must be no slower), the verified
+   rewrite in one process for comparison, the CPU seconds of each, next to references
+   measured in the same run: `cp` of the file and `readelf -n` (binutils listing its
+   notes); the load average after each;
    peak memory (target < 150 MiB) and the output's size.
 2. Untraced cost per pass of a probe in a tight trigger loop (a C program built here with
    systemtap's sys/sdt.h, timing N iterations with clock_gettime inside the program): the
@@ -112,10 +114,14 @@ def _rewrite_times(runs: int, verify_runs: int) -> None:
         nov_load = _load()
         ver = median_seconds(base, runs=verify_runs, warmup=0)
         ver_load = _load()
+        emu = median_seconds([*base, "--no-prove"], runs=verify_runs, warmup=0)
+        emu_load = _load()
         one = median_seconds([sys.executable, "-c", _ONE_PROCESS, str(LIBJVM), str(out)],
                              runs=verify_runs, warmup=0)
         one_load = _load()
         cpu_nov = _cpu_seconds([*base, "--no-verify"], verify_runs)
+        cpu_ver = _cpu_seconds(base, verify_runs)
+        cpu_emu = _cpu_seconds([*base, "--no-prove"], verify_runs)
         cpu_one = _cpu_seconds([sys.executable, "-c", _ONE_PROCESS, str(LIBJVM), str(out)],
                                verify_runs)
         peak = _peak_mib(base)
@@ -133,15 +139,18 @@ def _rewrite_times(runs: int, verify_runs: int) -> None:
     print(f"  rewrite (verified)    {ver:8.3f} s  (target <= {TARGET_VERIFY:.0f} s: "
           f"{ver / TARGET_VERIFY:.2f} of it; {ver / total * 1000:.1f} ms/site; "
           f"{os.cpu_count()} cpus; {ver_load})")
+    print(f"  verified, --no-prove  {emu:8.3f} s  (every detour emulated; proofs first "
+          f"x{ver / emu:.2f} of it, target <= 1; {emu_load})")
     print(f"  verified, 1 process   {one:8.3f} s  (x{one / ver:.2f} the parallel one; "
           f"{one_load})")
     best = min(ver, one)
     print(f"  verified / unverified    x{ver / nov:.2f} parallel, x{one / nov:.2f} in one "
           f"process (target <= {TARGET_VERIFY_RATIO:.0f}x: the better one "
           f"{best / nov / TARGET_VERIFY_RATIO:.2f} of it)")
-    print(f"  CPU seconds           {cpu_nov:8.3f} s --no-verify, {cpu_one:.3f} s verified in "
-          f"one process: x{cpu_one / cpu_nov:.2f} (the ratio a machine with a free CPU "
-          f"shows; target <= {TARGET_VERIFY_RATIO:.0f}x)")
+    print(f"  CPU seconds           {cpu_nov:8.3f} s --no-verify, {cpu_ver:.3f} s verified "
+          f"(x{cpu_ver / cpu_nov:.2f}), {cpu_emu:.3f} s --no-prove (x{cpu_emu / cpu_nov:.2f}), "
+          f"{cpu_one:.3f} s verified in one process: x{cpu_one / cpu_nov:.2f} (the ratio a "
+          f"machine with a free CPU shows; target <= {TARGET_VERIFY_RATIO:.0f}x)")
     print(f"  peak memory           {peak:8.1f} MiB verified, {peak_nov:.1f} MiB --no-verify "
           f"(target < {TARGET_PEAK_MIB:.0f} MiB: {peak / TARGET_PEAK_MIB:.2f} of it)")
     print(f"  size                  {size / 1e6:.2f} -> {grown / 1e6:.2f} MB "

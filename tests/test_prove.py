@@ -232,6 +232,24 @@ def test_rewrite_reports_how_each_site_was_verified(tmp_path: Path) -> None:
     assert f"{len(detours)} proved, 0 emulated" in page.read_text()
 
 
+def test_no_prove_flag_emulates_every_detour(tmp_path: Path) -> None:
+    """`rewrite --no-prove`: every detour emulated (the report says so per site and in the
+    counts), in place sites not verified, and the same file written as with the proof."""
+    src = str(fixture("args-O2"))
+    with_proof, without = tmp_path / "proved", tmp_path / "emulated"
+    r = run_cli("rewrite", "--form", "nop5", "--json", "--no-prove", src, "-o", without)
+    assert r.rc == 0, r.err
+    f = json.loads(r.out)["files"][0]
+    plan = api.rewrite_plan(src, form="nop5")
+    detours = sum(1 for s in plan.sites if s.detour is not None)
+    assert detours and f["verification"] == {"proved": 0, "emulated": detours,
+                                             "not verified": len(plan.sites) - detours}
+    assert [s["verification"] for s in f["sites"]] == [
+        "emulated" if s.detour is not None else s.verification for s in plan.sites]
+    assert run_cli("rewrite", "--form", "nop5", src, "-o", with_proof).rc == 0
+    assert with_proof.read_bytes() == without.read_bytes()
+
+
 def test_verification_names_agree() -> None:
     assert plain.VERIFICATIONS == rewriter_plan.VERIFICATIONS
 

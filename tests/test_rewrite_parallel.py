@@ -72,6 +72,29 @@ def test_api_jobs_do_not_change_the_output(tmp_path: Path,
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_proofs_run_in_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With workers, each proves its detours (the emulator for what it cannot prove): the
+    parent proves none, and every site says how it was verified as a rewrite in one process
+    says (the memo's methods of answers not back when the planner asked: not "pending")."""
+    from usdtpatch.prove.prover import Prover
+
+    monkeypatch.setattr(equivalence, "JOBS_MIN_DETOURS", 0)
+    one = api.rewrite_plan(fixture("args-clang"), jobs=1)
+    parent = os.getpid()
+    real = Prover.prove
+
+    def prove(self: Prover, *args: object, **kw: object) -> object:
+        assert os.getpid() != parent, "a proof in the parent"
+        return real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Prover, "prove", prove)
+    many = api.rewrite_plan(fixture("args-clang"), jobs=2)
+    assert _decisions(many) == _decisions(one)
+    methods = [d.verification for d in many.sites]
+    assert methods == [d.verification for d in one.sites]
+    assert methods.count("proved") >= 10 and "pending" not in methods
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not LIBJVM.exists(), reason="needs OpenJDK 17's libjvm.so")
 def test_libjvm_pool_decides_like_one_verifier() -> None:

@@ -246,15 +246,15 @@ def _verifier(enabled: bool) -> Verifier | None:
 def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = True,
             phase: Callable[[str], None] | None = None, **options: Any) -> RewritePlan:
     """plan_rewrite with every detour verified (when `verify`): proved where the prover can
-    (usdtpatch.prove.verifier, in this process, `prove` on), the others by the emulator in
-    `jobs` processes (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this
-    process may use). `phase("verify")` is called when a planning pass has handed its
-    detours to the verification and waits for it."""
+    (usdtpatch.prove.verifier, `prove` on), the others by the emulator, in `jobs` processes
+    (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this process may
+    use; each worker proves and emulates its detours). `phase("verify")` is called when a
+    planning pass has handed its detours to the verification and waits for it."""
     from usdtpatch.rewriter.plan import check_rewritable, plan_rewrite
 
     if not verify:
         return plan_rewrite(image, verify=None, **options)
-    from usdtpatch.verification.equivalence import plan_verified
+    from usdtpatch.verification.equivalence import PENDING, plan_verified
 
     # Only the notes are counted here: plan_verified forks its workers before the analysis
     # (read_probes loads the symbol tables), while this process is still small.
@@ -263,27 +263,33 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
     if sec is not None and image.is64 and image.little_endian:
         expected = len(parse_notes(image.section_data(sec), 8, "<").sdt_notes)
     report: list[Any] = []
-    prover: Any = None
-    if prove:
-        from usdtpatch.prove.prover import Prover
+    wrap: Any = None
+    if prove:  # imported before the workers fork: they share the engines' pages
+        from usdtpatch.prove.verifier import ProvingVerifier
 
-        prover = Prover()  # one for every pass of the planner: its answers are kept
+        wrap = ProvingVerifier  # each process's own, with its own prover (its answers kept)
+    given: list[Verifier] = []
 
     def plan(verifier: Verifier) -> RewritePlan:
         if not report:  # once: later passes take the same analysis
             check_rewritable(image)
             ps = read_probes(image)
             report.append(check_probes(ps) if ps.notes is not None and ps.probes else None)
-        if prover is not None:
-            from usdtpatch.prove.verifier import ProvingVerifier
-
-            verifier = ProvingVerifier(verifier, prover)
+        given[:] = [verifier]
         planned = plan_rewrite(image, verify=verifier, report=report[0], **options)
         if phase is not None:
             phase("verify")
         return planned
 
-    return plan_verified(image, plan, jobs=jobs, expected=expected)
+    planned = plan_verified(image, plan, jobs=jobs, expected=expected, wrap=wrap)
+    method = getattr(given[0], "method", None) if given else None
+    if method is None:  # verified in this process: each site's method known when planned
+        return planned
+    # verified by workers: the methods of the answers that were not back when planned
+    sites = tuple(replace(s, verification=method(s.detour))
+                  if s.detour is not None and s.verification == PENDING else s
+                  for s in planned.sites)
+    return replace(planned, sites=sites)
 
 
 def _sound_rewritten(image: ElfImage) -> None:

@@ -4,8 +4,9 @@
 Parse, call usdtpatch.api, render. The input is never touched unless --in-place; an output
 that is an input (by any spelling or link) or an existing non-regular file is refused before
 anything is read. Output is written atomically with the input's permission bits. Each detour
-is verified in the emulator before the file is written (--no-verify skips it and says so); a
-site that fails stays as it was and the exit status is 1. --dry-run prints the decisions
+is verified before the file is written, proved where the prover can and in the emulator
+otherwise (--no-prove: the emulator only; --no-verify skips it and says so); a site that
+fails stays as it was and the exit status is 1. --dry-run prints the decisions
 without building a file.
 
 Deferred imports: report/render.py (rich: the progress bar), report/text.py (the table,
@@ -89,7 +90,10 @@ def register(sub: Any) -> None:
                         "cannot be), move, emulate (never in a file marked for shadow "
                         "stacks) (default auto)")
     p.add_argument("--no-verify", action="store_true",
-                   help="skip the emulator's equivalence check of each detour")
+                   help="skip the equivalence check of each detour")
+    p.add_argument("--no-prove", action="store_true",
+                   help="check each detour in the emulator only (64 random states), not by "
+                        "the proof first (each site's verification then says emulated)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--report", metavar="FILE",
                    help="also write a report of what was changed, skipped and why, with sizes "
@@ -151,7 +155,8 @@ def _note_written(futures: Iterable[Future[tuple[dict[str, Any], bool, float]]])
 
 def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str, guard: str,
                        fork_guard: str, verify: bool, calls: str = "auto",
-                       kernel: str | None = None) -> tuple[dict[str, Any], bool, float]:
+                       kernel: str | None = None, prove: bool = True
+                       ) -> tuple[dict[str, Any], bool, float]:
     """One file in a worker process: its report entry, whether a site failed, the time."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
     mark = len(WRITTEN)
@@ -159,7 +164,7 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
         t0 = time.monotonic()
         o = api.rewrite(path, target, form=form, redzone_guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
-                        jobs=1)  # -j runs files in parallel: one process per file
+                        prove=prove, jobs=1)  # -j runs files in parallel: one process per file
         return outcome_json(o), o.failed, time.monotonic() - t0
     except KeyboardInterrupt as exc:  # the parent says whether this file was written
         exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
@@ -226,7 +231,7 @@ def _in_workers(todo: list[tuple[str, str | None]], jobs: int, options: dict[str
         futures = [(p, pool.submit(_rewrite_in_worker, p, t, options["in_place"],
                                    options["form"], options["redzone_guard"],
                                    options["fork_guard"], options["verify"], options["calls"],
-                                   options["kernel"])) for p, t in todo]
+                                   options["kernel"], options["prove"])) for p, t in todo]
         for p, fut in futures:
             try:
                 entry, bad, took = fut.result()
@@ -265,7 +270,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                   in_place: bool = False, form: str = "auto", kernel: str | None = None,
                   guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
                   verify: bool = True, as_json: bool = False, jobs: int = 1,
-                  report: str | None = None, calls: str = "auto") -> int:
+                  report: str | None = None, calls: str = "auto", prove: bool = True) -> int:
     """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
     unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
     the exit status."""
@@ -283,7 +288,8 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
             with contextlib.suppress(UsdtpatchError):  # the rewrite below reports the file
                 views[p] = _site_views(p)
     options = {"form": form, "redzone_guard": guard, "fork_guard": fork_guard,
-               "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel}
+               "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
+               "prove": prove}
     res = _Results()
     started = time.monotonic()
     if jobs > 1 and several:
@@ -337,7 +343,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                          form=args.form, kernel=args.kernel, guard=args.redzone_guard,
                          fork_guard=args.fork_guard,
                          verify=not args.no_verify, as_json=args.json, jobs=args.jobs,
-                         report=args.report, calls=args.calls)
+                         report=args.report, calls=args.calls, prove=not args.no_prove)
 
 
 def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,

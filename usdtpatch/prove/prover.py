@@ -16,9 +16,11 @@ state (registers, flags, vector registers, memory):
 - each original instruction accesses the same bytes in both (the copy of an instruction
   faults exactly where the original does: the exit map of faults).
 
-The answers are kept per `Prover` (one per rewrite) by the position-independent form of the
-window and the detour: a detour moved to another address (a rejected one before it freed
-its place) is the same question.
+The answers are kept per `Prover` (one per verifying process of a rewrite) by the window
+and the position-independent form of the detour: a detour moved to another address (a
+rejected one before it freed its place) is the same question. A counterexample, and an
+answer over the budget, is asked again in a z3 context of its own (smt.fresh_context): it
+then depends on the question alone, not on what the process asked before.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import partial
 
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.prove.smt import (
@@ -38,7 +41,9 @@ from usdtpatch.prove.smt import (
     Unprovable,
     differences,
     fault_witness,
+    fresh_context,
     plausible,
+    replayable,
     solve,
 )
 from usdtpatch.x86.decode import sweep
@@ -50,11 +55,15 @@ DIFFERS = "differs"  # a counterexample the caller replays before calling it not
 NOT_PROVABLE = "not-provable"
 # z3's deterministic resource limit per site (the same answer on every machine and load):
 # 150,000 units took 90-150 ms of solving on the reference machine under load
-# (docs/performance.md, "Proofs"); the detours of libjvm.so needed at most 1,670 (median 184)
-# before each pair of paths was also checked to admit a state the restriction allows
-# (smt.solve's "vacuous"): now at most 16,559 (median 10,023), measured 2026-12-01.
+# (docs/performance.md, "Proofs"). The detours of libjvm.so need at most 2,124 (median 184,
+# measured 2026-12-01): the check that each pair of paths admits a state the restriction
+# allows is shown by a concrete witness (smt.witnessed), the solver asked only where none
+# fits (it cost a median of ~10,000 units a detour asked of the solver every time).
 # A site that needs more is left to the emulator
 RLIMIT = 150_000
+
+
+OVER_BUDGET = "the solver's budget was exceeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,17 +178,27 @@ class Prover:
         if got is not None:
             self.hits += 1
             return got
-        try:
-            proof = self._prove(window, code, detour, probes, entries)
-        except (NotLiftable, Unprovable) as exc:
-            proof = Proof(NOT_PROVABLE, str(exc))
-        except Exception as exc:  # a fault of the prover must not stop a rewrite:
-            # the emulator decides (the tests check no fixture or real binary gets here)
-            proof = Proof(NOT_PROVABLE, f"internal error of the prover: {exc!r}")
+        proof = self._guarded(window, code, detour, probes, entries)
+        if proof.outcome == DIFFERS or proof.reason == OVER_BUDGET:
+            # asked again from nothing but the question: which counterexample z3 finds
+            # among many, and the work it spends, follow the terms this process made
+            # before (a proof needs far less than the budget: docs/rewrite.md)
+            with fresh_context():
+                proof = self._guarded(window, code, detour, probes, entries)
         proof = Proof(proof.outcome, proof.reason, proof.model, proof.entry,
                       (time.perf_counter() - t0) * 1000, proof.work)
         self.cache[key] = proof
         return proof
+
+    def _guarded(self, window: PatchWindow, code: bytes, detour: Detour,
+                 probes: tuple[int, ...], entries: tuple[tuple[int, int], ...]) -> Proof:
+        try:
+            return self._prove(window, code, detour, probes, entries)
+        except (NotLiftable, Unprovable) as exc:
+            return Proof(NOT_PROVABLE, str(exc))
+        except Exception as exc:  # a fault of the prover must not stop a rewrite:
+            # the emulator decides (the tests check no fixture or real binary gets here)
+            return Proof(NOT_PROVABLE, f"internal error of the prover: {exc!r}")
 
     def _prove(self, window: PatchWindow, code: bytes, detour: Detour,
                probes: tuple[int, ...], entries: tuple[tuple[int, int], ...]) -> Proof:
@@ -212,7 +231,8 @@ class Prover:
                                         Dead(skip) if tracer else None)
                     questions.append(([*pw.cond, *pd.cond], diffs, [*pw.loads, *pd.loads],
                                       plausible(pw, pd, code_ranges),
-                                      fault_witness(pw, pd)))
+                                      partial(fault_witness, pw, pd),  # when needed
+                                      partial(replayable, pw, pd)))
             verdict, model, spent = solve(questions, shared, self.rlimit - used)
             used += spent
             if verdict == "differs" and model is not None:
@@ -223,5 +243,5 @@ class Prover:
                              "reading its own bytes is not modelled), below 64 KiB or outside "
                              "user space", entry=(e_w, e_d), work=used)
             if verdict == "unknown" or used >= self.rlimit:
-                return Proof(NOT_PROVABLE, "the solver's budget was exceeded", work=used)
+                return Proof(NOT_PROVABLE, OVER_BUDGET, work=used)
         return Proof(PROVED, "equivalent on every path", work=used)

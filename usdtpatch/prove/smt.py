@@ -24,13 +24,16 @@ differ between two paths; `solve(...)` asks z3, under a deterministic resource l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import z3
+from z3 import z3 as _z3_module  # its main context (fresh_context)
+from z3.z3 import _to_expr_ref as _ref  # a term z3's C API made, its reference held
 
 from usdtpatch.prove.vex import FAULTS, Block, NotLiftable, Undecodable, lift_block
 
@@ -54,6 +57,29 @@ TRAMPOLINE_BYTES = 32  # 6.18's optimized hit: call (8) + push rcx, r11, rax (24
 
 class Unprovable(Exception):
     """Outside what the prover models (or the path/step limits); the message says what."""
+
+
+@contextlib.contextmanager
+def fresh_context() -> Iterator[None]:
+    """Every term made inside made anew, in a z3 context of its own (z3.main_ctx swapped;
+    the kept terms of _bv, _var, _wide and the witness states set aside): what z3 answers
+    then depends on the question alone, not on the terms the process made before (z3
+    orders a sum's or a conjunction's operands by their ids, and a model follows the
+    order). Nothing made inside may be used after."""
+    old = _z3_module._main_ctx
+    _forget()
+    _z3_module._main_ctx = z3.Context()
+    try:
+        yield
+    finally:
+        _forget()
+        _z3_module._main_ctx = old
+
+
+def _forget() -> None:
+    for kept in (_var, _wide, _bv):
+        kept.cache_clear()
+    _STATES.clear()
 
 
 @dataclass
@@ -88,7 +114,6 @@ class Shared:
         self.flags = z3.BitVec("rflags", 64)
         self.traced = z3.Bool("traced")  # the probe is attached (the tracer's writes happen)
         self.funcs: dict[tuple[Any, ...], Z] = {}
-        self.fresh = 0
 
     def chunk(self, q: int) -> Z:
         v = self.chunks.get(q)
@@ -847,16 +872,98 @@ def fault_witness(w: Path, d: Path) -> list[Z]:
     return [z3.Or(*ways)] if ways else []
 
 
-def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], list[Z]]],
+def replayable(w: Path, d: Path) -> list[Z]:
+    """What a counterexample's exits should meet for the replay to show them: each an
+    address a jump can leave to (in user space above 64 KiB; a jump to a non-canonical
+    address faults at the jump itself, one into page zero at its target on both sides).
+    Asked for, not assumed: a difference only such states show is still one."""
+    out: list[Z] = []
+    for path in (w, d):
+        if path.jumpkind != FAULT and not _is_value(path.exit):
+            out += [z3.UGE(path.exit, 0x10000), z3.ULT(path.exit, 1 << 47)]
+    return out
+
+
+# The concrete states `witnessed` tries: (every 64-bit variable of guest state a pointer
+# into user space, distinct ones or all one; rflags; what every uninterpreted operation
+# returns; memory holding a user-space pointer in every aligned 8 bytes, or zeros). The
+# pointers lie far above a file's link-time code and far below 2**47: the variable of
+# guest state at q holds _POINTER + q * _STRIDE (distinct) or _POINTER
+_WITNESSES = ((True, 0, 0, True), (True, STATUS_FLAGS, -1, True), (False, 0x40, 1, False),
+              (True, 0x40, 0, False))
+_POINTER = 0x10_0000_0000
+_STRIDE = 0x1000_0000
+
+
+def witnessed(facts: list[Z], shared: Shared) -> bool:
+    """Whether a state of `_WITNESSES` makes every fact true: each variable and function of
+    `shared` replaced by its value in that state and the ground term simplified (z3
+    evaluates it; no search). True shows the facts can hold together; False says nothing
+    (a fact may name a variable or function no state gives a value: it does not fold)."""
+    if not facts:
+        return True
+    goal = z3.And(*facts)
+    ctx = goal.ctx
+    for vs, fs in _witness_states(shared):
+        t = _ref(z3.Z3_substitute(ctx.ref(), goal.as_ast(), len(vs[0]), vs[0], vs[1]), ctx)
+        e = _ref(z3.Z3_substitute_funs(ctx.ref(), t.as_ast(), len(fs[0]), fs[0], fs[1]), ctx)
+        if z3.is_true(z3.simplify(e)):
+            return True
+    return False
+
+
+_GUEST_BYTES = 1280  # VEX's amd64 guest state, rounded up: the variables `witnessed` sets
+_STATES: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}
+
+
+def _witness_states(shared: Shared) -> list[tuple[Any, Any]]:
+    """The substitutions of `witnessed`'s states for the variables and functions (z3's
+    arrays, made once per set of functions: z3.substitute checks every pair again). The
+    variable of guest state at q is the same term in every `Shared`, so are its functions."""
+    key = tuple(sorted(shared.funcs))
+    got = _STATES.get(key)
+    if got is not None:
+        return got
+    names = [(q, _var(f"g{q}", 64)) for q in range(0, _GUEST_BYTES, 8) if q not in _SPECIAL]
+    slot = z3.Extract(2, 0, z3.Var(0, z3.BitVecSort(64)))
+    out = []
+    for distinct, flags, ret, pointers in _WITNESSES:
+        subst = [(v, _bv(_POINTER + (q * _STRIDE if distinct else 0), 64)) for q, v in names]
+        subst += [(shared.flags, _bv(flags, 64)), (shared.traced, z3.BoolVal(False))]
+        # memory: _POINTER's bytes (little-endian: 0x10 at byte 4) in every aligned 8
+        byte = z3.If(slot == 4, _bv(_POINTER >> 32, 8), _bv(0, 8)) if pointers else _bv(0, 8)
+        funs = [(shared.m0, byte)]
+        funs += [(f, _bv(ret & ((1 << f.range().size()) - 1), f.range().size()))
+                 for _k, f in sorted(shared.funcs.items())]
+        out.append((_arrays(z3.Ast, [(a.as_ast(), b.as_ast()) for a, b in subst],
+                            [x for pair in subst for x in pair]),
+                    _arrays(z3.FuncDecl, [(f.as_func_decl(), b.as_ast()) for f, b in funs],
+                            [x for pair in funs for x in pair])))
+    if len(_STATES) >= 256:  # kept per set of functions a rewrite's detours use
+        _STATES.clear()
+    _STATES[key] = out
+    return out
+
+
+def _arrays(kind: Any, pairs: list[tuple[Any, Any]], keep: list[Z]) -> tuple[Any, Any, Any]:
+    src, dst = (kind * len(pairs))(), (z3.Ast * len(pairs))()
+    for i, (a, b) in enumerate(pairs):
+        src[i], dst[i] = a, b
+    return src, dst, keep  # `keep`: the Python objects that hold the terms' references
+
+
+def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z],
+                            Callable[[], list[Z]], Callable[[], list[Z]]]],
           shared: Shared,
           rlimit: int) -> tuple[str, Model | None, int]:
     """Each (path conditions, differences, addresses read, what a shown difference assumes,
-    what makes a difference in the accesses one the replay shows: `fault_witness`) pair
-    asked in turn: ("proved", None), ("differs", counterexample), ("unknown", None), or
-    ("vacuous", None) when a pair of paths whose conditions can hold together is taken by no
-    state the assumptions admit (its accesses must land in the changed bytes, below 64 KiB
-    or outside user space: a proof under them would say nothing about that pair); and the
-    resource units used."""
+    what makes a difference in the accesses one the replay shows: `fault_witness`, and
+    what a counterexample should meet to be replayable: `replayable`; both made when asked)
+    pair asked in turn: ("proved", None), ("differs", counterexample),
+    ("unknown", None), or ("vacuous", None) when a pair of paths whose conditions can hold
+    together is taken by no state the assumptions admit (its accesses must land in the
+    changed bytes, below 64 KiB or outside user space: a proof under them would say nothing
+    about that pair); and the resource units used."""
     used = 0
 
     def check(*facts: Z) -> tuple[Z, Z]:
@@ -869,16 +976,17 @@ def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], l
         used += _rlimit_count(s) - before
         return res, s
 
-    for cond, diffs, reads, assume_all, witness in pairs:
+    for cond, diffs, reads, assume_all, witness, prefer in pairs:
         assume = [a for a in assume_all if not z3.is_true(a)]
         live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
         # what a run shows first (the exit, registers, memory, probe hits), then where it
         # would fault: a model of the first kind is one the emulator can confirm
         shown = [d for d in live if not d[0].startswith(ACCESSES)]
         hidden = [d for d in live if d[0].startswith(ACCESSES)]
-        if assume:
+        if assume and not witnessed([*cond, *assume], shared):
             # the shown differences are asked under `assume`: it must admit some state of
-            # the pair when the pair is feasible at all (else "proved" would be vacuous)
+            # the pair when the pair is feasible at all (else "proved" would be vacuous);
+            # a concrete state shows it most often, else the solver is asked
             res, _s = check(*cond, *assume)
             if res == z3.unsat:
                 res, _s = check(*cond)
@@ -892,10 +1000,11 @@ def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], l
             if not group:
                 continue
             differ = z3.Or(*(c for _w, c, _x in group))
-            if group is hidden and witness:
+            faults = witness() if group is hidden else []
+            if faults:
                 # a state in which one side faults where the other does not, if there is
                 # one (the replay can show it); else any state the accesses differ in
-                res, s = check(*cond, differ, *witness)
+                res, s = check(*cond, differ, *faults)
                 if res == z3.sat:
                     return "differs", _model(s.model(), shared, group, reads), used
             res, s = check(*cond, *(assume if group is shown else ()), differ)
@@ -903,6 +1012,14 @@ def solve(pairs: list[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z], l
                 continue
             if res != z3.sat:
                 return "unknown", None, used
+            # a state the replay can show, if the difference has one: both exits where a
+            # jump leaves rather than faults (a non-canonical target faults at the jump on
+            # both sides)
+            better = prefer() if group is shown else []
+            if better:
+                res, s2 = check(*cond, *assume, differ, *better)
+                if res == z3.sat:
+                    s = s2
             return "differs", _model(s.model(), shared, group, reads), used
     return "proved", None, used
 
@@ -948,4 +1065,5 @@ def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -
 
 
 __all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",
-           "Unprovable", "differences", "fault_witness", "plausible", "solve"]
+           "Unprovable", "differences", "fault_witness", "fresh_context", "plausible",
+           "replayable", "solve"]

@@ -55,6 +55,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from usdtpatch.analysis.calls import EMULATED  # the word for the emulator's check
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf.image import PF_W, PF_X, ElfImage
 from usdtpatch.errors import UnsupportedError
@@ -668,10 +669,13 @@ def _diff(a: bytes, b: bytes) -> str:
 # branches and site bytes at the same offsets), so the memo is keyed by the detour's shape,
 # not its address, and a moved detour is not run again. Results do not depend on which
 # worker ran a detour: every check starts from the same machine state (`_verify_one` unmaps
-# the detour's pages again). A worker that dies (the emulator crashing) stops the rewrite
-# with an UnsupportedError instead of a hang.
+# the detour's pages again), and a proof's answer depends on the question alone (a
+# counterexample is asked in a z3 context of its own: usdtpatch.prove.smt.fresh_context).
+# A worker that dies (the emulator crashing) stops the rewrite with an UnsupportedError
+# instead of a hang.
 
 JOBS_MIN_DETOURS = 24  # fewer detours: the pool's start-up costs more than it saves
+PENDING = "pending"  # the memo's `last_method` for an answer not back yet
 
 _Patches = tuple[tuple[int, bytes], ...]
 _Entries = tuple[tuple[int, int], ...]
@@ -690,29 +694,40 @@ def _shape(window: PatchWindow, detour: Detour, probes: tuple[int, ...], patches
 class _Memo:
     """The planner's verifier during `plan_verified`: known answers from the memo; a detour
     not seen before is answered "equivalent" for now and sent to the workers (in chunks, so
-    that they verify while the planner goes on)."""
+    that they verify while the planner goes on). `last_method` is how the answer was
+    reached (the workers' verifier's `last_method`: "proved" or "emulated"), PENDING for
+    one not known yet; `method(detour)` gives it for a detour of the last run once settled."""
 
     CHUNK = 8
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self.answers: dict[_Key, str | None] = {}
+        self.answers: dict[_Key, tuple[str | None, str]] = {}
         self.asked: dict[_Key, _Job] = {}
         self.batch: list[_Key] = []
         self.sent: list[tuple[list[_Key], Any]] = []
+        self.last_method = PENDING
+        self.placed: dict[int, _Key] = {}  # detour address -> its question, in the last run
 
     def __call__(self, image: ElfImage, window: PatchWindow, detour: Detour,
                  probes: tuple[int, ...], *, patches: _Patches = (),
                  entries: _Entries = ()) -> str | None:
         key = _shape(window, detour, probes, patches, entries)
+        self.placed[detour.address] = key  # a later detour at the address is the one kept
         if key in self.answers:
-            return self.answers[key]
+            why, self.last_method = self.answers[key]
+            return why
+        self.last_method = PENDING
         if key not in self.asked:
             self.asked[key] = (window, detour, probes, patches, entries)
             self.batch.append(key)
             if len(self.batch) >= self.CHUNK:
                 self.send()
         return None
+
+    def method(self, detour: Detour) -> str:
+        """How the detour at `detour.address` in the last run was verified (settled)."""
+        return self.answers[self.placed[detour.address]][1]
 
     def send(self) -> None:
         if self.batch:
@@ -729,50 +744,65 @@ class _Memo:
             return False
         changed = False
         for keys, pending in self.sent:
-            for key, why in zip(keys, pending.result(), strict=True):
-                self.answers[key] = why
-                changed = changed or why is not None
+            for key, answer in zip(keys, pending.result(), strict=True):
+                self.answers[key] = answer
+                changed = changed or answer[0] is not None
         self.sent.clear()
         self.asked.clear()
         return changed
 
+    def rerun(self) -> None:
+        self.placed.clear()
 
-_WORKER: dict[str, tuple[ElfImage, DetourVerifier]] = {}  # a worker process's own
+
+_WORKER: dict[str, tuple[ElfImage, Verifier]] = {}  # a worker process's own
 
 
-def _worker_start(image: ElfImage, runs: int, seed: int, parent: int) -> None:
+def _worker_start(image: ElfImage, runs: int, seed: int, parent: int,
+                  wrap: Callable[[Verifier], Verifier] | None) -> None:
     # a worker ends with its parent (killed or not: usdtpatch.lifetime); Ctrl-C is the
     # parent's: it stops the pool (a worker would print a traceback)
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    verifier = DetourVerifier(runs, seed)
-    verifier._image, verifier._pair = image, _new_pair(image)  # ready before the first job
-    _WORKER["state"] = (image, verifier)
+    emulator = DetourVerifier(runs, seed)
+    emulator._image, emulator._pair = image, _new_pair(image)  # ready before the first job
+    _WORKER["state"] = (image, emulator if wrap is None else wrap(emulator))
 
 
-def _worker_run(jobs: list[_Job]) -> list[str | None]:
+def _worker_run(jobs: list[_Job]) -> list[tuple[str | None, str]]:
     image, verifier = _WORKER["state"]
-    return [verifier(image, w, d, p, patches=pa, entries=e) for w, d, p, pa, e in jobs]
+    out = []
+    for w, d, p, pa, e in jobs:
+        why = verifier(image, w, d, p, patches=pa, entries=e)  # type: ignore[call-arg]
+        out.append((why, getattr(verifier, "last_method", EMULATED)))
+    return out
 
 
 def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int | None = None,
-                  runs: int = RUNS, seed: int = 1, expected: int = 0) -> _T:
+                  runs: int = RUNS, seed: int = 1, expected: int = 0,
+                  wrap: Callable[[Verifier], Verifier] | None = None) -> _T:
     """`plan(verifier)` with every detour it keeps verified, `jobs` worker processes (default:
     the CPUs this process may use) verifying in parallel. `expected` (the number of probes)
     decides whether a pool is worth starting; with one job, or in a daemonic process, the
     detours are verified here, one machine pair for all. Call it before the planner's own
-    analysis: the workers are forked first, while this process is small."""
+    analysis: the workers are forked first, while this process is small.
+
+    `wrap(emulator)`, when given, is the verifier each process uses instead of the emulator
+    alone (the prover's, usdtpatch.prove.verifier: proofs first, the emulator for the rest).
+    With workers, `plan` is given a memo whose `last_method` may be PENDING while a detour's
+    answer is not back; its `method(detour)` says how each detour of the run `plan`
+    returned from was verified."""
     if jobs is None:
         affinity = getattr(os, "sched_getaffinity", None)
         n = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
     else:
         n = jobs
     if n <= 1 or expected < JOBS_MIN_DETOURS or multiprocessing.current_process().daemon:
-        return plan(DetourVerifier() if (runs, seed) == (RUNS, 1) else
-                    DetourVerifier(runs, seed))
+        emulator = DetourVerifier() if (runs, seed) == (RUNS, 1) else DetourVerifier(runs, seed)
+        return plan(emulator if wrap is None else wrap(emulator))
     ctx = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_start,
-                               initargs=(image, runs, seed, os.getpid()))
+                               initargs=(image, runs, seed, os.getpid(), wrap))
     try:
         # the first job forks every worker: make one now, before the planner's analysis
         # grows this process (a forked worker's memory starts as a copy of it)
@@ -782,6 +812,7 @@ def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int 
             result = plan(memo)
             if not memo.settle():
                 return result
+            memo.rerun()
     except BrokenProcessPool as exc:  # a worker died (the emulator crashed): no hang
         raise UnsupportedError(
             "a process verifying detours in the emulator died; rewrite with --no-verify to "

@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, run_cli
-from usdtpatch.analysis.check import check
+from usdtpatch import api
 from usdtpatch.api import load
 
 DATA = ROOT / "tests" / "data"
@@ -81,7 +81,7 @@ def _nm(path: Path, name: str) -> tuple[int, int]:
 
 
 def test_check_finds_the_fork_in_code(built: dict[str, Path]) -> None:
-    rep = check(load(built["fork-stripped"]))
+    rep = api.check(built["fork-stripped"])
     codes = {f.code: f for f in rep.findings}
     assert "process-can-fork" in codes, [f.code for f in rep.findings]
     m = re.search(r"system call at (0x[0-9a-f]+)", codes["process-can-fork"].message)
@@ -89,7 +89,7 @@ def test_check_finds_the_fork_in_code(built: dict[str, Path]) -> None:
     lo, hi = _nm(built["fork"], "_Fork")
     assert lo <= int(m.group(1), 16) < hi
     assert "fork-guard-unavailable" not in codes  # the system call can be hooked
-    raw = {f.code: f for f in check(load(built["rawfork-stripped"])).findings}
+    raw = {f.code: f for f in api.check(built["rawfork-stripped"]).findings}
     assert "process-can-fork" in raw and "fork-guard-unavailable" in raw
 
 
@@ -125,7 +125,7 @@ def test_rewrite_auto_refuses_a_fork_it_cannot_hook(built: dict[str, Path], tmp_
 
 
 def test_no_fork_found_is_said_not_silence(built: dict[str, Path], tmp_path: Path) -> None:
-    rep = check(load(built["nofork-stripped"]))
+    rep = api.check(built["nofork-stripped"])
     codes = [f.code for f in rep.findings]
     assert "fork-unknown" in codes and "process-can-fork" not in codes
     res = run_cli("rewrite", built["nofork-stripped"], "-o", tmp_path / "out", "--json")
@@ -160,7 +160,7 @@ def test_rewrite_hooks_a_system_call_of_unknown_number(built: dict[str, Path], t
 def test_a_fork_through_the_libraries_syscall_is_refused(built: dict[str, Path],
                                                          tmp_path: Path) -> None:
     path = built["sysfork-dynamic"]
-    codes = {f.code: f.message for f in check(load(path)).findings}
+    codes = {f.code: f.message for f in api.check(path).findings}
     assert "syscall()" in codes["fork-guard-unavailable"], codes
     res = run_cli("rewrite", path, "-o", tmp_path / "out")
     assert res.rc == 2 and "--fork-guard never" in res.err, (res.rc, res.err)

@@ -60,6 +60,7 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
+from usdtpatch.rewriter.index import Claims  # the planner's claim index (check decides as it does)
 from usdtpatch.x86.nops import SiteForm
 
 # Site outcomes, in the order the summary lists them.
@@ -206,14 +207,14 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> tuple[SiteCheck
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
-    claimed: list[tuple[int, int]] = []
+    claimed = Claims()  # overlap tests by bisection: a scan per site was quadratic
     for sc in by_address:
         if sc.probe.index in decided:
             continue
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
             continue
-        if any(s < w.end and w.start < e for s, e in claimed):
+        if claimed.overlaps(w.start, w.end):
             why = "its window overlaps another rewritten site's"
             decided[sc.probe.index] = replace(
                 sc, outcome=BLOCKED, blocked=WINDOW_OVERLAPS_SITE.code,

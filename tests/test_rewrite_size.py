@@ -19,6 +19,7 @@ from usdtpatch.elf.image import (
     PT_LOAD,
     SHF_ALLOC,
     SHT_NOBITS,
+    SHT_STRTAB,
     SHT_SYMTAB,
     ElfImage,
     Section,
@@ -107,3 +108,43 @@ def test_the_measure_counts_padding(tmp_path: Path) -> None:
     (tmp_path / "padded").write_bytes(padded)
     more, _ = padding(src, tmp_path / "padded")
     assert more == extra + PAGE and image.sections
+
+
+@pytest.mark.parametrize("name", ["demo", "nopie", "libprobes.so"])  # a gap the delta forces
+def test_the_room_before_the_segment_holds_tables(name: str, tmp_path: Path) -> None:
+    """The zeros a kept delta needs are filled with tables first: some new non-allocated
+    section (or the section header table) lies between the input's end and the new segment;
+    the segment's page is past the memory image and congruent with its offset."""
+    src = FIXTURES / name
+    image, new = parse_elf(src.read_bytes()), parse_elf(_rewritten(src, tmp_path).read_bytes())
+    old = {sg.vaddr for sg in image.segments if sg.type == PT_LOAD}
+    (seg,) = [sg for sg in new.segments if sg.type == PT_LOAD and sg.vaddr not in old]
+    vend = max(sg.vaddr + sg.memsz for sg in image.segments if sg.type == PT_LOAD)
+    assert seg.offset % PAGE == seg.vaddr % PAGE
+    assert seg.vaddr // PAGE * PAGE >= -(-vend // PAGE) * PAGE  # no data page mapped over
+    loads_end = max(sg.offset + sg.filesz for sg in image.segments if sg.type == PT_LOAD)
+    kept = {(t.name, t.offset) for t in image.sections}
+    before = [s for s in new.sections if not s.flags & SHF_ALLOC and s.size
+              and loads_end <= s.offset < seg.offset and (s.name, s.offset) not in kept
+              and s.type not in (SHT_SYMTAB, SHT_STRTAB)]  # not a table grown in place
+    assert before or loads_end <= new.shoff < seg.offset, name
+
+
+def test_cut_points_keep_the_symbol_table_whole() -> None:
+    """A cut never splits a section, nor the room `.symtab` grows into in place, nor lies
+    past its string table's start (its new names go into the copy)."""
+    from usdtpatch.elf.symbols import symtab_region
+    from usdtpatch.elf.writer import _cut_points
+
+    image = parse_elf((FIXTURES / "static").read_bytes())
+    loads_end = max(sg.offset + sg.filesz for sg in image.segments if sg.type == PT_LOAD)
+    points = _cut_points(image, loads_end)
+    region = symtab_region(image)
+    assert region is not None and points
+    sym, strs, floor, _moved = region
+    for c in points:
+        assert loads_end <= c <= strs.offset
+        assert not floor < c < sym.offset + 24
+        assert not any(s.offset < c < s.offset + s.size for s in image.sections
+                       if s.size and s.type != SHT_NOBITS)
+    assert strs.offset in points  # the cut libjvm takes: only .strtab is copied

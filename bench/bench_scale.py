@@ -6,11 +6,13 @@ runs as a fresh process (`python -m usdtpatch`, output to /dev/null, so the tabl
 out as for a file); first on a file with one probe (the fixed cost: interpreter, imports),
 then per size: the median wall time, the time per probe above the fixed cost, the ratio of
 that to the smallest size's (1.0 = linear; a quadratic step shows as ~10 per decade), and
-the child's peak RSS per probe.
+the child's peak RSS per probe. A run whose peak RSS, extrapolated from the command's
+previous size, would pass --max-rss-mb is skipped and said.
 
     .venv/bin/python -m bench.bench_scale [--sizes 1000,10000,100000,1000000] [--runs 3]
                                           [--shared-pc 1000000] [--dir DIR]
                                           [--large-commands list,check,rewrite]
+                                          [--max-rss-mb 6000]
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "usdtpatch-scale")
     ap.add_argument("--large-commands", default="list,check,rewrite", metavar="LIST",
                     help="the commands run at 1M probes (check needs ~10 KB per site)")
+    ap.add_argument("--max-rss-mb", type=float, default=6000, metavar="MB",
+                    help="skip a run whose peak RSS, from the bytes per probe of the "
+                         "command's previous size, would exceed this (a shared machine)")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -71,16 +76,25 @@ def main() -> None:
     if args.shared_pc:
         cases.append((args.shared_pc, build(args.dir, args.shared_pc, shared_pc=True), True))
     one = build(args.dir, 1)
-    fixed = {c: measure(one, c, args.runs, out)[0] for c in COMMANDS}
+    fixed_runs = {c: measure(one, c, args.runs, out) for c in COMMANDS}
+    fixed = {c: wall for c, (wall, _rss) in fixed_runs.items()}
     print("fixed cost (1 probe): " + ", ".join(f"{c} {t:.2f} s" for c, t in fixed.items()))
     base: dict[str, float] = {}
+    per_probe: dict[str, float] = {}  # peak RSS above the fixed run's, per probe, last size
     print(f"{'probes':>9} {'command':8} {'seconds':>9} {'us/probe':>9} {'ratio':>6} "
           f"{'peak MB':>8} {'B/probe':>8}")
     for n, path, shared in cases:
         runs = args.runs if n < 100_000 else 1
         chosen = COMMANDS if n < 1_000_000 else args.large_commands.split(",")
         for command in chosen:
+            need = (fixed_runs[command][1] + per_probe.get(command, 0.0) * n) / 2**20
+            if need > args.max_rss_mb:
+                print(f"{n:>9} {command:8} skipped: ~{need:.0f} MB at "
+                      f"{per_probe[command]:.0f} B/probe (--max-rss-mb {args.max_rss_mb:.0f})",
+                      flush=True)
+                continue
             wall, rss = measure(path, command, runs, out)
+            per_probe[command] = max(0, rss - fixed_runs[command][1]) / n
             per = max(0.0, wall - fixed[command]) / n * 1e6
             if not shared:
                 base.setdefault(command, per)

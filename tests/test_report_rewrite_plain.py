@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import fixture_files, run_cli
-from usdtpatch.report.plain import rewrite_text
+from usdtpatch.report.plain import rewrite_lines, rewrite_text
 from usdtpatch.report.render import make_console, render_rewrite
-from usdtpatch.report.text import rich_width
+from usdtpatch.report.text import print_rewrite, rich_width
 
 FILES = fixture_files()
 
@@ -76,3 +76,48 @@ def test_rewrite_to_a_pipe_is_plain(tmp_path: Path) -> None:
     doc = json.loads(run_cli("rewrite", "--dry-run", "--json", "--no-verify", "--form",
                              "nop5", str(FILES[0])).out)
     assert res.out == _rich(doc)
+
+
+class _Counting(io.StringIO):
+    """A pipe that counts its writes and how long the longest one was."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.longest = 0
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        self.longest = max(self.longest, len(s))
+        return super().write(s)
+
+
+def test_the_rewrite_table_is_written_as_it_is_made() -> None:
+    """print_rewrite puts each line out as it is made (issue 22: 1M sites made one string of
+    every row first): many writes, none longer than a line, the same text."""
+    sites = [_site(i, f"window of {i} bytes", None) for i in range(2000)]
+    f = {"path": "big", "output": "big.out", "form": "nop5", "guard": "auto",
+         "verified": False, "changed": True, "counts": {"detour": 2000}, "sites": sites,
+         "findings": []}
+    doc = {"files": [f], "errors": []}
+    out = _Counting()
+    print_rewrite(out, doc)
+    assert out.getvalue() == rewrite_text(doc)
+    assert out.writes > 2000 and out.longest < 200
+
+
+def test_a_late_line_rich_must_lay_out_writes_nothing_plain() -> None:
+    """Text the plain layout cannot reproduce in the last file's finding: rich lays out the
+    whole report, no plain line is written before (the lines are checked first)."""
+    ok = {"path": "a", "output": "o", "form": "nop5", "guard": "auto", "verified": False,
+          "changed": True, "counts": {}, "sites": [_site(1, "r", None)], "findings": []}
+    late = {**ok, "path": "b", "findings": [{"code": "x-y", "severity": "warning",
+                                             "where": "", "message": "\u00e9", "hint": ""}]}
+    doc = {"files": [ok, late], "errors": []}
+    assert rewrite_lines(doc) is None
+    out = _Counting()
+    print_rewrite(out, doc)
+    assert out.getvalue() == _rich(doc)

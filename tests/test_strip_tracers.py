@@ -244,12 +244,15 @@ def test_strip_align_is_the_smallest_power_of_two_above_the_gap() -> None:
 
 
 def test_no_cut_where_a_loaded_section_lies_past_the_segments(tmp_path: Path) -> None:
-    """An allocated section whose file bytes lie past every PT_LOAD's (a damaged or odd
-    file): the input is not cut, the old layout (segment after the input) is used."""
-    from usdtpatch.elf.writer import _cut_at
+    """An allocated section or a segment whose file bytes lie past the point (a damaged or
+    odd file): the input is not cut there."""
+    from usdtpatch.elf.writer import cut_points
 
     image = parse_elf((Path(__file__).parent.parent / "fixtures" / "bin" / "pie").read_bytes())
     loads = [s for s in image.segments if s.type == PT_LOAD]
     end = max(s.offset + s.filesz for s in loads)
-    assert _cut_at(image, end + 4096, loads) is not None
-    assert _cut_at(image, end - 1, loads) is None  # a segment's bytes at the new offset
+    assert end in cut_points(image, end)
+    assert cut_points(image, end - 1) == []  # a segment's bytes past the cut
+    points = cut_points(image, end)
+    assert all(not s.offset < c < s.offset + s.size for c in points for s in image.sections
+               if s.size and s.type != 8)

@@ -38,6 +38,7 @@ from usdtpatch.analysis.hazards import (
     rseq_sections,
     semaphore_problems,
 )
+from usdtpatch.analysis.index import Claims  # the planner's claim index (check decides as it does)
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
@@ -274,7 +275,7 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
-    claimed: list[tuple[int, int]] = []
+    claimed = Claims()  # overlap tests by bisection: a scan per site was quadratic
     for sc in by_address:
         if sc.probe.index in decided:
             continue
@@ -316,10 +317,10 @@ def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
 
 
 def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
-                    members: list[SiteCheck], claimed: list[tuple[int, int]],
+                    members: list[SiteCheck], claimed: Claims,
                     options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
     """(code, reason) when rewrite does not use the site's window, else None."""
-    if any(s < w.end and w.start < e for s, e in claimed):
+    if claimed.overlaps(w.start, w.end):
         return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
                                            f"([{w.start:#x}, {w.end:#x}))")
     guarded = any(_needs_guard(m, options.guard) for m in members)

@@ -422,6 +422,11 @@ def _section_end(image: ElfImage, name: str) -> int:
     return 0 if s is None else s.offset + s.size
 
 
+def symtab_region(image: ElfImage) -> tuple[Section, Section, int, tuple[str, ...]] | None:
+    """The room `.symtab` grows into in place (`_symtab_region`), for the writer's cut."""
+    return _symtab_region(image)
+
+
 def symbol_room(image: ElfImage, names_bound: int) -> int:
     """Bytes past the end of `image` that `symtab_in_place` may write names of at most
     `names_bound` bytes into (0 when the table cannot grow in place)."""

@@ -8,7 +8,7 @@ every consumer is in docs/usdt-format.md ("Encoders and writers") and docs/rewri
      PT_LOAD), the original file byte for byte except the patched code bytes and the
      sections grown in place, up to the `cut` (SegmentLayout.cut: the end of the segments'
      file bytes) when the new segment lies under the input's non-loaded end]
-    [zero padding up to the new segment's file offset]
+    [the gap up to the new segment's file offset: the tables that fit there, then zeros]
     [new PT_LOAD, R+X: the sections moved out of the table's way | sections placed by the
      caller]
     [with a cut: the input from the cut on, at `cut_copy_at` (same offset modulo the page)]
@@ -25,32 +25,35 @@ PT_GNU_PROPERTY) and the `.dynamic` entry of a hash table (DT_HASH, DT_GNU_HASH)
 cannot be done the table goes into the new segment as before (such a file must be stripped
 before the rewrite).
 
-The new segment's vaddr lies past every existing segment's end (`.bss` included) and its
-p_align is 4096; the loader needs only p_offset % 4096 == p_vaddr % 4096. Where it costs at
-most MAX_DELTA_PADDING bytes of zeros, the segment keeps the (vaddr - offset) delta of the
-segment that holds `.stapsdt.base`: perf turns a note pc into a file offset with that delta
-(pc + sh_offset(.stapsdt.base) - base), and kernels before 5.18 compute AT_PHDR from the first
-PT_LOAD's delta. When that delta would put the segment's file offset far past the end of the
-file (a large `.bss` ends the memory image far beyond the file's content), the segment starts
-at the first page boundary after the file's content instead: the file grows by the detours,
-not by the memory image, at the price of perf's offsets for moved probes (`keeps_delta` says
-which layout was chosen). Where the input's non-loaded end (symbols, debug info) lies where
-the segment with that delta would go, the segment goes there anyway, right after the memory
-image, and that end is copied after it (`_cut_at`): its p_align (`strip_align`) then makes
-strip, which packs segments, put it back at the same offset. Room is left before the
-segment for the names of the symbols a rewrite adds when `.symtab` grows in place
-(usdtpatch.elf.symbols.symtab_in_place). The original section header table is left where
-it was (or under the grown string table); the new one at the end of the file lists every
-original section (some repointed, some renamed) and the new ones; a replaced name that
-several sections share (two `.note.stapsdt`) is refused, since which of them a reader takes
-is not defined.
+The new segment's vaddr lies past every existing segment's end (`.bss` included, its first
+page past it) and its file offset has the vaddr's page offset (the loader needs only that;
+neither needs a page boundary). The segment keeps the (vaddr - offset) delta of the segment
+that holds `.stapsdt.base` where that costs at most `zero_fill_limit` zeros (1% of the input,
+or a page): perf turns a note pc into a file offset with that delta (pc +
+sh_offset(.stapsdt.base) - base), and kernels before 5.18 compute AT_PHDR from the first
+PT_LOAD's delta. The delta puts the segment's file offset at least as far past the end of
+the segments' file bytes as the memory image runs past them (`.bss`): that room is filled
+with the input's own non-loaded end kept in place up to a cut (`_delta_place`: the end of
+the segments' file bytes or the start of a later non-allocated section, `cut_points`; the
+rest copied after the segment, `cut_copy_at`) and with the new tables (`_Tail`), so that
+only what neither fills is zeros. Its p_align (`strip_align`) makes strip, which packs
+segments, put it back at the same offset. Where the zeros would exceed the limit (a stripped
+program with a large `.bss`: python3.11's 282 KiB `.bss` against 3 KiB of non-loaded bytes
+and 90 KiB of tables) the size rule wins: the segment starts right after the file's content,
+vaddr still past `.bss` (`keeps_delta` False; perf's offsets for moved probes are then
+wrong). Room is left before the segment for the names of the symbols a rewrite adds when
+`.symtab` grows in place (usdtpatch.elf.symbols.symtab_in_place). The original section
+header table is left where it was (or under the grown string table); the new one at the end
+of the file lists every original section (some repointed, some renamed) and the new ones; a
+replaced name that several sections share (two `.note.stapsdt`) is refused, since which of
+them a reader takes is not defined.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from usdtpatch.elf.image import (
@@ -74,7 +77,6 @@ from usdtpatch.kernelfacts import PAGE
 if TYPE_CHECKING:
     from usdtpatch.elf.notes import SdtNote
 
-MAX_DELTA_PADDING = 1 << 20  # zeros accepted to keep the .stapsdt.base segment's delta
 ADDRESS_LIMIT = 1 << 64
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
@@ -153,41 +155,100 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
             f"ends at {vend:#x}, past the end of the 64-bit address space: no room for a new "
             f"segment after it")
     phdr_size = (len(image.segments) + 1) * _PHDR.size
-    end_of_file = _align(len(image.data) + _symbol_room(image), PAGE)
-    vaddr = max(_align(vend, PAGE), end_of_file + delta)
     in_place, moved = head_room(image)
     if moved is not None:
         # the reserved room must hold the moved sections (never less than the headers' room,
         # so that the payload, and the detours' page offsets, do not depend on it)
         phdr_size = max(phdr_size, moved.vaddr % 64 + moved.hi - moved.lo)
     low = _align(vend, PAGE)
-    cut = _cut_at(image, low - delta, loads) if low < vaddr else None
-    if cut is not None and low - delta - cut <= MAX_DELTA_PADDING:
-        # right after the memory image: strip's packed layout can keep its delta (`strip_align`)
-        return SegmentLayout(low, low - delta, phdr_size, True, in_place, moved, cut)
-    if vaddr - delta - len(image.data) <= MAX_DELTA_PADDING:
-        return SegmentLayout(vaddr, vaddr - delta, phdr_size, True, in_place, moved)
-    return SegmentLayout(_align(vend, PAGE), end_of_file, phdr_size, False, in_place, moved)
+    loads_end = max(s.offset + s.filesz for s in loads)
+    room = _symbol_room(image)
+    best = _delta_place(image, low - delta, loads_end, room, delta, phdr_size)
+    if best is not None:
+        offset, cut = best
+        return SegmentLayout(offset + delta, offset, phdr_size, True, in_place, moved, cut)
+    # the size rule wins: right after the file's content, vaddr past .bss (same page offset)
+    offset = _align(len(image.data) + room, SEGMENT_ALIGN)
+    return SegmentLayout(low + offset % PAGE, offset, phdr_size, False, in_place, moved)
+
+
+SEGMENT_ALIGN = 64  # the new segment's file offset (the moved sections keep theirs modulo 64)
+
+
+def zero_fill_limit(size: int) -> int:
+    """The most zeros the writer puts before the new segment to keep the (vaddr - offset)
+    delta perf needs: 1% of the input's `size` (the size rule: a file grows by at most its
+    detours, its tables and 1%), or a page for a file under 400 KiB, where the first page past
+    `.bss` alone can lie a page past the file's content (tests/test_rewrite_size.py)."""
+    return max(size // 100, PAGE)
+
+
+def _delta_place(image: ElfImage, floor: int, loads_end: int, room: int, delta: int,
+                 phdr_size: int) -> tuple[int, int | None] | None:
+    """(file offset, cut) of the new segment with the anchor's `delta`, or None when every
+    such place needs more zeros than `zero_fill_limit`. The offset is at least `floor` (the
+    first page past the memory image, minus the delta) and past what is kept of the input:
+    all of it and the symbol room (cut None), or the input up to a cut (`cut_points`), the
+    rest copied after the segment. The vaddr needs no page alignment, only the page offset of
+    the file offset, so the zeros are what the delta forces, not a page's rounding. Of the
+    places within the limit, the ones strip gives back at the same offset (`strip_align`)
+    come first, then the lowest (the smallest p_align: fewer address-space randomization
+    bits lost)."""
+    kept = [(len(image.data) + room, None)] + [(c, c) for c in cut_points(image, loads_end)]
+    places: list[tuple[bool, int, int | None]] = []
+    filler = tables_bound(image)
+    for end, cut in kept:
+        offset = max(floor, _align(end, SEGMENT_ALIGN))
+        if offset - end - filler <= zero_fill_limit(len(image.data)):
+            gap = offset + phdr_size - loads_end
+            align = strip_align(delta, offset + phdr_size, loads_end)
+            places.append((gap >= align, offset, cut))
+    if not places:
+        return None
+    _far, offset, cut = min(places, key=lambda p: (p[0], p[1]))
+    return offset, cut
 
 
 MAX_STRIP_ALIGN = 1 << 21  # the largest p_align given to the new segment (x86-64's huge page)
 
 
-def _cut_at(image: ElfImage, at: int, loads: list[Segment]) -> int | None:
-    """Where the input can be cut for a new segment at file offset `at`: the end of the
-    segments' file bytes, lowered to the start of a section still present there (the copy
-    moves sections whole, and `.symtab` grows in place inside it), or None when a segment or
-    an allocated section has file bytes at or past `at`."""
-    if any(sg.filesz and sg.offset + sg.filesz > at for sg in image.segments):
-        return None
-    loads_end = max(s.offset + s.filesz for s in loads)
-    cut = min(loads_end, len(image.data))
-    for sec in sorted(image.sections, key=lambda sec: -sec.offset):
-        if sec.type != SHT_NOBITS and sec.size and sec.offset + sec.size > cut:
-            if sec.flags & SHF_ALLOC:
-                return None
-            cut = min(cut, sec.offset)
-    return cut if cut >= loads_end else None
+def tables_bound(image: ElfImage) -> int:
+    """Bytes of the tables every rewrite writes after the input whatever its plan, which
+    `write` puts into the room before the new segment when they fit there: the new section
+    header table (one more entry per original section, and the new text's) and the
+    rewritten notes."""
+    sec = image.section(".note.stapsdt")
+    return (len(image.sections) + 1) * _SHDR.size + (sec.size if sec is not None else 0)
+
+
+def cut_points(image: ElfImage, loads_end: int) -> list[int]:
+    """File offsets the input can be cut at, the rest copied after the new segment: the end of
+    the segments' file bytes or the start of a non-allocated section after it, where no
+    section, no segment and no allocated section's bytes lie across or past (the copy moves
+    sections whole) and `.symtab`, when it can grow in place, does so wholly on one side:
+    its new entries before the cut, or all of it after, its new names in the copy."""
+    if len(image.data) <= loads_end:
+        return []
+    present = [sec for sec in image.sections if sec.type != SHT_NOBITS and sec.size]
+    points = sorted({loads_end} | {sec.offset for sec in present
+                                   if sec.offset > loads_end and not sec.flags & SHF_ALLOC})
+    if any(sg.filesz and sg.offset + sg.filesz > loads_end for sg in image.segments) or \
+            any(sec.flags & SHF_ALLOC and sec.offset + sec.size > loads_end for sec in present):
+        return []
+    from usdtpatch.elf.symbols import SYM64_SIZE, symtab_region
+
+    region = symtab_region(image)
+    out = []
+    for c in points:
+        if c >= len(image.data) or any(sec.offset < c < sec.offset + sec.size
+                                       for sec in present):
+            continue
+        if region is not None:
+            sym, strs, floor, _moved = region
+            if floor < c < sym.offset + SYM64_SIZE or c > strs.offset:
+                continue
+        out.append(c)
+    return out
 
 
 def cut_copy_at(layout: SegmentLayout, alloc: Sequence[AllocSection]) -> int:
@@ -400,15 +461,50 @@ class Rewrite:
     eh_frame_hdr: int | None = None  # vaddr of the new .eh_frame_hdr (PT_GNU_EH_FRAME)
 
 
-def write(image: ElfImage, rw: Rewrite) -> bytes:
-    """The bytes of the rewritten file."""
+@dataclass(frozen=True, slots=True)
+class ProgramHeader:
+    """One Elf64_Phdr of the output, by field (gABI names without the p_ prefix)."""
+
+    type: int
+    flags: int
+    offset: int
+    vaddr: int
+    paddr: int
+    filesz: int
+    memsz: int
+    align: int
+
+    @classmethod
+    def of(cls, sg: Segment) -> ProgramHeader:
+        return cls(sg.type, sg.flags, sg.offset, sg.vaddr, sg.paddr, sg.filesz, sg.memsz,
+                   sg.align)
+
+    def pack(self) -> bytes:
+        return _PHDR.pack(self.type, self.flags, self.offset, self.vaddr, self.paddr,
+                          self.filesz, self.memsz, self.align)
+
+    def check(self, index: int) -> None:
+        """Refuse a field a hostile header moved past 64 bits."""
+        for name in ("offset", "vaddr", "paddr", "filesz", "memsz", "align"):
+            value = getattr(self, name)
+            if not 0 <= value < ADDRESS_LIMIT:
+                raise ElfFormatError(f"program header {index}: p_{name} would be {value:#x} in "
+                                     f"the rewritten file, past 64 bits")
+
+
+@dataclass(slots=True)
+class _Segment:
+    """The new PT_LOAD's bytes from the layout's vaddr on, where its first section starts
+    (`start`, from the layout's vaddr), and how far the moved sections went (`shift`)."""
+
+    data: bytearray
+    start: int
+    shift: int
+
+
+def _new_segment(image: ElfImage, rw: Rewrite) -> _Segment:
+    """[room for the program headers or the moved sections] [the caller's sections]."""
     lay = rw.layout
-    if lay.offset < (len(image.data) if lay.cut is None else lay.cut) or \
-            lay.offset % PAGE != lay.vaddr % PAGE:
-        raise UnsupportedError(f"new segment at file offset {lay.offset:#x}, vaddr "
-                               f"{lay.vaddr:#x}: not after the file's content or not congruent "
-                               f"modulo the page size")
-    # the new segment: [room for the program headers or the moved sections] [the caller's]
     seg = bytearray(lay.phdr_size)
     mv = lay.moved
     shift = 0  # how far the moved sections go (vaddr and file offset alike)
@@ -421,82 +517,92 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
         if start < len(seg):
             raise UnsupportedError(f"section {piece.name} at {piece.vaddr:#x} overlaps another")
         seg += b"\0" * (start - len(seg)) + piece.data
-    seg_size = len(seg)
     # the PT_LOAD starts at its first section (strip lays a segment out from its first
     # section; the file offset stays congruent with the vaddr modulo the page size)
-    seg_start = 0
+    first = 0
     if lay.in_place:
-        seg_start = (lay.moved_vaddr - lay.vaddr) if mv is not None else \
+        first = (lay.moved_vaddr - lay.vaddr) if mv is not None else \
             min((a.vaddr - lay.vaddr for a in rw.alloc), default=0)
-    n_phdrs = len(image.segments) + 1
+    return _Segment(seg, first, shift)
 
-    def moved(offset: int) -> bool:
-        return mv is not None and mv.lo <= offset < mv.hi
 
-    phdrs = []
+def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[ProgramHeader]:
+    """The original headers, repointed where the rewrite moved what they cover, and the new
+    PT_LOAD after the last PT_LOAD (PT_LOADs stay sorted by vaddr)."""
+    lay, mv = rw.layout, rw.layout.moved
     first = min((sg for sg in image.segments if sg.type == PT_LOAD), key=lambda sg: sg.offset)
+    out = []
     for sg in image.segments:
-        p = [sg.type, sg.flags, sg.offset, sg.vaddr, sg.paddr, sg.filesz, sg.memsz, sg.align]
-        if sg.type == PT_PHDR:
-            if lay.in_place:
-                size = n_phdrs * _PHDR.size
-                p[2:7] = [64, first.vaddr + 64 - first.offset, first.paddr + 64 - first.offset,
-                          size, size]
-            else:
-                p[2:7] = [lay.offset, lay.vaddr, lay.vaddr, lay.phdr_size, lay.phdr_size]
-                p[7] = 8
+        p = ProgramHeader.of(sg)
+        if sg.type == PT_PHDR and lay.in_place:
+            size = (len(image.segments) + 1) * _PHDR.size
+            p = replace(p, offset=64, vaddr=first.vaddr + 64 - first.offset,
+                        paddr=first.paddr + 64 - first.offset, filesz=size, memsz=size)
+        elif sg.type == PT_PHDR:
+            p = replace(p, offset=lay.offset, vaddr=lay.vaddr, paddr=lay.vaddr,
+                        filesz=lay.phdr_size, memsz=lay.phdr_size, align=8)
         elif sg.type == PT_GNU_EH_FRAME and rw.eh_frame_hdr is not None:
             hdr = next(a for a in rw.alloc if a.vaddr == rw.eh_frame_hdr)
-            p[2:7] = [lay.offset_of(hdr.vaddr), hdr.vaddr, hdr.vaddr, len(hdr.data),
-                      len(hdr.data)]
-        elif sg.type != PT_LOAD and sg.filesz and moved(sg.offset):
-            to = lay.offset_of(sg.vaddr + shift)
-            p[2:5] = [to, sg.vaddr + shift, sg.paddr + shift]
-        phdrs.append(p)
-    # the new PT_LOAD goes after the last PT_LOAD, keeping PT_LOADs sorted by vaddr
-    last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
+            p = replace(p, offset=lay.offset_of(hdr.vaddr), vaddr=hdr.vaddr, paddr=hdr.vaddr,
+                        filesz=len(hdr.data), memsz=len(hdr.data))
+        elif sg.type != PT_LOAD and sg.filesz and mv is not None and \
+                mv.lo <= sg.offset < mv.hi:
+            p = replace(p, offset=lay.offset_of(sg.vaddr + seg.shift),
+                        vaddr=sg.vaddr + seg.shift, paddr=sg.paddr + seg.shift)
+        out.append(p)
     align = PAGE
     if lay.keeps_delta:
-        align = strip_align(lay.vaddr - lay.offset, lay.offset + seg_start,
+        align = strip_align(lay.vaddr - lay.offset, lay.offset + seg.start,
                             max(sg.offset + sg.filesz for sg in image.segments
                                 if sg.type == PT_LOAD))
-    phdrs.insert(last_load + 1, [PT_LOAD, PF_R | PF_X, lay.offset + seg_start,
-                                 lay.vaddr + seg_start, lay.vaddr + seg_start,
-                                 seg_size - seg_start, seg_size - seg_start, align])
-    fields = ("p_offset", "p_vaddr", "p_paddr", "p_filesz", "p_memsz", "p_align")
-    for i, p in enumerate(phdrs):
-        for name, value in zip(fields, p[2:], strict=True):
-            if not 0 <= value < ADDRESS_LIMIT:  # a hostile header moved past 64 bits
-                raise ElfFormatError(f"program header {i}: {name} would be {value:#x} in the "
-                                     f"rewritten file, past 64 bits")
-    table = b"".join(_PHDR.pack(*p) for p in phdrs)
+    size = len(seg.data) - seg.start
+    last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
+    out.insert(last_load + 1, ProgramHeader(PT_LOAD, PF_R | PF_X, lay.offset + seg.start,
+                                            lay.vaddr + seg.start, lay.vaddr + seg.start,
+                                            size, size, align))
+    for i, p in enumerate(out):
+        p.check(i)
+    return out
 
+
+def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
+           ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+    """(file offset, bytes) written over the input before the cut, and (offset in the copy,
+    bytes) past it: the program header table (or its room in the new segment), the moved
+    hash tables' `.dynamic` entries, the patches, and the sections grown in place."""
+    lay = rw.layout
     edits: list[tuple[int, bytes]] = []
     if lay.in_place:
         edits.append((64, table))
-        for at in mv.dynamic if mv is not None else ():
+        for at in lay.moved.dynamic if lay.moved is not None else ():
             (old,) = struct.unpack_from("<Q", image.data, at)
-            edits.append((at, struct.pack("<Q", old + shift)))
+            edits.append((at, struct.pack("<Q", old + seg.shift)))
     else:
-        seg[: lay.phdr_size] = table
+        seg.data[: lay.phdr_size] = table
     for off, data in rw.patches:
         if off < 64 or off + len(data) > len(image.data):
             raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
         edits.append((off, data))
-    cut = lay.cut
-    in_copy: list[tuple[int, bytes]] = []  # (offset in the copy, bytes): edits past the cut
+    in_copy: list[tuple[int, bytes]] = []
     for t in rw.tail:
-        if t.place is not None:
-            at = t.place[2]
-            if cut is not None and at >= cut:
-                in_copy.append((at - cut, t.data))
-                continue
-            if at < 64 or at + len(t.data) > (lay.offset if cut is None else cut):
-                raise UnsupportedError(f"section {t.name} grown in place at file offset "
-                                       f"{at:#x} would overlap the header or the new segment")
-            edits.append((at, t.data))
-    # the original with the edits, as pieces joined once at the end (no copy of the whole
-    # file is made before the result)
+        if t.place is None:
+            continue
+        at = t.place[2]
+        if lay.cut is not None and at >= lay.cut:
+            in_copy.append((at - lay.cut, t.data))
+            continue
+        if at < 64 or at + len(t.data) > (lay.offset if lay.cut is None else lay.cut):
+            raise UnsupportedError(f"section {t.name} grown in place at file offset "
+                                   f"{at:#x} would overlap the header or the new segment")
+        edits.append((at, t.data))
+    return edits, in_copy
+
+
+def _head(image: ElfImage, lay: SegmentLayout, edits: list[tuple[int, bytes]]
+          ) -> tuple[list[bytes | memoryview], int]:
+    """The input from byte 64 to the cut (or its end) with the edits, as pieces joined once
+    at the end (no copy of the whole file is made before the result), and where they end:
+    the room up to the new segment is the gap (`_Tail`)."""
     view = memoryview(image.data)
     head: list[bytes | memoryview] = []
     pos = 64
@@ -506,33 +612,73 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
         head += [view[pos:off], data]
         pos = off + len(data)
     if lay.cut is None:  # names of a grown table may run past the input's end
-        head += [view[pos:], b"\0" * (lay.offset - max(pos, len(image.data)))]
-    else:
-        end = min(lay.cut, len(image.data))
-        if pos > end:
-            raise UnsupportedError(f"an edit at file offset {pos:#x} lies past the cut at "
-                                   f"{end:#x}")
-        head += [view[pos:end], b"\0" * (lay.offset - end)]
-    # `out` is the file from lay.offset on
-    out = bytearray(seg)
-    base = lay.offset
-    copy_at = None
-    if cut is not None:  # the input from the cut on, with the edits that fall there
-        copy_at = cut_copy_at(lay, rw.alloc)
-        out += b"\0" * (copy_at - base - len(out))
-        start = len(out)
-        out += view[cut:]  # appended in place: no second copy of a large end (a symbol table)
-        for rel, data in in_copy:
-            out += b"\0" * max(0, start + rel - len(out))
-            out[start + rel : start + rel + len(data)] = data
+        head.append(view[pos:])
+        return head, max(pos, len(image.data))
+    end = min(lay.cut, len(image.data))
+    if pos > end:
+        raise UnsupportedError(f"an edit at file offset {pos:#x} lies past the cut at "
+                               f"{end:#x}")
+    head.append(view[pos:end])
+    return head, end
 
-    def copied(offset: int) -> int:
+
+@dataclass(slots=True)
+class _Tail:
+    """The file from the end of the kept input (`gap_at`) on, as it is built: the gap up to
+    the new segment's offset (`base`), where the tables go first when they fit (the zeros
+    a kept delta forces, plan_segment), then `out`, the file from `base` on."""
+
+    out: bytearray
+    base: int
+    cut: int | None
+    copy_at: int | None
+    gap_at: int
+    gap: bytearray = field(default_factory=bytearray)
+
+    def copied(self, offset: int) -> int:
         """The output's file offset of the input's `offset` (moved when past the cut)."""
-        return offset if copy_at is None or cut is None or offset < cut else \
-            copy_at + offset - cut
+        if self.copy_at is None or self.cut is None or offset < self.cut:
+            return offset
+        return self.copy_at + offset - self.cut
 
-    # non-allocated tail sections
-    originals = {s.name: s for s in image.sections}
+    def append(self, data: bytes, align: int) -> int:
+        """`data` at the next offset aligned to `align`, in the gap when it fits there; its
+        file offset."""
+        at = _align(self.gap_at + len(self.gap), align)
+        if at + len(data) <= self.base:
+            self.gap += b"\0" * (at - self.gap_at - len(self.gap)) + data
+            return at
+        self.out += b"\0" * (_align(len(self.out), align) - len(self.out))
+        at = self.base + len(self.out)
+        self.out += data
+        return at
+
+    def pieces(self) -> list[bytes | bytearray]:
+        """The gap, its zeros, and the rest."""
+        return [self.gap, b"\0" * (self.base - self.gap_at - len(self.gap)), self.out]
+
+
+def _segment_and_copy(image: ElfImage, rw: Rewrite, seg: _Segment,
+                      in_copy: list[tuple[int, bytes]], gap_at: int) -> _Tail:
+    """The new segment, then (with a cut) the input from the cut on with the edits that fall
+    there, appended in place: no second copy of a large end (a symbol table)."""
+    lay = rw.layout
+    tail = _Tail(bytearray(seg.data), lay.offset, lay.cut, None, gap_at)
+    if lay.cut is None:
+        return tail
+    tail.copy_at = cut_copy_at(lay, rw.alloc)
+    out = tail.out
+    out += b"\0" * (tail.copy_at - lay.offset - len(out))
+    start = len(out)
+    out += memoryview(image.data)[lay.cut :]
+    for rel, data in in_copy:
+        out += b"\0" * max(0, start + rel - len(out))
+        out[start + rel : start + rel + len(data)] = data
+    return tail
+
+
+def _place_tail(image: ElfImage, rw: Rewrite, tail: _Tail) -> list[tuple[TailSection, int]]:
+    """Each tail section with its file offset: grown in place, or appended."""
     for t in rw.tail:
         same = [s.index for s in image.sections if s.name == t.name]
         if len(same) > 1:
@@ -540,24 +686,21 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
                 f"{len(same)} sections are named {t.name} (sections "
                 f"{', '.join(map(str, same))}): the rewrite would not know which one to "
                 f"replace")
-    replaced: dict[str, tuple[int, int]] = {}
     placed: list[tuple[TailSection, int]] = []
     for t in rw.tail:
         if t.place is not None:
-            placed.append((t, copied(t.place[0])))
-            continue
-        out += b"\0" * (_align(len(out), t.align) - len(out))
-        placed.append((t, base + len(out)))
-        out += t.data
+            placed.append((t, tail.copied(t.place[0])))
+        else:
+            placed.append((t, tail.append(t.data, t.align)))
+    return placed
 
-    # section headers: originals (renamed / repointed), then the new ones
+
+def _section_names(image: ElfImage, rw: Rewrite, new_tail: Sequence[TailSection]
+                   ) -> tuple[list[str], bytes, dict[str, int], dict[str, int]]:
+    """(the originals' names after renames, the new .shstrtab, each name's offset in it,
+    each name's first section index)."""
     names = [rw.renames.get(s.name, s.name) for s in image.sections]
-    new_alloc = list(rw.alloc)
-    new_tail = [(t, off) for t, off in placed if t.name not in originals]
-    for t, off in placed:
-        if t.name in originals:
-            replaced[t.name] = (off, t.place[1] if t.place is not None else len(t.data))
-    all_names = names + [a.name for a in new_alloc] + [t.name for t, _ in new_tail]
+    all_names = names + [a.name for a in rw.alloc] + [t.name for t in new_tail]
     shstr = bytearray(b"\0")
     name_off: dict[str, int] = {}
     for n in all_names:
@@ -568,29 +711,38 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     index_of: dict[str, int] = {}
     for i, n in enumerate(all_names):
         index_of.setdefault(n, i)
-    shstrndx = _shstrndx(image)
-    out += b"\0" * (_align(len(out), 8) - len(out))
-    shstr_off = base + len(out)
-    out += shstr
+    return names, bytes(shstr), name_off, index_of
 
+
+def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
+                     placed: list[tuple[TailSection, int]]) -> tuple[bytes, int]:
+    """The new .shstrtab and section header table appended to `tail`: the originals
+    (renamed, repointed), then the new sections. Returns (the table, its file offset)."""
+    lay, mv = rw.layout, rw.layout.moved
+    originals = {s.name for s in image.sections}
+    new_tail = [(t, off) for t, off in placed if t.name not in originals]
+    replaced = {t.name: (t, off, t.place[1] if t.place is not None else len(t.data))
+                for t, off in placed if t.name in originals}
+    names, shstr, name_off, index_of = _section_names(image, rw, [t for t, _ in new_tail])
+    shstrndx = _shstrndx(image)
+    shstr_off = tail.append(shstr, 8)
     headers: list[bytes] = []
     for sec, n in zip(image.sections, names, strict=True):
-        off, size, info = sec.offset, sec.size, sec.info
+        off, size, info, addr = sec.offset, sec.size, sec.info, sec.addr
         if sec.name in replaced:
-            off, size = replaced[sec.name]
-            t = next(t for t, _ in placed if t.name == sec.name)
+            t, off, size = replaced[sec.name]
             info = t.info if t.info else sec.info
         elif sec.type != SHT_NOBITS and sec.size:
-            off = copied(sec.offset)
+            off = tail.copied(sec.offset)
         if sec.index == shstrndx:
             off, size = shstr_off, len(shstr)
-        addr = sec.addr
-        if sec.size and sec.type != SHT_NOBITS and moved(sec.offset):
-            addr = sec.addr + shift
+        if sec.size and sec.type != SHT_NOBITS and mv is not None and \
+                mv.lo <= sec.offset < mv.hi:
+            addr = sec.addr + lay.moved_vaddr - mv.vaddr
             off = lay.offset_of(addr)
         headers.append(_SHDR.pack(name_off[n], sec.type, sec.flags, addr, off, size,
                                   sec.link, info, sec.addralign, sec.entsize))
-    for a in new_alloc:
+    for a in rw.alloc:
         headers.append(_SHDR.pack(name_off[a.name], a.type, a.flags | SHF_ALLOC, a.vaddr,
                                   lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align, 0))
     for t, off in new_tail:
@@ -598,22 +750,41 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
         size = t.place[1] if t.place is not None else len(t.data)
         headers.append(_SHDR.pack(name_off[t.name], t.type, 0, 0, off, size, link,
                                   t.info, t.align, t.entsize))
-    out += b"\0" * (_align(len(out), 8) - len(out))
-    shoff = base + len(out)
-    out += b"".join(headers)
+    table = b"".join(headers)
+    return table, tail.append(table, 8)
 
-    # the ELF header: program and section header tables moved, counts grown
-    e_phnum = len(phdrs)
-    e_shnum = len(headers)
-    if e_phnum >= 0xFFFF or e_shnum >= 0xFF00:
+
+def _elf_header(image: ElfImage, lay: SegmentLayout, phnum: int, shnum: int,
+                shoff: int) -> bytes:
+    """The input's ELF header with the tables moved and the counts grown."""
+    if phnum >= 0xFFFF or shnum >= 0xFF00:
         raise UnsupportedError("too many program or section headers for the ELF header")
     ehdr = bytearray(image.data[:64])
     struct.pack_into("<Q", ehdr, 0x20, 64 if lay.in_place else lay.offset)  # e_phoff
     struct.pack_into("<Q", ehdr, 0x28, shoff)  # e_shoff
-    struct.pack_into("<H", ehdr, 0x38, e_phnum)
-    struct.pack_into("<H", ehdr, 0x3C, e_shnum)
-    struct.pack_into("<H", ehdr, 0x3E, shstrndx)
-    return b"".join([ehdr, *head, out])
+    struct.pack_into("<H", ehdr, 0x38, phnum)
+    struct.pack_into("<H", ehdr, 0x3C, shnum)
+    struct.pack_into("<H", ehdr, 0x3E, _shstrndx(image))
+    return bytes(ehdr)
+
+
+def write(image: ElfImage, rw: Rewrite) -> bytes:
+    """The bytes of the rewritten file."""
+    lay = rw.layout
+    if lay.offset < (len(image.data) if lay.cut is None else lay.cut) or \
+            lay.offset % PAGE != lay.vaddr % PAGE:
+        raise UnsupportedError(f"new segment at file offset {lay.offset:#x}, vaddr "
+                               f"{lay.vaddr:#x}: not after the file's content or not congruent "
+                               f"modulo the page size")
+    seg = _new_segment(image, rw)
+    phdrs = _program_headers(image, rw, seg)
+    edits, in_copy = _edits(image, rw, b"".join(p.pack() for p in phdrs), seg)
+    head, gap_at = _head(image, lay, edits)
+    tail = _segment_and_copy(image, rw, seg, in_copy, gap_at)
+    placed = _place_tail(image, rw, tail)
+    table, shoff = _section_headers(image, rw, tail, placed)
+    ehdr = _elf_header(image, lay, len(phdrs), len(table) // _SHDR.size, shoff)
+    return b"".join([ehdr, *head, *tail.pieces()])
 
 
 def _shstrndx(image: ElfImage) -> int:

@@ -25,7 +25,7 @@ cells from here, and report/text.py chooses between the two.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
@@ -178,6 +178,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[
     """The lines of a borderless table on a page of `max_width` columns (None: unlimited):
     `fold[i]` marks a column of words that may shrink and wrap between them (the module's
     doc gives the rules)."""
+    return list(table_lines(headers, rows, fold, max_width))
+
+
+def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[bool],
+                max_width: int | None = None) -> Iterator[str]:
+    """`table`'s lines one at a time, as they are made (a writer puts each out before the
+    next is made: no list of lines, no joined string). The cells are checked and the widths
+    chosen here, before the first line: text rich must lay out raises _Unsupported now."""
     ncols = len(headers)
     columns = list(zip(headers, *rows, strict=True))
     if not all(_printable("".join(col)) for col in columns):
@@ -190,21 +198,24 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[
                    + pad if f else w
                    for w, f, col, pad in zip(widths, fold, columns, pads, strict=True)]
         widths = _shrink(widths, minimum, max_width)
+    del columns
     inner = [w - pad for w, pad in zip(widths, pads, strict=True)]
     # one format per line: the cell after its left padding, filled to the column's width
     line_format = "".join(("{:<%d}" if i == 0 else " {:<%d}") % max(1, w - (1 if i else 0))
                           for i, w in enumerate(widths))
     folding = [i for i in range(ncols) if fold[i]]
-    lines: list[str] = []
-    for row in (headers, *rows):
-        if all(len(row[i]) <= inner[i] for i in folding):
-            lines.append(line_format.format(*row))
-            continue
-        cells = [wrap_words(c, room) if f and len(c) > room else [c]
-                 for c, room, f in zip(row, inner, fold, strict=True)]
-        for n in range(max(len(c) for c in cells)):
-            lines.append(line_format.format(*(c[n] if n < len(c) else "" for c in cells)))
-    return lines
+
+    def lines() -> Iterator[str]:
+        for row in (headers, *rows):
+            if all(len(row[i]) <= inner[i] for i in folding):
+                yield line_format.format(*row)
+                continue
+            cells = [wrap_words(c, room) if f and len(c) > room else [c]
+                     for c, room, f in zip(row, inner, fold, strict=True)]
+            for n in range(max(len(c) for c in cells)):
+                yield line_format.format(*(c[n] if n < len(c) else "" for c in cells))
+
+    return lines()
 
 
 def _printable(text: str) -> bool:
@@ -290,25 +301,43 @@ def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
 def rewrite_text(doc: dict[str, Any]) -> str | None:
     """`rewrite`'s table report as text, or None when rich must lay it out (100,000 sites
     took rich 24 s; this is one pass over the rows)."""
+    lines = rewrite_lines(doc)
+    return None if lines is None else "".join(line + "\n" for line in lines)
+
+
+def rewrite_lines(doc: dict[str, Any]) -> Iterator[str] | None:
+    """`rewrite_text`'s lines as they are made, or None when rich must lay the report out
+    (every table's cells and every other line are checked before the first line)."""
     try:
-        out: list[str] = []
-        for f in doc["files"]:
-            dest = f["output"] or "(dry run: nothing written)"
-            out += _page_lines(f"{f['path']} -> {dest}")
-            if f.get("note"):
-                out += _page_lines(f"  {f['note']}")
-                continue
-            out += table(REWRITE_HEADERS, [rewrite_cells(s) for s in f["sites"]],
-                         (False,) * 7 + (True,), page_width())
-            line, chosen = rewrite_summary_line(f)
-            out += _page_lines(line)
-            for c in chosen:
-                out += _page_lines(c)
-            out += [_plain(finding_line(fd)) for fd in f["findings"]
-                    if fd["severity"] != "info"]
-        return "".join(line + "\n" for line in out)
+        parts = [_rewrite_file(f) for f in doc["files"]]
     except _Unsupported:
         return None
+
+    def lines() -> Iterator[str]:
+        for head, rows, after in parts:
+            yield from head
+            yield from rows
+            yield from after
+
+    return lines()
+
+
+def _rewrite_file(f: dict[str, Any]) -> tuple[list[str], Iterator[str], list[str]]:
+    """One file of the rewrite report: its lines before the table, the table's lines (made
+    when read), the lines after it."""
+    dest = f["output"] or "(dry run: nothing written)"
+    head = _page_lines(f"{f['path']} -> {dest}")
+    if f.get("note"):
+        return head + _page_lines(f"  {f['note']}"), iter(()), []
+    rows = table_lines(REWRITE_HEADERS, [rewrite_cells(s) for s in f["sites"]],
+                       (False,) * 7 + (True,), page_width())
+    line, chosen = rewrite_summary_line(f)
+    after = _page_lines(line)
+    for c in chosen:
+        after += _page_lines(c)
+    after += [_plain(finding_line(fd)) for fd in f["findings"] if fd["severity"] != "info"]
+    return head, rows, after
+
 
 
 def plain_output(out: IO[str]) -> bool:

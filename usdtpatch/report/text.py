@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import IO, Any
 
-from usdtpatch.report.plain import check_text, list_text, page_width, plain_output, rewrite_text
+from usdtpatch.report.plain import (
+    check_text,
+    list_text,
+    page_width,
+    plain_output,
+    rewrite_lines,
+)
 
 # which site form each kernel generation optimizes (docs/rewrite.md, "Site forms")
 FORMS_LINE = ("site forms: Linux 6.18 to 7.2 optimize 5-byte NOPs (rewrite --form nop5); the "
@@ -57,9 +63,10 @@ def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False,
 
 def print_rewrite(out: IO[str], doc: dict[str, Any]) -> None:
     """Print `rewrite`'s table report: plain text to a file or pipe, rich to a terminal."""
-    text = rewrite_text(doc) if plain_output(out) else None
-    if text is not None:
-        out.write(text)
+    lines = rewrite_lines(doc) if plain_output(out) else None
+    if lines is not None:
+        for line in lines:  # written as made: no joined report of every site
+            out.write(line + "\n")
         return
     from usdtpatch.report.render import make_console, render_rewrite
 

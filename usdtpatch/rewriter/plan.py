@@ -47,6 +47,7 @@ from usdtpatch.analysis.forms import (
     site_bytes,
     uses_numeric_rip,
 )
+from usdtpatch.analysis.index import Claims, SitesByAddress
 from usdtpatch.analysis.probes import (
     BASE_SECTION,
     Probe,
@@ -93,7 +94,6 @@ from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
-from usdtpatch.rewriter.index import Claims, SitesByAddress
 from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.rewriter.merge import join_following
 from usdtpatch.x86.decode import sweep
@@ -320,7 +320,7 @@ class _Segment:
     cursor: int
     text: bytearray
     patches: list[tuple[int, bytes]]
-    claimed: Claims  # rewriter/index.py: overlap tests by bisection, not a scan
+    claimed: Claims  # analysis/index.py: overlap tests by bisection, not a scan
     unwind: list[DetourUnwind]
     new_args: dict[int, str]
     found: list[Finding]

@@ -1,5 +1,5 @@
-"""Indexes the planner asks instead of scanning every site per site (docs/performance.md,
-"Scaling"): with one probe per small function, a scan per site made plan_rewrite quadratic
+"""Indexes the planner (and check, which decides the sites as it does) asks instead of
+scanning every site per site (docs/performance.md, "Scaling"): with one probe per small function, a scan per site made plan_rewrite quadratic
 (10,000 probes: 50 million overlap tests).
 
 - `Claims`: the byte ranges the plan has claimed (windows, patched ways in), a list kept in
@@ -33,6 +33,10 @@ class Claims(list[tuple[int, int]]):
         else:
             bisect.insort(self._sorted, r)
         self._longest = max(self._longest, r[1] - r[0])
+
+    def extend(self, ranges: Iterable[tuple[int, int]]) -> None:
+        for r in ranges:
+            self.append(r)
 
     def overlaps(self, lo: int, hi: int) -> bool:
         """Whether [lo, hi) overlaps a claimed range."""

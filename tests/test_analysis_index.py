@@ -1,4 +1,4 @@
-"""rewriter/index.py: the planner's indexes answer as the scans they replace."""
+"""analysis/index.py: the planner's indexes answer as the scans they replace."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from usdtpatch.rewriter.index import Claims, SitesByAddress
+from usdtpatch.analysis.index import Claims, SitesByAddress
 
 _range = st.tuples(st.integers(0, 400), st.integers(1, 70)).map(lambda t: (t[0], t[0] + t[1]))
 

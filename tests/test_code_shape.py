@@ -18,16 +18,11 @@ PACKAGE = ROOT / "usdtpatch"
 MAX_LINES = 120
 
 # Functions still longer, by (module path, qualified name), each with who is shortening it.
-LONG_EXEMPT = {
-    ("elf/writer.py", "write"),  # helper s22 splits it (issue 22); drop this after the merge
-}
+LONG_EXEMPT: set[tuple[str, str]] = set()
 
 # Modules whose in-function imports are not yet declared at their top, each with its owner
 # this session (they are being rewritten there); drop an entry once its module says.
-DEFERRED_EXEMPT = {
-    "forkguard/__init__.py": "s19", "analysis/check.py": "s19", "analysis/hazards.py": "s19",
-    "elf/writer.py": "s22",
-}
+DEFERRED_EXEMPT: dict[str, str] = {}
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, ast.AST]]:

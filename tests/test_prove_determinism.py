@@ -12,7 +12,7 @@ import z3
 from tests.helpers import fixture
 from tests.mutants import Question, mutants, questions
 from usdtpatch.prove.prover import DIFFERS, PROVED, Proof, Prover
-from usdtpatch.prove.smt import _bv, fresh_context
+from usdtpatch.prove.smt import bv_const, fresh_context
 
 
 def _prove(m: Question) -> Proof:
@@ -44,11 +44,11 @@ def test_counterexamples_do_not_depend_on_the_process_history() -> None:
 def test_fresh_context_sets_the_kept_terms_aside() -> None:
     """Inside, terms are another context's (a kept constant of the outer one is not used);
     after, the outer context and its terms are back."""
-    outer = _bv(5, 64)
+    outer = bv_const(5, 64)
     with fresh_context():
-        inner = _bv(5, 64)
+        inner = bv_const(5, 64)
         assert inner.ctx is not outer.ctx and inner.ctx == z3.main_ctx()
-    assert _bv(5, 64).ctx is outer.ctx is z3.main_ctx()
+    assert bv_const(5, 64).ctx is outer.ctx is z3.main_ctx()
     # and a proof made after one inside is the same as before
     q = questions(str(fixture("args-O0")))[0]
     assert _prove(q).outcome == PROVED

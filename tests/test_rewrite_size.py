@@ -57,11 +57,30 @@ def added_on_purpose(before: ElfImage, after: ElfImage) -> int:
     return total
 
 
+def keeps_perf_delta(before: ElfImage, after: ElfImage) -> bool:
+    """Whether the new segment has the (vaddr - offset) delta of the segment holding
+    `.stapsdt.base` (perf's file offsets of the moved probes are then right)."""
+    base = before.section(".stapsdt.base")
+    old = {sg.vaddr for sg in before.segments if sg.type == PT_LOAD}
+    new = [sg for sg in after.segments if sg.type == PT_LOAD and sg.vaddr not in old]
+    if base is None or len(new) != 1:
+        return False
+    anchor = [sg for sg in before.segments if sg.type == PT_LOAD
+              and sg.vaddr <= base.addr < sg.vaddr + sg.memsz]
+    return bool(anchor) and new[0].vaddr - new[0].offset == anchor[0].vaddr - anchor[0].offset
+
+
 def padding(src: Path, out: Path) -> tuple[int, int]:
-    """(the bytes the file grew by beyond its detours and tables, what the rule allows)."""
+    """(the bytes the file grew by beyond its detours and tables, what the rule allows): 1%
+    of the input (a page for a small file), or, where that much cannot keep perf's delta
+    and the output keeps it, a tenth (usdtpatch.elf.writer.zero_fill_limit)."""
     data, new = src.read_bytes(), out.read_bytes()
-    extra = len(new) - len(data) - added_on_purpose(parse_elf(data), parse_elf(new))
-    return extra, max(len(data) // 100, PAGE)
+    before, after = parse_elf(data), parse_elf(new)
+    extra = len(new) - len(data) - added_on_purpose(before, after)
+    allowed = max(len(data) // 100, PAGE)
+    if extra > allowed and keeps_perf_delta(before, after):
+        allowed = max(len(data) // 10, PAGE)
+    return extra, allowed
 
 
 def _rewritten(src: Path, tmp: Path) -> Path:

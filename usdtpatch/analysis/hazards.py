@@ -38,9 +38,10 @@ from usdtpatch.analysis.targets import (
 )
 from usdtpatch.analysis.waysin import code_ranges, references_to
 from usdtpatch.elf.args import MemOperand
+from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import PF_W, PT_LOAD, ElfImage
 from usdtpatch.elf.relocs import import_slots
-from usdtpatch.elf.symbols import symbol_names, symbol_value
+from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
 from usdtpatch.findings import (
     SEMAPHORE_MISALIGNED,
     SEMAPHORE_NOT_IN_PROBES,
@@ -470,8 +471,6 @@ def remember_context(ctx: CodeContext) -> None:
 def fork_evidence_of(image: ElfImage, raw: bool = True) -> ForkEvidence:
     """fork_evidence with the file's own call frame information and symbols (check's context
     for the file when it has one: `remember_context`)."""
-    from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
-    from usdtpatch.elf.symbols import load_symbols
 
     if _CONTEXT and _CONTEXT[0].image is image:
         return fork_evidence(_CONTEXT[0], raw)

@@ -1,6 +1,7 @@
 """Indexes the planner (and check, which decides the sites as it does) asks instead of
-scanning every site per site (docs/performance.md, "Scaling"): with one probe per small function, a scan per site made plan_rewrite quadratic
-(10,000 probes: 50 million overlap tests).
+scanning every site per site (docs/performance.md, "Scaling"): with one probe per small
+function, a scan per site made plan_rewrite quadratic (10,000 probes: 50 million overlap
+tests).
 
 - `Claims`: the byte ranges the plan has claimed (windows, patched ways in), a list kept in
   insertion order, with a sorted index answering "does [lo, hi) overlap a claim?" in

@@ -28,8 +28,8 @@ before the rewrite).
 The new segment's vaddr lies past every existing segment's end (`.bss` included, its first
 page past it) and its file offset has the vaddr's page offset (the loader needs only that;
 neither needs a page boundary). The segment keeps the (vaddr - offset) delta of the segment
-that holds `.stapsdt.base` where that costs at most `zero_fill_limit` zeros (1% of the input,
-or a page): perf turns a note pc into a file offset with that delta (pc +
+that holds `.stapsdt.base` where that costs at most `zero_fill_limit` zeros (10% of the
+input, or a page): perf turns a note pc into a file offset with that delta (pc +
 sh_offset(.stapsdt.base) - base), and kernels before 5.18 compute AT_PHDR from the first
 PT_LOAD's delta. The delta puts the segment's file offset at least as far past the end of
 the segments' file bytes as the memory image runs past them (`.bss`): that room is filled
@@ -37,9 +37,10 @@ with the input's own non-loaded end kept in place up to a cut (`_delta_place`: t
 the segments' file bytes or the start of a later non-allocated section, `cut_points`; the
 rest copied after the segment, `cut_copy_at`) and with the new tables (`_Tail`), so that
 only what neither fills is zeros. Its p_align (`strip_align`) makes strip, which packs
-segments, put it back at the same offset. Where the zeros would exceed the limit (a stripped
-program with a large `.bss`: python3.11's 282 KiB `.bss` against 3 KiB of non-loaded bytes
-and 90 KiB of tables) the size rule wins: the segment starts right after the file's content,
+segments, put it back at the same offset. The zeros may pass the size rule's 1% for perf's
+sake (python3.11: its 282 KiB `.bss` against 3 KiB of non-loaded bytes and 90 KiB of
+tables leaves about 200 KiB of zeros, 3% of the file); where they would exceed
+`zero_fill_limit` the size rule wins: the segment starts right after the file's content,
 vaddr still past `.bss` (`keeps_delta` False; perf's offsets for moved probes are then
 wrong). Room is left before the segment for the names of the symbols a rewrite adds when
 `.symtab` grows in place (usdtpatch.elf.symbols.symtab_in_place). The original section
@@ -70,6 +71,14 @@ from usdtpatch.elf.image import (
     SHT_NOTE,
     ElfImage,
     Segment,
+)
+from usdtpatch.elf.notes import parse_notes
+from usdtpatch.elf.symbols import (
+    DETOUR_PREFIX,
+    SYM64_SIZE,
+    load_symbols,
+    symbol_room,
+    symtab_region,
 )
 from usdtpatch.errors import ElfFormatError, UnsupportedError
 from usdtpatch.kernelfacts import PAGE
@@ -163,11 +172,14 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
     low = _align(vend, PAGE)
     loads_end = max(s.offset + s.filesz for s in loads)
     room = _symbol_room(image)
-    best = _delta_place(image, low - delta, loads_end, room, delta, phdr_size)
+    best = None
+    for limit in zero_fill_limits(len(image.data)):  # the size rule's first, perf's after
+        best = best or _delta_place(image, low - delta, loads_end, room, delta, phdr_size,
+                                    limit)
     if best is not None:
         offset, cut = best
         return SegmentLayout(offset + delta, offset, phdr_size, True, in_place, moved, cut)
-    # the size rule wins: right after the file's content, vaddr past .bss (same page offset)
+    # past 10% the size rule wins: right after the content, vaddr past .bss (same page offset)
     offset = _align(len(image.data) + room, SEGMENT_ALIGN)
     return SegmentLayout(low + offset % PAGE, offset, phdr_size, False, in_place, moved)
 
@@ -175,18 +187,25 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
 SEGMENT_ALIGN = 64  # the new segment's file offset (the moved sections keep theirs modulo 64)
 
 
-def zero_fill_limit(size: int) -> int:
+def zero_fill_limits(size: int) -> tuple[int, int]:
     """The most zeros the writer puts before the new segment to keep the (vaddr - offset)
-    delta perf needs: 1% of the input's `size` (the size rule: a file grows by at most its
-    detours, its tables and 1%), or a page for a file under 400 KiB, where the first page past
-    `.bss` alone can lie a page past the file's content (tests/test_rewrite_size.py)."""
-    return max(size // 100, PAGE)
+    delta perf needs, tried in turn: the size rule's 1% of the input's `size` (a file grows
+    by at most its detours, its tables and 1%), then 10%, where 1% cannot keep the delta:
+    perf finding every moved probe is worth more than a tenth of the file; beyond that the
+    delta is given up. Each at least a page, since the first page past `.bss` alone can lie
+    a page past a small file's content (tests/test_rewrite_size.py, docs/rewrite.md)."""
+    return max(size // 100, PAGE), max(size // 10, PAGE)
+
+
+def zero_fill_limit(size: int) -> int:
+    """The most zeros the writer ever puts before the new segment (`zero_fill_limits`)."""
+    return zero_fill_limits(size)[-1]
 
 
 def _delta_place(image: ElfImage, floor: int, loads_end: int, room: int, delta: int,
-                 phdr_size: int) -> tuple[int, int | None] | None:
+                 phdr_size: int, limit: int) -> tuple[int, int | None] | None:
     """(file offset, cut) of the new segment with the anchor's `delta`, or None when every
-    such place needs more zeros than `zero_fill_limit`. The offset is at least `floor` (the
+    such place needs more zeros than `limit`. The offset is at least `floor` (the
     first page past the memory image, minus the delta) and past what is kept of the input:
     all of it and the symbol room (cut None), or the input up to a cut (`cut_points`), the
     rest copied after the segment. The vaddr needs no page alignment, only the page offset of
@@ -199,7 +218,7 @@ def _delta_place(image: ElfImage, floor: int, loads_end: int, room: int, delta: 
     filler = tables_bound(image)
     for end, cut in kept:
         offset = max(floor, _align(end, SEGMENT_ALIGN))
-        if offset - end - filler <= zero_fill_limit(len(image.data)):
+        if offset - end - filler <= limit:
             gap = offset + phdr_size - loads_end
             align = strip_align(delta, offset + phdr_size, loads_end)
             places.append((gap >= align, offset, cut))
@@ -235,7 +254,6 @@ def cut_points(image: ElfImage, loads_end: int) -> list[int]:
     if any(sg.filesz and sg.offset + sg.filesz > loads_end for sg in image.segments) or \
             any(sec.flags & SHF_ALLOC and sec.offset + sec.size > loads_end for sec in present):
         return []
-    from usdtpatch.elf.symbols import SYM64_SIZE, symtab_region
 
     region = symtab_region(image)
     out = []
@@ -386,8 +404,6 @@ def _refuse_ranges_past_the_end(image: ElfImage) -> None:
 def _symbol_room(image: ElfImage) -> int:
     """Bytes to leave after the input's content for the names of the symbols a rewrite adds
     (at most one per probe) when `.symtab` can grow in place (usdtpatch.elf.symbols)."""
-    from usdtpatch.elf.notes import parse_notes
-    from usdtpatch.elf.symbols import DETOUR_PREFIX, symbol_room
 
     sec = image.section(".note.stapsdt")
     if sec is None or not image.is64 or not image.little_endian:
@@ -405,7 +421,6 @@ def _symbol_room(image: ElfImage) -> int:
 def _split_part_names_bound(image: ElfImage, notes: Sequence[SdtNote], digits: int) -> int:
     """An upper bound of the string bytes of detour symbols named after their function
     (`f.usdtpatch.N`, usdtpatch.rewriter.build.detour_symbols), one per note."""
-    from usdtpatch.elf.symbols import load_symbols
 
     try:
         symbols = load_symbols(image)

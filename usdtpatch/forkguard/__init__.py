@@ -53,16 +53,22 @@ from usdtpatch.analysis.guardfile import (
     object_kind,
     read_table,
 )
+from usdtpatch.analysis.hazards import FORK_COPIES_MM, fork_evidence_of, imported_fork_family
+from usdtpatch.analysis.targets import CodeContext
+from usdtpatch.analysis.waysin import build_ways_in
+from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
     ElfImage,
 )
 from usdtpatch.elf.relocs import RelaTable
-from usdtpatch.elf.symbols import symbol_value
+from usdtpatch.elf.symbols import load_symbols, symbol_value
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
-from usdtpatch.x86.nops import crosses_page, kernel_optimizable_nop5
+from usdtpatch.forkguard.dso import find_dso_handle  # only for a stripped object
+from usdtpatch.x86.decode import Flow
+from usdtpatch.x86.nops import NOP5, crosses_page, kernel_optimizable_nop5
 
 __all__ = ["ENTRY_SIZE", "TABLE_SECTION", "Coverage", "GuardBuild", "GuardUnsupported",
            "TableEntry", "build_guard", "coverage", "fork_exposure", "fork_syscall_hooks",
@@ -130,7 +136,6 @@ def fork_exposure(image: ElfImage) -> str | None:
     code is asked (usdtpatch.analysis.hazards.fork_evidence): a fork system call, or clone
     without CLONE_VM. A system call whose number the code does not fix is not counted here:
     check reports it (`fork-unknown`), and so does rewrite."""
-    from usdtpatch.analysis.hazards import FORK_COPIES_MM, imported_fork_family
 
     calls = [f for f in imported_fork_family(image) if f in FORK_COPIES_MM]
     if not calls and _kind(image) == "static":
@@ -153,7 +158,6 @@ _LAST_EVIDENCE: list[tuple[ElfImage, bool, ForkEvidence]] = []  # the last file'
 def _evidence(image: ElfImage, raw: bool) -> ForkEvidence:
     """usdtpatch.analysis.hazards.fork_evidence_of(image, raw), for the last file asked
     about remembered (check and rewrite ask several times about one file)."""
-    from usdtpatch.analysis.hazards import fork_evidence_of
 
     for img, r, ev in _LAST_EVIDENCE:
         if img is image and r == raw:
@@ -175,7 +179,6 @@ def _bypassing(image: ElfImage, kind: str) -> list[tuple[int, str]]:
     does not fix, a call of syscall() with a fork number or with a number not fixed (a shared
     object: none; its calls of syscall() are reported by check, `fork-unknown`, not refused:
     docs/rewrite.md, "What is not covered")."""
-    from usdtpatch.elf.symbols import load_symbols
 
     if kind == "shared":
         return []
@@ -244,7 +247,6 @@ def _dso_handle(image: ElfImage, relas: RelaTable) -> int:
     sym = _symbol(image, "__dso_handle")
     if sym is not None:
         return sym
-    from usdtpatch.forkguard.dso import find_dso_handle  # only for a stripped object
 
     found = find_dso_handle(image, {t: v for t, v, _o in _dynamic(image)}, relas)
     if found.address is None:
@@ -470,10 +472,6 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
 
     No way in may land inside a window (its function's targets and the file-wide ways in); a
     call of syscall() is not a `syscall` instruction and cannot be hooked."""
-    from usdtpatch.analysis.targets import CodeContext
-    from usdtpatch.analysis.waysin import build_ways_in
-    from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
-    from usdtpatch.elf.symbols import load_symbols
 
     ev = _evidence(image, True)
     todo = [(pc, what, True) for pc, what in ev.forks] + \
@@ -511,7 +509,6 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
 def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: bool
                  ) -> tuple[int, int, int | None] | str:
     """fork_syscall_hooks' window for the system call at `pc`, or why there is none."""
-    from usdtpatch.x86.decode import Flow
 
     where = (f"{what} system call at {pc:#x}" if known else
              f"system call at {pc:#x} ({what})" if pc else what)
@@ -637,7 +634,6 @@ def marker_entry(g: GuardBuild) -> dict[str, object]:
 
 def hook_problem(image: ElfImage) -> str | None:
     """Why `build_guard` would refuse `image` (None: a guard can be added)."""
-    from usdtpatch.x86.nops import NOP5
 
     probe_at = (max((s.vaddr for s in image.segments if s.type == 1), default=0) + 0x10000)
     try:

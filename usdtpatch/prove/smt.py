@@ -77,7 +77,7 @@ def fresh_context() -> Iterator[None]:
 
 
 def _forget() -> None:
-    for kept in (_var, _wide, _bv):
+    for kept in (_var, _wide, bv_const):
         kept.cache_clear()
     _STATES.clear()
 
@@ -194,7 +194,7 @@ def _wide(off: int, nbytes: int) -> Z:
 
 
 @functools.lru_cache(maxsize=65536)
-def _bv(v: int, bits: int) -> Z:
+def bv_const(v: int, bits: int) -> Z:
     """A constant (kept: z3 makes the same term for the same value, slowly)."""
     return z3.BitVecVal(v, bits)
 
@@ -220,8 +220,8 @@ def _add_const(e: Z, c: int) -> Z:
     base, k = _split(e)
     total = (k + c) & ((1 << e.size()) - 1)
     if base is None:
-        return _bv(total, e.size())
-    return base if total == 0 else base + _bv(total, e.size())
+        return bv_const(total, e.size())
+    return base if total == 0 else base + bv_const(total, e.size())
 
 
 class Addr:
@@ -241,8 +241,8 @@ class Addr:
         """The address as an expression (made when first asked: most are never needed)."""
         if self._e is None:
             k = self.k
-            self._e = _bv(k, 64) if self.base is None else (
-                self.base if k == 0 else self.base + _bv(k, 64))
+            self._e = bv_const(k, 64) if self.base is None else (
+                self.base if k == 0 else self.base + bv_const(k, 64))
         return self._e
 
     def plus(self, c: int) -> Addr:
@@ -358,7 +358,7 @@ class Machine:
         if kind == "t":
             return tmps[e[1]]
         if kind == "c":
-            return _bv(e[1], e[2])
+            return bv_const(e[1], e[2])
         if kind == "g":
             return self.get(p, e[1], max(1, e[2] // 8)) if e[2] >= 8 else \
                 z3.Extract(e[2] - 1, 0, self.get(p, e[1], 1))
@@ -491,7 +491,7 @@ class Machine:
         rsp = Addr(self.get(p, RSP, 8))
         p.tracer_rsp.append(rsp.e)
         p.tracer_at.append(len(p.writes))
-        values = [_bv(at + 5, 64), self.get(p, 24, 8), self.get(p, 104, 8),
+        values = [bv_const(at + 5, 64), self.get(p, 24, 8), self.get(p, 104, 8),
                   self.get(p, 16, 8)]
         for k, v in enumerate(values):
             for b in range(8):
@@ -501,7 +501,7 @@ class Machine:
     def run(self, entry: int) -> list[Path]:
         done: list[Path] = []
         if not self.region.lo <= entry < self.region.hi:  # e.g. a call's return at the end
-            return [Path(exit=_bv(entry, 64), jumpkind="Ijk_Boring")]
+            return [Path(exit=bv_const(entry, 64), jumpkind="Ijk_Boring")]
         work: list[tuple[Path, int]] = [(Path(), entry)]
         while work:
             p, at = work.pop()
@@ -511,7 +511,7 @@ class Machine:
                 try:
                     blk = self.region.block(at)
                 except Undecodable:  # SIGILL there: the path ends in a fault
-                    p.exit, p.jumpkind = _bv(self.origin(at), 64), FAULT
+                    p.exit, p.jumpkind = bv_const(self.origin(at), 64), FAULT
                     done.append(p)
                     break
                 tmps: dict[int, Z] = {}
@@ -541,9 +541,9 @@ class Machine:
                         g = z3.simplify(self.expr(p, tmps, st[1], insn))
                         if _is_value(g) and g.as_long() == 0:
                             continue
-                        target = _bv(st[2], 64)
+                        target = bv_const(st[2], 64)
                         if st[3] in FAULTS:  # the instruction faults: the path ends at it
-                            target, jk = _bv(self.origin(insn), 64), FAULT
+                            target, jk = bv_const(self.origin(insn), 64), FAULT
                         else:
                             jk = st[3]
                         if _is_value(g):
@@ -616,7 +616,7 @@ def _condition(even: int, flags: Z) -> Z:
 
 
 def _bool(b: Z) -> Z:
-    return z3.If(b, _bv(1, 1), _bv(0, 1))
+    return z3.If(b, bv_const(1, 1), bv_const(0, 1))
 
 
 def _final_byte(path: Path, a: Addr, shared: Shared, hidden: bool = True) -> Z:
@@ -705,7 +705,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                     continue
                 pushed = z3.Concat(*(_final_byte(d, r.plus(j), shared, hidden=False)
                                      for j in range(7, -1, -1)))
-                differ = z3.And(*(pushed != _bv(v, 64) for v in allowed))
+                differ = z3.And(*(pushed != bv_const(v, 64) for v in allowed))
                 for j in range(8):
                     seen.add((r.bid, (r.k + j) & 0xFFFFFFFFFFFFFFFF))
             else:
@@ -928,12 +928,13 @@ def _witness_states(shared: Shared) -> list[tuple[Any, Any]]:
     slot = z3.Extract(2, 0, z3.Var(0, z3.BitVecSort(64)))
     out = []
     for distinct, flags, ret, pointers in _WITNESSES:
-        subst = [(v, _bv(_POINTER + (q * _STRIDE if distinct else 0), 64)) for q, v in names]
-        subst += [(shared.flags, _bv(flags, 64)), (shared.traced, z3.BoolVal(False))]
+        subst = [(v, bv_const(_POINTER + (q * _STRIDE if distinct else 0), 64)) for q, v in names]
+        subst += [(shared.flags, bv_const(flags, 64)), (shared.traced, z3.BoolVal(False))]
         # memory: _POINTER's bytes (little-endian: 0x10 at byte 4) in every aligned 8
-        byte = z3.If(slot == 4, _bv(_POINTER >> 32, 8), _bv(0, 8)) if pointers else _bv(0, 8)
+        byte = (z3.If(slot == 4, bv_const(_POINTER >> 32, 8), bv_const(0, 8)) if pointers
+                else bv_const(0, 8))
         funs = [(shared.m0, byte)]
-        funs += [(f, _bv(ret & ((1 << f.range().size()) - 1), f.range().size()))
+        funs += [(f, bv_const(ret & ((1 << f.range().size()) - 1), f.range().size()))
                  for _k, f in sorted(shared.funcs.items())]
         out.append((_arrays(z3.Ast, [(a.as_ast(), b.as_ast()) for a, b in subst],
                             [x for pair in subst for x in pair]),

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable, import_slots
-from usdtpatch.x86.decode import disassemble_lite
+from usdtpatch.x86.decode import LiteInsn, disassemble_lite
 from usdtpatch.x86.regs import CALLER_SAVED, CLOBBERS_MORE, READ_ONLY, reg64
 
 DT_INIT = 12
@@ -52,13 +52,6 @@ INIT_FUNCTIONS = 16
 FINI_FUNCTIONS = 8
 
 _RIP = re.compile(r"^(-?0x[0-9a-f]+|-?\d+)\(%rip\)$")
-class Insn(NamedTuple):
-    address: int
-    size: int
-    mnemonic: str
-    op_str: str
-
-
 class Witness(NamedTuple):
     """One call that passes the object's dso handle: `what` ("__cxa_finalize" or
     "__cxa_atexit"), the address of the call, and the word it names."""
@@ -84,7 +77,7 @@ def _reg(text: str) -> str | None:
     return reg64(t) if t.startswith("%") else None
 
 
-def _rip_target(ins: Insn, operand: str) -> int | None:
+def _rip_target(ins: LiteInsn, operand: str) -> int | None:
     m = _RIP.match(operand.strip().lstrip("*"))
     if m is None:
         return None
@@ -128,14 +121,14 @@ class _Code:
         self._stub[target] = slot
         return slot
 
-    def function(self, start: int, window: int) -> list[Insn]:
+    def function(self, start: int, window: int) -> list[LiteInsn]:
         """The instructions of the function at `start`: decoded linearly up to `window`
         bytes, ending at the first ret / unconditional jump that no branch seen so far goes
         past."""
         raw = self.image.read_vaddr(start, window)
-        out: list[Insn] = []
+        out: list[LiteInsn] = []
         reach = start
-        for ins in map(Insn._make, disassemble_lite(raw, start)):
+        for ins in map(LiteInsn._make, disassemble_lite(raw, start)):
             out.append(ins)
             m = ins.mnemonic
             if m.startswith("j") or m.startswith("loop"):
@@ -148,14 +141,14 @@ class _Code:
         return out
 
 
-def _direct(ins: Insn) -> int | None:
+def _direct(ins: LiteInsn) -> int | None:
     op = ins.op_str.strip()
     if op.startswith("0x") and "," not in op:
         return int(op, 16)
     return None
 
 
-def _calls(code: _Code, insns: list[Insn], slots: frozenset[int], reg: str,
+def _calls(code: _Code, insns: list[LiteInsn], slots: frozenset[int], reg: str,
            what: str) -> list[Witness]:
     """The calls (and tail jumps) in `insns` that go to the import filling `slots`, with the
     word `reg` names at each: the target of a rip-relative lea into it (a copy through other

@@ -45,6 +45,15 @@ def disassemble(code: bytes, address: int, count: int = 0, mode64: bool = True) 
     return out
 
 
+class LiteInsn(NamedTuple):
+    """One row of `disassemble_lite`, named (`LiteInsn._make(row)`)."""
+
+    address: int
+    size: int
+    mnemonic: str
+    op_str: str
+
+
 def disassemble_lite(code: bytes, address: int, mode64: bool = True
                      ) -> list[tuple[int, int, str, str]]:
     """(address, size, mnemonic, op_str) of each instruction that decodes from the start of

@@ -488,7 +488,7 @@ def _table_sections(image: ElfImage) -> list[tuple[int, int, int]]:
     non-executable PROGBITS (`.rodata`, `.data.rel.ro`, ...), less the unwind tables."""
     out: list[tuple[int, int, int]] = []
     for sec in image.sections:
-        if (sec.allocated and sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR
+        if (sec.allocated and sec.type == SHT_PROGBITS
                 and sec.name not in (".eh_frame", ".eh_frame_hdr") and sec.size
                 and sec.offset >= 0 and sec.offset + sec.size <= len(image.data)):
             out.append((sec.addr, sec.offset, sec.size))

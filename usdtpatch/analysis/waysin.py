@@ -21,6 +21,11 @@ this index adds what lies outside it, found by scanning the whole file once:
   rip-relative `lea` anywhere in code (what a PIC switch's table is addressed by). The words
   are found with the rel32 scan's prefilter (their upper half must be one that can reach a
   region), then the `lea`s of the candidate bases by the rel32 scan itself;
+- 4-byte relative tables placed in code (hand-written assembly, `.text` tables): at each
+  rip-relative `lea` target T that lies in code and is no function start, the int32 words
+  at T, T + 4, ... up to the next `lea` target (at most TABLE_BYTES) whose T + E lands in a
+  region. A hit whose bytes decoding the function holding them reaches as instructions is
+  dropped by the function analysis (CodeContext.decoded_as_code);
 - landing pads: the call-site table of the LSDA of every FDE (only the FDEs whose CIE has an
   LSDA encoding are parsed: the CIE pointer of each FDE is read without parsing it);
 - data words: in a fixed-address file, every 32-bit value (and 64-bit value, for regions above
@@ -488,7 +493,7 @@ def _table_sections(image: ElfImage) -> list[tuple[int, int, int]]:
     non-executable PROGBITS (`.rodata`, `.data.rel.ro`, ...), less the unwind tables."""
     out: list[tuple[int, int, int]] = []
     for sec in image.sections:
-        if (sec.allocated and sec.type == SHT_PROGBITS
+        if (sec.allocated and sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR
                 and sec.name not in (".eh_frame", ".eh_frame_hdr") and sec.size
                 and sec.offset >= 0 and sec.offset + sec.size <= len(image.data)):
             out.append((sec.addr, sec.offset, sec.size))
@@ -550,6 +555,39 @@ def _scan_tables(words: list[tuple[int, int]], lea_targets: list[int],
         if a - t < TABLE_BYTES and (a - t) % 4 == 0 and t + e in protected:
             out.append(WayIn(t + e, REL_TABLE, a, f"4-byte entry at {a:#x} of the table at "
                              f"{t:#x} (its address is taken by a rip-relative lea)", t))
+    return out
+
+
+def _scan_code_tables(image: ElfImage, lea_targets: list[int], starts: list[int],
+                      protected: set[int]) -> list[WayIn]:
+    """The entries of 4-byte relative tables placed in code that land in a region. A table
+    starts at the target T of a rip-relative `lea` that lies in code and is no function
+    start (`starts`: the bytes at a function start are its first instruction), and ends at
+    the next `lea` target, TABLE_BYTES on, or the end of its code range; its int32 entries
+    at T, T + 4, ... go to T + E. The caller drops those whose bytes decoding shows to be
+    instructions (CodeContext.decoded_as_code)."""
+    out: list[WayIn] = []
+    if not image.little_endian or sys.byteorder != "little":
+        return out
+    ranges = code_ranges(image)
+    bases = sorted(set(lea_targets))
+    skip = set(starts)
+    for k, t in enumerate(bases):
+        if t in skip:
+            continue
+        r = next(((v, o, n) for v, o, n in ranges if v <= t < v + n), None)
+        if r is None:
+            continue
+        end = min(t + TABLE_BYTES, r[0] + r[2], *bases[k + 1:k + 2])
+        at = r[1] + t - r[0]
+        words = memoryview(image.data)[at:at + (end - t) // 4 * 4].cast("i").tolist()
+        ends = list(map(add, words, repeat(t)))
+        hits = protected.intersection(ends)
+        for i in compress(range(len(ends)), map(hits.__contains__, ends)) if hits else ():
+            a = t + 4 * i
+            out.append(WayIn(ends[i], REL_TABLE, a, f"4-byte entry at {a:#x} of the table "
+                             f"in code at {t:#x} (its address is taken by a rip-relative "
+                             f"lea)", t))
     return out
 
 
@@ -626,6 +664,8 @@ def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
     pads = _scan_landing_pads(image, cfi, protected) if cfi is not None else []
     words = _table_words(image, _spans(sites, 1))
     leas: list[int] = []
-    code = _scan_code(image, protected, sites, _table_reach(words), leas)
+    code_spans = [(v, v + n) for v, _o, n in code_ranges(image)]
+    code = _scan_code(image, protected, sites, [*_table_reach(words), *code_spans], leas)
     return WaysIn([*code, *_scan_relocations(image, protected), *_scan_words(image, protected),
-                   *_scan_tables(words, leas, protected), *pads])
+                   *_scan_tables(words, leas, protected),
+                   *_scan_code_tables(image, leas, starts, protected), *pads])

@@ -569,26 +569,27 @@ def _scan_code_tables(image: ElfImage, lea_targets: list[int], starts: list[int]
     out: list[WayIn] = []
     if not image.little_endian or sys.byteorder != "little":
         return out
-    ranges = code_ranges(image)
     bases = sorted(set(lea_targets))
-    skip = set(starts)
-    for k, t in enumerate(bases):
-        if t in skip:
-            continue
-        r = next(((v, o, n) for v, o, n in ranges if v <= t < v + n), None)
-        if r is None:
-            continue
-        end = min(t + TABLE_BYTES, r[0] + r[2], *bases[k + 1:k + 2])
-        at = r[1] + t - r[0]
-        words = memoryview(image.data)[at:at + (end - t) // 4 * 4].cast("i").tolist()
-        ends = list(map(add, words, repeat(t)))
-        hits = protected.intersection(ends)
-        for i in compress(range(len(ends)), map(hits.__contains__, ends)) if hits else ():
-            a = t + 4 * i
-            out.append(WayIn(ends[i], REL_TABLE, a, f"4-byte entry at {a:#x} of the table "
-                             f"in code at {t:#x} (its address is taken by a rip-relative "
-                             f"lea)", t))
+    for vaddr, off, size in code_ranges(image):
+        for k in range(bisect_left(bases, vaddr), bisect_left(bases, vaddr + size)):
+            t = bases[k]
+            i = bisect_left(starts, t)
+            if i < len(starts) and starts[i] == t:
+                continue
+            end = min(t + TABLE_BYTES, vaddr + size, *bases[k + 1:k + 2])
+            out.extend(_code_table(image.data, t, off + t - vaddr, (end - t) // 4, protected))
     return out
+
+
+def _code_table(data: bytes | mmap, t: int, at: int, n: int,
+                protected: set[int]) -> Iterator[WayIn]:
+    """The entries of the `n`-entry table at `t` (file offset `at`) that land in a region."""
+    ends = list(map(add, memoryview(data)[at:at + 4 * n].cast("i").tolist(), repeat(t)))
+    hits = protected.intersection(ends)
+    for i in compress(range(len(ends)), map(hits.__contains__, ends)) if hits else ():
+        a = t + 4 * i
+        yield WayIn(ends[i], REL_TABLE, a, f"4-byte entry at {a:#x} of the table in code at "
+                    f"{t:#x} (its address is taken by a rip-relative lea)", t)
 
 
 def _scan_landing_pads(image: ElfImage, cfi: CfiIndex, protected: set[int]) -> list[WayIn]:

@@ -440,10 +440,11 @@ def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
             known_tables: set[int]) -> Target | None:
     """The file-wide index's way in `w` as a target of the function, or None when it is not
     one: a branch of the function itself (its own disassembly has it), bytes that the linear
-    disassembly of the code holding them shows to be part of another instruction, or an
+    disassembly of the code holding them shows to be part of another instruction, an
     entry of one of the function's recognized jump tables (a JUMP_TABLE target already:
     `known_tables` are the 4-byte tables of the function and its related parts, read there
-    with their bounds)."""
+    with their bounds), or the "entry" of a relative table in code whose bytes decoding
+    the function holding them reaches as instructions (`decoded_as_code`)."""
     if w.kind == REL_TABLE and (w.base in known_tables or (
             ctx.executable(w.source) and ctx.decoded_as_code(w.source, 4))):
         return None  # the function's own table, or code bytes: no table entry

@@ -25,7 +25,7 @@ from tests.helpers import ROOT, run_cli
 from tests.test_analysis_waysin import _run, _site, _sources, _symbol, _traced
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
-from usdtpatch.analysis.waysin import REL_TABLE, _scan_code_tables
+from usdtpatch.analysis.waysin import REL_TABLE, scan_code_tables
 from usdtpatch.api import load
 
 SOURCE = ROOT / "tests" / "data" / "waysin3.c"
@@ -94,14 +94,14 @@ def test_code_table_scan_bounds(programs: dict[str, Path], variant: str) -> None
     after = _site(rep, "intab").probe.address + 1
     table, _end = _symbol(path, "intab_table")
     got = {(w.kind, w.source, w.base, w.target) for w in
-           _scan_code_tables(image, [table], [], {after})}
+           scan_code_tables(image, [table], [], {after})}
     assert (REL_TABLE, table + 4, table, after) in got
     assert all(w[2] == table and (w[1] - table) % 4 == 0 for w in got)
-    assert _scan_code_tables(image, [table], [table], {after}) == []
+    assert scan_code_tables(image, [table], [table], {after}) == []
     assert all(w.source != table + 4 for w in
-               _scan_code_tables(image, [table, table + 2], [], {after}))
+               scan_code_tables(image, [table, table + 2], [], {after}))
     assert all(w.source != table + 4 for w in
-               _scan_code_tables(image, [table], [], {after + 1}))
+               scan_code_tables(image, [table], [], {after + 1}))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -558,7 +558,7 @@ def _scan_tables(words: list[tuple[int, int]], lea_targets: list[int],
     return out
 
 
-def _scan_code_tables(image: ElfImage, lea_targets: list[int], starts: list[int],
+def scan_code_tables(image: ElfImage, lea_targets: list[int], starts: list[int],
                       protected: set[int]) -> list[WayIn]:
     """The entries of 4-byte relative tables placed in code that land in a region. A table
     starts at the target T of a rip-relative `lea` that lies in code and is no function
@@ -669,4 +669,4 @@ def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
     code = _scan_code(image, protected, sites, [*_table_reach(words), *code_spans], leas)
     return WaysIn([*code, *_scan_relocations(image, protected), *_scan_words(image, protected),
                    *_scan_tables(words, leas, protected),
-                   *_scan_code_tables(image, leas, starts, protected), *pads])
+                   *scan_code_tables(image, leas, starts, protected), *pads])

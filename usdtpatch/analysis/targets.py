@@ -129,22 +129,7 @@ class FunctionCode:
         got = self.memo.get("reached")
         if got is not None:
             return got
-        seen: set[int] = set()
-        work = [k for a in self.targets if (k := self.index_of(a)) is not None]
-        stops = (Flow.JMP, Flow.RET, Flow.STOP, Flow.JMP_INDIRECT)
-        while work:
-            k = work.pop()
-            while k < len(self.insns) and self.insns[k].address not in seen:
-                ins = self.insns[k]
-                seen.add(ins.address)
-                if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
-                    j = self.index_of(ins.target)
-                    if j is not None:
-                        work.append(j)
-                if ins.flow in stops:
-                    break
-                k += 1
-        out = frozenset(seen)
+        out = reach(self.insns, self.starts, self.targets)
         self.memo["reached"] = out
         return out
 
@@ -179,6 +164,33 @@ class FunctionCode:
         return self.target(address) is not None
 
 
+def reach(insns: tuple[CodeInsn, ...], starts: tuple[int, ...],
+          entries: Iterable[int]) -> frozenset[int]:
+    """The addresses of `insns` (`starts`: theirs, sorted) that decoding from `entries`
+    reaches, following fall-through and direct jumps (FunctionCode.reached)."""
+    seen: set[int] = set()
+    work = [k for a in entries if (k := _index(starts, a)) is not None]
+    stops = (Flow.JMP, Flow.RET, Flow.STOP, Flow.JMP_INDIRECT)
+    while work:
+        k = work.pop()
+        while k < len(insns) and insns[k].address not in seen:
+            ins = insns[k]
+            seen.add(ins.address)
+            if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
+                j = _index(starts, ins.target)
+                if j is not None:
+                    work.append(j)
+            if ins.flow in stops:
+                break
+            k += 1
+    return frozenset(seen)
+
+
+def _index(starts: tuple[int, ...], address: int) -> int | None:
+    i = bisect_left(starts, address)
+    return i if i < len(starts) and starts[i] == address else None
+
+
 class CodeContext:
     """The shared, read-only inputs of the analysis and its memo of sweeps (one per run)."""
 
@@ -193,6 +205,7 @@ class CodeContext:
         self._functions: dict[int, FunctionCode] = {}
         self._parts: dict[tuple[int, int], PartScan] = {}
         self._bounds: dict[int, FunctionBounds | None] = {}
+        self._reached: dict[int, tuple[PartScan, frozenset[int]]] = {}
         self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
         self._relative: dict[int, int] | None = None
         # every way into the code around the probes from the whole file (check() builds it
@@ -234,6 +247,32 @@ class CodeContext:
             got = scan_part(self, bounds)
             self._parts[key] = got
         return got
+
+    def decoded_as_code(self, address: int, size: int) -> bool:
+        """True when every byte of [address, address + size) lies in an instruction that
+        decoding the function holding it reaches from the ways in its own code and LSDA
+        name (its entry, symbols, jumps, return sites, jump tables, landing pads: `reach`):
+        bytes that are code, not data. False when no function holds them."""
+        bounds = self.bounds(address)
+        if bounds is None or bounds.size > MAX_FUNCTION_BYTES or \
+                not bounds.contains(address + size - 1):
+            return False
+        part = self.part(bounds)
+        got = self._reached.get(bounds.start)
+        if got is None or got[0] is not part:
+            ins = part.sweep.insns
+            got = (part, reach(ins, tuple(i.address for i in ins),
+                               (t.address for t in part.targets)))
+            self._reached[bounds.start] = got
+        insns, seen = part.sweep.insns, got[1]
+        at = address
+        while at < address + size:
+            i = bisect_left(insns, at + 1, key=lambda x: x.address) - 1
+            if i < 0 or not insns[i].address <= at < insns[i].end or \
+                    insns[i].address not in seen:
+                return False
+            at = insns[i].end
+        return True
 
     def executable(self, address: int) -> bool:
         seg = self.image.load_segment_for(address)
@@ -401,12 +440,14 @@ def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
             known_tables: set[int]) -> Target | None:
     """The file-wide index's way in `w` as a target of the function, or None when it is not
     one: a branch of the function itself (its own disassembly has it), bytes that the linear
-    disassembly of the code holding them shows to be part of another instruction, or an
+    disassembly of the code holding them shows to be part of another instruction, an
     entry of one of the function's recognized jump tables (a JUMP_TABLE target already:
     `known_tables` are the 4-byte tables of the function and its related parts, read there
-    with their bounds)."""
-    if w.kind == REL_TABLE and w.base in known_tables:
-        return None
+    with their bounds), or the "entry" of a relative table in code whose bytes decoding
+    the function holding them reaches as instructions (`decoded_as_code`)."""
+    if w.kind == REL_TABLE and (w.base in known_tables or (
+            ctx.executable(w.source) and ctx.decoded_as_code(w.source, 4))):
+        return None  # the function's own table, or code bytes: no table entry
     if w.kind not in CODE_KINDS:
         for tb in own.tables:
             if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:

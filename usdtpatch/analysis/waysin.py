@@ -21,6 +21,11 @@ this index adds what lies outside it, found by scanning the whole file once:
   rip-relative `lea` anywhere in code (what a PIC switch's table is addressed by). The words
   are found with the rel32 scan's prefilter (their upper half must be one that can reach a
   region), then the `lea`s of the candidate bases by the rel32 scan itself;
+- 4-byte relative tables placed in code (hand-written assembly, `.text` tables): at each
+  rip-relative `lea` target T that lies in code and is no function start, the int32 words
+  at T, T + 4, ... up to the next `lea` target (at most TABLE_BYTES) whose T + E lands in a
+  region. A hit whose bytes decoding the function holding them reaches as instructions is
+  dropped by the function analysis (CodeContext.decoded_as_code);
 - landing pads: the call-site table of the LSDA of every FDE (only the FDEs whose CIE has an
   LSDA encoding are parsed: the CIE pointer of each FDE is read without parsing it);
 - data words: in a fixed-address file, every 32-bit value (and 64-bit value, for regions above
@@ -553,6 +558,40 @@ def _scan_tables(words: list[tuple[int, int]], lea_targets: list[int],
     return out
 
 
+def scan_code_tables(image: ElfImage, lea_targets: list[int], starts: list[int],
+                      protected: set[int]) -> list[WayIn]:
+    """The entries of 4-byte relative tables placed in code that land in a region. A table
+    starts at the target T of a rip-relative `lea` that lies in code and is no function
+    start (`starts`: the bytes at a function start are its first instruction), and ends at
+    the next `lea` target, TABLE_BYTES on, or the end of its code range; its int32 entries
+    at T, T + 4, ... go to T + E. The caller drops those whose bytes decoding shows to be
+    instructions (CodeContext.decoded_as_code)."""
+    out: list[WayIn] = []
+    if not image.little_endian or sys.byteorder != "little":
+        return out
+    bases = sorted(set(lea_targets))
+    for vaddr, off, size in code_ranges(image):
+        for k in range(bisect_left(bases, vaddr), bisect_left(bases, vaddr + size)):
+            t = bases[k]
+            i = bisect_left(starts, t)
+            if i < len(starts) and starts[i] == t:
+                continue
+            end = min(t + TABLE_BYTES, vaddr + size, *bases[k + 1:k + 2])
+            out.extend(_code_table(image.data, t, off + t - vaddr, (end - t) // 4, protected))
+    return out
+
+
+def _code_table(data: bytes | mmap, t: int, at: int, n: int,
+                protected: set[int]) -> Iterator[WayIn]:
+    """The entries of the `n`-entry table at `t` (file offset `at`) that land in a region."""
+    ends = list(map(add, memoryview(data)[at:at + 4 * n].cast("i").tolist(), repeat(t)))
+    hits = protected.intersection(ends)
+    for i in compress(range(len(ends)), map(hits.__contains__, ends)) if hits else ():
+        a = t + 4 * i
+        yield WayIn(ends[i], REL_TABLE, a, f"4-byte entry at {a:#x} of the table in code at "
+                    f"{t:#x} (its address is taken by a rip-relative lea)", t)
+
+
 def _scan_landing_pads(image: ElfImage, cfi: CfiIndex, protected: set[int]) -> list[WayIn]:
     """Every landing pad in a region that the LSDA of any FDE names. Only the FDEs whose CIE
     has an LSDA encoding are parsed: the CIE pointer of each is read first."""
@@ -626,6 +665,8 @@ def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
     pads = _scan_landing_pads(image, cfi, protected) if cfi is not None else []
     words = _table_words(image, _spans(sites, 1))
     leas: list[int] = []
-    code = _scan_code(image, protected, sites, _table_reach(words), leas)
+    code_spans = [(v, v + n) for v, _o, n in code_ranges(image)]
+    code = _scan_code(image, protected, sites, [*_table_reach(words), *code_spans], leas)
     return WaysIn([*code, *_scan_relocations(image, protected), *_scan_words(image, protected),
-                   *_scan_tables(words, leas, protected), *pads])
+                   *_scan_tables(words, leas, protected),
+                   *scan_code_tables(image, leas, starts, protected), *pads])

@@ -193,7 +193,7 @@ def test_rewrite_restore(tmp_path: Path) -> None:
         assert p.read_bytes() == fixture(p.name).read_bytes(), p.name
 
 
-def test_dtrace_explain_demo_post_link(tmp_path: Path) -> None:
+def test_dtrace_explain_demo_post_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = ROOT / "fixtures" / "src" / "probes.d"
     text = _run(tmp_path, "dtrace", "-h", "-s", script, "-o", tmp_path / "probes.h")
     text += _norm((tmp_path / "probes.h").read_text(), tmp_path)
@@ -208,7 +208,11 @@ def test_dtrace_explain_demo_post_link(tmp_path: Path) -> None:
     text = "".join(_run(tmp_path, "explain", *code)
                    for code in ([], ["red-zone-live"], ["[site-combo5-pc1]"], ["red-zone"]))
     check_golden("out-explain.txt", text)
+    # a page wide enough that no line of the demo wraps: where rich wraps one depends on the
+    # length of the paths in it (the checkout's, pytest's temporary folder)
+    monkeypatch.setenv("COLUMNS", "1000")
     demo = _run(tmp_path, "demo", "--out", tmp_path / "demo")
+    monkeypatch.delenv("COLUMNS")
     check_golden("out-demo.txt", demo.replace(str(ROOT / "usdtpatch"), "PKG"))
     target = tmp_path / "demo.bin"
     shutil.copyfile(fixture("demo"), target)

@@ -19,6 +19,7 @@ import pytest
 from tests.helpers import fixture
 from tests.test_fork_support import SDT_INCLUDE, SRC, cc, need_cc
 from usdtpatch import forkguard
+from usdtpatch.analysis.guardfile import DT_NEEDED, dynamic_entries, needed_objects
 from usdtpatch.api import check, load, restore, rewrite
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.errors import UnsupportedError
@@ -260,6 +261,27 @@ def test_auto_guards_a_shared_object(tmp_path: Path) -> None:
     never = tmp_path / "libprobes-never.so"
     rewrite(fixture("libprobes.so"), never, fork_guard="never")
     assert coverage(_image(never)) is None
+
+
+def test_an_executable_is_exposed_by_the_libraries_it_loads() -> None:
+    """A dynamically linked executable that names no fork may fork through a library it
+    needs (other than the C library's and the compiler's own): `auto` guards it."""
+    assert forkguard.fork_exposure(_image(fixture("pie"))) is None  # libc only
+    why = forkguard.fork_exposure(_image(fixture("uses-shared")))
+    assert why is not None and "libprobes.so" in why
+    assert forkguard.fork_exposure(_image(fixture("cxx-throw"))) is None  # libstdc++, libgcc_s
+
+
+def test_needed_names_out_of_the_string_table_read_as_unknown() -> None:
+    """A DT_NEEDED whose offset lies past DT_STRSZ reads as "?" (a library that may fork),
+    never as another string or an error."""
+    image = _image(fixture("uses-shared"))
+    data = bytearray(image.data)
+    entry = next(o for t, _v, o in dynamic_entries(image) if t == DT_NEEDED)
+    struct.pack_into("<Q", data, entry + 8, 1 << 40)
+    names = needed_objects(parse_elf(bytes(data)))
+    assert names[0] == "?" and "libc.so.6" in names
+    assert forkguard.fork_exposure(parse_elf(bytes(data))) is not None
 
 
 def _without_init_hooks(data: bytes) -> bytes:

@@ -232,6 +232,42 @@ def test_rewritten_library_fork_from_executable(servers: dict[str, Path], guard:
         assert run.hits == 10
 
 
+@pytest.fixture(scope="module")
+def forks_in_lib(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The executable with the probe forks through libforksrv.so (forkserver-lib.c
+    -DFORK_HELPER): it imports no fork itself. The executable is rewritten, per guard."""
+    need_cc()
+    d = tmp_path_factory.mktemp("forklib")
+    cc(["-O2", "-fPIC", "-shared", "-DFORK_HELPER", str(SRC / "forkserver-lib.c"), "-o",
+        str(d / "libforksrv.so")])
+    cc(["-O2", "-fPIE", "-pie", "-DFORK_IN_LIB", str(SRC / "forkserver.c"), f"-L{d}",
+        "-lforksrv", "-Wl,-rpath,$ORIGIN", "-o", str(d / "server-forklib")])
+    return {g: _rewrite(d / "server-forklib", d / f"server-forklib.{g}", g) for g, _ in GUARDS}
+
+
+@pytest.mark.needs_cc
+@pytest.mark.parametrize(("guard", "survives"), GUARDS, ids=GUARD_IDS)
+def test_executable_forked_by_its_library(forks_in_lib: dict[str, Path], guard: str,
+                                          survives: bool) -> None:
+    """A library the executable loads calls fork (as libvirt's virFork does for libvirtd):
+    `auto` guards the executable though it names no fork, and its children survive."""
+    exe = forks_in_lib[guard]
+    assert "fork" not in {n.split("@")[0] for n in _imports(exe)}
+    run = run_server([str(exe)], exe, _probe_offset(exe, "hit"), 10, 5, 20)
+    assert run.parent_site[0] == 0xE8
+    if survives:
+        assert run.report.ok == 5 and run.hits == 10 + 5 * 20
+    else:
+        assert run.report.signaled == 5 and run.report.lastsig == signal.SIGSEGV
+        assert run.hits == 10
+
+
+def _imports(path: Path) -> list[str]:
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    return [ln.split()[-1] for ln in out.splitlines() if " UND " in ln]
+
+
 # --- the issue's own scenario, with bpftrace ------------------------------------------------
 
 BPF_SCRIPT = r"""

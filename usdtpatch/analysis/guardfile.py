@@ -15,6 +15,9 @@ from usdtpatch.errors import UnsupportedError, UsdtpatchError
 ENTRY_SIZE = 12
 TABLE_SECTION = "__usdtpatch_fork_sites"  # sys/sdt.h's table
 DT_NULL = 0
+DT_NEEDED = 1
+DT_STRTAB = 5
+DT_STRSZ = 10
 DT_FLAGS_1 = 0x6FFFFFFB
 DF_1_PIE = 0x08000000
 
@@ -43,6 +46,23 @@ def object_kind(image: ElfImage) -> str:
     if image.type == ET_EXEC or flags1 & DF_1_PIE:
         return "static"  # a static PIE relocates itself: it has a .dynamic and no interpreter
     return "shared"
+
+
+def needed_objects(image: ElfImage) -> tuple[str, ...]:
+    """The DT_NEEDED names of a dynamically linked file, in order (a name the file's
+    dynamic string table does not hold whole is given as "?")."""
+    dyn = dynamic_entries(image)
+    tags = {t: v for t, v, _o in dyn}
+    strtab, strsz = tags.get(DT_STRTAB), tags.get(DT_STRSZ, 0)
+    out: list[str] = []
+    for t, v, _o in dyn:
+        if t != DT_NEEDED:
+            continue
+        raw = image.read_vaddr(strtab + v, min(256, max(0, strsz - v))) \
+            if strtab is not None and v < strsz else b""
+        end = raw.find(b"\0")
+        out.append(raw[:end].decode("utf-8", "replace") if end > 0 else "?")
+    return tuple(out)
 
 
 def dynamic_entries(image: ElfImage) -> list[tuple[int, int, int]]:

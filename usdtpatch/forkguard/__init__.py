@@ -50,6 +50,7 @@ from usdtpatch.analysis.guardfile import (
     dynamic_entries,
     header_table,
     is_shared,
+    needed_objects,
     object_kind,
     read_table,
 )
@@ -63,7 +64,7 @@ from usdtpatch.elf.image import (
     ElfImage,
 )
 from usdtpatch.elf.relocs import RelaTable
-from usdtpatch.elf.symbols import load_symbols, symbol_value
+from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
 from usdtpatch.forkguard.dso import find_dso_handle  # only for a stripped object
@@ -129,7 +130,8 @@ def guarded_sites(sites: tuple[tuple[int, bytes], ...] | list[tuple[int, bytes]]
 def fork_exposure(image: ElfImage) -> str | None:
     """Why a process running `image` may fork a copy of itself (None: it cannot, as far as
     the file tells): it imports (a static file: defines) a call of the fork family that copies
-    the address space, or it is a shared object (whatever process loads it may fork).
+    the address space, or it is a shared object (whatever process loads it may fork), or a
+    dynamically linked executable that loads libraries which may fork (`_libraries_that_may_fork`).
 
     vfork, posix_spawn, system and popen are not counted: their child runs in the parent's
     address space, trampoline included, until it execs. Where no symbol names a fork, the
@@ -145,10 +147,40 @@ def fork_exposure(image: ElfImage) -> str | None:
         return f"it calls {', '.join(calls)}"
     if _kind(image) == "shared":
         return "it is a shared object (the process that loads it may fork)"
+    libraries = _libraries_that_may_fork(image)
+    if libraries is not None:
+        return libraries
     if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
         # no symbol names a fork (a stripped static executable, a raw system call): the code
         ev = _evidence(image, True)
         return ev.describe() or ev.uncertainty()
+    return None
+
+
+# Shared objects that never fork a copy of the process by themselves: the C library's own
+# objects (their fork is a call the executable imports, counted above) and the compiler's
+# run-time libraries. Any other library an executable needs may fork it (libvirt's virFork,
+# a plugin host), and the child then runs the executable's code.
+NON_FORKING_LIBRARIES = frozenset({
+    "libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libmvec.so.1", "libpthread.so.0",
+    "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "libanl.so.1",
+    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1"})
+
+
+def _libraries_that_may_fork(image: ElfImage) -> str | None:
+    """Why a dynamically linked executable that names no fork may still fork through what it
+    loads (None: it loads only NON_FORKING_LIBRARIES and calls no dlopen): the atfork handler
+    the guard registers runs for a fork() made by any object of the process."""
+    if _kind(image) != "exe":
+        return None
+    others = [n for n in needed_objects(image) if n not in NON_FORKING_LIBRARIES]
+    if others:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        return (f"it loads {', '.join(others[:3])}{more}, which may fork the process (the "
+                f"child runs this file's code)")
+    opens = sorted({n for n in symbol_names(image) if n in ("dlopen", "dlmopen")})
+    if opens:
+        return f"it calls {opens[0]}: a library it loads may fork the process"
     return None
 
 

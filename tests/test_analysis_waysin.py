@@ -20,11 +20,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, build_programs, run_cli
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check
 from usdtpatch.api import load
 
@@ -37,16 +38,20 @@ pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
 
 
+def build_variants(folder: Path, source: Path, variants: Mapping[str, list[str]]
+                   ) -> dict[str, Path]:
+    """`source` (of tests/data) built by gcc once per variant: {variant: its flags} ->
+    {variant: the program}; with -g0 and the headers of fixtures/src and tests/data. The
+    module fixture of each test_analysis_waysin* module."""
+    include = ["-g0", "-I", str(ROOT / "fixtures" / "src"), "-I", str(source.parent)]
+    return build_programs(folder, source.read_text(),
+                          {name: ("gcc", [*flags, *include]) for name, flags in variants.items()},
+                          name=source.name)
+
+
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("waysin")
-    built: dict[str, Path] = {}
-    for name, flags in VARIANTS.items():
-        exe = out / f"waysin-{name}"
-        subprocess.run(["gcc", *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                        str(SOURCE), "-o", str(exe)], check=True)
-        built[name] = exe
-    return built
+    return build_variants(tmp_path_factory.mktemp("waysin"), SOURCE, VARIANTS)
 
 
 def _symbol(path: Path, name: str) -> tuple[int, int]:

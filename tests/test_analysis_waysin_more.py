@@ -18,21 +18,25 @@ SIGSEGV (the table, the immediate, the push and the word jump into the moved win
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT, run_cli
-from tests.test_analysis_waysin import _run, _site, _sources, _symbol, _traced
+from tests.test_analysis_waysin import (
+    VARIANTS,
+    _run,
+    _site,
+    _sources,
+    _symbol,
+    _traced,
+    build_variants,
+)
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
 from usdtpatch.api import load
 
 SOURCE = ROOT / "tests" / "data" / "waysin2.c"
-VARIANTS = {"O0-pie": ["-O0", "-fPIE", "-pie"], "O2-pie": ["-O2", "-fPIE", "-pie"],
-            "O0-nopie": ["-O0", "-fno-pie", "-no-pie"],
-            "O2-nopie": ["-O2", "-fno-pie", "-no-pie"]}
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
@@ -40,14 +44,7 @@ pytestmark = [pytest.mark.needs_cc,
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("waysin2")
-    built: dict[str, Path] = {}
-    for name, flags in VARIANTS.items():
-        exe = out / f"waysin2-{name}"
-        subprocess.run(["gcc", *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                        str(SOURCE), "-o", str(exe)], check=True)
-        built[name] = exe
-    return built
+    return build_variants(tmp_path_factory.mktemp("waysin2"), SOURCE, VARIANTS)
 
 
 def _expected(variant: str) -> dict[str, tuple[str, bool]]:

@@ -16,13 +16,12 @@ the moved window).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT, run_cli
-from tests.test_analysis_waysin import _run, _site, _sources, _symbol, _traced
+from tests.test_analysis_waysin import _run, _site, _sources, _symbol, _traced, build_variants
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
 from usdtpatch.analysis.waysin import REL_TABLE, scan_code_tables
@@ -37,14 +36,7 @@ pytestmark = [pytest.mark.needs_cc,
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("waysin3")
-    built: dict[str, Path] = {}
-    for name, flags in VARIANTS.items():
-        exe = out / f"waysin3-{name}"
-        subprocess.run(["gcc", *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                        str(SOURCE), "-o", str(exe)], check=True)
-        built[name] = exe
-    return built
+    return build_variants(tmp_path_factory.mktemp("waysin3"), SOURCE, VARIANTS)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

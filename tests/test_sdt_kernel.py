@@ -142,7 +142,7 @@ def test_bpftrace_reads_args_on_the_optimized_site(tmp_path: Path, start_process
     while len(got) < len(expected) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(tracer.pid, signal.SIGINT)
-    tracer.wait(timeout=30)
+    tracer.wait(timeout=ATTACH_BOUND)  # detaching waits for RCU grace periods too
     for reader in readers:
         reader.join(timeout=10)
     # every event with the values the program passed; in any order (bpftrace prints each

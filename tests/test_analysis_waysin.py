@@ -125,13 +125,28 @@ def _run(path: Path) -> str:
     return done.stdout
 
 
+def rewritten_runs_alike(program: Path, out: Path) -> None:
+    """`program` rewritten to `out` (some site rewritten: the file changes) prints what the
+    original prints (each test_analysis_waysin* module's run test)."""
+    res = run_cli("rewrite", program, "-o", out)
+    assert res.rc == 0, res.err
+    assert out.read_bytes() != program.read_bytes()
+    assert _run(out) == _run(program)
+
+
+def rewritten_traced_alike(program: Path, out: Path) -> None:
+    """`program` and its rewrite, each run under bpftrace, print the same and hit as often."""
+    assert run_cli("rewrite", program, "-o", out).rc == 0
+    want, want_hits = _traced(program)
+    got, hits = _traced(out)
+    assert want_hits > 0
+    assert (got, hits) == (want, want_hits)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], variant: str,
                                                 tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    res = run_cli("rewrite", programs[variant], "-o", out)
-    assert res.rc == 0, res.err
-    assert _run(out) == _run(programs[variant])
+    rewritten_runs_alike(programs[variant], tmp_path / "out")
 
 
 def _traced(path: Path) -> tuple[str, int]:
@@ -153,9 +168,4 @@ def _traced(path: Path) -> tuple[str, int]:
 @pytest.mark.parametrize("variant", ["O0-pie", "O2-nopie"])
 def test_rewritten_programs_traced(programs: dict[str, Path], variant: str,
                                    tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert run_cli("rewrite", programs[variant], "-o", out).rc == 0
-    want, want_hits = _traced(programs[variant])
-    got, hits = _traced(out)
-    assert want_hits > 0
-    assert (got, hits) == (want, want_hits)
+    rewritten_traced_alike(programs[variant], tmp_path / "out")

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT
 from tests.test_analysis_waysin import (
     VARIANTS,
-    _run,
     _site,
     _sources,
     _symbol,
-    _traced,
     build_variants,
+    rewritten_runs_alike,
+    rewritten_traced_alike,
 )
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
@@ -82,11 +82,7 @@ def test_check_predicts_rewrite(programs: dict[str, Path], variant: str) -> None
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], variant: str,
                                                 tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    res = run_cli("rewrite", programs[variant], "-o", out)
-    assert res.rc == 0, res.err
-    assert out.read_bytes() != programs[variant].read_bytes()  # plain's site was rewritten
-    assert _run(out) == _run(programs[variant])
+    rewritten_runs_alike(programs[variant], tmp_path / "out")
 
 
 @pytest.mark.live
@@ -95,9 +91,4 @@ def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], varia
 @pytest.mark.parametrize("variant", ["O2-pie", "O0-nopie"])
 def test_rewritten_programs_traced(programs: dict[str, Path], variant: str,
                                    tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert run_cli("rewrite", programs[variant], "-o", out).rc == 0
-    want, hits = _traced(programs[variant])
-    got, out_hits = _traced(out)
-    assert got == want
-    assert out_hits == hits > 0
+    rewritten_traced_alike(programs[variant], tmp_path / "out")

@@ -224,9 +224,18 @@ def pinned_to_cpu0() -> None:
     os.sched_setaffinity(0, {0})
 
 
+def default_sigint() -> None:
+    """preexec_fn for a program a test interrupts with SIGINT: it starts with SIGINT's default
+    action whatever the test run's is. A shell without job control starts a background job
+    (`make test &`, `pytest ... &`) with SIGINT ignored, an ignored signal stays ignored across
+    exec, and Python installs no KeyboardInterrupt handler for a signal it starts ignoring."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cpu0_reason() -> str | None:
     return None if 0 in os.sched_getaffinity(0) else "CPU 0 is not available to pin on"
 
 
-__all__ = ["StartProcess", "Started", "cpu0_reason", "live_kernel_reason", "pinned_to_cpu0",
+__all__ = ["StartProcess", "Started", "cpu0_reason", "default_sigint", "live_kernel_reason",
+           "pinned_to_cpu0",
            "runtime_address", "started", "uprobe_lock"]

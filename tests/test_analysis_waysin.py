@@ -20,11 +20,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, build_programs, run_cli
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check
 from usdtpatch.api import load
 
@@ -37,16 +38,20 @@ pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
 
 
+def build_variants(folder: Path, source: Path, variants: Mapping[str, list[str]]
+                   ) -> dict[str, Path]:
+    """`source` (of tests/data) built by gcc once per variant: {variant: its flags} ->
+    {variant: the program}; with -g0 and the headers of fixtures/src and tests/data. The
+    module fixture of each test_analysis_waysin* module."""
+    include = ["-g0", "-I", str(ROOT / "fixtures" / "src"), "-I", str(source.parent)]
+    return build_programs(folder, source.read_text(),
+                          {name: ("gcc", [*flags, *include]) for name, flags in variants.items()},
+                          name=source.name)
+
+
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("waysin")
-    built: dict[str, Path] = {}
-    for name, flags in VARIANTS.items():
-        exe = out / f"waysin-{name}"
-        subprocess.run(["gcc", *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                        str(SOURCE), "-o", str(exe)], check=True)
-        built[name] = exe
-    return built
+    return build_variants(tmp_path_factory.mktemp("waysin"), SOURCE, VARIANTS)
 
 
 def _symbol(path: Path, name: str) -> tuple[int, int]:
@@ -120,13 +125,28 @@ def _run(path: Path) -> str:
     return done.stdout
 
 
+def rewritten_runs_alike(program: Path, out: Path) -> None:
+    """`program` rewritten to `out` (some site rewritten: the file changes) prints what the
+    original prints (each test_analysis_waysin* module's run test)."""
+    res = run_cli("rewrite", program, "-o", out)
+    assert res.rc == 0, res.err
+    assert out.read_bytes() != program.read_bytes()
+    assert _run(out) == _run(program)
+
+
+def rewritten_traced_alike(program: Path, out: Path) -> None:
+    """`program` and its rewrite, each run under bpftrace, print the same and hit as often."""
+    assert run_cli("rewrite", program, "-o", out).rc == 0
+    want, want_hits = _traced(program)
+    got, hits = _traced(out)
+    assert want_hits > 0
+    assert (got, hits) == (want, want_hits)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], variant: str,
                                                 tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    res = run_cli("rewrite", programs[variant], "-o", out)
-    assert res.rc == 0, res.err
-    assert _run(out) == _run(programs[variant])
+    rewritten_runs_alike(programs[variant], tmp_path / "out")
 
 
 def _traced(path: Path) -> tuple[str, int]:
@@ -148,9 +168,4 @@ def _traced(path: Path) -> tuple[str, int]:
 @pytest.mark.parametrize("variant", ["O0-pie", "O2-nopie"])
 def test_rewritten_programs_traced(programs: dict[str, Path], variant: str,
                                    tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert run_cli("rewrite", programs[variant], "-o", out).rc == 0
-    want, want_hits = _traced(programs[variant])
-    got, hits = _traced(out)
-    assert want_hits > 0
-    assert (got, hits) == (want, want_hits)
+    rewritten_traced_alike(programs[variant], tmp_path / "out")

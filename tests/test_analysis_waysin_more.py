@@ -18,21 +18,25 @@ SIGSEGV (the table, the immediate, the push and the word jump into the moved win
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
-from tests.test_analysis_waysin import _run, _site, _sources, _symbol, _traced
+from tests.helpers import ROOT
+from tests.test_analysis_waysin import (
+    VARIANTS,
+    _site,
+    _sources,
+    _symbol,
+    build_variants,
+    rewritten_runs_alike,
+    rewritten_traced_alike,
+)
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
 from usdtpatch.api import load
 
 SOURCE = ROOT / "tests" / "data" / "waysin2.c"
-VARIANTS = {"O0-pie": ["-O0", "-fPIE", "-pie"], "O2-pie": ["-O2", "-fPIE", "-pie"],
-            "O0-nopie": ["-O0", "-fno-pie", "-no-pie"],
-            "O2-nopie": ["-O2", "-fno-pie", "-no-pie"]}
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
@@ -40,14 +44,7 @@ pytestmark = [pytest.mark.needs_cc,
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("waysin2")
-    built: dict[str, Path] = {}
-    for name, flags in VARIANTS.items():
-        exe = out / f"waysin2-{name}"
-        subprocess.run(["gcc", *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                        str(SOURCE), "-o", str(exe)], check=True)
-        built[name] = exe
-    return built
+    return build_variants(tmp_path_factory.mktemp("waysin2"), SOURCE, VARIANTS)
 
 
 def _expected(variant: str) -> dict[str, tuple[str, bool]]:
@@ -85,11 +82,7 @@ def test_check_predicts_rewrite(programs: dict[str, Path], variant: str) -> None
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], variant: str,
                                                 tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    res = run_cli("rewrite", programs[variant], "-o", out)
-    assert res.rc == 0, res.err
-    assert out.read_bytes() != programs[variant].read_bytes()  # plain's site was rewritten
-    assert _run(out) == _run(programs[variant])
+    rewritten_runs_alike(programs[variant], tmp_path / "out")
 
 
 @pytest.mark.live
@@ -98,9 +91,4 @@ def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], varia
 @pytest.mark.parametrize("variant", ["O2-pie", "O0-nopie"])
 def test_rewritten_programs_traced(programs: dict[str, Path], variant: str,
                                    tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert run_cli("rewrite", programs[variant], "-o", out).rc == 0
-    want, hits = _traced(programs[variant])
-    got, out_hits = _traced(out)
-    assert got == want
-    assert out_hits == hits > 0
+    rewritten_traced_alike(programs[variant], tmp_path / "out")

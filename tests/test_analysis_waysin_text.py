@@ -16,13 +16,19 @@ the moved window).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
-from tests.test_analysis_waysin import _run, _site, _sources, _symbol, _traced
+from tests.helpers import ROOT
+from tests.test_analysis_waysin import (
+    _site,
+    _sources,
+    _symbol,
+    build_variants,
+    rewritten_runs_alike,
+    rewritten_traced_alike,
+)
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
 from usdtpatch.analysis.waysin import REL_TABLE, scan_code_tables
@@ -37,14 +43,7 @@ pytestmark = [pytest.mark.needs_cc,
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("waysin3")
-    built: dict[str, Path] = {}
-    for name, flags in VARIANTS.items():
-        exe = out / f"waysin3-{name}"
-        subprocess.run(["gcc", *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                        str(SOURCE), "-o", str(exe)], check=True)
-        built[name] = exe
-    return built
+    return build_variants(tmp_path_factory.mktemp("waysin3"), SOURCE, VARIANTS)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -112,20 +111,11 @@ def test_check_predicts_rewrite(programs: dict[str, Path], variant: str) -> None
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], variant: str,
                                                 tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    res = run_cli("rewrite", programs[variant], "-o", out)
-    assert res.rc == 0, res.err
-    assert out.read_bytes() != programs[variant].read_bytes()  # plain and codeword rewritten
-    assert _run(out) == _run(programs[variant])
+    rewritten_runs_alike(programs[variant], tmp_path / "out")
 
 
 @pytest.mark.live
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 def test_rewritten_program_traced(programs: dict[str, Path], tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert run_cli("rewrite", programs["O2-pie"], "-o", out).rc == 0
-    want, hits = _traced(programs["O2-pie"])
-    got, out_hits = _traced(out)
-    assert got == want
-    assert out_hits == hits > 0
+    rewritten_traced_alike(programs["O2-pie"], tmp_path / "out")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from usdtpatch.elf.cfi import (
     read_sleb,
     read_uleb,
 )
-from usdtpatch.elf.ehframe import build_eh_frame_hdr, sleb, uleb
+from usdtpatch.elf.ehframe import build_eh_frame_hdr, rows_at, sleb, uleb
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.errors import ElfFormatError, UnsupportedError
 
@@ -126,6 +127,17 @@ def test_unknown_augmentation_is_read_and_marked() -> None:
     assert isinstance(cie, Cie) and not cie.understood
     (known,) = iter_entries(EhBytes(_cie(b"zR\0", b"\x1b"), 0x1000))
     assert isinstance(known, Cie) and known.understood
+
+
+def test_rows_are_not_replayed_from_a_cie_not_understood() -> None:
+    """A detour's unwind rows come from its function's CFA program, which an unknown
+    augmentation may change (before, rows_at replayed it as if it were known): refused, so
+    the detour gets `detour-without-cfi` or its site is skipped."""
+    fde = load_cfi(parse_elf(fixture("pie").read_bytes())).fde_at(0)
+    assert rows_at(fde, [fde.pc_begin])
+    odd = replace(fde, cie=replace(fde.cie, augmentation="zQ", understood=False))
+    with pytest.raises(UnsupportedError, match="augmentation 'zQ'"):
+        rows_at(odd, [fde.pc_begin])
 
 
 def test_header_table_refuses_out_of_range_addresses() -> None:

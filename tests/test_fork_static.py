@@ -15,8 +15,9 @@ C library's `_Fork` makes the clone system call inline). The code itself is the 
   `--dry-run`: the plan decides it; nothing is written; `--fork-guard never` accepts it;
 - tests/data/nofork-static.c, stripped, never forks, but its C library makes a system call
   whose number the code does not fix: check says `fork-unknown`, never nothing, and rewrite
-  repeats it and hooks that system call (the hook compares the number with the fork ones at
-  run time);
+  hooks that system call (the hook compares the number with the fork ones at run time) and
+  says so in `fork-guarded` instead (before, its report kept `fork-unknown` beside it);
+  `--fork-guard never` keeps `fork-unknown`;
 - tests/data/sysfork-static.c forks through syscall(SYS_fork + n), n not fixed in the code:
   static, rewrite hooks syscall()'s own system call (unstripped: the one its symbol names;
   stripped: the system call whose number is not fixed), and traced every child survives;
@@ -128,10 +129,18 @@ def test_no_fork_found_is_said_not_silence(built: dict[str, Path], tmp_path: Pat
     rep = api.check(built["nofork-stripped"])
     codes = [f.code for f in rep.findings]
     assert "fork-unknown" in codes and "process-can-fork" not in codes
-    res = run_cli("rewrite", built["nofork-stripped"], "-o", tmp_path / "out", "--json")
+    for args in (["-o", tmp_path / "out"], ["--dry-run"]):
+        res = run_cli("rewrite", built["nofork-stripped"], *args, "--json")
+        assert res.rc == 0, res.err
+        said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+        # the hook covers what fork-unknown warned of: said once, as fork-guarded
+        assert "fork-unknown" not in said, said
+        assert "compare their number with the fork ones at run time" in said["fork-guarded"]
+    res = run_cli("rewrite", built["nofork-stripped"], "-o", tmp_path / "never", "--json",
+                  "--fork-guard", "never")
     assert res.rc == 0, res.err
-    said = [f["code"] for f in json.loads(res.out)["files"][0]["findings"]]
-    assert "fork-unknown" in said
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "fork-unknown" in said and "fork-guarded" not in said  # unguarded: still true
 
 
 def test_check_predicts_the_refusal(built: dict[str, Path]) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import default_sigint
 from tests.helpers import ROOT, fixture, run_cli
 from usdtpatch.cli.common import EXIT_INTERRUPTED, EXIT_UNUSABLE
 
@@ -312,7 +313,7 @@ def _driver(tmp_path: Path, patch: str, argv: list[str]) -> subprocess.Completed
     """)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          cwd=tmp_path, check=False)
+                          cwd=tmp_path, check=False, preexec_fn=default_sigint)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGKILL"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import default_sigint
 from tests.helpers import ROOT, fixture, run_cli
 from usdtpatch.cli.common import EXIT_INTERRUPTED, EXIT_UNUSABLE
 from usdtpatch.errors import InputError, OutputError
@@ -295,7 +296,8 @@ def test_ctrl_c_with_worker_processes(tmp_path: Path) -> None:
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
-                          timeout=120, env=env, start_new_session=True, check=False)
+                          timeout=120, env=env, start_new_session=True, check=False,
+                          preexec_fn=default_sigint)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["usdtpatch: interrupted; nothing was written"], \

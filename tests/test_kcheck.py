@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import StartProcess, runtime_address
+from tests.conftest import StartProcess, default_sigint, runtime_address
 from usdtpatch import api
 from usdtpatch.cli import main
 from usdtpatch.errors import InputError, UnsupportedError
@@ -298,7 +298,7 @@ def test_interrupted_kcheck_leaves_no_probe(loop_binary: Path, start_process: St
     pid, site = _start_loop(start_process, loop_binary)
     kc = start_process([sys.executable, "-m", "usdtpatch", "kcheck", str(loop_binary),
                         "--pid", str(pid), "--duration", "60"], stderr=subprocess.PIPE,
-                       cwd=ROOT)
+                       cwd=ROOT, preexec_fn=default_sigint)
     deadline = time.monotonic() + 20
     while read_mem(pid, site, 1) != b"\xe8":  # attached and hit: the site is the call
         assert time.monotonic() < deadline, "the site was never optimized under kcheck"
@@ -318,7 +318,7 @@ def test_interrupted_kcheck_stops_its_command(loop_binary: Path, start_process: 
                                               stop: signal.Signals, status: int) -> None:
     kc = start_process([sys.executable, "-m", "usdtpatch", "kcheck", str(loop_binary), "--",
                         str(loop_binary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       cwd=ROOT)
+                       cwd=ROOT, preexec_fn=default_sigint)
     line = kc.line(20)  # the command's "ready", through kcheck's stdout
     assert line is not None and line.startswith("ready"), line
     with open(f"/proc/{kc.pid}/task/{kc.pid}/children") as f:

@@ -1,7 +1,9 @@
 """The findings of a rewrite are decided in its plan (usdtpatch.rewriter.plan), so that
 `rewrite --dry-run` says what the real run does: the fork guard the output carries
 (`fork-guarded`, and the input's `process-can-fork` hazard left out where it covers it), the
-detours' symbols left out; the builder (usdtpatch.rewriter.build) adds none."""
+detours' symbols left out, their unwind tables left out (no PT_GNU_EH_FRAME: check says it
+too, in the same words) and their DWARF left out (compressed or unreadable); the builder
+(usdtpatch.rewriter.build) adds none. Before, the last two were silent."""
 
 from __future__ import annotations
 
@@ -10,14 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture
+from tests.helpers import ROOT, build_programs, fixture
 from usdtpatch import api
 from usdtpatch.analysis.check import check
 from usdtpatch.analysis.forms import ForkGuard, Form
 from usdtpatch.analysis.probes import read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.marker import marker_of
-from usdtpatch.findings import DETOUR_SYMBOLS_LEFT_OUT, FORK_GUARDED, PROCESS_CAN_FORK, Finding
+from usdtpatch.findings import (
+    DETOUR_DWARF_LEFT_OUT,
+    DETOUR_SYMBOLS_LEFT_OUT,
+    DETOUR_UNWIND_LEFT_OUT,
+    FORK_GUARDED,
+    PROCESS_CAN_FORK,
+    Finding,
+)
 from usdtpatch.rewriter import plan as plan_module
 from usdtpatch.rewriter.build import build_rewrite
 from usdtpatch.rewriter.plan import plan_rewrite
@@ -98,3 +107,74 @@ def test_symbols_left_out_is_the_plans_decision(tmp_path: Path,
     old, new = image.section(".symtab"), out.section(".symtab")
     assert old is not None and new is not None
     assert out.section_data(new) == image.section_data(old)
+
+
+# fixtures/src/basic.c (the system's sys/sdt.h: 1-byte NOP sites, each moved to a detour)
+LEFT_OUT_BUILDS = {
+    "no-eh-frame-hdr": ("gcc", ["-O2", "-g0", "-Wl,--no-eh-frame-hdr"]),
+    "eh-frame-hdr": ("gcc", ["-O2", "-g0"]),
+    "dwarf": ("gcc", ["-O2", "-g"]),
+    "dwarf-compressed": ("gcc", ["-O2", "-g", "-gz"]),
+}
+
+
+@pytest.fixture(scope="module")
+def left_out(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    built = build_programs(tmp_path_factory.mktemp("left-out"),
+                           (ROOT / "fixtures" / "src" / "basic.c").read_text(), LEFT_OUT_BUILDS)
+    if len(built) != len(LEFT_OUT_BUILDS):
+        pytest.skip("needs gcc")
+    return built
+
+
+def _rewrite_findings(path: Path, tmp_path: Path) -> dict[str, str]:
+    """{code: message} of the rewrite of `path` (to tmp_path/out), the same in the dry run."""
+    tmp_path.mkdir(exist_ok=True)
+    real = api.rewrite(path, tmp_path / "out", verify=False)
+    dry = api.rewrite(path, verify=False)
+    assert [f.to_json() for f in dry.findings] == [f.to_json() for f in real.findings]
+    assert any(s.action.value == "detour" for s in real.sites)
+    return {f.code: f.message for f in real.findings}
+
+
+@pytest.mark.needs_cc
+def test_no_eh_frame_hdr_is_said_by_check_and_rewrite(left_out: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    exe = left_out["no-eh-frame-hdr"]
+    said = _rewrite_findings(exe, tmp_path)
+    assert "no PT_GNU_EH_FRAME" in said[DETOUR_UNWIND_LEFT_OUT.code], said
+    out = parse_elf((tmp_path / "out").read_bytes())
+    assert out.section(".usdtpatch.eh_frame") is None  # what it says: no rows were added
+    predicted = {f.code: f.message for f in api.check(exe).findings}
+    assert predicted[DETOUR_UNWIND_LEFT_OUT.code] == said[DETOUR_UNWIND_LEFT_OUT.code]
+    # with the header: the rows are added, and neither says it
+    said = _rewrite_findings(left_out["eh-frame-hdr"], tmp_path / "hdr")
+    assert DETOUR_UNWIND_LEFT_OUT.code not in said
+    assert DETOUR_UNWIND_LEFT_OUT.code not in _codes(api.check(left_out["eh-frame-hdr"]).findings)
+
+
+def _cut_debug_info(src: Path, dst: Path) -> None:
+    """A copy of `src` whose first .debug_info unit says it is longer than the section."""
+    data = bytearray(src.read_bytes())
+    sec = parse_elf(bytes(data)).section(".debug_info")
+    assert sec is not None and sec.size > 16
+    data[sec.offset:sec.offset + 4] = (sec.size + 0x100).to_bytes(4, "little")
+    dst.write_bytes(bytes(data))
+
+
+@pytest.mark.needs_cc
+def test_dwarf_that_cannot_be_extended_is_said(left_out: dict[str, Path],
+                                               tmp_path: Path) -> None:
+    said = _rewrite_findings(left_out["dwarf-compressed"], tmp_path / "gz")
+    assert "compressed" in said[DETOUR_DWARF_LEFT_OUT.code], said
+    cut = tmp_path / "cut"
+    _cut_debug_info(left_out["dwarf"], cut)
+    said = _rewrite_findings(cut, tmp_path / "cut-out")
+    assert "cannot be read" in said[DETOUR_DWARF_LEFT_OUT.code], said
+    out = parse_elf((tmp_path / "cut-out" / "out").read_bytes())
+    # the unreadable .debug_info is the input's, not extended
+    old, new = parse_elf(cut.read_bytes()).section(".debug_info"), out.section(".debug_info")
+    assert old is not None and new is not None and new.size == old.size
+    # readable DWARF is extended, and nothing says otherwise
+    said = _rewrite_findings(left_out["dwarf"], tmp_path / "ok")
+    assert DETOUR_DWARF_LEFT_OUT.code not in said

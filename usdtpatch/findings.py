@@ -413,6 +413,13 @@ PARKED_THREAD_FAILS = _code(
 # -- rewrite: findings, and why a site is left as it is --
 DETOUR_WITHOUT_CFI = _code("detour-without-cfi", _I, "a detour without unwind information",
                            "debuggers cannot unwind from inside this detour")
+DETOUR_UNWIND_LEFT_OUT = _code(
+    "detour-unwind-left-out", _W, "the detours get no unwind tables: no PT_GNU_EH_FRAME",
+    "link with -Wl,--eh-frame-hdr (gcc leaves it out of static links) to give the detours "
+    "unwind tables")
+DETOUR_DWARF_LEFT_OUT = _code(
+    "detour-dwarf-left-out", _I, "the detours get no DWARF: the input's cannot be extended",
+    "nothing to do for the program; gdb shows the detours by their symbols, without lines")
 FORM_CHOSEN = _code("form-chosen", _I, "the site form --form auto chose, and why",
                     "rewrite for another machine's kernel with --kernel 6.18|nop10-series, "
                     "or name the form with --form")

@@ -31,6 +31,7 @@ from usdtpatch.analysis.hazards import (
     RedZone,
     RseqCs,
     StackMemo,
+    detour_unwind_left_out,
     fork_evidence,
     imported_fork_family,
     red_zone,
@@ -178,6 +179,10 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
     findings.extend(_library_syscall_findings(ctx, sites))
+    unwind = detour_unwind_left_out(image) if any(
+        s.outcome in (FORWARD, BACKWARD) for s in sites) else None
+    if unwind is not None:
+        findings.append(unwind)
     if options.fork_guard is not ForkGuard.NEVER and guard_builder is not None:
         findings.extend(_guard_unavailable(image, sites, options.fork_guard, guard_builder))
     return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx,

@@ -217,7 +217,7 @@ class Cie:
     personality_encoding: int = DW_EH_PE_omit
     personality_at: int | None = None  # address of the personality pointer field
     end: int = 0  # address after the entry
-    understood: bool = True  # every augmentation letter is known (a copy may move it)
+    understood: bool = True  # every augmentation letter is known (rows_at replays only these)
 
     @property
     def has_z(self) -> bool:

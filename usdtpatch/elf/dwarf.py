@@ -648,6 +648,36 @@ def _line_program(detours: Sequence[DetourLines]) -> bytes:
     return struct.pack("<I", len(body)) + body
 
 
+@dataclass(frozen=True, slots=True)
+class DwarfToExtend:
+    """The input's compile units and line table, as build_detour_dwarf's caller reads them
+    (read_for_detours)."""
+
+    info: DebugInfo
+    lines: LineTable
+
+
+def read_for_detours(image: ElfImage) -> DwarfToExtend | str | None:
+    """The file's DWARF for the detours' compile unit; None where it has none (no
+    `.debug_info`), or why it cannot be extended: compressed, past 4 GiB, or unreadable (the
+    reader's error)."""
+    sec = image.section(".debug_info")
+    if sec is None or not sec.size:
+        return None
+    if not has_dwarf(image):
+        return "its .debug_info, .debug_abbrev or .debug_line is compressed or missing"
+    if any(s.size >= 1 << 32 for n in (".debug_info", ".debug_abbrev", ".debug_line")
+           if (s := image.section(n)) is not None):
+        return "a debug section is past 4 GiB: 32-bit DWARF offsets cannot reach it"
+    try:
+        info = read_debug_info(image)
+        lines = read_line_table(image, {u.stmt_list: u.comp_dir for u in info.units
+                                        if u.stmt_list is not None})
+    except DwarfError as exc:
+        return f"its DWARF cannot be read: {exc}"
+    return DwarfToExtend(info, lines)
+
+
 def build_detour_dwarf(image: ElfImage, detours: Sequence[DetourLines], low: int, high: int,
                        name: str, comp_dir: str, language: int) -> DetourDwarf:
     """The file's `.debug_info`, `.debug_abbrev`, `.debug_line` (and `.debug_aranges`, when

@@ -109,7 +109,14 @@ class Row:
 def rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     """The row in force at each address (all inside `fde`), by running its CFA program.
 
-    A program this interpreter cannot follow raises UnsupportedError (the site is skipped)."""
+    A program this interpreter cannot follow raises UnsupportedError (the site is skipped),
+    and so does a CIE with an augmentation the reader does not know (`Cie.understood`): its
+    letters may change what the rows mean, and without a 'z' length where its initial
+    instructions start is not known."""
+    cie = fde.cie
+    if not cie.understood:
+        raise UnsupportedError(f"the CIE at {cie.address:#x} has augmentation "
+                               f"{cie.augmentation!r}, which this reader does not know")
     try:
         return _rows_at(fde, addresses)
     except CfiError as exc:

@@ -104,7 +104,10 @@ class GuardBuild:
 
     `text` goes at `address` in the new segment; `patches` are in-place edits (file offset,
     new bytes); `symbols` are (name, address, size) for the output's symbol table; `hook`
-    says in words how the object registers the guard.
+    says in words how the object registers the guard. `checked` counts the hooked system
+    calls whose number the code does not fix, compared with the fork ones at run time: a
+    static executable's hooks cover every such call (what check reports as `fork-unknown`)
+    or the guard is not built.
     """
 
     address: int
@@ -114,6 +117,7 @@ class GuardBuild:
     table: int
     symbols: tuple[tuple[str, int, int], ...]
     hook: str
+    checked: int = 0
 
     @property
     def empty(self) -> bool:
@@ -607,7 +611,9 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
     checked = sum(1 for _s, _n, number in hooks if number is None)
-    how = ("the fork system call" + ("s" if len(hooks) > 1 else "") + " at "
+    # a system call of unknown number is not named a fork one: it may be any
+    how = ("the " + ("" if checked else "fork ") + "system call" + ("s" if len(hooks) > 1 else "")
+           + " at "
            + ", ".join(f"{s + n - 2:#x}" for s, n, _k in hooks)
            + " (hooked" + (f"; {checked} of them compare their number with the fork ones at "
                            "run time" if checked else "") + ")")
@@ -615,7 +621,7 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_hooks", h.address, len(h.code)))
     return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
-                      symbols, how)
+                      symbols, how, checked)
 
 
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp

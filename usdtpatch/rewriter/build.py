@@ -20,9 +20,6 @@ from usdtpatch.elf.dwarf import (
     DetourLines,
     DwarfError,
     build_detour_dwarf,
-    has_dwarf,
-    read_debug_info,
-    read_line_table,
 )
 from usdtpatch.elf.ehframe import (
     Personality,
@@ -145,16 +142,15 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
     `.debug_abbrev`, `.debug_line` (and `.debug_aranges`) with a compile unit for the
     detours appended: each detour a subprogram whose abstract origin is the original
     function's DIE, each moved instruction at the original's file and line. None where the
-    input has none, or its DWARF cannot be read (the detours keep their symbols)."""
+    plan read no DWARF to extend (`plan.dwarf`: the input has none, or the plan said why not,
+    `detour-dwarf-left-out`; the detours keep their symbols)."""
     image = plan.image
     detours = [o for o in plan.sites if o.action is Action.DETOUR and o.detour is not None
                and o.window is not None]
-    if not detours or not has_dwarf(image):
+    if not detours or plan.dwarf is None:
         return []
+    info, lines = plan.dwarf.info, plan.dwarf.lines
     try:
-        info = read_debug_info(image)
-        lines = read_line_table(image, {u.stmt_list: u.comp_dir for u in info.units
-                                        if u.stmt_list is not None})
         out: list[DetourLines] = []
         unit = None
         for o in detours:
@@ -180,7 +176,7 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
                                 unit.name if unit is not None else "<usdtpatch detours>",
                                 unit.comp_dir if unit is not None else "",
                                 unit.language if unit is not None else 0)
-    except DwarfError:
+    except DwarfError:  # what the plan's reading accepted (read_for_detours) it can extend
         return []
     tail = [TailSection(".debug_info", SHT_PROGBITS, dd.debug_info, 1),
             TailSection(".debug_abbrev", SHT_PROGBITS, dd.debug_abbrev, 1),

@@ -47,6 +47,7 @@ from usdtpatch.analysis.forms import (
     site_bytes,
     uses_numeric_rip,
 )
+from usdtpatch.analysis.hazards import detour_unwind_left_out
 from usdtpatch.analysis.index import Claims, SitesByAddress
 from usdtpatch.analysis.probes import (
     BASE_SECTION,
@@ -66,6 +67,7 @@ from usdtpatch.analysis.windows import (
     WindowShape,
 )
 from usdtpatch.elf.cfi import CfiIndex, Lsda, load_cfi
+from usdtpatch.elf.dwarf import DwarfToExtend, read_for_detours
 from usdtpatch.elf.ehframe import (
     RSP,
     LsdaRow,
@@ -192,6 +194,9 @@ class ForkGuardCode:
     patches: tuple[tuple[int, bytes], ...]
     symbols: tuple[tuple[str, int, int], ...] = ()  # (name, address, size)
     marker: tuple[tuple[str, object], ...] = ()  # what the restore marker records of it
+    # it hooks the system calls whose number the code does not fix (the input's
+    # `fork-unknown`), comparing the number with the fork ones at run time
+    checks_numbers: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,6 +245,9 @@ class RewritePlan:
     # None: no unwind tables are added (no detour rows, or the input has no `.eh_frame` with
     # a PT_GNU_EH_FRAME header the runtime unwinders find it by)
     unwind_tables: UnwindTables | None = None
+    # the input's DWARF the detours' compile unit extends (None: no detour, no DWARF, or it
+    # cannot be extended: `detour-dwarf-left-out` says why)
+    dwarf: DwarfToExtend | None = None
 
     @property
     def changed(self) -> bool:
@@ -364,7 +372,9 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                      by_address=SitesByAddress(rep.sites))
     seg = _Segment(text_addr=layout.payload_vaddr, cursor=layout.payload_vaddr,
                    text=bytearray(), patches=[], claimed=Claims(), unwind=[], new_args={},
-                   found=list(rep.findings))
+                   # said again below only where a detour is added (_whole_file)
+                   found=[f for f in rep.findings
+                          if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code])
     decided: dict[int, SiteDecision] = {}
     order = sorted(rep.sites, key=lambda s: s.probe.address)
     for n, sc in enumerate(order):
@@ -611,7 +621,8 @@ def _detour_unwind(inputs: _Inputs, p: Probe, win: PatchWindow, detour: Detour,
 def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     """The plan of the whole file from its sites' decisions: the new segment, the fork guard
     (added, refused, or none) and the detours' symbols; the findings as the output will have
-    them (with the guard added, `fork-guarded` covers the input's `process-can-fork`)."""
+    them (with the guard added, `fork-guarded` covers the input's `process-can-fork`, and its
+    `fork-unknown` where the guard hooks the system calls of unknown number)."""
     image, layout = base.image, base.layout
     assert layout is not None
     guard_only = not seg.patches and _guard_only(image, base.sites, base.fork_guard)
@@ -624,11 +635,15 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     said = [*base.findings]
     if symbols.left_out is not None:
         said.append(symbols.left_out)
+    dwarf, left_out = _detour_debug(image, base.sites)
+    said += left_out
     if fork is not None:
         entry = dict(fork.marker)
         span = entry.get("table")
         count = (span[1] - span[0]) // 12 if isinstance(span, list) else 0
-        said = [f for f in said if f.code != findings.PROCESS_CAN_FORK.code]
+        covered = {findings.PROCESS_CAN_FORK.code} | \
+            ({findings.FORK_UNKNOWN.code} if fork.checks_numbers else set())
+        said = [f for f in said if f.code not in covered]
         said.append(findings.FORK_GUARDED.finding(
             f"fork guard added for {count} site(s): a forked child puts them back on the int3 "
             f"path; the output registers it when it loads, through {entry.get('hook')}"))
@@ -636,7 +651,23 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
                    text=bytes(seg.text), unwind=tuple(seg.unwind), patches=tuple(seg.patches),
                    new_args=tuple(sorted(seg.new_args.items())), guard_only=guard_only,
                    fork_refusal=refusal, fork_guard_code=fork, symbols=symbols,
-                   unwind_tables=_unwind_tables(image, seg.unwind))
+                   unwind_tables=_unwind_tables(image, seg.unwind), dwarf=dwarf)
+
+
+def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...]
+                  ) -> tuple[DwarfToExtend | None, list[Finding]]:
+    """For a file that gets detours: the DWARF their compile unit extends, and what says
+    that a table of theirs is left out (`detour-unwind-left-out`, as check says it;
+    `detour-dwarf-left-out`)."""
+    if not any(d.action is Action.DETOUR for d in sites):
+        return None, []
+    said = [f for f in (detour_unwind_left_out(image),) if f is not None]
+    got = read_for_detours(image)
+    if isinstance(got, str):
+        said.append(findings.DETOUR_DWARF_LEFT_OUT.finding(
+            f"the detours get no DWARF (no compile unit, no line rows): {got}"))
+        return None, said
+    return got, said
 
 
 def _unwind_tables(image: ElfImage, unwind: list[DetourUnwind]) -> UnwindTables | None:
@@ -689,7 +720,8 @@ def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
     if g.empty:
         return None, None
     return ForkGuardCode(address=place_at, text=g.text, patches=g.patches, symbols=g.symbols,
-                         marker=tuple(forkguard.marker_entry(g).items())), None
+                         marker=tuple(forkguard.marker_entry(g).items()),
+                         checks_numbers=g.checked > 0), None
 
 
 def text_section_index(image: ElfImage) -> int:

@@ -1,13 +1,15 @@
 /* Live-kernel target (tests/test_sdt_kernel.py): a probe with arguments of several kinds,
-   guarded by a semaphore.  Protocol: prints "ready", waits until a tracer has attached (the
-   kernel raised both semaphores) and 100 ms more, runs N iterations printing what each probe passes
-   ("S v0 .. v5" for target:step, "P v0 v1" for target:pair, as signed 64-bit numbers), prints "done", then waits for a line on stdin
-   before exiting (so the test can read /proc/PID/mem while the probe is still attached). */
+   guarded by a semaphore.  Protocol: prints "ready", waits for a line on stdin (the test sends
+   it once the tracer has attached: every site holds the kernel's int3, which the kernel writes
+   after raising the probe's semaphore), prints "nosem" and exits 2 if a semaphore is still
+   down, else runs N iterations printing what each probe passes ("S v0 .. v5" for target:step,
+   "P v0 v1" for target:pair, as signed 64-bit numbers), prints "done", then waits for a line
+   on stdin before exiting (so the test can read /proc/PID/mem while the probe is still
+   attached). */
 #define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 unsigned short target_step_semaphore __attribute__((section(".probes")));
 unsigned short target_pair_semaphore __attribute__((section(".probes")));
@@ -31,22 +33,15 @@ __attribute__((noinline)) long step(long i, int k, unsigned char c, short s) {
 
 int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 100, i, sum = 0;
-  int waited = 0;
   char line[16];
-  struct timespec ms = { 0, 1000000 };
   printf("ready\n");
   fflush(stdout);
-  while (!target_step_semaphore || !target_pair_semaphore) {
-    if (++waited > 20000) { /* 20 s */
-      printf("timeout\n");
-      return 2;
-    }
-    nanosleep(&ms, NULL);
+  if (!fgets(line, sizeof line, stdin))
+    return 2;
+  if (!target_step_semaphore || !target_pair_semaphore) {
+    printf("nosem\n");
+    return 2;
   }
-  /* the kernel raises a probe's semaphore just before it writes the int3 at its site: a hit
-     in between is not seen by the tracer, so let the writes land first */
-  struct timespec settle = { 0, 100000000 };
-  nanosleep(&settle, NULL);
   for (i = 0; i < n; i++)
     sum += step(i, (int)(i % 50), (unsigned char)(i * 13), (short)(-i * 3));
   printf("done %ld\n", sum);

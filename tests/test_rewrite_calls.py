@@ -27,13 +27,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import fixture
+from tests.test_fork_support import SRC
 from usdtpatch import api
 from usdtpatch.analysis.calls import EMULATED, MOVED, shadow_stack_marked
 from usdtpatch.analysis.windows import REL8_STUB, REL32, TABLE4, TABLE8
 from usdtpatch.elf.cfi import load_cfi, parse_lsda
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.rewriter.build import build_rewrite
-from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Status, plan_rewrite
+from usdtpatch.rewriter.plan import Action, RewritePlan, SiteDecision, Status, plan_rewrite
 from usdtpatch.verification.equivalence import verify_detour
 from usdtpatch.x86.relocate import Detour
 
@@ -364,3 +365,38 @@ def test_rel8_stub_in_the_padding_before_the_function(tmp_path: Path) -> None:
     o = api.rewrite(prog, out)
     assert all(s.status is Status.REWRITTEN for s in o.sites), [s.reason for s in o.sites]
     assert _run(out).stdout == _run(prog).stdout
+
+
+@pytest.fixture(scope="module")
+def cxx_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cxx-callwin linked -static: gcc writes no PT_GNU_EH_FRAME for a static link, so a
+    detour's FDE cannot be written where the unwinder looks."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    out = tmp_path_factory.mktemp("cxxstatic") / "cxx-callwin-static"
+    built = subprocess.run(["g++", "-O2", "-static", str(SRC / "cxx-callwin.cpp"), "-o",
+                            str(out)], capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        pytest.skip(f"g++ cannot link a static C++ program here: {built.stderr[-300:]}")
+    return out
+
+
+@pytest.mark.needs_cc
+def test_static_link_emulates_the_call_and_the_exception_is_caught(cxx_static: Path,
+                                                                   tmp_path: Path) -> None:
+    """Without PT_GNU_EH_FRAME a moved call's exception would unwind into a detour with no
+    FDE and end in std::terminate (it did: exit 134): the call is emulated (it returns to
+    the original code), and with --calls move the window is refused, as check says."""
+    out = tmp_path / "auto"
+    o = api.rewrite(cxx_static, out)
+    assert not o.failed
+    (site,) = [s for s in o.sites if s.probe.name == "in_try"]
+    assert site.status is Status.REWRITTEN and site.calls == EMULATED, site
+    want, got = _run(cxx_static), _run(out)
+    assert want.returncode == 0 and (got.returncode, got.stdout) == (0, want.stdout)
+    plan = plan_rewrite(parse_elf(cxx_static.read_bytes()), verify=None, calls="move")
+    moved = _site(plan, "in_try")
+    assert moved.action is Action.SKIPPED and moved.code == "window-call-unwind", moved
+    predicted = api.check(cxx_static, calls="move")
+    (sc,) = [s for s in predicted.report.sites if s.probe.name == "in_try"]
+    assert sc.blocked == "window-call-unwind"

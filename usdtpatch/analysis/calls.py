@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Lsda, parse_lsda
 from usdtpatch.elf.ehframe import LsdaRow, Personality, build_detour_lsda, personality_of
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.image import PT_GNU_EH_FRAME, ElfImage
 from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.errors import UnsupportedError
 
@@ -67,6 +67,11 @@ def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
                         "match the shadow stack)")
     if calls == CALLS_EMULATE and no_emulation is None:
         return EMULATED, frozenset(win.calls), None
+    lost = detour_frames_lost(image, cfi, win)
+    if lost is not None:
+        if no_emulation is None and calls != CALLS_MOVE:
+            return EMULATED, frozenset(win.calls), None
+        return f"{lost}; the call cannot be emulated ({no_emulation or 'calls move'})"
     need = calls_unwind(image, cfi, win)
     if need is None:
         return MOVED, frozenset(), None
@@ -79,6 +84,18 @@ def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
     if calls != CALLS_MOVE:
         why += f"; the call cannot be emulated ({no_emulation})"
     return why
+
+
+def detour_frames_lost(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
+    """Why a call moved into a detour could not be unwound through, where the original
+    can (None: it can, or the original cannot either): the file's `.eh_frame` has no
+    PT_GNU_EH_FRAME header (every gcc static link), so the detour's FDE is not written
+    (analysis.hazards' `detour-unwind-left-out`) and an exception or a backtrace from the
+    callee stops at the detour (an exception then ends in std::terminate)."""
+    if cfi.lookup(win.start) is None or any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+        return None
+    return ("the file has no PT_GNU_EH_FRAME header, so the detour would get no FDE and an "
+            "exception or a backtrace from the moved call would stop in it")
 
 
 def detour_eh(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> DetourEh | str:

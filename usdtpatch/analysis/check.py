@@ -294,7 +294,8 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
         if relaid is not None and sc.window is not None:
             decided[sc.probe.index] = replace(
                 sc, outcome=IN_PLACE, blocked=None,
-                window=replace(sc.window, window=relaid.window, fallback=w))
+                window=replace(sc.window, window=relaid.window, fallback=w,
+                               tried=(*sc.window.tried, "re-laid: ok")))
             claimed.append((relaid.window.start, relaid.window.end))
             continue
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)

@@ -463,8 +463,8 @@ def _relaid(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
         return None
     seg.patch(w.start, off, laid.code)
     return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
-                         reason=f"re-laid in place: {w.size} bytes re-encoded with the new "
-                                f"site at the probe's address ({w.end_reason})",
+                         reason=f"re-laid in place: {w.size} bytes re-encoded, "
+                                f"{inputs.form.value} at the probe's address",
                          new_pc=sc.probe.address, window=w, detour=None, guarded=False,
                          extra_jumps=0, calls=None, verification=verification,
                          relaid=laid)]

@@ -7,12 +7,15 @@ return address that would move; the verifiers reject a mutated re-laid encoding.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import started
 from tests.helpers import ROOT, run_cli
 from usdtpatch import api
 from usdtpatch.analysis.check import SiteCheck
@@ -72,9 +75,9 @@ def test_tls_site_is_relaid_rewritten_and_runs(built: Path) -> None:
     new = bytes(image.read_vaddr(w.start, w.size))
     assert new[:5] == NOP5 and new == w.replacement
     assert len(plan.text) == 0 or not any(u.detour.address == w.start for u in plan.unwind)
-    want = subprocess.run([str(built / "tlsmain"), "x"], capture_output=True, text=True,
-                          check=True, timeout=60).stdout
-    got = subprocess.run([str(out / "tlsmain"), "x"], capture_output=True, text=True,
+    want = subprocess.run([str(built / "tlsmain"), "1000000"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout
+    got = subprocess.run([str(out / "tlsmain"), "1000000"], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert got == want
     restored = built / "restored.so"
@@ -138,3 +141,52 @@ def test_check_predicts_rewrite(built: Path, options: dict[str, str]) -> None:
         assert _mismatches(built / lib, options or None) == []
     s = next(iter(api.check(built / "libtlsprobe.so", **options).report.sites))
     assert (s.outcome == "forward") == bool(options)
+
+
+@pytest.mark.live
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+def test_relaid_site_is_optimized_and_traced(built: Path, tmp_path: Path) -> None:
+    """Traced by bpftrace, the re-laid site is optimized by the kernel where it is (the
+    program reads its own site's first byte after the loop: `e8`, the call to the
+    trampoline) and every hit reads its argument as the original's do."""
+    lib = built / "libtlsprobe.so"
+    s = _site(lib, "tls")
+    assert s.function is not None
+    offset = s.probe.address - s.function.start  # bump's start is its symbol's
+    runs = {}
+    for name in ("orig", "new"):
+        d = tmp_path / name
+        d.mkdir()
+        shutil.copy2(built / "tlsmain", d / "tlsmain")
+        if name == "orig":
+            shutil.copy2(lib, d / "libtlsprobe.so")
+        else:
+            assert run_cli("rewrite", lib, "-o", d / "libtlsprobe.so").rc == 0
+        runs[name] = _traced(d, offset)
+    counts = {name: {w: ws[k + 1] for k, w in enumerate(ws[:-1]) if w.startswith("@[")}
+              for name, ws in runs.items()}
+    assert counts["new"] == counts["orig"] and len(counts["new"]) == 8, counts
+    assert runs["new"][1] == "e8" and runs["orig"][1] == "cc", runs  # optimized; int3
+
+
+def _traced(d: Path, offset: int) -> list[str]:
+    """bpftrace attached system-wide to d/libtlsprobe.so (counting each argument value) while
+    d/tlsmain runs: the program's output words, then bpftrace's."""
+    prog = ('BEGIN { printf("ready\\n"); } '
+            f"usdt:{d / 'libtlsprobe.so'}:relay:tls {{ @[arg0] = count(); }}")
+    with started(["bpftrace", "-e", prog], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True) as bpftrace:
+        tracer = bpftrace.proc
+        assert tracer.stdout is not None
+        deadline = time.monotonic() + 30
+        line = ""
+        while not line.startswith("ready") and time.monotonic() < deadline:
+            line = tracer.stdout.readline()
+            if not line:
+                break
+        assert line.startswith("ready"), "bpftrace did not attach"
+        ran = subprocess.run([str(d / "tlsmain"), "200000", str(offset)], capture_output=True,
+                             text=True, timeout=60, check=True)
+        bpftrace.signal(signal.SIGINT)
+        text, _err = tracer.communicate(timeout=30)
+    return ran.stdout.split() + text.split()

@@ -189,4 +189,5 @@ def _traced(d: Path, offset: int) -> list[str]:
                              text=True, timeout=60, check=True)
         bpftrace.signal(signal.SIGINT)
         text, _err = tracer.communicate(timeout=30)
-    return ran.stdout.split() + text.split()
+    out: list[str] = ran.stdout.split() + str(text).split()
+    return out

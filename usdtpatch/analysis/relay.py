@@ -147,10 +147,10 @@ def _row_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] |
 
 def _relocated_place(image: ElfImage, s: int, e: int) -> bool:
     """Whether a relocation of the file (any SHT_RELA table) has its place in [s, e)."""
-    places = image.derived.get("relay-places")
+    places = image.derived.get("relay_places")
     if not isinstance(places, list):
         places = sorted(r for sec in image.sections if sec.type == SHT_RELA
                         for _at, r, _t, _a in rela_table(image, sec.offset, sec.size))
-        image.derived["relay-places"] = places
+        image.derived["relay_places"] = places
     k = bisect_left(places, s)
     return k < len(places) and places[k] < e

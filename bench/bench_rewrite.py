@@ -13,6 +13,9 @@
    original 1-byte-nop build, a build with a native nop5 (the `_SDT_NOP` trick), and the
    original rewritten with each form (nop5, combo5, combo10) and with the red-zone guard
    forced on. Medians of ns/pass, and ratios to the 1-byte build.
+3. The same for a re-laid site (a library function whose probe precedes a general-dynamic
+   TLS access): original, native nop5, the rewrite (re-laid in place) and the same site
+   given a detour (re-laying turned off in the plan).
 
 It prints figures; it is not a timed test.
 
@@ -202,6 +205,82 @@ def _loop_costs(runs: int, iterations: int) -> None:
             print(f"  {label:34} {ns:7.3f}  x{ns / ref:5.2f}  {how}")
 
 
+TLS_LIB_C = r"""
+#include <sys/sdt.h>
+%(trick)s
+__thread long counter;
+long bump(long x)
+{
+    STAP_PROBE1(bench, tls, x);  /* the TLS access after it is what gas pads: re-laid */
+    counter += x;
+    return counter;
+}
+"""
+TLS_MAIN_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+long bump(long);
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? atol(argv[1]) : 100000000L, s = 0;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++)
+        s += bump(i);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
+    printf("%.4f\n", ns / n + (s == 42 ? 1e-9 : 0));
+    return 0;
+}
+"""
+# the same site given a detour: the plan asked with re-laying turned off
+_DETOUR = ("import sys\nimport usdtpatch.rewriter.plan as p\nfrom usdtpatch import api\n"
+           "p.relaid_window = lambda *a, **k: None\n"
+           "api.rewrite(sys.argv[1], sys.argv[2], form='nop5')\n")
+
+
+def _tls_variant(folder: Path, name: str, lib: Path | None, trick: str = "") -> Path:
+    """The TLS loop in its own folder: main and libbench.so (`lib`, or built with `trick`)."""
+    d = folder / name
+    d.mkdir()
+    if lib is None:
+        (d / "lib.c").write_text(TLS_LIB_C % {"trick": trick})
+        subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-o", str(d / "libbench.so"),
+                        str(d / "lib.c")], check=True)
+    else:
+        shutil.copy2(lib, d / "libbench.so")
+    (d / "main.c").write_text(TLS_MAIN_C)
+    subprocess.run(["gcc", "-O2", "-o", str(d / "main"), str(d / "main.c"), "-L", str(d),
+                    "-lbench", "-Wl,-rpath,$ORIGIN"], check=True)
+    return d / "main"
+
+
+def _relaid_costs(runs: int, iterations: int) -> None:
+    """A re-laid site (issue 22): the probe before a general-dynamic TLS access in a -fPIC
+    library, called once per pass: the original, a native nop5, the rewrite (re-laid) and
+    the same site given a detour."""
+    print(f"\nre-laid site: a library call per pass with the probe before a TLS access "
+          f"({iterations} iterations, median of {runs} runs, ns/pass)")
+    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
+        d = Path(tmp)
+        orig = _tls_variant(d, "orig", None)
+        native = _tls_variant(d, "native", None, NOP5_TRICK)
+        lib = orig.parent / "libbench.so"
+        subprocess.run([*USDTPATCH, "rewrite", str(lib), "-o", str(d / "relaid.so")],
+                       check=True, capture_output=True)
+        subprocess.run([sys.executable, "-c", _DETOUR, str(lib), str(d / "detour.so")],
+                       check=True, capture_output=True)
+        variants = [("original (1-byte nop)", orig), ("native nop5 (_SDT_NOP)", native),
+                    ("rewritten, re-laid", _tls_variant(d, "relaid", d / "relaid.so")),
+                    ("rewritten, detour", _tls_variant(d, "detour", d / "detour.so"))]
+        ref = None
+        for label, exe in variants:
+            ns = _ns_per_pass(exe, iterations, runs)
+            ref = ns if ref is None else ref
+            print(f"  {label:34} {ns:7.3f}  x{ns / ref:5.2f}  ({_load()})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -219,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _rewrite_times(args.runs, args.verify_runs)
     _loop_costs(args.runs, args.iterations)
+    _relaid_costs(args.runs, args.iterations // 4)
     return 0
 
 

@@ -66,6 +66,15 @@ def _mismatches(path: Path, options: dict[str, Any] | None = None) -> list[str]:
         if (action, d.code) != want:
             out.append(f"{path.name} {s.probe.probe_id} {s.probe.address:#x}: check {want}, "
                        f"rewrite {(action, d.code)} {d.reason}")
+        # in place: re-laid (analysis/relay.py) or over NOPs, the same window in both
+        said = s.window.window if s.window is not None and action != "skipped" else None
+        if said is not None and d.window is not None and \
+                (said.shape, said.start, said.end) != (d.window.shape, d.window.start,
+                                                       d.window.end) and \
+                "re-laid" in (said.shape.value, d.window.shape.value):
+            out.append(f"{path.name} {s.probe.probe_id}: check's window {said.shape.value} "
+                       f"[{said.start:#x}, {said.end:#x}), rewrite's {d.window.shape.value} "
+                       f"[{d.window.start:#x}, {d.window.end:#x})")
     return out
 
 

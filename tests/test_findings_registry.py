@@ -33,6 +33,7 @@ CODE_SHAPE = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9+]+)+$")
 
 # Kebab-case words of other vocabularies that analysis modules use as string literals.
 NOT_CODES = frozenset({
+    "re-laid",  # analysis/windows.py window shape (analysis/relay.py)
     "call-indirect", "jmp-indirect",  # x86/decode.py branch kinds
     "call-target", "return-site", "landing-pad", "jump-table", "jump-from-other-part",
     "rseq-abort", "unknown-indirect",  # analysis/targets.py target kinds

@@ -286,9 +286,9 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
     if method is None:  # verified in this process: each site's method known when planned
         return planned
     # verified by workers: the methods of the answers that were not back when planned
-    sites = tuple(replace(s, verification=method(s.detour))
-                  if s.detour is not None and s.verification == PENDING else s
-                  for s in planned.sites)
+    sites = tuple(replace(s, verification=method(laid))
+                  if (laid := s.detour or s.relaid) is not None and s.verification == PENDING
+                  else s for s in planned.sites)
     return replace(planned, sites=sites)
 
 

@@ -41,6 +41,7 @@ from usdtpatch.analysis.hazards import (
 )
 from usdtpatch.analysis.index import Claims  # the planner's claim index (check decides as it does)
 from usdtpatch.analysis.probes import Probe, ProbeSet
+from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.analysis.waysin import WaysIn, build_ways_in
@@ -292,6 +293,16 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
             continue
         members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
+        relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard,
+                               lambda lo, hi: by_address[bisect_left(addresses, lo):
+                                                         bisect_left(addresses, hi)])
+        if relaid is not None and sc.window is not None:
+            decided[sc.probe.index] = replace(
+                sc, outcome=IN_PLACE, blocked=None,
+                window=replace(sc.window, window=relaid.window, fallback=w,
+                               tried=(*sc.window.tried, "re-laid: ok")))
+            claimed.append((relaid.window.start, relaid.window.end))
+            continue
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
         if why is not None:
             code, reason = why
@@ -306,6 +317,25 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
     return tuple(decided.get(s.probe.index, s) for s in sites)
+
+
+def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Claims,
+                  form: Form, guard: Guard,
+                  sites_between: Callable[[int, int], list[SiteCheck]]) -> Relaid | None:
+    """The site's window re-laid where it is (analysis/relay.py), preferred to a detour,
+    when its detour window `w` is not in place already, the site needs no red-zone guard
+    (the guard needs a detour), and the re-laid window holds no other site and overlaps no
+    window taken; else None. rewriter/plan.py asks the same."""
+    if w.shape is WindowShape.IN_PLACE or _needs_guard(sc, guard) or \
+            sc.window is None or sc.window.window is None:
+        return None
+    sb = site_bytes(form, False)
+    got = relay(ctx, sc.probe, sb.code, sb.optimized_offset, nop10=form is Form.COMBO10)
+    if isinstance(got, str) or claimed.overlaps(got.window.start, got.window.end) or \
+            [m.probe.address for m in sites_between(got.window.start, got.window.end)] \
+            != [sc.probe.address]:
+        return None
+    return got
 
 
 def _in_target_form(sc: SiteCheck, form: Form) -> bool:
@@ -335,7 +365,7 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
             if why is not None:
                 return GUARD_IMPOSSIBLE.code, f"{m.probe.probe_id}: {why}"
         numeric = uses_numeric_rip(m.probe.args)
-        if numeric is not None and w.shape is not WindowShape.IN_PLACE:
+        if numeric is not None and w.shape not in (WindowShape.IN_PLACE, WindowShape.RELAID):
             return ARG_RIP_RELATIVE.code, (f"{m.probe.probe_id}: argument {numeric!r} is read "
                                            f"relative to rip and would move")
     if w.calls:

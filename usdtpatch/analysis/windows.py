@@ -101,6 +101,7 @@ class WindowShape(Enum):
     IN_PLACE = "in-place"
     FORWARD = "forward"
     BACKWARD = "backward"
+    RELAID = "re-laid"  # the window's instructions re-encoded where they are (analysis/relay.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,14 @@ class WindowResult:
     code: str | None  # e.g. "window-branch-target" when blocked
     reason: str  # the blocking detail, or a one-line description of the window
     tried: tuple[str, ...]  # what each shape said, for `show` and the JSON report
+    # the window a detour would use, when `window` is a re-laid one (analysis/relay.py): the
+    # rewrite falls back to it when the re-laid bytes fail verification
+    fallback: PatchWindow | None = None
+
+    @property
+    def base(self) -> PatchWindow | None:
+        """The window find_window chose (the detour's), whether or not it was re-laid."""
+        return self.fallback if self.fallback is not None else self.window
 
 
 class _Blocked(Exception):

@@ -106,6 +106,13 @@ def call_returns(window: PatchWindow, detour: Detour) -> dict[int, tuple[int, ..
             for i in window.insns if i.address in calls and i.end in mapping}
 
 
+def _relaid_stops(window: PatchWindow, detour: Detour) -> frozenset[int]:
+    """A window re-laid where it is (its "detour" at the window's start) stops where the
+    window does: back at its start, a loop's back edge; a detour elsewhere stops nowhere
+    inside (its jmp back leaves it)."""
+    return frozenset({detour.address}) if detour.address == window.start else frozenset()
+
+
 class _Back:
     """Detour address -> the original instruction its bytes copy."""
 
@@ -209,8 +216,8 @@ class Prover:
         tracer, skip = tracer_nops(detour, probes)
         w_region = Region(window.start, window.start + len(code), code,
                           stops=frozenset({window.start}), marks=frozenset(probes))
-        d_region = Region(detour.address, detour.end, detour.code,
-                          marks=sites | tracer)
+        d_region = Region(detour.address, detour.end, detour.code, marks=sites | tracer,
+                          stops=_relaid_stops(window, detour))
         returns = call_returns(window, detour)
         pairs = [(window.start, detour.address), *entries,
                  *((r, c[0]) for r, c in sorted(returns.items()) if (r, c[0]) not in entries)]

@@ -46,7 +46,9 @@ def replay_proof(proof: Proof, window: PatchWindow, code: bytes, detour: Detour,
     original = Side(window.start, code, e_w, frozenset(probes),
                     stops=frozenset({window.start}))
     rewritten = Side(detour.address, detour.code, e_d,
-                     frozenset(mapping[p] for p in probes), tracer, origin=detour.insn_map)
+                     frozenset(mapping[p] for p in probes), tracer, origin=detour.insn_map,
+                     stops=frozenset({detour.address}) if detour.address == window.start
+                     else frozenset())
     # the link-time addresses the code names (rip-relative operands, at most 32 bytes wide)
     named = [i.rip_target for i in (*window.insns, *sweep(detour.code, detour.address).insns)
              if i.rip_target is not None]

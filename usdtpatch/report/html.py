@@ -332,8 +332,8 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
     w = s["window"]
     if s["blocked"] is not None:
         wtext, wsort = s["blocked"]["code"], -1
-    elif w is not None and w["shape"] == "in-place":
-        wtext, wsort = f"in place, {w['end'] - w['start']} B", 0
+    elif w is not None and w["shape"] in ("in-place", "re-laid"):
+        wtext, wsort = f"{w['shape'].replace('-', ' ')}, {w['end'] - w['start']} B", 0
     elif w is not None:
         wtext = (f"{w['shape']} {w['relocated_bytes']} B"
                  + (f", +{w['extra_jumps']} jmp" if w["extra_jumps"] else ""))

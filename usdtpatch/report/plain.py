@@ -81,6 +81,8 @@ def outcome_text(site: dict[str, Any]) -> str:
         return str(site["outcome"])
     if w["shape"] == "in-place":
         return "in place (0 jumps)"
+    if w["shape"] == "re-laid":
+        return f"re-laid {w['end'] - w['start']}B (0 jumps)"
     return f"{w['shape']} {w['relocated_bytes']}B (+{w['extra_jumps']} jumps)"
 
 

@@ -39,7 +39,7 @@ def _rows(fc: FunctionCode, s: SiteCheck, context: int) -> list[dict[str, Any]]:
         return []
     rows: list[dict[str, Any]] = []
     detour: list[str] = []
-    if w is not None and w.shape is not WindowShape.IN_PLACE:
+    if w is not None and w.shape not in (WindowShape.IN_PLACE, WindowShape.RELAID):
         for ins in w.insns:
             detour.append("nopl 0x0(%rax,%rax,1)  <- probe (nop5)" if ins.address == pc
                           else ins.text)
@@ -71,7 +71,7 @@ def _rows(fc: FunctionCode, s: SiteCheck, context: int) -> list[dict[str, Any]]:
             notes.append(f"window end {w.end:#x}: {w.end_reason}")
         after = ins.text
         if inside and w is not None:
-            if w.shape is WindowShape.IN_PLACE:
+            if w.shape in (WindowShape.IN_PLACE, WindowShape.RELAID):
                 after = in_place if ins.address == w.start else "(overwritten)"
             else:
                 after = "jmp <detour>" if ins.address == w.start else "int3 ..."

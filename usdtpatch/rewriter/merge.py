@@ -66,7 +66,7 @@ def join_following(win: PatchWindow, order: Sequence[SiteCheck], n: int) -> Patc
             break
         if p.address < win.end or p.site.form in _FIVE_BYTE:
             continue  # a member of `win` already, or not a site a window is made for
-        other = sc.window.window if sc.window is not None else None
+        other = sc.window.base if sc.window is not None else None
         if other is None or uses_numeric_rip(p.args) is not None or \
                 guard_args(p.args)[1] is not None:
             continue  # joining would make the whole window fail where `win` alone works

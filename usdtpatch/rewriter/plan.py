@@ -37,7 +37,7 @@ from usdtpatch.analysis.calls import (
 )
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import call_technique as _call_technique
-from usdtpatch.analysis.check import CheckReport, SiteCheck, check
+from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -57,6 +57,7 @@ from usdtpatch.analysis.probes import (
     read_probes,
 )
 from usdtpatch.analysis.rules import optimized_where_it_is
+from usdtpatch.analysis.targets import CodeContext
 from usdtpatch.analysis.windows import (
     REL8_STUB,
     REL32,
@@ -158,6 +159,9 @@ class SiteDecision:
     # how the detour was verified: "proved" (usdtpatch.prove), "emulated", "not verified"
     # (no verifier, or nothing moved: in place); None for a site skipped before any detour
     verification: str | None = None
+    # a re-laid window's bytes at its own address (analysis/relay.py: verified as a detour
+    # is); None for every other site
+    relaid: Detour | None = None
 
     @property
     def status(self) -> Status:
@@ -315,6 +319,7 @@ class _Inputs:
     shstk: bool
     relocs: Relocations
     by_address: SitesByAddress[SiteCheck]  # every site at each address (two notes may name one pc)
+    ctx: CodeContext | None = None  # check's analysis (re-laying asks it, as check does)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -369,7 +374,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     inputs = _Inputs(image=image, form=form, guard=guard, calls=calls, verify=verify,
                      cfi=load_cfi(image), shstk=shadow_stack_marked(image),
                      relocs=Relocations(image),  # read on the first question
-                     by_address=SitesByAddress(rep.sites))
+                     by_address=SitesByAddress(rep.sites), ctx=rep.context)
     seg = _Segment(text_addr=layout.payload_vaddr, cursor=layout.payload_vaddr,
                    text=bytearray(), patches=[], claimed=Claims(), unwind=[], new_args={},
                    # said again below only where a detour is added (_whole_file)
@@ -400,6 +405,10 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
     and their arguments, the window's calls, then in place or a detour."""
     sc = order[n]
     win = _window(sc, order, n, inputs.form)
+    relaid = _relaid(inputs, seg, sc, win, order)
+    if relaid is not None:
+        return relaid
+    win = join_following(win, order, n)
     if seg.claimed.overlaps(win.start, win.end):
         raise _Skip(findings.WINDOW_OVERLAPS_SITE.code,
                     "its window overlaps another rewritten site's")
@@ -435,10 +444,40 @@ def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchW
         return _page_crossing_window(p)
     if _already_in_form(p.site.form, form):
         raise _Skip(findings.SITE_ALREADY_5_BYTE.code, f"already a {p.site.form.value} site")
-    if wr is None or wr.window is None:
+    if wr is None or wr.base is None:
         raise _Skip(sc.blocked or (wr.code if wr else None) or findings.NO_PATCH_WINDOW.code,
                     wr.reason if wr is not None else "no patch window")
-    return join_following(wr.window, order, n)
+    return wr.base
+
+
+def _relaid(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
+            order: list[SiteCheck]) -> list[SiteDecision] | None:
+    """The site re-laid where it is (analysis/relay.py, asked as check asks it), verified as
+    a detour is; None when it cannot be, or its re-laid bytes fail verification (the site
+    then gets a detour, if that verifies: the failure is not reported, nothing is written)."""
+    if inputs.ctx is None:
+        return None
+    got = relaid_window(inputs.ctx, sc, win, seg.claimed, inputs.form, inputs.guard,
+                        lambda lo, hi: list(inputs.by_address.between(lo, hi)))
+    if got is None:
+        return None
+    w, laid = got.window, got.code
+    off = inputs.image.vaddr_to_offset(w.start)
+    if off is None:
+        return None
+    try:
+        verification = _verified(inputs, w, laid, [Replacement(w.start, w.probe_length,
+                                                               laid.code[:laid.site_length])],
+                                 [])
+    except _Skip:
+        return None
+    seg.patch(w.start, off, laid.code)
+    return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
+                         reason=f"re-laid in place: {w.size} bytes re-encoded, "
+                                f"{inputs.form.value} at the probe's address",
+                         new_pc=sc.probe.address, window=w, detour=None, guarded=False,
+                         extra_jumps=0, calls=None, verification=verification,
+                         relaid=laid)]
 
 
 def _member_args(members: list[SiteCheck], win: PatchWindow, guarded: bool) -> dict[int, str]:
@@ -453,7 +492,7 @@ def _member_args(members: list[SiteCheck], win: PatchWindow, guarded: bool) -> d
                 raise _Skip(findings.GUARD_IMPOSSIBLE.code, f"{m.probe.probe_id}: {why}")
             out[m.probe.index] = args
         numeric = uses_numeric_rip(m.probe.args)
-        if numeric is not None and win.shape is not WindowShape.IN_PLACE:
+        if numeric is not None and win.shape not in (WindowShape.IN_PLACE, WindowShape.RELAID):
             raise _Skip(findings.ARG_RIP_RELATIVE.code,
                         f"{m.probe.probe_id}: argument {numeric!r} is read relative to rip and "
                         f"would move")

@@ -500,16 +500,23 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     # pointer into the new segment then reads the same bytes in both (otherwise the original
     # faults there and the rewrite does not, which says nothing about the detour). Its pages
     # are unmapped again at the end, so that no check sees an earlier detour's bytes.
+    # A window re-laid where it is (analysis/relay.py) is a "detour" at the window's start
+    # of the window's length: the rewritten machine holds its bytes in place of the window.
+    relaid = detour.address == window.start
     lo = detour.address // PAGE * PAGE
     hi = (detour.end + PAGE - 1) // PAGE * PAGE
     fresh = [p for p in range(lo, hi, PAGE) if p not in rw.mapped]
-    for box in (pair.original, rw):
+    for box in (pair.original, rw) if not relaid else ():
         box._map(lo, hi - lo)
         box.uc.mem_write(detour.address, detour.code)
         for p_lo, p_hi in _runs(fresh):
             box.uc.mem_protect(p_lo, p_hi - p_lo, PROT_CODE)
-    patch = jmp_rel32(window.start, detour.address)
-    patch += b"\xcc" * (window.size - len(patch))
+    if relaid:
+        fresh = []
+        patch = detour.code
+    else:
+        patch = jmp_rel32(window.start, detour.address)
+        patch += b"\xcc" * (window.size - len(patch))
     rw.uc.mem_write(window.start, patch)
     # unicorn keeps translated blocks across mem_write: without dropping them, a detour laid
     # at the address of an earlier (rejected) one, or the restored window, runs stale code
@@ -523,7 +530,7 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     # the rewritten machine's instructions in the original's addresses (the loop check)
     rw.coord = {n: o for o, n in detour.insn_map}
     rw.detour_lo, rw.detour_hi = detour.address, detour.end
-    rw.patch_jmp = window.start
+    rw.patch_jmp = None if relaid else window.start
     # a data read of the bytes the rewrite changes (a random pointer into the window or a
     # patched branch) reads different bytes in the two machines: the state is not judged
     changed = [(window.start, window.end), *extra]

@@ -302,3 +302,78 @@ def jmp_rel32(source: int, target: int) -> bytes:
     if not INT32_MIN <= rel <= INT32_MAX:
         raise RelocationError(f"jmp from {source:#x} to {target:#x} is out of rel32 reach")
     return b"\xe9" + rel.to_bytes(4, "little", signed=True)
+
+
+# Intel's recommended multi-byte NOPs (SDM vol. 2B, "NOP"), the fill of a re-laid window
+_FILL = (b"", b"\x90", b"\x66\x90", b"\x0f\x1f\x00", b"\x0f\x1f\x40\x00",
+         b"\x0f\x1f\x44\x00\x00", b"\x66\x0f\x1f\x44\x00\x00",
+         b"\x0f\x1f\x80\x00\x00\x00\x00", b"\x0f\x1f\x84\x00\x00\x00\x00\x00")
+
+
+def nop_fill(size: int) -> bytes:
+    """`size` bytes of NOPs, as few instructions as the recommended forms allow."""
+    out = b""
+    while size > 0:
+        n = min(size, len(_FILL) - 1)
+        out += _FILL[n]
+        size -= n
+    return out
+
+
+def relay_window(window_code: bytes, start: int, probe_length: int, site: bytes,
+                 anchors: frozenset[int] = frozenset()) -> Detour:
+    """The window [start, start + len(window_code)) re-laid where it is: its first
+    instruction (the probe, `probe_length` bytes) becomes `site`, the others are re-encoded
+    by iced, and NOPs fill what their shorter encodings free. Every address of `anchors`
+    strictly inside the window (a call's return address, a row boundary of the unwind
+    table) starts the same original instruction afterwards, and the instructions before it
+    end there: each stretch between anchors is laid out as `[site] fill instructions`, its
+    instructions ending where the stretch ends. RelocationError when the stretch does not
+    fit or the output does not decode back to the same instructions. The result is a Detour
+    at `start` of exactly the window's length; its insn_map ends with (end, end)."""
+    end = start + len(window_code)
+    original = sweep(window_code, start)
+    if original.bad:
+        raise RelocationError(f"window bytes at {original.bad[0]:#x} do not decode")
+    iced = _decode(window_code, start)
+    if len(iced) != len(original.insns) or not iced or iced[0].len != probe_length:
+        raise RelocationError(f"no {probe_length}-byte probe instruction at {start:#x}")
+    starts = {i.address for i in original.insns}
+    cuts = sorted(a for a in anchors if start < a < end)
+    if any(a not in starts for a in cuts):
+        raise RelocationError("an address that must stay put is inside an instruction")
+    out = bytearray(site)
+    pairs: list[tuple[int, int]] = [(start, start)]
+    k = 1
+    for cut in [*cuts, end]:
+        run = [(o, i) for o, i in zip(original.insns[k:], iced[k:], strict=True)
+               if o.address < cut]
+        k += len(run)
+        lo = start + len(out)
+        body, at = _encode_ending_at([i for _o, i in run], cut, lo)
+        if at < lo:
+            raise RelocationError(f"the instructions before {cut:#x} do not fit in their "
+                                  f"{cut - lo} bytes re-encoded ({len(body)} bytes)")
+        fill = nop_fill(at - lo)
+        new = _check_part(tuple(o for o, _i in run), window_code, start, body, at)
+        pairs.extend((o.address, n.address) for (o, _i), n in zip(run, new, strict=True))
+        out += fill + body
+    if len(out) != len(window_code):
+        raise RelocationError("the re-laid window is not the window's length")
+    return Detour(start, bytes(out), start, len(site), (*pairs, (end, end)))
+
+
+def _encode_ending_at(insns: list[iced_x86.Instruction], end: int, lo: int
+                      ) -> tuple[bytes, int]:
+    """`insns` encoded so that they end at `end`: (bytes, their address); the address may
+    fall below `lo` (then they do not fit)."""
+    size = len(_encode(insns, lo))
+    for _ in range(6):
+        at = end - size
+        if at < lo:
+            return b"", at
+        code = _encode(insns, at)
+        if len(code) == size:
+            return code, at
+        size = len(code)
+    raise RelocationError(f"the instructions before {end:#x} do not settle")

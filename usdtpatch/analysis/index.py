@@ -96,9 +96,9 @@ class Recent(dict[K, V]):
     """A dict that forgets its oldest entry past `limit` entries (a memo of what is asked
     again soon; what it forgot is worked out again when asked)."""
 
-    def __init__(self, limit: int = RECENT) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         super().__init__()
-        self.limit = limit
+        self.limit = RECENT if limit is None else limit
 
     def __setitem__(self, key: K, value: V) -> None:
         super().__setitem__(key, value)

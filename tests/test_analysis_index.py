@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import gc
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from usdtpatch.analysis.index import Claims, SitesByAddress
+from bench.synthetic_asm import build
+from usdtpatch import api
+from usdtpatch.analysis import index
+from usdtpatch.analysis.index import Claims, Recent, SitesByAddress
+from usdtpatch.report.show import site_views
 
 _range = st.tuples(st.integers(0, 400), st.integers(1, 70)).map(lambda t: (t[0], t[0] + t[1]))
 
@@ -48,3 +56,55 @@ def test_check_between_as_a_scan(addresses: list[int], lo: int, size: int) -> No
     want = [s for a in sorted({s.probe.address for s in sites}) if lo <= a < lo + size
             for s in sites if s.probe.address == a]
     assert list(idx.between(lo, lo + size)) == want
+
+
+def test_recent_forgets_its_oldest_entries_past_its_limit() -> None:
+    r: Recent[int, str] = Recent(3)
+    for k in range(5):
+        r[k] = str(k)
+    assert dict(r) == {2: "2", 3: "3", 4: "4"}
+    r[3] = "again"  # a key set again stays where it was
+    assert list(r) == [2, 3, 4] and r[3] == "again"
+    r[9] = "9"
+    assert list(r) == [3, 4, 9]
+
+
+# check of a file with more functions than a memo keeps: what it forgets is worked out again
+# when asked, and nothing the analysis makes is left for the cycle collector (check, show
+# and rewrite run with it paused: a cycle there keeps its objects until the process ends)
+
+
+@pytest.fixture(scope="module")
+def many_functions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("as") is None or shutil.which("ld") is None:
+        pytest.skip("binutils' as and ld are needed")
+    return build(tmp_path_factory.mktemp("scale"), index.RECENT + 44)
+
+
+def test_check_keeps_only_the_latest_functions_and_show_is_as_with_all(
+        many_functions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = api.check(many_functions, fork_guard="never").report
+    ctx = rep.context
+    assert ctx is not None and len(rep.sites) == index.RECENT + 44
+    assert 0 < len(ctx._functions) <= index.RECENT and len(ctx._sweeps) <= index.RECENT
+    first = [rep.sites[0], rep.sites[-1]]  # forgotten, and still known
+    views = site_views(str(many_functions), rep, first)
+    assert views[0]["rows"] and views[1]["rows"]
+    monkeypatch.setattr(index, "RECENT", 10**9)
+    whole = api.check(many_functions, fork_guard="never").report
+    assert whole.context is not None and len(whole.context._functions) == len(whole.sites)
+    assert site_views(str(many_functions), whole, [whole.sites[0], whole.sites[-1]]) == views
+    assert [s.outcome for s in whole.sites] == [s.outcome for s in rep.sites]
+
+
+def test_check_and_the_plan_leave_no_reference_cycle(many_functions: Path) -> None:
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        api.check(many_functions, fork_guard="never")
+        api.rewrite_plan(many_functions, verify=False, fork_guard="never", form="nop5")
+        assert gc.collect() < 50  # no cycle per site (a frame cycle per run held them all)
+    finally:
+        if was:
+            gc.enable()

@@ -87,8 +87,9 @@ def test_cli_load_gives_what_api_load_gives() -> None:
 
 @pytest.mark.parametrize(("command", "paused"), [(["list"], True), (["check"], True),
                                                  (["show", "--probe", "a:b"], True),
-                                                 (["rewrite", "--dry-run"], False)])
-def test_cycle_collection_is_paused_only_while_a_read_only_command_runs(
+                                                 (["rewrite", "--dry-run"], True),
+                                                 (["plan"], False)])
+def test_cycle_collection_is_paused_only_while_a_listed_command_runs(
         monkeypatch: pytest.MonkeyPatch, command: list[str], paused: bool) -> None:
     seen: list[bool] = []
 
@@ -143,8 +144,9 @@ def test_check_of_a_nop_file_does_not_import_the_capstone_package() -> None:
 
 
 @pytest.mark.parametrize(("command", "paused"), [(["check"], True), (["list"], True),
-                                                 (["rewrite", "--dry-run"], False)])
-def test_cycle_collection_is_paused_while_a_read_only_command_module_is_imported(
+                                                 (["rewrite", "--dry-run"], True),
+                                                 (["plan"], False)])
+def test_cycle_collection_is_paused_while_a_listed_command_module_is_imported(
         monkeypatch: pytest.MonkeyPatch, command: list[str], paused: bool) -> None:
     seen: list[bool] = []
     real = cli.build_parser

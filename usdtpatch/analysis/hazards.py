@@ -24,6 +24,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from usdtpatch.analysis.functions import FunctionBounds
+from usdtpatch.analysis.index import Recent
 from usdtpatch.analysis.probes import Probe
 from usdtpatch.analysis.targets import (
     ENTRY,
@@ -93,7 +94,8 @@ class StackMemo:
     run (a function with several probes is walked once)."""
 
     def __init__(self) -> None:
-        self._got: dict[int, tuple[FunctionCode, _FunctionStack]] = {}
+        # the latest functions' (index.Recent): the sites come in address order
+        self._got: dict[int, tuple[FunctionCode, _FunctionStack]] = Recent()
 
     def __call__(self, fc: FunctionCode) -> _FunctionStack:
         got = self._got.get(id(fc))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache, lru_cache
 
 from usdtpatch.findings import (
     NO_TRAMPOLINE_REACH,
@@ -115,8 +116,7 @@ def rule_618(code: bytes, address: int, *, is64: bool = True, reach: Reach = _al
         return Verdict(Outcome.INT3, "0f 1f /r hint NOP with ModRM.reg != 0: single-stepped, "
                                      "not optimized", SITE_HINT_NOP.code)
     if nop.length != NOP5_LENGTH:
-        return Verdict(Outcome.INT3, f"{nop.length}-byte NOP: only 5-byte NOPs are optimized",
-                       SITE_NOT_NOP5.code)
+        return _not_nop5(nop.length)
     if crosses_page(address, NOP5_LENGTH):
         return Verdict(Outcome.INT3, f"the nop5 at {address:#x} crosses a 4 KiB page "
                                      f"(page offset {address % PAGE:#x} > 0xffb)",
@@ -166,7 +166,20 @@ def rule_nop10(code: bytes, address: int, *, is64: bool = True, reach: Reach = _
     if v618.outcome.optimized:
         return Verdict(Outcome.INT3, "nop5 sites are no longer optimized by the nop10 series",
                        SITE_NOT_NOP10.code)
-    return Verdict(Outcome.INT3, v618.reason + "; the series optimizes only 66 2e 0f 1f 84 "
+    return _not_nop10(v618.reason)
+
+
+# The verdicts every 1-byte site gets, made once (each site kept its own two reasons: ~350
+# bytes of a site's check at 1,000,000 probes; docs/performance.md, "Scaling").
+@cache
+def _not_nop5(length: int) -> Verdict:
+    return Verdict(Outcome.INT3, f"{length}-byte NOP: only 5-byte NOPs are optimized",
+                   SITE_NOT_NOP5.code)
+
+
+@lru_cache(maxsize=64)
+def _not_nop10(reason_618: str) -> Verdict:
+    return Verdict(Outcome.INT3, reason_618 + "; the series optimizes only 66 2e 0f 1f 84 "
                    "nop10 sites", SITE_NOT_NOP10.code)
 
 

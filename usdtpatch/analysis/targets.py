@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from usdtpatch.analysis.functions import FunctionBounds, function_bounds, symbols_inside
+from usdtpatch.analysis.index import Recent
 from usdtpatch.analysis.waysin import (
     ADDRESS_TAKEN,
     BRANCH_REL8,
@@ -201,12 +202,15 @@ class CodeContext:
         self.symbols = symbols
         self.mode64 = image.is64
         self.rseq_aborts = tuple(rseq_aborts)
-        self._sweeps: dict[tuple[int, int], Sweep] = {}
-        self._functions: dict[int, FunctionCode] = {}
-        self._parts: dict[tuple[int, int], PartScan] = {}
+        # memos of the latest functions only (index.Recent: the sites come in address order;
+        # `show` works out again what was forgotten); the bounds of every site are kept
+        self._sweeps: dict[tuple[int, int], Sweep] = Recent()
+        self._functions: dict[int, FunctionCode] = Recent()
+        self._parts: dict[tuple[int, int], PartScan] = Recent()
         self._bounds: dict[int, FunctionBounds | None] = {}
-        self._reached: dict[int, tuple[PartScan, frozenset[int]]] = {}
-        self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = {}
+        self._reached: dict[int, tuple[PartScan, frozenset[int]]] = Recent()
+        self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = \
+            Recent()
         self._relative: dict[int, int] | None = None
         # every way into the code around the probes from the whole file (check() builds it
         # once; usdtpatch.analysis.waysin); None: only the function's own analysis

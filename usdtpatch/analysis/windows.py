@@ -231,7 +231,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
             return WindowResult(w, None, f"forward: {w.relocated_bytes} bytes relocated"
                                 + mode.describe(w), (*tried, "forward: ok"))
         except _Blocked as b:
-            forward_block = b
+            forward_block = b.with_traceback(None)  # kept: no cycle through this frame
             if first is None:
                 tried.append(f"forward: {b.reason}")
         try:
@@ -241,7 +241,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
         except _Blocked as b:
             if first is None:
                 tried.append(f"backward: {b.reason}")
-                first = (forward_block, b)
+                first = (forward_block, b.with_traceback(None))
             else:
                 fwd = forward_block.reason if forward_block is not None else "-"
                 tried.append(f"{mode.name}: forward: {fwd}; backward: {b.reason}")

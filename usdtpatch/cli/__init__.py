@@ -55,12 +55,17 @@ COMMANDS = {
 }
 
 
-# Commands that only read and analyse: they make many small objects (libjvm.so's check: ~40,000
-# decoded instructions) and no reference cycles, so the cyclic collector's passes over them are
-# wasted work (about a fifth of check's CPU); it is paused while they run, from the import of
-# their command module on (importing the analysis modules makes ~13,000 objects: the
-# collector's passes over them cost check about 1% of its time).
-_NO_CYCLE_COLLECTION = frozenset({"list", "check", "show"})
+# Commands that make many small objects (libjvm.so's check: ~40,000 decoded instructions) and
+# no reference cycles, so the cyclic collector's passes over them are wasted work (about a
+# fifth of check's CPU); it is paused while they run, from the import of their command module
+# on (importing the analysis modules makes ~13,000 objects: the collector's passes over them
+# cost check about 1% of its time). `rewrite` too: its analysis and decisions hold ~10 KB of
+# objects per site until the output is written, and the collector's full passes over them
+# grew faster than the sites (17 s of a 77 s rewrite of 100,000 probes, 0.04 s of 0.9 s for
+# 1,000) while finding nothing to free: a whole verified rewrite of libjvm.so frees ~1,600
+# objects by the collector, none in a full pass (docs/performance.md, "Scaling"). The
+# verification's worker processes turn it back on (verification/equivalence.py).
+_NO_CYCLE_COLLECTION = frozenset({"list", "check", "show", "rewrite"})
 
 
 def _command_word(argv: list[str] | None) -> str | None:

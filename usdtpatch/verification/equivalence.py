@@ -44,6 +44,7 @@ Windows that hold a `call` and windows with ways in from outside add shapes:
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import random
@@ -771,6 +772,7 @@ def _worker_start(image: ElfImage, runs: int, seed: int, parent: int,
     # parent's: it stops the pool (a worker would print a traceback)
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.enable()  # forked from a rewrite that pauses it (cli/__init__.py): the workers' as before
     emulator = DetourVerifier(runs, seed)
     emulator._image, emulator._pair = image, _new_pair(image)  # ready before the first job
     _WORKER["state"] = (image, emulator if wrap is None else wrap(emulator))

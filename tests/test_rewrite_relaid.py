@@ -127,6 +127,11 @@ def test_mutated_relaid_bytes_are_rejected(built: Path, verifier: str) -> None:
     bad[5 + 3] ^= 0x08  # lea's displacement: another address in %rdi
     mutated = replace(got.code, code=bytes(bad))
     assert check(image, got.window, mutated, (s.probe.address,)) is not None
+    if verifier == "prover":
+        # the counterexample is confirmed by the replay, which runs each side's own bytes
+        # at the shared address (it ran the re-laid bytes on both sides, saw nothing differ,
+        # and the emulator had to decide)
+        assert isinstance(check, ProvingVerifier) and check.last_method == "proved"
     assert verify_detour(image, got.window, mutated, (s.probe.address,)) is not None
 
 

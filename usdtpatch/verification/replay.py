@@ -194,9 +194,11 @@ def replay(original: Side, rewritten: Side, state: State, *, dead_skip: int | No
     `link_pages`: pages below 64 KiB that are the file's own (link-time addresses the code's
     rip-relative operands name: a position-independent file runs above them); every other
     page there faults, as in a process and in the prover's model."""
-    codes = [(original.lo, original.code), (rewritten.lo, rewritten.code)]
-    a, a_regs, a_peek = _run(original, state, codes, link_pages)
-    b, b_regs, b_peek = _run(rewritten, state, codes, link_pages)
+    # both codes are mapped in each run, the side's own last: a window re-laid where it is
+    # overlaps its original, and each side must run its own bytes there
+    own = (original.lo, original.code), (rewritten.lo, rewritten.code)
+    a, a_regs, a_peek = _run(original, state, [own[1], own[0]], link_pages)
+    b, b_regs, b_peek = _run(rewritten, state, [own[0], own[1]], link_pages)
     if a.fault is not None or b.fault is not None:
         if a.fault is None or b.fault is None:
             return (f"the original faults ({a.fault})" if a.fault is not None else

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from usdtpatch.analysis.windows import PatchWindow
-from usdtpatch.elf.cfi import CfiError, CfiIndex, Lsda, parse_lsda
+from usdtpatch.elf.cfi import CfiError, CfiIndex, Lsda, eh_frame_unindexed, parse_lsda
 from usdtpatch.elf.ehframe import LsdaRow, Personality, build_detour_lsda, personality_of
-from usdtpatch.elf.image import PT_GNU_EH_FRAME, ElfImage
+from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.errors import UnsupportedError
 
@@ -92,7 +92,7 @@ def detour_frames_lost(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str 
     PT_GNU_EH_FRAME header (every gcc static link), so the detour's FDE is not written
     (analysis.hazards' `detour-unwind-left-out`) and an exception or a backtrace from the
     callee stops at the detour (an exception then ends in std::terminate)."""
-    if cfi.lookup(win.start) is None or any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+    if cfi.lookup(win.start) is None or eh_frame_unindexed(image) is None:
         return None
     return ("the file has no PT_GNU_EH_FRAME header, so the detour would get no FDE and an "
             "exception or a backtrace from the moved call would stop in it")

@@ -39,8 +39,8 @@ from usdtpatch.analysis.targets import (
 )
 from usdtpatch.analysis.waysin import code_ranges, references_to
 from usdtpatch.elf.args import MemOperand
-from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
-from usdtpatch.elf.image import PF_W, PT_GNU_EH_FRAME, PT_LOAD, ElfImage
+from usdtpatch.elf.cfi import CfiError, CfiIndex, eh_frame_unindexed, load_cfi
+from usdtpatch.elf.image import PF_W, PT_LOAD, ElfImage
 from usdtpatch.elf.relocs import import_slots
 from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
 from usdtpatch.findings import (
@@ -308,11 +308,11 @@ def detour_unwind_left_out(image: ElfImage) -> Finding | None:
     rewrite adds the detours' unwind rows only beside one (rewriter.plan's unwind tables);
     None otherwise. check (for a site it moves to a detour) and rewrite (for a detour it adds)
     both say it through this function."""
-    eh = image.section(".eh_frame")
-    if eh is None or not eh.addr or any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+    at = eh_frame_unindexed(image)
+    if at is None:
         return None
     return DETOUR_UNWIND_LEFT_OUT.finding(
-        f"the file has .eh_frame at {eh.addr:#x} but no PT_GNU_EH_FRAME header, the table "
+        f"the file has .eh_frame at {at:#x} but no PT_GNU_EH_FRAME header, the table "
         f"runtime unwinders find FDEs by: the detours get no unwind rows, and a backtrace or "
         f"an exception passing through a detour stops there")
 

@@ -476,6 +476,17 @@ class _CfiRows:
     cies: dict[int, Cie]
 
 
+def eh_frame_unindexed(image: ElfImage) -> int | None:
+    """The address of the file's `.eh_frame` when no PT_GNU_EH_FRAME header indexes it (every
+    gcc static link), else None. The runtime unwinders find FDEs through that header: without
+    it a detour's FDE cannot be added where they look (rewriter/plan's unwind tables; check's
+    `detour-unwind-left-out`; a call is then never moved into a detour, analysis/calls)."""
+    eh = image.section(".eh_frame")
+    if eh is None or not eh.addr or any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+        return None
+    return eh.addr
+
+
 def _read_cfi(image: ElfImage) -> CfiIndex:
     """Read `.eh_frame_hdr`'s binary-search table; walk `.eh_frame` only when there is none."""
     hdr_addr = None

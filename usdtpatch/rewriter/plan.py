@@ -67,7 +67,7 @@ from usdtpatch.analysis.windows import (
     Retarget,
     WindowShape,
 )
-from usdtpatch.elf.cfi import CfiIndex, Lsda, load_cfi
+from usdtpatch.elf.cfi import CfiIndex, Lsda, eh_frame_unindexed, load_cfi
 from usdtpatch.elf.dwarf import DwarfToExtend, read_for_detours
 from usdtpatch.elf.ehframe import (
     RSP,
@@ -82,7 +82,6 @@ from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
     ET_EXEC,
-    PT_GNU_EH_FRAME,
     SHF_ALLOC,
     SHF_COMPRESSED,
     SHT_PROGBITS,
@@ -712,8 +711,7 @@ def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...]
 def _unwind_tables(image: ElfImage, unwind: list[DetourUnwind]) -> UnwindTables | None:
     """Whether and where the detours' unwind rows go (UnwindTables), or None."""
     eh = image.section(".eh_frame")
-    if not unwind or eh is None or not eh.addr or \
-            not any(s.type == PT_GNU_EH_FRAME for s in image.segments):
+    if not unwind or eh is None or not eh.addr or eh_frame_unindexed(image) is not None:
         return None
     old = image.section(".debug_frame")
     plain = old is None or (old.type == SHT_PROGBITS

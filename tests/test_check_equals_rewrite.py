@@ -66,15 +66,18 @@ def _mismatches(path: Path, options: dict[str, Any] | None = None) -> list[str]:
         if (action, d.code) != want:
             out.append(f"{path.name} {s.probe.probe_id} {s.probe.address:#x}: check {want}, "
                        f"rewrite {(action, d.code)} {d.reason}")
-        # in place: re-laid (analysis/relay.py) or over NOPs, the same window in both
+        # the window check shows (its per-site text, its JSON) is the one rewrite used, with
+        # its shape: before, a NOP run moved to a guarded detour showed "in place (0 jumps)"
         said = s.window.window if s.window is not None and action != "skipped" else None
         if said is not None and d.window is not None and \
-                (said.shape, said.start, said.end) != (d.window.shape, d.window.start,
-                                                       d.window.end) and \
-                "re-laid" in (said.shape.value, d.window.shape.value):
+                (said.shape, said.start) != (d.window.shape, d.window.start):
             out.append(f"{path.name} {s.probe.probe_id}: check's window {said.shape.value} "
                        f"[{said.start:#x}, {said.end:#x}), rewrite's {d.window.shape.value} "
                        f"[{d.window.start:#x}, {d.window.end:#x})")
+        if said is not None and (s.outcome == "in-place") != (said.shape.value in (
+                "in-place", "re-laid")):
+            out.append(f"{path.name} {s.probe.probe_id}: check's outcome {s.outcome}, its "
+                       f"window {said.shape.value}")
     return out
 
 
@@ -145,3 +148,33 @@ def test_calls_in_try_regions(trywin: Path, name: str, tmp_path: Path) -> None:
         runs = [subprocess.run([str(p), "4"], capture_output=True, text=True, timeout=30,
                                check=True).stdout for p in (trywin, out)]
         assert runs[0] == runs[1] and "-1 -2 -3" in runs[0]
+
+
+_TEXT_OF = {"in-place": ("in place ", "re-laid "), "forward": ("forward ",),
+            "backward": ("backward ",)}
+
+
+@pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("guard", ["auto", "always"])
+def test_check_site_text_summary_and_json_agree(path: Path, guard: str) -> None:
+    """One decision behind every rendering of a site (issue 30, class 8): check's per-site
+    text (plain and terminal tables share report.plain.outcome_text), the summary's counts
+    and the JSON's outcome and window shape say the same. Before, a NOP run the red-zone
+    guard moves to a detour was "in place (0 jumps)" in the table, forward in the summary."""
+    from usdtpatch.report.checkjson import result_json
+    from usdtpatch.report.plain import outcome_text
+
+    doc = result_json(api.check(path, redzone_guard=guard))
+    counted = {"in-place": 0, "forward": 0, "backward": 0}
+    for s in doc["sites"]:
+        text = outcome_text(s)
+        if s["outcome"] in _TEXT_OF:
+            counted[s["outcome"]] += 1
+            assert text.startswith(_TEXT_OF[s["outcome"]]), (s["name"], s["outcome"], text)
+            shape = s["window"]["shape"]
+            assert (shape in ("in-place", "re-laid")) == (s["outcome"] == "in-place"), \
+                (s["name"], s["outcome"], shape)
+            assert ("(0 jumps)" in text) == (s["outcome"] == "in-place"), (s["name"], text)
+    after = doc["summary"]["after_rewrite"]
+    assert counted == {"in-place": after["in_place"], "forward": after["forward"],
+                       "backward": after["backward"]}

@@ -303,6 +303,8 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
                                tried=(*sc.window.tried, "re-laid: ok")))
             claimed.append((relaid.window.start, relaid.window.end))
             continue
+        w = used_window(w, sc.probe, [m.probe for m in members], options.form, any(
+            _needs_guard(m, options.guard) for m in members))
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
         if why is not None:
             code, reason = why
@@ -310,10 +312,9 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
                 sc, outcome=BLOCKED, blocked=code,
                 findings=(*sc.findings, lookup(code).finding(reason, sc.probe.probe_id)))
             continue
-        shape = _shape(sc, w, members, options)
+        shape = w.shape.value
         for m in members:
-            decided[m.probe.index] = replace(m, outcome=shape, blocked=None) \
-                if m.outcome != shape else m
+            decided[m.probe.index] = _used(m, shape, w)
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
     return tuple(decided.get(s.probe.index, s) for s in sites)
@@ -377,20 +378,38 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
     return None
 
 
-def _shape(sc: SiteCheck, w: PatchWindow, members: list[SiteCheck],
-           options: CheckOptions) -> str:
-    """The outcome of a used window: `in-place` where rewrite writes the new site over the
-    NOP run itself, else the window's shape (a detour)."""
+def used_window(w: PatchWindow, probe: Probe, members: list[Probe], form: Form,
+                guarded: bool) -> PatchWindow:
+    """The window as rewrite uses it: an IN_PLACE window stays in place only where the new
+    site is written over the NOP run itself (one site, no red-zone guard, the probe at the
+    window's start, the new bytes fitting and optimized where they land); otherwise the NOP
+    run moves to a detour, and the window is a FORWARD one (relocated bytes, two jumps). The
+    one decision check's outcome, its per-site text, its JSON and rewrite's plan all read
+    (rewriter/plan.py asks it too): the rules for a moving window (an argument read relative
+    to rip by number) then apply to it."""
     if w.shape is not WindowShape.IN_PLACE:
-        return FORWARD if w.shape is WindowShape.FORWARD else BACKWARD
-    guarded = any(_needs_guard(m, options.guard) for m in members)
-    sb = site_bytes(options.form, guarded)
-    pc = sc.probe.address
-    fits = (len(members) == 1 and not guarded and pc == w.start
-            and len(sb.code) <= w.end - pc
+        return w
+    sb = site_bytes(form, guarded)
+    pc = probe.address
+    if (len(members) == 1 and not guarded and pc == w.start and len(sb.code) <= w.end - pc
             and optimized_where_it_is(sb.code[sb.optimized_offset:], pc + sb.optimized_offset,
-                                      nop10=options.form is Form.COMBO10))
-    return IN_PLACE if fits else FORWARD  # the NOP run moves to a detour
+                                      nop10=form is Form.COMBO10)):
+        return w
+    why = ("the red-zone guard needs a detour" if guarded else
+           f"{len(members)} sites share the NOP run" if len(members) > 1 else
+           "the new site is not optimized there")
+    return replace(w, shape=WindowShape.FORWARD, replacement=None,
+                   relocated_bytes=len(w.code), extra_jumps=2,
+                   end_reason=f"{w.end_reason}; the NOP run moves to a detour: {why}")
+
+
+def _used(sc: SiteCheck, outcome: str, w: PatchWindow) -> SiteCheck:
+    """`sc` with the outcome and the window rewrite uses: the window decided for the site
+    that leads it (a site moved along with another's window shows that window, as rewrite's
+    report does), so that every rendering of the site says the same."""
+    if sc.window is None or sc.window.window is None or sc.window.window == w:
+        return sc if sc.outcome == outcome else replace(sc, outcome=outcome, blocked=None)
+    return replace(sc, outcome=outcome, blocked=None, window=replace(sc.window, window=w))
 
 
 def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:

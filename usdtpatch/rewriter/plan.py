@@ -9,10 +9,11 @@ run says what the real run does.
 
 Each site is decided by `_decide_site`, in steps that read in order and each decide or leave
 the site as it is (raise `_Skip` with the finding code and why): its window (`_window`), the
-windows already taken, its sites' arguments (`_member_args`), the window's calls
-(`_call_handling`), then in place (`_fits_in_place`) or a detour (`_detoured`: `_relocated`,
-the ways in, `_verified`, `_detour_unwind`). What an accepted site adds (code, edits, unwind
-rows, arguments) goes into one `_Segment`; `_whole_file` makes the plan of it.
+windows already taken, the window used (analysis/check.used_window), its sites' arguments
+(`_member_args`), the window's calls (`_call_handling`), then in place or a detour
+(`_detoured`: `_relocated`, the ways in, `_verified`, `_detour_unwind`). What an accepted
+site adds (code, edits, unwind rows, arguments) goes into one `_Segment`; `_whole_file` makes
+the plan of it.
 
 Every detour is handed to the verifier (the emulator's equivalence check) before it is
 accepted; a site whose detour fails is left as it was and reported. The verifier is a required
@@ -37,7 +38,7 @@ from usdtpatch.analysis.calls import (
 )
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import call_technique as _call_technique
-from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window
+from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window, used_window
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -413,13 +414,14 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
                     "its window overlaps another rewritten site's")
     members = list(inputs.by_address.between(win.start, win.end))
     guarded = any(_needs_guard(m, inputs.guard) for m in members)
+    win = used_window(win, sc.probe, [m.probe for m in members], inputs.form, guarded)
     new_args = _member_args(members, win, guarded)
     sb = site_bytes(inputs.form, guarded)
     handling = _call_handling(inputs, win)
     start_off = inputs.image.vaddr_to_offset(win.start)
     if start_off is None:
         raise _Skip(findings.PC_OUTSIDE_SEGMENTS.code, "window not in the file")
-    if _fits_in_place(inputs.form, win, sc.probe, members, sb):
+    if win.shape is WindowShape.IN_PLACE:  # analysis/check.used_window: it stays in place
         seg.patch(win.start, start_off, sb.code + b"\x90" * (win.size - len(sb.code)))
         seg.new_args.update(new_args)
         return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
@@ -523,14 +525,6 @@ def _optimized(form: Form, sb: SiteBytes, at: int) -> bool:
     """Whether the kernel optimizes the new site's NOP when the site lies at `at`."""
     return optimized_where_it_is(sb.code[sb.optimized_offset :], at + sb.optimized_offset,
                                  nop10=form is Form.COMBO10)
-
-
-def _fits_in_place(form: Form, win: PatchWindow, p: Probe, members: list[SiteCheck],
-                   sb: SiteBytes) -> bool:
-    """Whether the new site is written over the window's NOPs, where the kernel optimizes it."""
-    return (win.shape is WindowShape.IN_PLACE and len(members) == 1
-            and len(sb.code) <= win.end - p.address and p.address == win.start
-            and _optimized(form, sb, p.address))
 
 
 def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,

@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from usdtpatch.elf.cfi import (
+    CallSite,
     CfiError,
     Cie,
     DW_EH_PE_datarel,
@@ -482,22 +483,37 @@ class LsdaRow:
     action: int
 
 
-def detour_call_sites(lsda: Lsda, pairs: list[tuple[int, int, int, int]]) -> list[LsdaRow]:
-    """The call-site rows of a detour: `pairs` are (original start, original end, detour
-    start, detour end) of each relocated instruction; an instruction gets the row of the
-    original entry covering it (looked up at its last byte, where the unwinder looks for a
-    return address), adjacent equal rows merged. Instructions the table leaves out get none."""
+def detour_call_sites(lsda: Lsda, spans: list[tuple[int, int, int, int, bool]]
+                      ) -> list[LsdaRow]:
+    """The call-site rows of a detour: `spans` are (original start, original end, detour
+    start, detour end, a moved call) of each relocated instruction. Each copy gets the row of
+    the original entry covering the original instruction's address, where a signal frame's
+    pc is looked up (a fault at it, -fnon-call-exceptions); a moved call's return address
+    minus one, where the unwinder looks for a frame that called, gets the row covering the
+    original's (the copy's bytes after its first). Adjacent equal rows are merged; what the
+    original table leaves out gets no row (std::terminate there, as in the original)."""
     rows: list[LsdaRow] = []
-    for o_start, o_end, n_start, n_end in pairs:
-        at = o_end - 1
-        cs = next((c for c in lsda.call_sites if c.start <= at < c.end), None)
-        if cs is None or not o_start < o_end:
-            continue
-        if rows and rows[-1].end == n_start and rows[-1].landing_pad == cs.landing_pad \
+
+    def add(start: int, end: int, cs: CallSite | None) -> None:
+        if cs is None or not start < end:
+            return
+        if rows and rows[-1].end == start and rows[-1].landing_pad == cs.landing_pad \
                 and rows[-1].action == cs.action:
-            rows[-1] = LsdaRow(rows[-1].start, n_end, cs.landing_pad, cs.action)
+            rows[-1] = LsdaRow(rows[-1].start, end, cs.landing_pad, cs.action)
         else:
-            rows.append(LsdaRow(n_start, n_end, cs.landing_pad, cs.action))
+            rows.append(LsdaRow(start, end, cs.landing_pad, cs.action))
+
+    def entry(at: int) -> CallSite | None:
+        return next((c for c in lsda.call_sites if c.start <= at < c.end), None)
+
+    for o_start, o_end, n_start, n_end, call in spans:
+        if not o_start < o_end:
+            continue
+        if call:
+            add(n_start, n_start + 1, entry(o_start))
+            add(n_start + 1, n_end, entry(o_end - 1))
+        else:
+            add(n_start, n_end, entry(o_start))
     return rows
 
 

@@ -25,6 +25,7 @@ from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import WINDOW_CALL_UNWIND, WINDOW_EH_UNWIND
+from usdtpatch.x86.decode import CodeInsn
 
 # How the calls of a window are handled (plan_rewrite's `calls`, SiteDecision.calls).
 CALLS_AUTO = "auto"  # move, with an LSDA where needed; emulate only where that cannot be
@@ -220,6 +221,9 @@ def faults_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | Non
     where the entry covering the instruction has no landing pad and no action. An entry with
     one reaches a handler, and an instruction the table leaves out ends in std::terminate:
     both need the detour's own table, which repeats the original's row of each instruction.
+    Only an instruction that can fault is looked up so (`may_fault`): a throw from a signal
+    delivered at any other pc is not something C++ defines (gcc covers only the trapping
+    instructions of -fnon-call-exceptions code, and leaves the others out of its tables).
     """
     fde = cfi.lookup(win.start)
     if fde is None or fde.lsda is None:
@@ -229,6 +233,8 @@ def faults_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | Non
     except CfiError as exc:
         return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
     for ins in win.insns:
+        if not may_fault(ins):
+            continue
         entry = call_site_at(lsda, ins.address)
         if entry is None:
             return (f"the instruction at {ins.address:#x} is left out of the function's "
@@ -239,3 +245,18 @@ def faults_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | Non
                     f"{entry.landing_pad or 0:#x} in the function's LSDA (an exception "
                     f"thrown from a signal there lands there)")
     return None
+
+
+# instructions that fault without touching memory: division, and the ones made to trap
+_FAULTING = ("div", "idiv", "ud", "int", "into", "hlt", "bound", "syscall", "sysenter")
+
+
+def may_fault(ins: CodeInsn) -> bool:
+    """Whether the instruction can raise a synchronous signal whose handler a C++ program
+    could throw from (what gcc's -fnon-call-exceptions covers): an explicit memory operand
+    (not `lea`, not a NOP's), a division, a trap. Stack pushes and pops, calls and returns
+    are not counted, as gcc does not count them."""
+    name = ins.base_mnemonic or ins.mnemonic
+    if name.startswith(("nop", "lea", "endbr", "prefetch")):
+        return False
+    return ins.mem is not None or name.startswith(_FAULTING)

@@ -3,17 +3,20 @@
 // DW_CFA_GNU_args_size 16), the probe's nop comes after them, so the window holds the call,
 // which moves to the detour; k = 42 throws through it into caller's catch, where the
 // unwinder pops the pushed arguments by the args_size of the row it finds.
-// Build: clang++ -O2 -o argsize argsize.cc (also g++, -O0 to -O3, -no-pie)
+// Build: clang++ -O2 -o argsize argsize.cc (also g++, -O0 to -O3, -no-pie; -DEH_LIB -shared
+// -fPIC for libargsize.so and -DEH_DRIVER for its driver)
 #include <sys/sdt.h>
 #include <cstdio>
 #include <stdexcept>
+extern "C" long caller(long a, long b, long c, long d, long e, long f);
+#ifndef EH_DRIVER
 volatile long sink[32];
 __attribute__((noinline)) long many(long a, long b, long c, long d, long e, long f, long g,
                                     long h) {
   if (g == 42) throw std::runtime_error("boom");
   return a + b + c + d + e + f + g + h;
 }
-__attribute__((noinline)) long caller(long a, long b, long c, long d, long e, long f) {
+extern "C" __attribute__((noinline)) long caller(long a, long b, long c, long d, long e, long f) {
   long r;
   try {
     // a long conditional block before the call: the probe is reached from afar, so no
@@ -25,6 +28,8 @@ __attribute__((noinline)) long caller(long a, long b, long c, long d, long e, lo
   }
   return r;
 }
+#endif
+#ifndef EH_LIB
 int main() {
   long t = 0;
   for (long k = 40; k < 44; k++) {
@@ -35,3 +40,4 @@ int main() {
   printf("total %ld\n", t);
   return 0;
 }
+#endif

@@ -5,7 +5,7 @@
 // backtrace() finds from the fault (unwinding through the detour's FDE) and leaves with
 // siglongjmp.
 // Build: g++ -O2 -fnon-call-exceptions -o nce nce.cc (also -O0 to -O3, -no-pie, clang++,
-// -static; -DNCE_LIB -shared -fPIC for libnce.so and -DNCE_DRIVER for its driver)
+// -static; -DEH_LIB -shared -fPIC for libnce.so and -DEH_DRIVER for its driver)
 #include <sys/sdt.h>
 #include <csetjmp>
 #include <csignal>
@@ -14,7 +14,7 @@
 #include <execinfo.h>
 struct Fault {};
 extern "C" long reader(long *p, long k);
-#ifndef NCE_DRIVER
+#ifndef EH_DRIVER
 volatile long sink;
 extern "C" __attribute__((noinline)) long reader(long *p, long k) {
   long r;
@@ -28,7 +28,7 @@ extern "C" __attribute__((noinline)) long reader(long *p, long k) {
   return r;
 }
 #endif
-#ifndef NCE_LIB
+#ifndef EH_LIB
 static bool tracing_back;
 static sigjmp_buf back;
 static void on_segv(int) {

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -276,3 +277,29 @@ def test_may_fault() -> None:
     assert not may_fault(_insn("leaq", "8(%rdi), %rax", True))
     assert not may_fault(_insn("addq", "%rsi, %rax", False))
     assert not may_fault(_insn("callq", "0x1000", False))
+
+
+def test_relaid_window_keeps_call_site_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-laid window shifts instructions inside their stretch: where one can fault, each
+    boundary of the LSDA's call-site entries inside the window is kept as an anchor (a fault
+    is looked up at the instruction's own address), and one inside an instruction refuses
+    the window; without a faulting instruction nothing is added."""
+    from types import SimpleNamespace
+
+    from usdtpatch.analysis import relay
+
+    lsda = Lsda(0, 0x1000, (CallSite(0x1000, 0x1004, None, 0),
+                            CallSite(0x1004, 0x1010, 0x1080, 1)))
+    monkeypatch.setattr(relay, "parse_lsda", lambda _i, _a, _f: lsda)
+    fde = Fde(0x100, _cie(), 0x1000, 0x1100, 0x5000, b"")
+    ctx: Any = SimpleNamespace(image=None, cfi=SimpleNamespace(lookup=lambda _a: fde))
+
+    def insn(at: int, size: int, mem: bool) -> CodeInsn:
+        return _insn("movq" if mem else "nop", "", mem)._replace(address=at, size=size)
+
+    window = (insn(0x1000, 1, False), insn(0x1001, 3, True), insn(0x1004, 5, True))
+    assert relay._call_site_boundaries(ctx, window) == {0x1004}
+    inside = (insn(0x1000, 1, False), insn(0x1001, 5, True))  # 0x1004 inside [0x1001, 0x1006)
+    assert "inside an instruction" in str(relay._call_site_boundaries(ctx, inside))
+    quiet = (insn(0x1000, 1, False), insn(0x1001, 5, False))
+    assert relay._call_site_boundaries(ctx, quiet) == set()

@@ -303,8 +303,8 @@ def test_relaid_window_keeps_call_site_boundaries(monkeypatch: pytest.MonkeyPatc
         return _insn("movq" if mem else "nop", "", mem)._replace(address=at, size=size)
 
     window = (insn(0x1000, 1, False), insn(0x1001, 3, True), insn(0x1004, 5, True))
-    assert relay._call_site_boundaries(ctx, window) == {0x1004}
+    assert relay.call_site_boundaries(ctx, window) == {0x1004}
     inside = (insn(0x1000, 1, False), insn(0x1001, 5, True))  # 0x1004 inside [0x1001, 0x1006)
-    assert "inside an instruction" in str(relay._call_site_boundaries(ctx, inside))
+    assert "inside an instruction" in str(relay.call_site_boundaries(ctx, inside))
     quiet = (insn(0x1000, 1, False), insn(0x1001, 5, False))
-    assert relay._call_site_boundaries(ctx, quiet) == set()
+    assert relay.call_site_boundaries(ctx, quiet) == set()

@@ -110,7 +110,7 @@ def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes) -> Rel
     anchors = _row_boundaries(ctx, insns)
     if isinstance(anchors, str):
         return anchors
-    call_sites = _call_site_boundaries(ctx, insns)
+    call_sites = call_site_boundaries(ctx, insns)
     if isinstance(call_sites, str):
         return call_sites
     anchors |= call_sites
@@ -153,7 +153,7 @@ def _row_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] |
     return out
 
 
-def _call_site_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] | str:
+def call_site_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] | str:
     """The addresses strictly inside the window where the function's LSDA call-site table
     changes entry, when an instruction of the window can fault (analysis/calls.may_fault):
     a fault is looked up at the faulting instruction's own address, so such an instruction

@@ -164,6 +164,24 @@ def test_a_static_link_refuses_the_window_the_lsda_covers(tmp_path: Path) -> Non
     assert _mismatches(prog) == []
 
 
+def test_a_detour_lsda_that_cannot_be_built_refuses_the_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the detour's own LSDA cannot be built (here: made to fail, as an encoding that
+    would need a relocation at its new place fails), the window holding the faulting load is
+    not used, by check and rewrite alike (`window-eh-unwind`)."""
+    from usdtpatch.analysis import calls
+
+    prog = _build(tmp_path, "nce.cc", "g++", ["-O2"])
+    monkeypatch.setattr(calls, "detour_eh", lambda *_a: "a type table pointer cannot move")
+    _out, o = _rewritten(prog, tmp_path)
+    (s,) = o.sites
+    assert s.status is Status.UNCHANGED and s.code == "window-eh-unwind", _site(o)
+    assert "cannot be built (a type table pointer cannot move)" in s.reason
+    (sc,) = api.check(prog).report.sites
+    assert sc.blocked == "window-eh-unwind"
+    assert _mismatches(prog) == []
+
+
 def _shared(tmp: Path, source: str, cc: str, flags: Sequence[str]) -> tuple[Path, Path]:
     """lib<name>.so built from `source` with -DEH_LIB and its driver (-DEH_DRIVER, rpath
     $ORIGIN) in `tmp`."""

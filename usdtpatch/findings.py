@@ -460,6 +460,11 @@ WINDOW_CALL_UNWIND = _code(
     "emulated",
     "the site stays on the int3 path; a build with a 5-byte NOP header converts it",
     (_F, _S))
+WINDOW_EH_UNWIND = _code(
+    "window-eh-unwind", _W,
+    "an instruction in the window is covered by exception tables the detour cannot get",
+    "the site stays on the int3 path; a build with a 5-byte NOP header converts it",
+    (_F, _S))
 RELOCATION_FAILED = _code(
     "relocation-failed", _E,
     "the window's code cannot be relocated",

@@ -1,7 +1,7 @@
 /* cxx-trywin.cc: probes next to calls in try regions (issue 19, item 4): t1's window holds a
- * call whose landing pad the function's LSDA names (emulated by default; with --calls move the
- * detour's own LSDA cannot be built: window-call-unwind), t3's a call it moves with the
- * detour's own LSDA. k = 42 throws through each. */
+ * call whose landing pad the function's LSDA names, in a call-site entry that starts before
+ * the window (moved with the detour's own LSDA, by default and with --calls move), t3's a
+ * call it moves with the detour's own LSDA. k = 42 throws through each. */
 #include <sys/sdt.h>
 #include <stdexcept>
 #include <cstdio>

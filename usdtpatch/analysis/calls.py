@@ -12,11 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from usdtpatch.analysis.windows import PatchWindow
-from usdtpatch.elf.cfi import CfiError, CfiIndex, Lsda, eh_frame_unindexed, parse_lsda
+from usdtpatch.elf.cfi import (
+    CallSite,
+    CfiError,
+    CfiIndex,
+    Lsda,
+    eh_frame_unindexed,
+    parse_lsda,
+)
 from usdtpatch.elf.ehframe import LsdaRow, Personality, build_detour_lsda, personality_of
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_and
 from usdtpatch.errors import UnsupportedError
+from usdtpatch.findings import WINDOW_CALL_UNWIND, WINDOW_EH_UNWIND
+from usdtpatch.x86.decode import CodeInsn
 
 # How the calls of a window are handled (plan_rewrite's `calls`, SiteDecision.calls).
 CALLS_AUTO = "auto"  # move, with an LSDA where needed; emulate only where that cannot be
@@ -57,33 +66,83 @@ def emulable(win: PatchWindow) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Handling:
+    """What a detour of the window needs for its calls and exceptions: the call technique
+    (MOVED, EMULATED; None without a call), the calls emulated, and what the detour's own
+    LSDA is built from (None: it needs none)."""
+
+    technique: str | None
+    emulate: frozenset[int]
+    eh: DetourEh | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why the window cannot move to a detour: its finding code and reason."""
+
+    code: str
+    reason: str
+
+
+def detour_handling(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
+                    shstk: bool) -> Handling | Refusal:
+    """What a detour of the window needs for its calls (`call_technique`) and for an
+    exception thrown from a signal at one of its instructions (`faults_unwind`), or why it
+    cannot have it: the one decision check and the rewrite's plan ask for every window that
+    moves."""
+    if not win.calls:
+        return _with_fault_tables(image, cfi, win, None, frozenset())
+    return call_technique(image, cfi, win, calls, shstk)
+
+
 def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
-                    shstk: bool) -> tuple[str, frozenset[int], DetourEh | None] | str:
-    """How the window's calls go along: (MOVED or EMULATED, the calls to emulate, what the
+                   shstk: bool) -> Handling | Refusal:
+    """How the window's calls go along (MOVED or EMULATED, the calls to emulate, what the
     detour's LSDA is built from), or why neither technique is sound here."""
     no_emulation = emulable(win)
     if shstk:
         no_emulation = ("the file marks shadow stacks (an emulated call's ret would not "
                         "match the shadow stack)")
+    every = frozenset(win.calls)
     if calls == CALLS_EMULATE and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
+        return _with_fault_tables(image, cfi, win, EMULATED, every)
     lost = detour_frames_lost(image, cfi, win)
     if lost is not None:
         if no_emulation is None and calls != CALLS_MOVE:
-            return EMULATED, frozenset(win.calls), None
-        return f"{lost}; the call cannot be emulated ({no_emulation or 'calls move'})"
+            return _with_fault_tables(image, cfi, win, EMULATED, every)
+        return Refusal(WINDOW_CALL_UNWIND.code,
+                       f"{lost}; the call cannot be emulated ({no_emulation or 'calls move'})")
     need = calls_unwind(image, cfi, win)
     if need is None:
-        return MOVED, frozenset(), None
+        return _with_fault_tables(image, cfi, win, MOVED, frozenset())
     eh = detour_eh(image, cfi, win)
     if not isinstance(eh, str):
-        return MOVED, frozenset(), eh
+        return Handling(MOVED, frozenset(), eh)
     if calls == CALLS_AUTO and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
+        return _with_fault_tables(image, cfi, win, EMULATED, every)
     why = f"{need}; the detour's LSDA cannot be built ({eh})"
     if calls != CALLS_MOVE:
         why += f"; the call cannot be emulated ({no_emulation})"
-    return why
+    return Refusal(WINDOW_CALL_UNWIND.code, why)
+
+
+def _with_fault_tables(image: ElfImage, cfi: CfiIndex, win: PatchWindow,
+                       technique: str | None, emulate: frozenset[int]) -> Handling | Refusal:
+    """The technique, with the detour's own LSDA where an exception thrown from a signal at
+    one of the window's instructions needs it (`faults_unwind`); `window-eh-unwind` where
+    it needs it and the detour cannot get it."""
+    need = faults_unwind(image, cfi, win)
+    if need is None:
+        return Handling(technique, emulate, None)
+    if cfi.lookup(win.start) is not None and eh_frame_unindexed(image) is not None:
+        return Refusal(WINDOW_EH_UNWIND.code,
+                       f"{need}; the file has no PT_GNU_EH_FRAME header, so the detour would "
+                       f"get no FDE and no LSDA")
+    eh = detour_eh(image, cfi, win)
+    if isinstance(eh, str):
+        return Refusal(WINDOW_EH_UNWIND.code, f"{need}; the detour's LSDA cannot be built ({eh})")
+    return Handling(technique, emulate, eh)
 
 
 def detour_frames_lost(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
@@ -107,8 +166,8 @@ def detour_eh(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> DetourEh | st
     try:
         lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
         personality = personality_of(image, fde.cie)
-        rows = [LsdaRow(c.start, c.end, c.landing_pad, c.action) for c in lsda.call_sites
-                if c.start < win.end and win.start < c.end]
+        rows = [LsdaRow(max(c.start, win.start), min(c.end, win.end), c.landing_pad, c.action)
+                for c in lsda.call_sites if c.start < win.end and win.start < c.end]
         build_detour_lsda(image, lsda, win.start, win.start, rows)  # a trial at the window
     except (CfiError, UnsupportedError) as exc:
         return str(exc)
@@ -135,8 +194,7 @@ def calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None
     for ins in win.insns:
         if ins.address not in calls:
             continue
-        at = ins.end - 1  # the unwinder looks up the return address minus one
-        entry = next((c for c in lsda.call_sites if c.start <= at < c.end), None)
+        entry = call_site_at(lsda, ins.end - 1)  # the return address minus one
         if entry is None:
             return (f"the call at {ins.address:#x} is left out of the function's call-site "
                     f"table (an exception there ends in std::terminate)")
@@ -144,3 +202,61 @@ def calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None
             return (f"the call at {ins.address:#x} has a landing pad at "
                     f"{entry.landing_pad or 0:#x} in the function's LSDA")
     return None
+
+
+def call_site_at(lsda: Lsda, at: int) -> CallSite | None:
+    """The call-site entry of `lsda` covering `at`, or None (the table leaves it out: an
+    exception there ends in std::terminate)."""
+    return next((c for c in lsda.call_sites if c.start <= at < c.end), None)
+
+
+def faults_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
+    """Why the window's instructions need the detour's own LSDA for an exception thrown from
+    a signal at one of them, or None.
+
+    A signal frame's pc is looked up as it is (not minus one): a fault at an instruction
+    (code built with -fnon-call-exceptions, whose SIGSEGV handler throws) is looked up in the
+    function's call-site table at the instruction's own address. Run from a detour whose FDE
+    names no LSDA, the exception goes on to the caller; that is what the original does only
+    where the entry covering the instruction has no landing pad and no action. An entry with
+    one reaches a handler, and an instruction the table leaves out ends in std::terminate:
+    both need the detour's own table, which repeats the original's row of each instruction.
+    Only an instruction that can fault is looked up so (`may_fault`): a throw from a signal
+    delivered at any other pc is not something C++ defines (gcc covers only the trapping
+    instructions of -fnon-call-exceptions code, and leaves the others out of its tables).
+    """
+    fde = cfi.lookup(win.start)
+    if fde is None or fde.lsda is None:
+        return None
+    try:
+        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
+    except CfiError as exc:
+        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
+    for ins in win.insns:
+        if not may_fault(ins):
+            continue
+        entry = call_site_at(lsda, ins.address)
+        if entry is None:
+            return (f"the instruction at {ins.address:#x} is left out of the function's "
+                    f"call-site table (an exception thrown from a signal there ends in "
+                    f"std::terminate)")
+        if entry.landing_pad is not None or entry.action:
+            return (f"the instruction at {ins.address:#x} has a landing pad at "
+                    f"{entry.landing_pad or 0:#x} in the function's LSDA (an exception "
+                    f"thrown from a signal there lands there)")
+    return None
+
+
+# instructions that fault without touching memory: division, and the ones made to trap
+_FAULTING = ("div", "idiv", "ud", "int", "into", "hlt", "bound", "syscall", "sysenter")
+
+
+def may_fault(ins: CodeInsn) -> bool:
+    """Whether the instruction can raise a synchronous signal whose handler a C++ program
+    could throw from (what gcc's -fnon-call-exceptions covers): an explicit memory operand
+    (not `lea`, not a NOP's), a division, a trap. Stack pushes and pops, calls and returns
+    are not counted, as gcc does not count them."""
+    name = ins.base_mnemonic or ins.mnemonic
+    if name.startswith(("nop", "lea", "endbr", "prefetch")):
+        return False
+    return ins.mem is not None or name.startswith(_FAULTING)

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from usdtpatch.analysis.calls import CALLS_AUTO, call_technique, shadow_stack_marked
+from usdtpatch.analysis.calls import CALLS_AUTO, Refusal, detour_handling, shadow_stack_marked
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.forms import (
     ForkGuard,
@@ -70,7 +70,6 @@ from usdtpatch.findings import (
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
-    WINDOW_CALL_UNWIND,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
     Finding,
@@ -274,7 +273,8 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
     new site's bytes where the kernel optimizes them, else the window moves to a detour:
     `forward`); a window overlapping one already taken is not used (`window-overlaps-site`);
     nor one whose calls can neither move nor be emulated (usdtpatch.analysis.calls,
-    `window-call-unwind`), one whose guarded site's arguments cannot follow the guard
+    `window-call-unwind`), one whose instructions need exception tables the detour cannot
+    get (`window-eh-unwind`), one whose guarded site's arguments cannot follow the guard
     (`guard-impossible`), or one that would move an argument read relative to rip
     (`arg-rip-relative`)."""
     shstk: list[bool] = []
@@ -369,12 +369,12 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         if numeric is not None and w.shape not in (WindowShape.IN_PLACE, WindowShape.RELAID):
             return ARG_RIP_RELATIVE.code, (f"{m.probe.probe_id}: argument {numeric!r} is read "
                                            f"relative to rip and would move")
-    if w.calls:
+    if w.calls or w.shape is not WindowShape.IN_PLACE:
         if not shstk:
             shstk.append(shadow_stack_marked(ctx.image))
-        how = call_technique(ctx.image, ctx.cfi, w, options.calls, shstk[0])
-        if isinstance(how, str):
-            return WINDOW_CALL_UNWIND.code, how
+        how = detour_handling(ctx.image, ctx.cfi, w, options.calls, shstk[0])
+        if isinstance(how, Refusal):
+            return how.code, how.reason
     return None
 
 

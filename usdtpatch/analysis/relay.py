@@ -12,9 +12,11 @@ refusal says which):
 - no way in strictly inside the window (the function's targets, the file-wide ways in
   included), but the return site of a call inside it: nothing is retargeted;
 - every address that must stay put stays put: each call's return address (the unwind row
-  and the LSDA call-site entry looked up at return address - 1 are then the same), and each
+  and the LSDA call-site entry looked up at return address - 1 are then the same), each
   boundary of an `.eh_frame` row inside the window (the instructions between two such
-  addresses run with the row the original's ran with; NOP fill changes no state);
+  addresses run with the row the original's ran with; NOP fill changes no state), and,
+  where an instruction of the window can fault, each boundary of an LSDA call-site entry
+  (a fault is looked up at the instruction's own address: it stays in its entry);
 - no `.debug_frame` in the file (it is not read, so its rows cannot be kept), no relocation
   whose place lies in the window, no call into the window;
 - the window ends at the first target, or after an instruction that does not fall through.
@@ -27,10 +29,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from usdtpatch.analysis.calls import may_fault
 from usdtpatch.analysis.probes import Probe
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import RETURN_SITE, CodeContext, FunctionCode
 from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
+from usdtpatch.elf.cfi import CfiError, parse_lsda
 from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import SHT_RELA, ElfImage
 from usdtpatch.elf.relocs import rela_table
@@ -106,6 +110,10 @@ def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes) -> Rel
     anchors = _row_boundaries(ctx, insns)
     if isinstance(anchors, str):
         return anchors
+    call_sites = call_site_boundaries(ctx, insns)
+    if isinstance(call_sites, str):
+        return call_sites
+    anchors |= call_sites
     anchors |= {c.end for c in insns if c.flow in _CALLS}
     code = bytes(ctx.image.read_vaddr(s, e - s))
     try:
@@ -142,6 +150,27 @@ def _row_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] |
     starts = {c.address for c in insns}
     if not out <= starts:
         return f"an unwind row changes inside an instruction of [{s:#x}, {e:#x})"
+    return out
+
+
+def call_site_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] | str:
+    """The addresses strictly inside the window where the function's LSDA call-site table
+    changes entry, when an instruction of the window can fault (analysis/calls.may_fault):
+    a fault is looked up at the faulting instruction's own address, so such an instruction
+    must stay inside the entry it was in (each boundary stays put); or why it cannot."""
+    if not any(may_fault(c) for c in insns[1:]):
+        return set()
+    s, e = insns[0].address, insns[-1].end
+    fde = ctx.cfi.lookup(s)
+    if fde is None or fde.lsda is None:
+        return set()
+    try:
+        lsda = parse_lsda(ctx.image, fde.lsda, fde.pc_begin)
+    except CfiError as exc:
+        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
+    out = {a for c in lsda.call_sites for a in (c.start, c.end) if s < a < e}
+    if not out <= {c.address for c in insns}:
+        return f"a call-site entry of the LSDA changes inside an instruction of [{s:#x}, {e:#x})"
     return out
 
 

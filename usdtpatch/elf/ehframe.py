@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from usdtpatch.elf.cfi import (
+    CallSite,
     CfiError,
     Cie,
     DW_EH_PE_datarel,
@@ -95,19 +96,29 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """The unwind rules in force at one address."""
+    """The unwind rules in force at one address, and the `DW_CFA_GNU_args_size` in force
+    there (the bytes of outgoing arguments pushed: an unwinder that lands at a landing pad of
+    this frame pops them, libgcc's `uw_install_context_1`)."""
 
     cfa: Cfa
     regs: tuple[tuple[int, Rule], ...] = ()
+    args_size: int = 0
 
     def with_cfa_offset(self, delta: int) -> Row:
         if self.cfa.reg is None:
             raise UnsupportedError("the CFA is an expression here; the detour cannot adjust it")
-        return Row(Cfa(self.cfa.reg, self.cfa.offset + delta), self.regs)
+        return Row(Cfa(self.cfa.reg, self.cfa.offset + delta), self.regs, self.args_size)
 
 
 def rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
-    """The row in force at each address (all inside `fde`), by running its CFA program.
+    """The row in force at each address (all inside `fde`), by running its CFA program, with
+    the `DW_CFA_GNU_args_size` in force there.
+
+    The unwinders disagree on one point of that operand: libgcc keeps it outside the register
+    state, so `DW_CFA_restore_state` does not bring back the value saved by
+    `DW_CFA_remember_state`, while LLVM's libunwind keeps it in the state it saves. Where the
+    two readings give different values at an address asked for, the program is refused
+    (UnsupportedError): a detour could repeat only one of them.
 
     A program this interpreter cannot follow raises UnsupportedError (the site is skipped),
     and so does a CIE with an augmentation the reader does not know (`Cie.understood`): its
@@ -130,9 +141,11 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     state: dict[str, object] = {"cfa": Cfa(RSP, 8)}
     regs: dict[int, Rule] = {}
     initial: dict[int, Rule] = {}
-    stack: list[tuple[Cfa, dict[int, Rule]]] = []
+    stack: list[tuple[Cfa, dict[int, Rule], int]] = []
     ca, da = cie.code_alignment, cie.data_alignment
     loc = fde.pc_begin
+    # args_size as libgcc reads it, and as LLVM's libunwind does (restored by restore_state)
+    args = [0, 0]
 
     def cfa() -> Cfa:
         value = state["cfa"]
@@ -141,7 +154,12 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
 
     def flush(upto: int) -> None:
         while want and want[0] < upto:
-            out[want.pop(0)] = Row(cfa(), tuple(sorted(regs.items())))
+            at = want.pop(0)
+            if args[0] != args[1]:
+                raise UnsupportedError(
+                    f"DW_CFA_GNU_args_size at {at:#x} is {args[0]} for libgcc and {args[1]} "
+                    f"for libunwind (a DW_CFA_restore_state in between)")
+            out[at] = Row(cfa(), tuple(sorted(regs.items())), args[0])
 
     def restore(reg: int) -> None:
         if reg in initial:
@@ -189,11 +207,11 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
                 reg2, p = _uleb(prog, p)
                 regs[reg] = Rule("register", reg2)
             elif op == 0x0A:  # remember_state
-                stack.append((cfa(), dict(regs)))
+                stack.append((cfa(), dict(regs), args[1]))
             elif op == 0x0B:  # restore_state
                 if not stack:
                     raise UnsupportedError("DW_CFA_restore_state with an empty stack")
-                state["cfa"], regs = stack.pop()
+                state["cfa"], regs, args[1] = stack.pop()
             elif op in (0x0C, 0x12):  # def_cfa, def_cfa_sf
                 reg, p = _uleb(prog, p)
                 if op == 0x0C:
@@ -223,8 +241,9 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
                 n, p = _uleb(prog, p)
                 regs[reg] = Rule("expr" if op == 0x10 else "val_expr", 0, bytes(prog[p : p + n]))
                 p += n
-            elif op == 0x2E:  # GNU_args_size: no effect on the rules
-                _, p = _uleb(prog, p)
+            elif op == 0x2E:  # GNU_args_size
+                args[0], p = _uleb(prog, p)
+                args[1] = args[0]
             elif op == 0x2F:  # GNU_negative_offset_extended
                 reg, p = _uleb(prog, p)
                 off, p = _uleb(prog, p)
@@ -291,6 +310,8 @@ def _row_ops(row: Row, prev: Row | None) -> bytes:
             out += _rule_ops(reg, rule)
     for reg in sorted(set(old) - set(new)):
         out += b"\x08" + uleb(reg)  # back to the default: same value
+    if row.args_size != (prev.args_size if prev is not None else 0):
+        out += b"\x2e" + uleb(row.args_size)  # DW_CFA_GNU_args_size
     return bytes(out)
 
 
@@ -462,22 +483,37 @@ class LsdaRow:
     action: int
 
 
-def detour_call_sites(lsda: Lsda, pairs: list[tuple[int, int, int, int]]) -> list[LsdaRow]:
-    """The call-site rows of a detour: `pairs` are (original start, original end, detour
-    start, detour end) of each relocated instruction; an instruction gets the row of the
-    original entry covering it (looked up at its last byte, where the unwinder looks for a
-    return address), adjacent equal rows merged. Instructions the table leaves out get none."""
+def detour_call_sites(lsda: Lsda, spans: list[tuple[int, int, int, int, bool]]
+                      ) -> list[LsdaRow]:
+    """The call-site rows of a detour: `spans` are (original start, original end, detour
+    start, detour end, a moved call) of each relocated instruction. Each copy gets the row of
+    the original entry covering the original instruction's address, where a signal frame's
+    pc is looked up (a fault at it, -fnon-call-exceptions); a moved call's return address
+    minus one, where the unwinder looks for a frame that called, gets the row covering the
+    original's (the copy's bytes after its first). Adjacent equal rows are merged; what the
+    original table leaves out gets no row (std::terminate there, as in the original)."""
     rows: list[LsdaRow] = []
-    for o_start, o_end, n_start, n_end in pairs:
-        at = o_end - 1
-        cs = next((c for c in lsda.call_sites if c.start <= at < c.end), None)
-        if cs is None or not o_start < o_end:
-            continue
-        if rows and rows[-1].end == n_start and rows[-1].landing_pad == cs.landing_pad \
+
+    def add(start: int, end: int, cs: CallSite | None) -> None:
+        if cs is None or not start < end:
+            return
+        if rows and rows[-1].end == start and rows[-1].landing_pad == cs.landing_pad \
                 and rows[-1].action == cs.action:
-            rows[-1] = LsdaRow(rows[-1].start, n_end, cs.landing_pad, cs.action)
+            rows[-1] = LsdaRow(rows[-1].start, end, cs.landing_pad, cs.action)
         else:
-            rows.append(LsdaRow(n_start, n_end, cs.landing_pad, cs.action))
+            rows.append(LsdaRow(start, end, cs.landing_pad, cs.action))
+
+    def entry(at: int) -> CallSite | None:
+        return next((c for c in lsda.call_sites if c.start <= at < c.end), None)
+
+    for o_start, o_end, n_start, n_end, call in spans:
+        if not o_start < o_end:
+            continue
+        if call:
+            add(n_start, n_start + 1, entry(o_start))
+            add(n_start + 1, n_end, entry(o_end - 1))
+        else:
+            add(n_start, n_end, entry(o_start))
     return rows
 
 

@@ -37,7 +37,8 @@ from usdtpatch.analysis.calls import (
     shadow_stack_marked,
 )
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
-from usdtpatch.analysis.calls import call_technique as _call_technique
+from usdtpatch.analysis.calls import Refusal as _Refusal
+from usdtpatch.analysis.calls import detour_handling as _detour_handling
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window, used_window
 from usdtpatch.analysis.forms import (
     ForkGuard,
@@ -417,7 +418,6 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
     win = used_window(win, sc.probe, [m.probe for m in members], inputs.form, guarded)
     new_args = _member_args(members, win, guarded)
     sb = site_bytes(inputs.form, guarded)
-    handling = _call_handling(inputs, win)
     start_off = inputs.image.vaddr_to_offset(win.start)
     if start_off is None:
         raise _Skip(findings.PC_OUTSIDE_SEGMENTS.code, "window not in the file")
@@ -428,6 +428,7 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
                              reason=f"{inputs.form.value} written over {win.size} bytes of NOPs",
                              new_pc=sc.probe.address + sb.pc_offset, window=win, detour=None,
                              guarded=guarded, extra_jumps=0, verification=NOT_VERIFIED)]
+    handling = _call_handling(inputs, win)
     return _detoured(inputs, seg, sc, win, members, sb, handling, start_off, new_args)
 
 
@@ -511,14 +512,13 @@ class _Calls:
 
 
 def _call_handling(inputs: _Inputs, win: PatchWindow) -> _Calls:
-    """How the window's calls are handled, or _Skip when they cannot go along."""
-    if not win.calls:
-        return _Calls()
-    choice = _call_technique(inputs.image, inputs.cfi, win, inputs.calls, inputs.shstk)
-    if isinstance(choice, str):
-        raise _Skip(findings.WINDOW_CALL_UNWIND.code, choice)
-    technique, emulate, eh = choice
-    return _Calls(technique=technique, emulate=emulate, eh=eh)
+    """How the calls of a window that moves to a detour are handled, and whether the detour
+    needs its own LSDA (analysis/calls.py, as check asks it), or _Skip when they cannot go
+    along (`window-call-unwind`) or the LSDA cannot be built (`window-eh-unwind`)."""
+    choice = _detour_handling(inputs.image, inputs.cfi, win, inputs.calls, inputs.shstk)
+    if isinstance(choice, _Refusal):
+        raise _Skip(choice.code, choice.reason)
+    return _Calls(technique=choice.technique, emulate=choice.emulate, eh=choice.eh)
 
 
 def _optimized(form: Form, sb: SiteBytes, at: int) -> bool:
@@ -630,19 +630,22 @@ def _detour_unwind(inputs: _Inputs, p: Probe, win: PatchWindow, detour: Detour,
     rows = _detour_rows(inputs.cfi, win, detour, sb.guarded, handling.emulate)
     lsda: tuple[int, bytes] | None = None
     eh = handling.eh
+    code = findings.WINDOW_CALL_UNWIND.code if handling.technique == MOVED \
+        else findings.WINDOW_EH_UNWIND.code
     if eh is not None:
         lsda_at = (detour.end + 3) & ~3
         try:
             lsda = (lsda_at, build_detour_lsda(inputs.image, eh.lsda, lsda_at, detour.address,
-                                               _lsda_rows(eh.lsda, win, detour)))
+                                               _lsda_rows(eh.lsda, win, detour,
+                                                          handling.emulate)))
         except UnsupportedError as exc:
-            raise _Skip(findings.WINDOW_CALL_UNWIND.code,
-                        f"the detour's LSDA cannot be built: {exc}") from None
+            raise _Skip(code, f"the detour's LSDA cannot be built: {exc}") from None
     if isinstance(rows, str) and (eh is not None or (
             handling.technique == MOVED and inputs.cfi.lookup(win.start) is not None)):
         # a moved call returns into the detour: without the detour's FDE, unwinding from
-        # the callee would stop there (the original function has one)
-        raise _Skip(findings.WINDOW_CALL_UNWIND.code, f"the detour's FDE cannot be built: {rows}")
+        # the callee would stop there (the original function has one); a fault the LSDA
+        # covers would not reach its landing pad
+        raise _Skip(code, f"the detour's FDE cannot be built: {rows}")
     if isinstance(rows, str):
         return rows, None
     return DetourUnwind(detour=detour, rows=tuple(rows),
@@ -860,14 +863,17 @@ def existing_nop5_sites(image: ElfImage, sites: tuple[SiteDecision, ...]
     return out
 
 
-def _lsda_rows(lsda: Lsda, win: PatchWindow, detour: Detour) -> list[LsdaRow]:
-    """The detour's call-site rows: each relocated instruction with its original row."""
+def _lsda_rows(lsda: Lsda, win: PatchWindow, detour: Detour,
+               emulated: frozenset[int] = frozenset()) -> list[LsdaRow]:
+    """The detour's call-site rows: each relocated instruction with its original row (a
+    moved call's return address with the row of the original's)."""
     order = list(detour.insn_map)
-    spans: list[tuple[int, int, int, int]] = []
+    spans: list[tuple[int, int, int, int, bool]] = []
     ends = {i.address: i.end for i in win.insns}
+    moved = set(win.calls) - emulated
     for (orig, new), (_next_orig, next_new) in pairwise(order):
         if orig in ends:
-            spans.append((orig, ends[orig], new, next_new))
+            spans.append((orig, ends[orig], new, next_new, orig in moved))
     return detour_call_sites(lsda, spans)
 
 

@@ -40,11 +40,12 @@ from usdtpatch.analysis.hazards import (
     semaphore_problems,
 )
 from usdtpatch.analysis.index import Claims  # the planner's claim index (check decides as it does)
+from usdtpatch.analysis.observed import NO_OBSERVERS, PcObservers, pc_observers
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
-from usdtpatch.analysis.waysin import WaysIn, build_ways_in
+from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn, build_ways_in
 from usdtpatch.analysis.windows import PatchWindow, WindowResult, WindowShape, find_window
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
@@ -169,6 +170,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
+    ctx.observers = _observers(ctx, probeset)
     remember_context(ctx)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
@@ -199,6 +201,17 @@ def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
                      (p.address, p.address, p.address))
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
     return build_ways_in(ctx.image, sites, starts, ctx.cfi)
+
+
+def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:
+    """Who observes a moved pc in the file (analysis/observed.py), for the code around every
+    probe: its function's start and the bytes a window of it may cover."""
+    regions = []
+    for p in probeset.probes:
+        b = ctx.bounds(p.address)
+        if b is not None:
+            regions.append((b.start, p.address - BEFORE, min(b.end, p.address + AFTER)))
+    return pc_observers(ctx.image, regions) if regions else NO_OBSERVERS
 
 
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
@@ -335,6 +348,11 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
             [m.probe.address for m in sites_between(got.window.start, got.window.end)] \
             != [sc.probe.address]:
         return None
+    if ctx.observers is not None:  # what must keep its pc keeps it (analysis/observed.py)
+        pinned = ctx.observers.pinned(w.function_start)
+        moved = {a for a, b in got.code.insn_map if a != b}
+        if any(i.address in moved and pinned(i) is not None for i in got.window.insns):
+            return None
     return got
 
 
@@ -488,7 +506,9 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                                     _BLOCK_HINT, where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code)
+            window = find_window(fc, probe.address, code,
+                                 ctx.observers.pinned(bounds.start)
+                                 if ctx.observers is not None else None)
             if window.window is not None:
                 outcome = window.window.shape.value
             else:

@@ -19,7 +19,9 @@ from usdtpatch.elf.notes import GNU_PROPERTY_X86_FEATURE_1_SHSTK, x86_feature_1_
 from usdtpatch.errors import UnsupportedError
 
 # How the calls of a window are handled (plan_rewrite's `calls`, SiteDecision.calls).
-CALLS_AUTO = "auto"  # move, with an LSDA where needed; emulate only where that cannot be
+# auto: emulate where the window allows (the callee sees its original return address), else
+# move (the callee sees the detour's: `moved-call-return-address` says so)
+CALLS_AUTO = "auto"
 CALLS_MOVE = "move"  # always move (skip where the detour's LSDA cannot be built)
 CALLS_EMULATE = "emulate"  # emulate where possible (never in a SHSTK-marked file), else move
 CALL_CHOICES = (CALLS_AUTO, CALLS_MOVE, CALLS_EMULATE)
@@ -60,17 +62,20 @@ def emulable(win: PatchWindow) -> str | None:
 def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
                     shstk: bool) -> tuple[str, frozenset[int], DetourEh | None] | str:
     """How the window's calls go along: (MOVED or EMULATED, the calls to emulate, what the
-    detour's LSDA is built from), or why neither technique is sound here."""
+    detour's LSDA is built from), or why neither technique is sound here.
+
+    Emulated wherever the window allows (`auto` and `emulate`: the call is the window's last
+    instruction and the file does not mark shadow stacks), so that the callee sees its
+    original return address (dladdr, backtrace_symbols, a caller-range check); moved
+    otherwise, or always with `move`."""
     no_emulation = emulable(win)
     if shstk:
         no_emulation = ("the file marks shadow stacks (an emulated call's ret would not "
                         "match the shadow stack)")
-    if calls == CALLS_EMULATE and no_emulation is None:
+    if calls != CALLS_MOVE and no_emulation is None:
         return EMULATED, frozenset(win.calls), None
     lost = detour_frames_lost(image, cfi, win)
     if lost is not None:
-        if no_emulation is None and calls != CALLS_MOVE:
-            return EMULATED, frozenset(win.calls), None
         return f"{lost}; the call cannot be emulated ({no_emulation or 'calls move'})"
     need = calls_unwind(image, cfi, win)
     if need is None:
@@ -78,8 +83,6 @@ def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
     eh = detour_eh(image, cfi, win)
     if not isinstance(eh, str):
         return MOVED, frozenset(), eh
-    if calls == CALLS_AUTO and no_emulation is None:
-        return EMULATED, frozenset(win.calls), None
     why = f"{need}; the detour's LSDA cannot be built ({eh})"
     if calls != CALLS_MOVE:
         why += f"; the call cannot be emulated ({no_emulation})"
@@ -144,3 +147,17 @@ def calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None
             return (f"the call at {ins.address:#x} has a landing pad at "
                     f"{entry.landing_pad or 0:#x} in the function's LSDA")
     return None
+
+
+def return_addresses(win: PatchWindow, technique: str | None,
+                     moved_to: dict[int, int] | None = None) -> list[tuple[int, int, int | None]]:
+    """(call, original return address, what its callee sees: the original for an emulated
+    call, the detour's copy of the return address for a moved one, None where the detour is
+    not laid out yet) of every call of the window."""
+    out: list[tuple[int, int, int | None]] = []
+    for ins in win.insns:
+        if ins.address in win.calls:
+            seen = ins.end if technique == EMULATED else (
+                moved_to.get(ins.end) if moved_to is not None else None)
+            out.append((ins.address, ins.end, seen))
+    return out

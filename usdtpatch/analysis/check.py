@@ -13,7 +13,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from usdtpatch.analysis.calls import CALLS_AUTO, call_technique, shadow_stack_marked
+from usdtpatch.analysis.calls import (
+    CALLS_AUTO,
+    MOVED,
+    call_technique,
+    return_addresses,
+    shadow_stack_marked,
+)
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.forms import (
     ForkGuard,
@@ -60,6 +66,7 @@ from usdtpatch.findings import (
     FORK_GUARDED,
     FORK_UNKNOWN,
     GUARD_IMPOSSIBLE,
+    MOVED_CALL_RETURN_ADDRESS,
     NO_TRAMPOLINE_REACH,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
@@ -327,6 +334,10 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
         for m in members:
             decided[m.probe.index] = replace(m, outcome=shape, blocked=None) \
                 if m.outcome != shape else m
+        said = _moved_calls(ctx, sc, w, options, shstk)
+        if said:
+            first = decided[sc.probe.index]
+            decided[sc.probe.index] = replace(first, findings=(*first.findings, *said))
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
     return tuple(decided.get(s.probe.index, s) for s in sites)
@@ -393,6 +404,23 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         if isinstance(how, str):
             return WINDOW_CALL_UNWIND.code, how
     return None
+
+
+def _moved_calls(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, options: CheckOptions,
+                 shstk: list[bool]) -> list[Finding]:
+    """`moved-call-return-address` for each call the rewrite moves into the detour (its
+    callee sees a return address there; analysis/calls.py decides, as for the rewrite)."""
+    if not w.calls or w.shape is WindowShape.IN_PLACE:
+        return []
+    if not shstk:
+        shstk.append(shadow_stack_marked(ctx.image))
+    how = call_technique(ctx.image, ctx.cfi, w, options.calls, shstk[0])
+    if isinstance(how, str) or how[0] != MOVED:
+        return []
+    return [MOVED_CALL_RETURN_ADDRESS.finding(
+        f"the call at {c:#x} moves into the detour: its callee will see "
+        f"a return address in the detour, not {r:#x}", sc.probe.probe_id)
+        for c, r, _seen in return_addresses(w, MOVED)]
 
 
 def _shape(sc: SiteCheck, w: PatchWindow, members: list[SiteCheck],

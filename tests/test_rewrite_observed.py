@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,7 +82,7 @@ def _run(path: Path, *args: str) -> tuple[int, str]:
     return done.returncode, done.stdout
 
 
-def _rewritten_alike(program: Path, tmp: Path, *options: str) -> dict[str, object]:
+def _rewritten_alike(program: Path, tmp: Path, *options: str) -> dict[str, Any]:
     """`program` rewritten (the library in place of the original, in a copy of its folder),
     run as the original: the same exit status and output. Returns the rewrite's JSON."""
     out_dir = tmp / "new"
@@ -94,7 +95,7 @@ def _rewritten_alike(program: Path, tmp: Path, *options: str) -> dict[str, objec
     assert res.rc == 0, res.err
     assert out.read_bytes() != program.read_bytes()
     assert _run(out) == _run(program), program.name
-    doc: dict[str, object] = json.loads(res.out)["files"][0]
+    doc: dict[str, Any] = json.loads(res.out)["files"][0]
     return doc
 
 
@@ -104,7 +105,7 @@ def test_callee_sees_the_original_return_address(retaddr: dict[str, Path], build
     rc, text = _run(retaddr[build])
     assert rc == 0 and "dladdr caller;" in text and "inside the caller" in text, text
     doc = _rewritten_alike(retaddr[build], tmp_path)
-    (site,) = doc["sites"]  # type: ignore[index]
+    (site,) = doc["sites"]
     if site["calls"] is not None:  # the window holds the call (every build but clang -O0)
         assert site["calls"] == "emulated"
         assert [r["seen"] == r["original"] for r in site["returns"]] == [True]
@@ -134,13 +135,13 @@ def test_a_moved_call_says_what_its_callee_sees(retaddr: dict[str, Path],
     assert [f.code for f in rep.sites[0].findings] == ["moved-call-return-address"]
 
 
-def _pinned_moved(path: Path, doc: dict[str, object]) -> list[str]:
+def _pinned_moved(path: Path, doc: dict[str, Any]) -> list[str]:
     """The moved instructions of every rewritten site that fault or make system calls."""
     from usdtpatch.analysis.observed import may_fault, system_call
 
     image = api.load(path).image
     out = []
-    for s in doc["sites"]:  # type: ignore[attr-defined]
+    for s in doc["sites"]:
         w = s["window"]
         if s["action"] not in ("detour", "moved") or w is None:
             continue
@@ -157,7 +158,7 @@ def test_a_fault_recognised_by_its_pc_keeps_its_pc(faultpc: dict[str, Path], bui
     rc, text = _run(faultpc[build])
     assert rc == 0 and "expected faults 4" in text, text
     doc = _rewritten_alike(faultpc[build], tmp_path)
-    for s in doc["sites"]:  # type: ignore[attr-defined]
+    for s in doc["sites"]:
         assert s["action"] != "skipped" or s["code"] == "window-fault-observed", s
         assert not s["faults"], s  # no moved instruction faults: none is reported elsewhere
     assert _pinned_moved(faultpc[build], doc) == []
@@ -184,7 +185,7 @@ def test_a_system_call_never_moves(build: str, tmp_path: Path) -> None:
     assert _run(program) == (0, "fixed ok, bare ok\n" * 2)
     # the file may fork through a syscall of unknown number (ppid_bare): no guard for it
     doc = _rewritten_alike(program, tmp_path, "--fork-guard", "never")
-    sites = {s["name"]: s for s in doc["sites"]}  # type: ignore[attr-defined]
+    sites = {s["name"]: s for s in doc["sites"]}
     assert sites["fixed"]["action"] == "detour"
     assert (sites["bare"]["action"], sites["bare"]["code"]) == ("skipped", "window-syscall")
     assert re.search(r"0x[0-9a-f]+ \(syscall\) is a system call", sites["bare"]["reason"])

@@ -3,7 +3,9 @@
  * - label: the load is at the global label `load_fault` (hotspot's SafeFetch pattern): the
  *   handler compares REG_RIP with it and resumes at `load_resume`;
  * - range: the handler takes a fault whose pc lies in `range_load` (its first 256 bytes) as
- *   expected and siglongjmps out of it.
+ *   expected and siglongjmps out of it;
+ * - first: alike for `range_first`, whose probe is its first instruction: every window holds
+ *   the load (the site is left alone: window-fault-observed).
  * A fault at any other pc is foreign: the handler says so and exits 3.  Moved into a
  * detour, each load would fault at the detour's pc.  With -DLIB it is a shared library
  * (`run` called by faultpc-main.c).
@@ -41,6 +43,14 @@ __attribute__((noinline)) long range_load(long *p)
     return v;
 }
 
+long range_first(long *p);
+__asm__(".text\n.globl range_first\n.type range_first, @function\n.p2align 4\n"
+        "range_first:\n.cfi_startproc\n"
+        "990: nop\n"
+        "\tmovq (%rdi), %rax\n"
+        "\tret\n.cfi_endproc\n.size range_first, .-range_first\n"
+        CN_NOTE("990b", "0", "faultpc", "first", "8@%rdi"));
+
 static void on_segv(int sig, siginfo_t *si, void *ctx)
 {
     ucontext_t *uc = ctx;
@@ -52,7 +62,8 @@ static void on_segv(int sig, siginfo_t *si, void *ctx)
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)load_resume;
         return;
     }
-    if (pc >= (uintptr_t)range_load && pc < (uintptr_t)range_load + 256) {
+    if ((pc >= (uintptr_t)range_load && pc < (uintptr_t)range_load + 256) ||
+        (pc >= (uintptr_t)range_first && pc < (uintptr_t)range_first + 16)) {
         expected++;
         siglongjmp(env, 1);
     }
@@ -81,6 +92,8 @@ int main(int argc, char **argv)
         sum += label_load(&good) + label_load((long *)16);
         if (sigsetjmp(env, 1) == 0)
             sum += range_load(&good) + range_load((long *)24);
+        if (sigsetjmp(env, 1) == 0)
+            sum += range_first(&good) + range_first((long *)32);
     }
     printf("sum %ld, expected faults %ld\n", sum, expected);
     return 0;

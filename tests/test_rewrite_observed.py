@@ -170,9 +170,9 @@ def test_a_fault_recognised_by_its_pc_keeps_its_pc(faultpc: dict[str, Path], bui
 
 def test_a_moved_fault_is_reported_per_site() -> None:
     """Where nothing compares the function's address, a load moves and the report says
-    where its fault is now reported (the args fixture's `mem` probe)."""
+    where its fault is now reported (the args-O2 fixture's `f_sib` probe)."""
     plan = api.rewrite_plan(fixture("args-O2"), verify=False)
-    mem = next(s for s in plan.sites if s.probe.name == "mem")
+    mem = next(s for s in plan.sites if s.probe.name == "f_sib")
     assert mem.faults and mem.detour is not None
     ((at, seen),) = mem.faults
     assert dict(mem.detour.insn_map)[at] == seen

@@ -54,17 +54,19 @@ def system_call(ins: CodeInsn) -> bool:
 
 def may_fault(ins: CodeInsn) -> bool:
     """Whether the instruction can raise a synchronous signal (SIGSEGV, SIGBUS, SIGFPE,
-    SIGILL, SIGTRAP) at its own pc: a memory access not through %rsp/%rbp or a segment
-    (TLS), a division, a trap, an indirect branch through memory."""
+    SIGILL, SIGTRAP) at its own pc: a memory access not through %rsp/%rbp (a stack slot),
+    %rip (the file's own data) or %fs/%gs alone (the thread's TLS block), a division, a trap,
+    an indirect branch through memory."""
     base = (ins.base_mnemonic or ins.mnemonic).split()[-1]
     if base.startswith(_NO_ACCESS):
         return False
     if base in _TRAPS or base in _DIVIDES or ins.flow is Flow.STOP:
         return True
     m = ins.mem
-    if m is None or m.segment is not None:
-        return False
-    return m.base not in ("rsp", "rbp") or m.index is not None
+    if m is None or (m.segment in ("fs", "gs") and m.base is None and m.index is None):
+        return False  # no memory operand, or a thread's own TLS block
+    # a stack slot, or the file's own data (rip-relative): mapped
+    return m.base not in ("rsp", "rbp", "rip") or m.index is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,19 +116,28 @@ def pc_observers(image: ElfImage, regions: Iterable[tuple[int, int, int]]) -> Pc
     if handler is None:
         return NO_OBSERVERS
     targets: set[int] = set()
+    ranges: list[tuple[int, int]] = []
     for start, lo, hi in regions:
         targets.add(start)
         targets.update(range(max(start, lo), hi))
-    return PcObservers(handler, compared_addresses(image, targets))
+        ranges += [(start, start + 1), (max(start, lo), hi)]
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return PcObservers(handler, compared_addresses(image, targets, merged))
 
 
-def compared_addresses(image: ElfImage, targets: set[int]) -> dict[int, str]:
+def compared_addresses(image: ElfImage, targets: set[int],
+                       spans: list[tuple[int, int]] | None = None) -> dict[int, str]:
     """Of `targets`, the addresses the file's code compares with a value: a rip-relative
     `lea` of it (or, in a fixed-address file, a `mov`/`movabs` immediate) whose register a
     `cmp`/`sub` reads within USE_WINDOW instructions, a `cmp` with it as an immediate, a GOT
     slot holding it that code loads the same way or compares with (`cmp slot(%rip),%reg`)."""
     out: dict[int, str] = {}
-    for src, _name, t in references_to(image, targets, ("lea",)):
+    for src, _name, t in references_to(image, targets, ("lea",), spans):
         if _compared_after(image, _rex(image, src)):
             out.setdefault(t, f"rip-relative lea at {src:#x}, then compared")
     for w in code_words_of(image, targets):

@@ -326,17 +326,20 @@ RIP_REFERENCES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"),
 
 
 def references_to(image: ElfImage, targets: set[int],
-                  names: Iterable[str] | None = None) -> list[tuple[int, str, int]]:
+                  names: Iterable[str] | None = None,
+                  spans: list[tuple[int, int]] | None = None) -> list[tuple[int, str, int]]:
     """(source, name, target) of every byte sequence of the file's code that is a call or jmp
     rel32, a `call`/`jmp *disp(%rip)`, or a rip-relative `lea`/`mov` (only the kinds
     `names` of RIP_REFERENCES, when given) whose address is one of `targets` (bytes: the
     caller checks that an instruction starts there). One search per opcode (a literal
-    first byte lets the search skip along), by source."""
+    first byte lets the search skip along), by source. `spans`: sorted ranges that cover
+    `targets` (else made from each target: slower for many)."""
     out: list[tuple[int, str, int]] = []
     wanted = [r for r in RIP_REFERENCES if names is None or r[2] in frozenset(names)]
     if not targets or not wanted:
         return out
-    spans = _spans([(t, t, t) for t in targets], CHUNK)
+    if spans is None:
+        spans = _spans([(t, t, t) for t in targets], CHUNK)
     for vaddr, off, size in code_ranges(image):
         data = bytes(image.data[off:off + size])
         for opcode, head, name in wanted:

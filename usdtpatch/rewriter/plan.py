@@ -480,13 +480,15 @@ def _relaid(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
         return None
     seg.patch(w.start, off, laid.code)
     faults = moved_faults(w, laid)
+    # a call of a re-laid window ends where it ended: its callee sees the original
+    returns = tuple((c, r, r) for c, r, _seen in return_addresses(w, None))
     return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
                          reason=f"re-laid in place: {w.size} bytes re-encoded, "
                                 f"{inputs.form.value} at the probe's address"
-                                + observed_text((), faults),
+                                + observed_text(returns, faults),
                          new_pc=sc.probe.address, window=w, detour=None, guarded=False,
                          extra_jumps=0, calls=None, verification=verification,
-                         relaid=laid, faults=faults)]
+                         relaid=laid, returns=returns, faults=faults)]
 
 
 def _member_args(members: list[SiteCheck], win: PatchWindow, guarded: bool) -> dict[int, str]:

@@ -16,6 +16,9 @@
 3. The same for a re-laid site (a library function whose probe precedes a general-dynamic
    TLS access): original, native nop5, the rewrite (re-laid in place) and the same site
    given a detour (re-laying turned off in the plan).
+4. The same for a probe whose only window holds a call (`nop; call step` at a loop's head):
+   the original, the call moved (`--calls move`: it returns into the detour) and emulated
+   (`--calls auto`, the default: its `ret` matches no `call` and is mispredicted).
 
 It prints figures; it is not a timed test.
 
@@ -281,6 +284,58 @@ def _relaid_costs(runs: int, iterations: int) -> None:
             print(f"  {label:34} {ns:7.3f}  x{ns / ref:5.2f}  ({_load()})")
 
 
+CALL_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <sys/sdt.h>
+long acc, cur;
+__attribute__((noinline)) void step(void) { acc += cur; __asm__ volatile(""); }
+__attribute__((noinline)) void loop(long n)
+{
+    for (cur = 0; cur < n; cur++) {  /* the loop's jump lands on the probe: `nop; call step` */
+        STAP_PROBE(bench, call);
+        step();
+    }
+}
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? atol(argv[1]) : 100000000L;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    loop(n);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
+    printf("%.4f\n", ns / n + (acc == 42 ? 1e-9 : 0));
+    return 0;
+}
+"""
+
+
+def _call_costs(runs: int, iterations: int) -> None:
+    """A window that holds a call (issue 30, class 7): moved or emulated."""
+    print(f"\ncall window: `nop; call step` per pass ({iterations} iterations, median of "
+          f"{runs} runs, ns/pass)")
+    with tempfile.TemporaryDirectory(prefix="bench-call-") as tmp:
+        d = Path(tmp)
+        (d / "call.c").write_text(CALL_C)
+        orig = d / "orig"
+        subprocess.run(["gcc", "-O2", "-o", str(orig), str(d / "call.c")], check=True)
+        variants = [("original (1-byte nop)", orig, "")]
+        for calls in ("move", "auto"):
+            out = d / calls
+            done = subprocess.run([*USDTPATCH, "rewrite", str(orig), "-o", str(out),
+                                   "--calls", calls, "--json"],
+                                  capture_output=True, text=True, check=True)
+            site = json.loads(done.stdout)["files"][0]["sites"][0]
+            variants.append((f"rewritten, --calls {calls}", out, str(site["calls"])))
+        ref = None
+        for label, exe, how in variants:
+            ns = _ns_per_pass(exe, iterations, runs)
+            ref = ns if ref is None else ref
+            print(f"  {label:34} {ns:7.3f}  x{ns / ref:5.2f}  {how}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -299,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         _rewrite_times(args.runs, args.verify_runs)
     _loop_costs(args.runs, args.iterations)
     _relaid_costs(args.runs, args.iterations // 4)
+    _call_costs(args.runs, args.iterations // 4)
     return 0
 
 

@@ -164,6 +164,8 @@ TRIGGERED_ELSEWHERE = {
     "fork-guard-unavailable": "tests/test_fork_guard.py",
     "probe-not-code": "tests/test_analysis_datacode.py",
     "fork-unknown": "tests/test_fork_static.py",
+    "window-syscall": "tests/test_rewrite_observed.py",
+    "window-fault-observed": "tests/test_rewrite_observed.py",
 }
 
 

@@ -87,7 +87,10 @@ def test_noexcept_still_terminates(calls: str, tmp_path: Path) -> None:
 def test_call_technique_per_site() -> None:
     assert not shadow_stack_marked(parse_elf(fixture("call-window").read_bytes()))
     assert shadow_stack_marked(parse_elf(fixture("call-window-shstk").read_bytes()))
-    assert _site(_plan("call-window"), "each").calls == MOVED  # the default
+    # the default emulates where the window allows: the callee sees its original return
+    # address (issue 30, class 7); `move` moves it
+    assert _site(_plan("call-window"), "each").calls == EMULATED
+    assert _site(_plan("call-window", "move"), "each").calls == MOVED
     assert _site(_plan("call-window", "emulate"), "each").calls == EMULATED
     # a file marked for shadow stacks never gets an emulated call: the call is moved
     assert _site(_plan("call-window-shstk", "emulate"), "each").calls == MOVED
@@ -114,7 +117,7 @@ def test_cli_reports_the_technique(tmp_path: Path) -> None:
 
 def test_moved_call_gets_an_lsda_with_the_original_landing_pad(tmp_path: Path) -> None:
     image = parse_elf(fixture("cxx-callwin").read_bytes())
-    plan = plan_rewrite(image, verify=None)
+    plan = plan_rewrite(image, verify=None, calls="move")
     d = _site(plan, "in_try")
     assert d.calls == MOVED and "LSDA" in d.reason
     assert d.window is not None and d.detour is not None
@@ -125,7 +128,7 @@ def test_moved_call_gets_an_lsda_with_the_original_landing_pad(tmp_path: Path) -
             if c.start <= call < c.end]
     assert orig and orig[0].landing_pad is not None
 
-    out, _ = _rewritten("cxx-callwin", tmp_path)
+    out, _ = _rewritten("cxx-callwin", tmp_path, "move")
     new = parse_elf(out.read_bytes())
     dfde = load_cfi(new).lookup(d.detour.address)
     assert dfde is not None and dfde.pc_begin == d.detour.address and dfde.lsda is not None
@@ -146,7 +149,8 @@ def test_moved_call_gets_an_lsda_with_the_original_landing_pad(tmp_path: Path) -
 
 
 def test_without_the_detours_lsda_the_handler_is_missed(tmp_path: Path) -> None:
-    plan = plan_rewrite(parse_elf(fixture("cxx-callwin").read_bytes()), verify=None)
+    plan = plan_rewrite(parse_elf(fixture("cxx-callwin").read_bytes()), verify=None,
+                        calls="move")
     assert any(u.lsda is not None for u in plan.unwind)
     stripped = replace(plan, unwind=tuple(replace(u, lsda=None, personality=None)
                                           for u in plan.unwind))
@@ -197,7 +201,7 @@ def _verify(plan: RewritePlan, name: str, detour: Detour | None = None,
 
 
 def test_verifier_accepts_the_moved_call_and_rejects_a_wrong_one() -> None:
-    plan = _plan("call-window")
+    plan = _plan("call-window", "move")
     assert _verify(plan, "each") is None
     d = _site(plan, "each")
     assert d.detour is not None and d.window is not None

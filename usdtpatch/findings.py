@@ -223,6 +223,13 @@ WINDOW_BRANCH_TARGET = _code("window-branch-target", _W,
 WINDOW_CALL = _code("window-call", _W, "every window holds a call that cannot go along",
                     _BLOCK_HINT,
                     (_F, _S))
+WINDOW_SYSCALL = _code("window-syscall", _W,
+                       "every window holds a system-call instruction, which never moves",
+                       _BLOCK_HINT, (_F, _S))
+WINDOW_FAULT_OBSERVED = _code(
+    "window-fault-observed", _W,
+    "every window holds an instruction that can fault where the file's signal handler may "
+    "recognise the fault by its pc", _BLOCK_HINT, (_F, _S))
 WINDOW_FUNCTION_END = _code("window-function-end", _W,
                             "the function ends before 5 bytes can be covered", _BLOCK_HINT,
                             (_F, _S))
@@ -413,6 +420,11 @@ PARKED_THREAD_FAILS = _code(
 # -- rewrite: findings, and why a site is left as it is --
 DETOUR_WITHOUT_CFI = _code("detour-without-cfi", _I, "a detour without unwind information",
                            "debuggers cannot unwind from inside this detour")
+MOVED_CALL_RETURN_ADDRESS = _code(
+    "moved-call-return-address", _I,
+    "a call moved into a detour: its callee sees a return address in the detour",
+    "dladdr, backtrace_symbols and return-address range checks in the callee name the "
+    "detour, not the caller; a build with a 5-byte NOP header keeps the original")
 DETOUR_UNWIND_LEFT_OUT = _code(
     "detour-unwind-left-out", _W, "the detours get no unwind tables: no PT_GNU_EH_FRAME",
     "link with -Wl,--eh-frame-hdr (gcc leaves it out of static links) to give the detours "

@@ -28,7 +28,9 @@ from usdtpatch.findings import WINDOW_CALL_UNWIND, WINDOW_EH_UNWIND
 from usdtpatch.x86.decode import CodeInsn
 
 # How the calls of a window are handled (plan_rewrite's `calls`, SiteDecision.calls).
-CALLS_AUTO = "auto"  # move, with an LSDA where needed; emulate only where that cannot be
+# auto: emulate where the window allows (the callee sees its original return address), else
+# move (the callee sees the detour's: `moved-call-return-address` says so)
+CALLS_AUTO = "auto"
 CALLS_MOVE = "move"  # always move (skip where the detour's LSDA cannot be built)
 CALLS_EMULATE = "emulate"  # emulate where possible (never in a SHSTK-marked file), else move
 CALL_CHOICES = (CALLS_AUTO, CALLS_MOVE, CALLS_EMULATE)
@@ -99,18 +101,21 @@ def detour_handling(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str
 def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
                    shstk: bool) -> Handling | Refusal:
     """How the window's calls go along (MOVED or EMULATED, the calls to emulate, what the
-    detour's LSDA is built from), or why neither technique is sound here."""
+    detour's LSDA is built from), or why neither technique is sound here.
+
+    Emulated wherever the window allows (`auto` and `emulate`: the call is the window's last
+    instruction and the file does not mark shadow stacks), so that the callee sees its
+    original return address (dladdr, backtrace_symbols, a caller-range check); moved
+    otherwise, or always with `move`."""
     no_emulation = emulable(win)
     if shstk:
         no_emulation = ("the file marks shadow stacks (an emulated call's ret would not "
                         "match the shadow stack)")
     every = frozenset(win.calls)
-    if calls == CALLS_EMULATE and no_emulation is None:
+    if calls != CALLS_MOVE and no_emulation is None:
         return _with_fault_tables(image, cfi, win, EMULATED, every)
     lost = detour_frames_lost(image, cfi, win)
     if lost is not None:
-        if no_emulation is None and calls != CALLS_MOVE:
-            return _with_fault_tables(image, cfi, win, EMULATED, every)
         return Refusal(WINDOW_CALL_UNWIND.code,
                        f"{lost}; the call cannot be emulated ({no_emulation or 'calls move'})")
     need = calls_unwind(image, cfi, win)
@@ -119,8 +124,6 @@ def call_technique(image: ElfImage, cfi: CfiIndex, win: PatchWindow, calls: str,
     eh = detour_eh(image, cfi, win)
     if not isinstance(eh, str):
         return Handling(MOVED, frozenset(), eh)
-    if calls == CALLS_AUTO and no_emulation is None:
-        return _with_fault_tables(image, cfi, win, EMULATED, every)
     why = f"{need}; the detour's LSDA cannot be built ({eh})"
     if calls != CALLS_MOVE:
         why += f"; the call cannot be emulated ({no_emulation})"
@@ -260,3 +263,17 @@ def may_fault(ins: CodeInsn) -> bool:
     if name.startswith(("nop", "lea", "endbr", "prefetch")):
         return False
     return ins.mem is not None or name.startswith(_FAULTING)
+
+
+def return_addresses(win: PatchWindow, technique: str | None,
+                     moved_to: dict[int, int] | None = None) -> list[tuple[int, int, int | None]]:
+    """(call, original return address, what its callee sees: the original for an emulated
+    call, the detour's copy of the return address for a moved one, None where the detour is
+    not laid out yet) of every call of the window."""
+    out: list[tuple[int, int, int | None]] = []
+    for ins in win.insns:
+        if ins.address in win.calls:
+            seen = ins.end if technique == EMULATED else (
+                moved_to.get(ins.end) if moved_to is not None else None)
+            out.append((ins.address, ins.end, seen))
+    return out

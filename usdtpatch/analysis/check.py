@@ -13,7 +13,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from usdtpatch.analysis.calls import CALLS_AUTO, Refusal, detour_handling, shadow_stack_marked
+from usdtpatch.analysis.calls import (
+    CALLS_AUTO,
+    MOVED,
+    Refusal,
+    detour_handling,
+    return_addresses,
+    shadow_stack_marked,
+)
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.forms import (
     ForkGuard,
@@ -40,11 +47,12 @@ from usdtpatch.analysis.hazards import (
     semaphore_problems,
 )
 from usdtpatch.analysis.index import Claims  # the planner's claim index (check decides as it does)
+from usdtpatch.analysis.observed import NO_OBSERVERS, PcObservers, pc_observers
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
-from usdtpatch.analysis.waysin import WaysIn, build_ways_in
+from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn, build_ways_in
 from usdtpatch.analysis.windows import PatchWindow, WindowResult, WindowShape, find_window
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
@@ -59,6 +67,7 @@ from usdtpatch.findings import (
     FORK_GUARDED,
     FORK_UNKNOWN,
     GUARD_IMPOSSIBLE,
+    MOVED_CALL_RETURN_ADDRESS,
     NO_TRAMPOLINE_REACH,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
@@ -168,6 +177,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
+    ctx.observers = _observers(ctx, probeset)
     remember_context(ctx)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
@@ -198,6 +208,17 @@ def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
                      (p.address, p.address, p.address))
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
     return build_ways_in(ctx.image, sites, starts, ctx.cfi)
+
+
+def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:
+    """Who observes a moved pc in the file (analysis/observed.py), for the code around every
+    probe: its function's start and the bytes a window of it may cover."""
+    regions = []
+    for p in probeset.probes:
+        b = ctx.bounds(p.address)
+        if b is not None:
+            regions.append((b.start, p.address - BEFORE, min(b.end, p.address + AFTER)))
+    return pc_observers(ctx.image, regions) if regions else NO_OBSERVERS
 
 
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
@@ -315,6 +336,10 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
         shape = w.shape.value
         for m in members:
             decided[m.probe.index] = _used(m, shape, w)
+        said = _moved_calls(ctx, sc, w, options, shstk)
+        if said:
+            first = decided[sc.probe.index]
+            decided[sc.probe.index] = replace(first, findings=(*first.findings, *said))
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
     return tuple(decided.get(s.probe.index, s) for s in sites)
@@ -336,6 +361,11 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
             [m.probe.address for m in sites_between(got.window.start, got.window.end)] \
             != [sc.probe.address]:
         return None
+    if ctx.observers is not None:  # what must keep its pc keeps it (analysis/observed.py)
+        pinned = ctx.observers.pinned(w.function_start)
+        moved = {a for a, b in got.code.insn_map if a != b}
+        if any(i.address in moved and pinned(i) is not None for i in got.window.insns):
+            return None
     return got
 
 
@@ -376,6 +406,23 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         if isinstance(how, Refusal):
             return how.code, how.reason
     return None
+
+
+def _moved_calls(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, options: CheckOptions,
+                 shstk: list[bool]) -> list[Finding]:
+    """`moved-call-return-address` for each call the rewrite moves into the detour (its
+    callee sees a return address there; analysis/calls.py decides, as for the rewrite)."""
+    if not w.calls or w.shape is WindowShape.IN_PLACE:
+        return []
+    if not shstk:
+        shstk.append(shadow_stack_marked(ctx.image))
+    how = detour_handling(ctx.image, ctx.cfi, w, options.calls, shstk[0])
+    if isinstance(how, Refusal) or how.technique != MOVED:
+        return []
+    return [MOVED_CALL_RETURN_ADDRESS.finding(
+        f"the call at {c:#x} moves into the detour: its callee will see "
+        f"a return address in the detour, not {r:#x}", sc.probe.probe_id)
+        for c, r, _seen in return_addresses(w, MOVED)]
 
 
 def used_window(w: PatchWindow, probe: Probe, members: list[Probe], form: Form,
@@ -507,7 +554,9 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                                     _BLOCK_HINT, where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code)
+            window = find_window(fc, probe.address, code,
+                                 ctx.observers.pinned(bounds.start)
+                                 if ctx.observers is not None else None)
             if window.window is not None:
                 outcome = window.window.shape.value
             else:

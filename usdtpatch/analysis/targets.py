@@ -40,6 +40,7 @@ import struct
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from usdtpatch.analysis.functions import FunctionBounds, function_bounds, symbols_inside
 from usdtpatch.analysis.index import Recent
@@ -62,6 +63,9 @@ from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
 from usdtpatch.x86.nops import nop_run_length
 from usdtpatch.x86.regs import CALLER_SAVED, IMPLICIT_WRITES, alias, sized
+
+if TYPE_CHECKING:  # observed.py reads the windows, which read this module
+    from usdtpatch.analysis.observed import PcObservers
 
 MAX_TABLE_ENTRIES = 4096
 MAX_COLD_PARTS = 8  # related parts followed per function
@@ -215,6 +219,8 @@ class CodeContext:
         # every way into the code around the probes from the whole file (check() builds it
         # once; usdtpatch.analysis.waysin); None: only the function's own analysis
         self.ways_in: WaysIn | None = None
+        # who observes a moved instruction's pc (check() finds them once; analysis/observed.py)
+        self.observers: PcObservers | None = None
 
     def sweep(self, start: int, end: int) -> Sweep:
         key = (start, end)

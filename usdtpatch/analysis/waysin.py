@@ -320,21 +320,26 @@ def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 RIP_REFERENCES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"),
                   (rb"\xff\x15", 2, "call-indirect"), (rb"\xff\x25", 2, "jmp-indirect"),
                   (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"),
-                  (rb"\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "mov"))
+                  (rb"\x8b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "mov"),
+                  (rb"\x3b[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "cmp"),
+                  (rb"\x39[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "cmp"))
 
 
 def references_to(image: ElfImage, targets: set[int],
-                  names: Iterable[str] | None = None) -> list[tuple[int, str, int]]:
+                  names: Iterable[str] | None = None,
+                  spans: list[tuple[int, int]] | None = None) -> list[tuple[int, str, int]]:
     """(source, name, target) of every byte sequence of the file's code that is a call or jmp
     rel32, a `call`/`jmp *disp(%rip)`, or a rip-relative `lea`/`mov` (only the kinds
     `names` of RIP_REFERENCES, when given) whose address is one of `targets` (bytes: the
     caller checks that an instruction starts there). One search per opcode (a literal
-    first byte lets the search skip along), by source."""
+    first byte lets the search skip along), by source. `spans`: sorted ranges that cover
+    `targets` (else made from each target: slower for many)."""
     out: list[tuple[int, str, int]] = []
     wanted = [r for r in RIP_REFERENCES if names is None or r[2] in frozenset(names)]
     if not targets or not wanted:
         return out
-    spans = _spans([(t, t, t) for t in targets], CHUNK)
+    if spans is None:
+        spans = _spans([(t, t, t) for t in targets], CHUNK)
     for vaddr, off, size in code_ranges(image):
         data = bytes(image.data[off:off + size])
         for opcode, head, name in wanted:
@@ -379,6 +384,18 @@ def _scan_code(image: ElfImage, protected: set[int], probes: list[tuple[int, int
 
 
 _NO_SYMBOL = frozenset({R_X86_64_RELATIVE, R_X86_64_IRELATIVE, R_X86_64_NONE})
+
+
+def code_words_of(image: ElfImage, targets: set[int]) -> list[WayIn]:
+    """Every absolute value of a fixed-address file (a word in data, an immediate in code)
+    that is one of `targets` (none in a position-independent file)."""
+    return _scan_words(image, targets)
+
+
+def relocations_to(image: ElfImage, targets: set[int]) -> list[WayIn]:
+    """Every relocation of the loader's tables whose value is one of `targets` (a code
+    pointer the loader stores: its place is the way in's `source`)."""
+    return _scan_relocations(image, targets)
 
 
 def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:

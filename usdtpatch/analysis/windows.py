@@ -30,6 +30,7 @@ Each shape is tried in rounds, the later ones only when the earlier ones find no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -199,11 +200,18 @@ def _describe_target(t: Target) -> str:
     return f"{t.kind}{src}"
 
 
-def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResult:
+# (finding code, why) of an instruction that must not move (analysis/observed.py), or None
+Pinned = Callable[[CodeInsn], "tuple[str, str] | None"]
+
+
+def find_window(fc: FunctionCode, probe_address: int, code: bytes,
+                pinned: Pinned | None = None) -> WindowResult:
     """The best patch window for the probe instruction at `probe_address` in function `fc`.
 
     `code` is the function's bytes (fc.bounds.start .. fc.bounds.end), used for the window's
-    `code` and for recognizing NOP padding.
+    `code` and for recognizing NOP padding. `pinned` says why an instruction must not move
+    (a system call, a fault a signal handler recognises by its pc: analysis/observed.py):
+    no window that moves holds one.
     """
     i = fc.index_of(probe_address)
     if i is None:
@@ -224,7 +232,8 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes) -> WindowResu
     except _Blocked as b:
         tried.append(f"in-place: {b.reason}")
     first: tuple[_Blocked | None, _Blocked | None] | None = None
-    for mode in (_Mode(False, False), _Mode(True, False), _Mode(True, True)):
+    for mode in (_Mode(False, False, pinned), _Mode(True, False, pinned),
+                 _Mode(True, True, pinned)):
         forward_block: _Blocked | None = None
         try:
             w = _forward(fc, i, code, mode)
@@ -279,6 +288,7 @@ class _Mode:
 
     calls: bool
     retarget: bool
+    pinned: Pinned | None = None
 
     @property
     def name(self) -> str:
@@ -347,6 +357,12 @@ def _in_place(fc: FunctionCode, i: int, code: bytes) -> PatchWindow:
 
 def _is_call(ins: CodeInsn) -> bool:
     return ins.flow in (Flow.CALL, Flow.CALL_INDIRECT)
+
+
+def _pinned(ins: CodeInsn, mode: _Mode) -> _Blocked | None:
+    """Why `ins` may not move (analysis/observed.py), as a block of the window."""
+    why = mode.pinned(ins) if mode.pinned is not None else None
+    return _Blocked(*why) if why is not None else None
 
 
 def _call_blocks(fc: FunctionCode, ins: CodeInsn, mode: _Mode, s: int) -> _Blocked | None:
@@ -523,6 +539,9 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
     insns = fc.insns
     s = insns[first].address
     for k in range(first, i + 1):
+        stays = _pinned(insns[k], mode)
+        if stays is not None:
+            raise stays
         if _is_call(insns[k]):
             blocked = _call_blocks(fc, insns[k], mode, s)
             if blocked is not None:
@@ -562,6 +581,9 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
             raise last_block or _Blocked(
                 WINDOW_FUNCTION_END.code, f"the function ends at {fc.bounds.end:#x} before 5 "
                                        "bytes")
+        stays = _pinned(insns[j], mode)
+        if stays is not None:
+            raise last_block or stays
         if _is_call(insns[j]):
             blocked = _call_blocks(fc, insns[j], mode, s)
             if blocked is not None:

@@ -85,10 +85,11 @@ def register(sub: Any) -> None:
                    help="restore optimized sites in forked children: auto (where it can be "
                         "added), always (refuse a file it cannot cover), never (default auto)")
     p.add_argument("--calls", choices=["auto", "move", "emulate"], default="auto",
-                   help="calls inside a patch window: auto (move them into the detour, with "
-                        "its own exception table where needed; emulate only where that "
-                        "cannot be), move, emulate (never in a file marked for shadow "
-                        "stacks) (default auto)")
+                   help="calls inside a patch window: auto (emulate them where the window "
+                        "allows, so the callee sees its original return address; else move "
+                        "them into the detour, with its own exception table where needed), "
+                        "move, emulate (never in a file marked for shadow stacks) "
+                        "(default auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the equivalence check of each detour")
     p.add_argument("--no-prove", action="store_true",

@@ -44,6 +44,8 @@ def site_json(o: SiteDecision) -> dict[str, Any]:
         "detour": None if o.detour is None else {
             "address": o.detour.address, "size": len(o.detour.code)},
         "calls": o.calls, "retargeted": list(o.retargeted), "verification": o.verification,
+        "returns": [{"call": c, "original": r, "seen": seen} for c, r, seen in o.returns],
+        "faults": [{"original": a, "seen": b} for a, b in o.faults],
     }
 
 

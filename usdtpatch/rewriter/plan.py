@@ -34,6 +34,7 @@ from usdtpatch.analysis.calls import (
     CALLS_AUTO,
     EMULATED,
     MOVED,
+    return_addresses,
     shadow_stack_marked,
 )
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
@@ -51,6 +52,7 @@ from usdtpatch.analysis.forms import (
 )
 from usdtpatch.analysis.hazards import detour_unwind_left_out
 from usdtpatch.analysis.index import Claims, SitesByAddress
+from usdtpatch.analysis.observed import may_fault
 from usdtpatch.analysis.probes import (
     BASE_SECTION,
     Probe,
@@ -163,6 +165,12 @@ class SiteDecision:
     # a re-laid window's bytes at its own address (analysis/relay.py: verified as a detour
     # is); None for every other site
     relaid: Detour | None = None
+    # what an observer now sees (docs/rewrite.md, "What a moved instruction's pc and a moved
+    # call's return address look like"): (call, original return address, the return address
+    # its callee sees) of each call of the window, and (original pc, pc now) of each moved
+    # instruction that can fault (a signal handler reads the second)
+    returns: tuple[tuple[int, int, int], ...] = ()
+    faults: tuple[tuple[int, int], ...] = ()
 
     @property
     def status(self) -> Status:
@@ -474,12 +482,16 @@ def _relaid(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
     except _Skip:
         return None
     seg.patch(w.start, off, laid.code)
+    faults = moved_faults(w, laid)
+    # a call of a re-laid window ends where it ended: its callee sees the original
+    returns = tuple((c, r, r) for c, r, _seen in return_addresses(w, None))
     return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
                          reason=f"re-laid in place: {w.size} bytes re-encoded, "
-                                f"{inputs.form.value} at the probe's address",
+                                f"{inputs.form.value} at the probe's address"
+                                + observed_text(returns, faults),
                          new_pc=sc.probe.address, window=w, detour=None, guarded=False,
                          extra_jumps=0, calls=None, verification=verification,
-                         relaid=laid)]
+                         relaid=laid, returns=returns, faults=faults)]
 
 
 def _member_args(members: list[SiteCheck], win: PatchWindow, guarded: bool) -> dict[int, str]:
@@ -557,10 +569,20 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
         seg.patch(a, off, b)
     seg.new_args.update(new_args)
     mapping = dict(detour.insn_map)
+    returns = tuple((c, r, seen if seen is not None else r) for c, r, seen in
+                    return_addresses(win, handling.technique, mapping))
+    faults = moved_faults(win, detour)
+    for c, r, seen in returns:
+        if seen != r:
+            seg.found.append(findings.MOVED_CALL_RETURN_ADDRESS.finding(
+                f"{sc.probe.probe_id}: the call at {c:#x} is moved into the detour: its callee "
+                f"sees the return address {seen:#x} (in the detour), not {r:#x}",
+                sc.probe.probe_id))
     reason = (f"{win.shape.value} window of {win.size} bytes relocated to {detour.address:#x}"
               + (f"; {len(win.calls)} call(s) {handling.technique}" if win.calls else "")
               + (", with the detour's own LSDA" if handling.eh is not None else "")
-              + (f"; {len(ways)} way(s) in retargeted" if ways else ""))
+              + (f"; {len(ways)} way(s) in retargeted" if ways else "")
+              + observed_text(returns, faults))
     return [SiteDecision(probe=m.probe, code=None,
                          action=Action.DETOUR if m.probe.index == sc.probe.index
                          else Action.MOVED,
@@ -568,8 +590,30 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
                          window=win, detour=detour, guarded=sb.guarded, extra_jumps=2,
                          calls=handling.technique,
                          retargeted=tuple(w for _a, _o, _b, w in ways),
-                         verification=verification)
+                         verification=verification, returns=returns, faults=faults)
             for m in members]
+
+
+def moved_faults(win: PatchWindow, code: Detour) -> tuple[tuple[int, int], ...]:
+    """(original pc, pc now) of every instruction of the window that can fault
+    (analysis/observed.py) and that the detour or the re-laid window moves."""
+    new = dict(code.insn_map)
+    return tuple((i.address, new[i.address]) for i in win.insns
+                 if i.address != win.probe_address and may_fault(i)
+                 and new.get(i.address, i.address) != i.address)
+
+
+def observed_text(returns: Sequence[tuple[int, int, int]],
+                  faults: Sequence[tuple[int, int]]) -> str:
+    """What a callee and a signal handler now see, for the site's reason (short)."""
+    out = ""
+    for _c, r, seen in returns:
+        out += (f"; callee sees return {r:#x} (original)" if seen == r else
+                f"; callee sees return {seen:#x} in the detour (was {r:#x})")
+    if faults:
+        out += "; a fault at " + ", ".join(f"{a:#x}" for a, _b in faults) + \
+            " is reported at " + ", ".join(f"{b:#x}" for _a, b in faults)
+    return out
 
 
 def _replacements(win: PatchWindow, members: list[SiteCheck], sb: SiteBytes

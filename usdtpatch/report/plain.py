@@ -259,7 +259,12 @@ def verification_text(entry: dict[str, Any]) -> str:
     if not entry.get("verified"):
         return "detours NOT verified (--no-verify)"
     counts = entry.get("verification") or {}
-    return ", ".join(f"{counts.get(k, 0)} {k}" for k in VERIFICATIONS)
+    text = ", ".join(f"{counts.get(k, 0)} {k}" for k in VERIFICATIONS)
+    basis = entry.get("verification_basis")
+    if basis and (counts.get("proved") or counts.get("emulated")):
+        text += (f" (each detour against its window; resting on the file's model and "
+                 f"{len(basis['assumptions'])} assumptions: docs/rewrite.md, What is assumed)")
+    return text
 
 
 def check_summary_line(f: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from usdtpatch.errors import OutputError
 from usdtpatch.io import umask_mode, write_atomic
+from usdtpatch.prove.assumptions import PROVED, RESTS_ON, assumption_names
 from usdtpatch.report.envelope import envelope
 
 if TYPE_CHECKING:  # `check --report FILE` asks report_kind without loading the rewriter
@@ -61,6 +62,14 @@ def verification_counts(sites: Sequence[SiteDecision]) -> dict[str, int]:
     return counts
 
 
+def verification_basis(verified: bool) -> dict[str, Any] | None:
+    """What a site's `proved` or `emulated` says and what it rests on (prove/assumptions.py);
+    None for a rewrite that verified nothing (--no-verify)."""
+    if not verified:
+        return None
+    return {"proved": PROVED, "rests_on": RESTS_ON, "assumptions": assumption_names()}
+
+
 def result_json(path: str, output: str | None, form: str, guard: str, verified: bool,
                 changed: bool, sites: Sequence[SiteDecision], findings: Sequence[Finding],
                 note: str | None = None) -> dict[str, Any]:
@@ -75,6 +84,7 @@ def result_json(path: str, output: str | None, form: str, guard: str, verified: 
     return {"path": path, "output": output, "form": form, "guard": guard,
             "verified": verified, "changed": changed, "counts": counts,
             "verification": verification_counts(sites),
+            "verification_basis": verification_basis(verified),
             "sites": [site_json(o) for o in sites], "findings": [f.to_json() for f in findings]}
 
 

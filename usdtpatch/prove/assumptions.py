@@ -1,0 +1,84 @@
+"""What "proved" means for a rewritten site, and what it rests on.
+
+A site's `proved` (or `emulated`) says one thing: its detour behaves as its window for every
+state that enters the window, from its start and from every way in the rewrite aims at the
+copy (the prover for all states, else the emulator from each way in). It says nothing of the
+world around the window; that is the model's (the ELF constructs the tool reads, refusing by
+name those it does not: usdtpatch/elf/model.py) and the assumptions below, each a fact about
+code or tools the file cannot show, each held by the tests named. The rewrite report names
+them (`verification_basis` in its JSON, the last words of its summary line), and
+docs/rewrite.md, "What is assumed", lists the same: tests/test_assumptions.py checks that the
+page names each one and that each test exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROVED = ("each detour against its window, for every state entering the window from its start "
+          "or a way in the rewrite aims at the copy")
+RESTS_ON = "the file's model and the assumptions of docs/rewrite.md, \"What is assumed\""
+
+
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """One named assumption: what it says and the tests that hold it (`FILE::TEST`)."""
+
+    name: str
+    says: str
+    tests: tuple[str, ...]
+
+
+ASSUMPTIONS: tuple[Assumption, ...] = (
+    Assumption(
+        "no-foreign-jumps",
+        "no code outside the file jumps into the middle of one of its functions; other "
+        "objects reach it only at the addresses it gives out (symbols, relocations, data)",
+        ("tests/test_analysis_waysin.py::test_ways_in_from_elsewhere",)),
+    Assumption(
+        "code-not-read",
+        "the program does not read its own code bytes as data (a checksum of its text, a "
+        "copy of a function): those bytes differ after a rewrite",
+        ("tests/test_verification_loops.py::test_a_window_reading_its_own_bytes_is_refused",)),
+    Assumption(
+        "tracer-bytes-unread",
+        "nothing reads the 32 bytes a traced hit writes below the stack pointer the red-zone "
+        "guard gives the tracer",
+        ("tests/test_live_kernel.py::test_live_red_zone_matches_emulator",)),
+    Assumption(
+        "gcc-personality",
+        "the personality routine reads a detour's LSDA as GCC's __gxx_personality_v0 does "
+        "(call-site table, LPStart, type table); args_size as libgcc reads it",
+        ("tests/test_rewrite_eh_unwind.py::test_exception_through_a_call_moved_under_pushed_"
+         "arguments",
+         "tests/test_rewrite_eh_unwind.py::test_args_size_the_unwinders_read_differently_is_"
+         "refused")),
+    Assumption(
+        "synchronous-faults",
+        "an exception thrown from a signal handler is thrown for a synchronous fault of an "
+        "instruction that can fault (what -fnon-call-exceptions covers), not from an "
+        "asynchronous signal at any pc",
+        ("tests/test_rewrite_eh_unwind.py::test_a_fault_in_a_detour_reaches_its_landing_pad",)),
+    Assumption(
+        "fault-pc-compared-in-file",
+        "a signal handler that recognises a fault by its pc compares it with an address the "
+        "file's own code forms (a label or a function's range); one in another object, or one "
+        "that asks dladdr, is not seen, and the site's report says where its faults now land",
+        ("tests/test_rewrite_observed.py::test_a_fault_recognised_by_its_pc_keeps_its_pc",
+         "tests/test_rewrite_observed.py::test_a_moved_fault_is_reported_per_site")),
+    Assumption(
+        "moved-call-return-address",
+        "a callee that observes its return address is served by emulating the call wherever "
+        "the window allows; where the call moves, the report names the detour's address",
+        ("tests/test_rewrite_observed.py::test_callee_sees_the_original_return_address",
+         "tests/test_rewrite_observed.py::test_a_moved_call_says_what_its_callee_sees")),
+    Assumption(
+        "kernel-as-measured",
+        "the running kernel optimizes and restores sites as docs/kernel.md measured on 6.18",
+        ("tests/test_live_kernel.py::test_live_nop5_site_matches_plan",)),
+)
+
+
+def assumption_names() -> list[str]:
+    """The names of the assumptions, in the registry's order."""
+    return [a.name for a in ASSUMPTIONS]

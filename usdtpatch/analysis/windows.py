@@ -62,6 +62,7 @@ from usdtpatch.findings import (
     WINDOW_CALL,
     WINDOW_FUNCTION_END,
     WINDOW_NO_PADDING,
+    WINDOW_TEXT_RELOCATION,
 )
 from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
@@ -340,6 +341,9 @@ def _in_place(fc: FunctionCode, i: int, code: bytes) -> PatchWindow:
         raise _Blocked(WINDOW_BRANCH_TARGET.code,
                        f"{inside[0]:#x} inside the new nop5 is a branch target "
                        f"({_describe_target(t) if t else 'inside an instruction'})")
+    fixed = fc.fixed_in(s, e)
+    if fixed is not None:
+        raise _Blocked(WINDOW_TEXT_RELOCATION.code, f"the place of {fixed} lies in the NOP run")
     repl = NOP5 + NOP1 * (e - s - JMP_REL32_SIZE)  # nopl 0x0(%rax,%rax,1); nop...
     return _window(fc, WindowShape.IN_PLACE, s, e, probe, code, repl,
                    "the probe instruction", f"end of the NOP run covering 5 bytes ({e - s})")
@@ -533,6 +537,10 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
         e = insns[j].end
         if e - s >= JMP_REL32_SIZE:
             ok, fixable, why, internal, retargets = _interior(fc, s, e, first, j, mode, code)
+            fixed = fc.fixed_in(s, e)
+            if fixed is not None:  # the loader writes there: no extension helps
+                raise _Blocked(WINDOW_TEXT_RELOCATION.code,
+                               f"the place of {fixed} lies in [{s:#x}, {e:#x})")
             if ok:
                 nxt = fc.target(e)
                 reason = f"5 bytes covered ({e - s})"
@@ -555,7 +563,8 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
                     and last.flow in (Flow.RET, Flow.JMP, Flow.JMP_INDIRECT, Flow.STOP)):
                 ok, _fixable, why, internal, retargets = _interior(fc, s, e, first, j - 1,
                                                                    mode, code)
-                if ok and not any(r.how == REL8_STUB for r in retargets):
+                if ok and fc.fixed_in(s, s + JMP_REL32_SIZE) is None and \
+                        not any(r.how == REL8_STUB for r in retargets):
                     return s + JMP_REL32_SIZE, (
                         f"the function ends at {e:#x} after {last.text}; {need} byte(s) of "
                         "the alignment padding after it complete 5 bytes"), internal, retargets

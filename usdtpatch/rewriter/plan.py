@@ -38,6 +38,7 @@ from usdtpatch.analysis.calls import (
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import call_technique as _call_technique
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window
+from usdtpatch.analysis.closed import REFUSALS
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -435,6 +436,8 @@ def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchW
     moved as it is; a window is joined with the sites that follow it (rewriter/merge.py)."""
     p = sc.probe
     wr = sc.window
+    if wr is not None and wr.window is None and wr.code in REFUSALS:
+        raise _Skip(wr.code, wr.reason)  # outside the model (analysis/closed.py), as check says
     if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
                                       findings.PROBE_NOT_DECODED.code):
         raise _Skip(wr.code, wr.reason)  # data in code, or not an instruction boundary

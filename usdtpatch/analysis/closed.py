@@ -18,20 +18,32 @@ where it is. Both are computed once per file (the model caches what it reads in
 
 from __future__ import annotations
 
+from usdtpatch.elf import model
 from usdtpatch.elf.cfi import CfiError, CfiIndex
 from usdtpatch.elf.dwarf import DwarfError, read_line_table
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.elf.model import (
-    FILE_WIDE,
-    KINDS,
-    LINE_OPCODE,
-    Unmodelled,
-    fde_unmodelled,
-    unmodelled,
+from usdtpatch.elf.model import FILE_WIDE, LINE_OPCODE, Unmodelled, fde_unmodelled, unmodelled
+from usdtpatch.findings import (
+    UNMODELLED_CFI,
+    UNMODELLED_DYNAMIC_TAG,
+    UNMODELLED_LINE_OPCODE,
+    UNMODELLED_LSDA_ENCODING,
+    UNMODELLED_NOTE,
+    UNMODELLED_RELOCATION,
+    UNMODELLED_SECTION_TYPE,
+    UNMODELLED_SEGMENT_TYPE,
+    Code,
+    Finding,
 )
-from usdtpatch.findings import Finding, lookup
 
-REFUSALS = frozenset(KINDS)  # the finding codes of a construct outside the model
+# the finding code of each kind of construct outside the model
+CODES: dict[str, Code] = {
+    model.RELOCATION: UNMODELLED_RELOCATION, model.DYNAMIC: UNMODELLED_DYNAMIC_TAG,
+    model.SECTION: UNMODELLED_SECTION_TYPE, model.SEGMENT: UNMODELLED_SEGMENT_TYPE,
+    model.NOTE: UNMODELLED_NOTE, model.CFI: UNMODELLED_CFI,
+    model.LSDA_ENCODING: UNMODELLED_LSDA_ENCODING, model.LINE_OPCODE: UNMODELLED_LINE_OPCODE,
+}
+REFUSALS = frozenset(c.code for c in CODES.values())
 
 
 def file_unmodelled(image: ElfImage) -> tuple[Unmodelled, ...]:
@@ -63,7 +75,7 @@ def file_refusal(image: ElfImage) -> Finding | None:
     u = wide[0]
     more = f" (and {len(wide) - 1} more construct(s) outside the model)" if len(wide) > 1 \
         else ""
-    return lookup(u.kind).finding(
+    return CODES[u.kind].finding(
         f"{u.message}{more}: its meaning is file-wide, so no window is used anywhere in "
         f"the file")
 
@@ -80,4 +92,4 @@ def local_refusal(image: ElfImage, cfi: CfiIndex, address: int) -> Finding | Non
     u = fde_unmodelled(image, fde)
     if u is None:
         return None
-    return lookup(u.kind).finding(f"{u.message}: the function's windows are not used")
+    return CODES[u.kind].finding(f"{u.message}: the function's windows are not used")

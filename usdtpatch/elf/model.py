@@ -48,15 +48,16 @@ MODELLED = "modelled"
 FILE_WIDE = "file-wide"
 LOCAL = "local"
 
-# --- kinds of construct: the finding code each unmodelled one is reported under ----------
-RELOCATION = "unmodelled-relocation"
-DYNAMIC = "unmodelled-dynamic-tag"
-SECTION = "unmodelled-section-type"
-SEGMENT = "unmodelled-segment-type"
-NOTE = "unmodelled-note"
-CFI = "unmodelled-cfi"
-LSDA_ENCODING = "unmodelled-lsda-encoding"
-LINE_OPCODE = "unmodelled-line-opcode"
+# --- kinds of construct (usdtpatch.analysis.closed reports each under the finding code
+# `unmodelled-<kind>`) ---------------------------------------------------------------------
+RELOCATION = "relocation"
+DYNAMIC = "dynamic-tag"
+SECTION = "section-type"
+SEGMENT = "segment-type"
+NOTE = "note"
+CFI = "cfi"
+LSDA_ENCODING = "lsda-encoding"
+LINE_OPCODE = "line-opcode"
 KINDS = (RELOCATION, DYNAMIC, SECTION, SEGMENT, NOTE, CFI, LSDA_ENCODING, LINE_OPCODE)
 
 
@@ -678,7 +679,7 @@ def text_relocations(image: ElfImage) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Unmodelled:
-    """One construct a file uses that the table does not hold: its kind (the finding code),
+    """One construct a file uses that the table does not hold: its kind (KINDS),
     what it is, where, and its scope (FILE_WIDE, or LOCAL to [start, end) of code)."""
 
     kind: str
@@ -690,7 +691,7 @@ class Unmodelled:
 
     @property
     def message(self) -> str:
-        return f"{self.kind}: {self.what} at {self.where}"
+        return f"unmodelled-{self.kind}: {self.what} at {self.where}"
 
 
 def unmodelled(image: ElfImage) -> tuple[Unmodelled, ...]:

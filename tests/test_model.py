@@ -227,7 +227,7 @@ def test_call_frame_instruction_refuses_its_function_only(tmp_path: Path) -> Non
     target = next(s for s in sites if s["outcome"] in ("forward", "backward", "in-place"))
     address = target["address"]
     assert isinstance(address, int)
-    off, end, pc = _fde_of(image, address)
+    _off, end, pc = _fde_of(image, address)
     data = bytearray(src.read_bytes())
     assert data[end - 1] == 0, "needs an FDE with DW_CFA_nop padding"
     data[end - 1] = 0x3F

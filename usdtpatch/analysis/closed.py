@@ -18,11 +18,27 @@ where it is. Both are computed once per file (the model caches what it reads in
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterator
+
 from usdtpatch.elf import model
-from usdtpatch.elf.cfi import CfiError, CfiIndex
+from usdtpatch.elf.cfi import CfiError, CfiIndex, Fde, parse_cie
 from usdtpatch.elf.dwarf import DwarfError, read_line_table
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.elf.model import FILE_WIDE, LINE_OPCODE, Unmodelled, fde_unmodelled, unmodelled
+from usdtpatch.elf.model import (
+    CFI,
+    CIE_AUGMENTATIONS,
+    FILE_WIDE,
+    FIXED_SIZES,
+    LINE_OPCODE,
+    LOCAL,
+    LSDA_ENCODING,
+    DW_EH_PE_omit,
+    Unmodelled,
+    cfa_program_unknown,
+    encoding_known,
+    unmodelled,
+)
 from usdtpatch.findings import (
     UNMODELLED_CFI,
     UNMODELLED_DYNAMIC_TAG,
@@ -52,7 +68,7 @@ def file_unmodelled(image: ElfImage) -> tuple[Unmodelled, ...]:
     got = image.derived.get("closed_unmodelled")
     if isinstance(got, tuple):
         return got
-    out = list(unmodelled(image))
+    out = [*unmodelled(image), *_cies(image)]
     if image.section(".debug_line") is not None:
         try:
             lines = read_line_table(image)
@@ -93,3 +109,75 @@ def local_refusal(image: ElfImage, cfi: CfiIndex, address: int) -> Finding | Non
     if u is None:
         return None
     return CODES[u.kind].finding(f"{u.message}: the function's windows are not used")
+
+
+def _cies(image: ElfImage) -> Iterator[Unmodelled]:
+    """Every CIE of `.eh_frame`: its augmentation letters, its pointer encodings and its
+    initial instructions (an FDE's own are asked per function: `fde_unmodelled`)."""
+    sec = image.section(".eh_frame")
+    if sec is None or sec.type == 8 or not image.is64 or \
+            sec.offset + sec.size > len(image.data):
+        return
+    data, bo = image.data, image.byteorder
+    pos, end = sec.offset, sec.offset + sec.size
+    while pos + 8 <= end:
+        length, cie_id = struct.unpack_from(bo + "II", data, pos)
+        if length in (0, 0xFFFFFFFF):
+            return  # the terminator; a 64-bit entry is cfi.py's to refuse
+        if cie_id == 0:
+            at = sec.addr + pos - sec.offset
+            try:
+                cie = parse_cie(image, at)
+            except CfiError:
+                pos += 4 + length
+                continue  # malformed: check's cfi-malformed says so
+            where = f".eh_frame+{pos - sec.offset:#x}"
+            letters = cie.augmentation
+            odd = sorted({c for c in letters.removeprefix("eh") if c not in CIE_AUGMENTATIONS})
+            if odd or (letters and not letters.startswith(("z", "eh"))):
+                yield Unmodelled(CFI, f"CIE augmentation {letters!r}", where)
+            for what, enc, kind in (("FDE", cie.fde_encoding, CFI),
+                                    ("personality", cie.personality_encoding, CFI),
+                                    ("LSDA", cie.lsda_encoding, LSDA_ENCODING)):
+                if not encoding_known(enc):
+                    yield Unmodelled(kind, f"{what} pointer encoding {enc:#04x}", where)
+            bad = cfa_program_unknown(cie.instructions)
+            if bad is not None:
+                yield Unmodelled(CFI, f"{bad} of the CIE's initial instructions", where)
+        pos += 4 + length
+
+
+def fde_unmodelled(image: ElfImage, fde: Fde) -> Unmodelled | None:
+    """What the FDE of one function uses outside the table: a call frame instruction, or an
+    LSDA pointer encoding (LPStart, TType, call sites); LOCAL to the FDE's range."""
+    bad = cfa_program_unknown(fde.instructions)
+    where = f"the FDE at {fde.address:#x} ([{fde.pc_begin:#x}, {fde.pc_end:#x}))"
+    if bad is not None:
+        return Unmodelled(CFI, bad, where, LOCAL, fde.pc_begin, fde.pc_end)
+    if fde.lsda is None:
+        return None
+    raw = image.read_vaddr(fde.lsda, 32)
+    encs: list[tuple[str, int]] = []
+    pos = 0
+    for what in ("LPStart", "TType", "call-site"):
+        if pos >= len(raw):
+            break
+        enc = raw[pos]
+        pos += 1
+        encs.append((what, enc))
+        if enc == DW_EH_PE_omit or what == "call-site":
+            continue
+        if not encoding_known(enc):
+            break
+        if what == "TType" or enc & 0x0F in (0x01, 0x09):  # a uleb128 offset / LEB value
+            while pos < len(raw) and raw[pos] & 0x80:
+                pos += 1
+            pos += 1
+        else:
+            pos += FIXED_SIZES[enc & 0x0F]
+    for what, enc in encs:
+        if not encoding_known(enc):
+            return Unmodelled(LSDA_ENCODING, f"{what} encoding {enc:#04x}",
+                              f"the LSDA at {fde.lsda:#x} of {where}", LOCAL, fde.pc_begin,
+                              fde.pc_end)
+    return None

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import and_
 
-from usdtpatch.elf.cfi import CfiError, Fde, parse_cie
 from usdtpatch.elf.image import ElfImage
 
 WAY_IN = "way-in"
@@ -270,15 +269,17 @@ FLAG_BITS: dict[int, dict[int, str]] = {DT_FLAGS: DF_FLAGS, DT_FLAGS_1: DF_1_FLA
 # --- section types and flags --------------------------------------------------------------
 SHT_PROGBITS = 1
 SHT_RELA = 4
+SHT_HASH = 5
 SHT_REL = 9
 SHT_RELR = 19
+SHT_GNU_HASH = 0x6FFFFFF6
 SECTION_TYPES: dict[int, Construct] = {
     0: Construct("SHT_NULL", _N),
     SHT_PROGBITS: Construct("SHT_PROGBITS", _M, "code (SHF_EXECINSTR) or data words"),
     2: Construct("SHT_SYMTAB", _M, "function symbols"),
     3: Construct("SHT_STRTAB", _N),
     SHT_RELA: Construct("SHT_RELA", _M, "a relocation table (the loader's when allocated)"),
-    5: Construct("SHT_HASH", _N),
+    SHT_HASH: Construct("SHT_HASH", _N),
     6: Construct("SHT_DYNAMIC", _M, "the dynamic tags"),
     7: Construct("SHT_NOTE", _M, "its notes are in NOTES"),
     8: Construct("SHT_NOBITS", _N),
@@ -297,7 +298,7 @@ SECTION_TYPES: dict[int, Construct] = {
     0x6FFF4C04: Construct("SHT_LLVM_DEPENDENT_LIBRARIES", _N),
     0x6FFF4C09: Construct("SHT_LLVM_CALL_GRAPH_PROFILE", _N),
     0x6FFFFFF5: Construct("SHT_GNU_ATTRIBUTES", _N),
-    0x6FFFFFF6: Construct("SHT_GNU_HASH", _N),
+    SHT_GNU_HASH: Construct("SHT_GNU_HASH", _N),
     0x6FFFFFF7: Construct("SHT_GNU_LIBLIST", _N),
     0x6FFFFFF8: Construct("SHT_CHECKSUM", _N),
     0x6FFFFFFD: Construct("SHT_GNU_verdef", _N),
@@ -317,6 +318,7 @@ SECTION_FLAGS: dict[int, str] = {
 
 # --- program header types -----------------------------------------------------------------
 PT_GNU_EH_FRAME = 0x6474E550
+PT_GNU_PROPERTY = 0x6474E553
 SEGMENT_TYPES: dict[int, Construct] = {
     0: Construct("PT_NULL", _N),
     1: Construct("PT_LOAD", _M, "the file's mapping"),
@@ -329,7 +331,7 @@ SEGMENT_TYPES: dict[int, Construct] = {
     PT_GNU_EH_FRAME: Construct("PT_GNU_EH_FRAME", _M, "the unwinder's index (elf/cfi.py)"),
     0x6474E551: Construct("PT_GNU_STACK", _N),
     0x6474E552: Construct("PT_GNU_RELRO", _N),
-    0x6474E553: Construct("PT_GNU_PROPERTY", _M, "its properties are in GNU_PROPERTIES"),
+    PT_GNU_PROPERTY: Construct("PT_GNU_PROPERTY", _M, "its properties are in GNU_PROPERTIES"),
 }
 
 # --- notes, by (owner, type) --------------------------------------------------------------
@@ -404,16 +406,31 @@ CFA_OPERANDS: dict[int, str] = {
 }
 
 # DW_EH_PE_* pointer encodings (LSB Core, tables 10-5 and 10-6): value formats, applications
-DW_EH_PE_omit = 0xFF
-EH_PE_FORMATS: dict[int, str] = {0x00: "absptr", 0x01: "uleb128", 0x02: "udata2",
-                                 0x03: "udata4", 0x04: "udata8", 0x09: "sleb128",
-                                 0x0A: "sdata2", 0x0B: "sdata4", 0x0C: "sdata8"}
-EH_PE_APPLICATIONS: dict[int, str] = {0x00: "", 0x10: "pcrel", 0x20: "textrel",
-                                      0x30: "datarel", 0x40: "funcrel", 0x50: "aligned"}
+# (elf/cfi.py reads them, elf/ehframe.py writes them)
+DW_EH_PE_absptr = 0x00
+DW_EH_PE_uleb128 = 0x01
+DW_EH_PE_udata2 = 0x02
+DW_EH_PE_udata4 = 0x03
+DW_EH_PE_udata8 = 0x04
+DW_EH_PE_sleb128 = 0x09
+DW_EH_PE_sdata2 = 0x0A
+DW_EH_PE_sdata4 = 0x0B
+DW_EH_PE_sdata8 = 0x0C
+DW_EH_PE_pcrel = 0x10
+DW_EH_PE_textrel = 0x20
+DW_EH_PE_datarel = 0x30
+DW_EH_PE_funcrel = 0x40
 DW_EH_PE_indirect = 0x80
-
-
-_FIXED_SIZES = {0x00: 8, 0x02: 2, 0x03: 4, 0x04: 8, 0x0A: 2, 0x0B: 4, 0x0C: 8}
+DW_EH_PE_omit = 0xFF
+EH_PE_FORMATS: dict[int, str] = {
+    DW_EH_PE_absptr: "absptr", DW_EH_PE_uleb128: "uleb128", DW_EH_PE_udata2: "udata2",
+    DW_EH_PE_udata4: "udata4", DW_EH_PE_udata8: "udata8", DW_EH_PE_sleb128: "sleb128",
+    DW_EH_PE_sdata2: "sdata2", DW_EH_PE_sdata4: "sdata4", DW_EH_PE_sdata8: "sdata8"}
+EH_PE_APPLICATIONS: dict[int, str] = {0x00: "", DW_EH_PE_pcrel: "pcrel",
+                                      DW_EH_PE_textrel: "textrel",
+                                      DW_EH_PE_datarel: "datarel",
+                                      DW_EH_PE_funcrel: "funcrel"}
+FIXED_SIZES = {0x00: 8, 0x02: 2, 0x03: 4, 0x04: 8, 0x0A: 2, 0x0B: 4, 0x0C: 8}
 
 
 def encoding_known(enc: int) -> bool:
@@ -698,9 +715,8 @@ def unmodelled(image: ElfImage) -> tuple[Unmodelled, ...]:
     """Every construct `image` uses that is not in the table, with where it is and its
     scope (pure; computed once per file). File-wide: a relocation type in a loader table, a
     dynamic tag or flag bit, a section type or flag, a program header type, a note or GNU
-    property, a CIE augmentation or pointer encoding, a line-program opcode. Local (the FDE's
-    range of code): a call frame instruction or an LSDA encoding the unwinder would meet only
-    for that function."""
+    property. (The call frame information and the line programs are read by their own
+    readers: usdtpatch.analysis.closed asks them.)"""
     got = image.derived.get("model_unmodelled")
     if isinstance(got, tuple):
         return got
@@ -710,7 +726,6 @@ def unmodelled(image: ElfImage) -> tuple[Unmodelled, ...]:
     out.extend(_dynamic(image))
     out.extend(_relocations(image))
     out.extend(_notes(image))
-    out.extend(_cies(image))
     result = tuple(out)
     image.derived["model_unmodelled"] = result
     return result
@@ -855,74 +870,3 @@ def cfa_program_unknown(prog: bytes, word: int = 8) -> str | None:
                 p += int(c)
     return None
 
-
-def _cies(image: ElfImage) -> Iterator[Unmodelled]:
-    """Every CIE of `.eh_frame`: its augmentation letters, its pointer encodings and its
-    initial instructions (an FDE's own are asked per function: `fde_unmodelled`)."""
-    sec = image.section(".eh_frame")
-    if sec is None or sec.type == 8 or not image.is64 or \
-            sec.offset + sec.size > len(image.data):
-        return
-    data, bo = image.data, image.byteorder
-    pos, end = sec.offset, sec.offset + sec.size
-    while pos + 8 <= end:
-        length, cie_id = struct.unpack_from(bo + "II", data, pos)
-        if length in (0, 0xFFFFFFFF):
-            return  # the terminator; a 64-bit entry is cfi.py's to refuse
-        if cie_id == 0:
-            at = sec.addr + pos - sec.offset
-            try:
-                cie = parse_cie(image, at)
-            except CfiError:
-                pos += 4 + length
-                continue  # malformed: check's cfi-malformed says so
-            where = f".eh_frame+{pos - sec.offset:#x}"
-            letters = cie.augmentation
-            odd = sorted({c for c in letters.removeprefix("eh") if c not in CIE_AUGMENTATIONS})
-            if odd or (letters and not letters.startswith(("z", "eh"))):
-                yield Unmodelled(CFI, f"CIE augmentation {letters!r}", where)
-            for what, enc, kind in (("FDE", cie.fde_encoding, CFI),
-                                    ("personality", cie.personality_encoding, CFI),
-                                    ("LSDA", cie.lsda_encoding, LSDA_ENCODING)):
-                if not encoding_known(enc):
-                    yield Unmodelled(kind, f"{what} pointer encoding {enc:#04x}", where)
-            bad = cfa_program_unknown(cie.instructions)
-            if bad is not None:
-                yield Unmodelled(CFI, f"{bad} of the CIE's initial instructions", where)
-        pos += 4 + length
-
-
-def fde_unmodelled(image: ElfImage, fde: Fde) -> Unmodelled | None:
-    """What the FDE of one function uses outside the table: a call frame instruction, or an
-    LSDA pointer encoding (LPStart, TType, call sites); LOCAL to the FDE's range."""
-    bad = cfa_program_unknown(fde.instructions)
-    where = f"the FDE at {fde.address:#x} ([{fde.pc_begin:#x}, {fde.pc_end:#x}))"
-    if bad is not None:
-        return Unmodelled(CFI, bad, where, LOCAL, fde.pc_begin, fde.pc_end)
-    if fde.lsda is None:
-        return None
-    raw = image.read_vaddr(fde.lsda, 32)
-    encs: list[tuple[str, int]] = []
-    pos = 0
-    for what in ("LPStart", "TType", "call-site"):
-        if pos >= len(raw):
-            break
-        enc = raw[pos]
-        pos += 1
-        encs.append((what, enc))
-        if enc == DW_EH_PE_omit or what == "call-site":
-            continue
-        if not encoding_known(enc):
-            break
-        if what == "TType" or enc & 0x0F in (0x01, 0x09):  # a uleb128 offset / LEB value
-            while pos < len(raw) and raw[pos] & 0x80:
-                pos += 1
-            pos += 1
-        else:
-            pos += _FIXED_SIZES[enc & 0x0F]
-    for what, enc in encs:
-        if not encoding_known(enc):
-            return Unmodelled(LSDA_ENCODING, f"{what} encoding {enc:#04x}",
-                              f"the LSDA at {fde.lsda:#x} of {where}", LOCAL, fde.pc_begin,
-                              fde.pc_end)
-    return None

@@ -92,7 +92,8 @@ from usdtpatch.elf.image import (
     Section,
 )
 from usdtpatch.elf.marker import marker_of
-from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
+from usdtpatch.elf.model import R_X86_64_RELATIVE
+from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError

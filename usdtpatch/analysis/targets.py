@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from usdtpatch.analysis.functions import FunctionBounds, function_bounds, symbols_inside
@@ -57,7 +57,7 @@ from usdtpatch.analysis.waysin import (
 )
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
-from usdtpatch.elf.model import fixed_places
+from usdtpatch.elf.model import fixed_places, place_overlapping
 from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
@@ -114,13 +114,13 @@ class FunctionCode:
     # every way each target is reached (targets keeps the first, for display)
     padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
     memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
-    # (start, end, what) of each loader relocation whose place lies in the function or its
-    # padding (usdtpatch.elf.model.fixed_places: a text relocation): no window may hold one
-    fixed: tuple[tuple[int, int, str], ...] = ()
+    # (start, end, what) of each loader relocation whose place lies in code, sorted (the
+    # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
+    fixed: Sequence[tuple[int, int, str]] = ()
 
     def fixed_in(self, start: int, end: int) -> str | None:
         """The relocation whose place overlaps [start, end), described, or None."""
-        return next((w for a, b, w in self.fixed if a < end and b > start), None)
+        return place_overlapping(self.fixed, start, end)
 
     def in_table(self, address: int) -> JumpTable | None:
         """The recognized jump table whose entries hold `address`, or None."""
@@ -445,20 +445,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     after, before = _padding_after(ctx, bounds), _padding_before(ctx, bounds)
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
                         own.sweep.bad, after, {a: tuple(v) for a, v in incoming.items()},
-                        before, fixed=_fixed(ctx.image, bounds.start - before,
-                                             bounds.end + after))
-
-
-def _fixed(image: ElfImage, lo: int, hi: int) -> tuple[tuple[int, int, str], ...]:
-    """The fixed places (usdtpatch.elf.model) that overlap [lo, hi)."""
-    places = fixed_places(image)
-    k = max(0, bisect_left(places, (lo,)) - 1)
-    out = []
-    while k < len(places) and places[k][0] < hi:
-        if places[k][1] > lo:
-            out.append(places[k])
-        k += 1
-    return tuple(out)
+                        before, fixed=fixed_places(ctx.image))
 
 
 def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,

@@ -394,6 +394,8 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
         if src.kind in (JUMP, CALL_TARGET) and fc.bounds.contains(where):
             size = _rel_size(fc, where, code)
             if size == 4:
+                if (why := _fixed_branch(fc, where)) is not None:
+                    return why
                 out.append(Retarget(addr, where, REL32, src.kind))
                 continue
             if size == 1 and src.kind == JUMP:
@@ -412,12 +414,16 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
             return f"the branch at {where:#x} is not a plain direct jmp/jcc/call"
         if src.kind == BRANCH_REL32:
             # from another function or section: the rewriter reads its encoding again
+            if (why := _fixed_branch(fc, where)) is not None:
+                return why
             out.append(Retarget(addr, where, REL32, src.kind))
             continue
         if src.kind in _FIXED:
             return _FIXED[src.kind].format(where)
         if src.kind == COLD_JUMP:
             # in another part: the rewriter reads its encoding (rel32 expected there)
+            if (why := _fixed_branch(fc, where)) is not None:
+                return why
             out.append(Retarget(addr, where, REL32, src.kind))
             continue
         if src.kind == JUMP_TABLE:
@@ -433,6 +439,15 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
             continue
         return f"it is a {src.kind}{f' from {where:#x}' if where is not None else ''}"
     return out
+
+
+def _fixed_branch(fc: FunctionCode, where: int) -> str | None:
+    """Why the rel32 branch at `where` cannot be patched: the loader writes its bytes (a text
+    relocation's place among its first 6, those a jmp/jcc/call rel32 has), or None."""
+    fixed = fc.fixed_in(where, where + 6)
+    if fixed is None:
+        return None
+    return f"the branch at {where:#x} holds the place of {fixed}: the loader writes it"
 
 
 # ways in that no rewrite can aim at the detour: the window is not used

@@ -33,7 +33,7 @@ from __future__ import annotations
 import struct
 import sys
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import and_
@@ -675,7 +675,12 @@ def fixed_places(image: ElfImage) -> list[tuple[int, int, str]]:
 
 def fixed_place_in(image: ElfImage, start: int, end: int) -> str | None:
     """The description of a fixed place that overlaps [start, end), or None."""
-    places = fixed_places(image)
+    return place_overlapping(fixed_places(image), start, end)
+
+
+def place_overlapping(places: Sequence[tuple[int, int, str]], start: int, end: int
+                      ) -> str | None:
+    """The description of the place of `places` (fixed_places) overlapping [start, end)."""
     if not places:
         return None
     k = bisect_left(places, (start,))

@@ -25,7 +25,7 @@ from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch import api
 from usdtpatch.analysis.check import SiteCheck
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.elf.model import fixed_places, loader_tables
+from usdtpatch.elf.model import fixed_places, loader_tables, text_relocations
 
 DATA = ROOT / "tests" / "data" / "textrel"
 BUILDS = {f"{cc}-{o}": (cc, o) for cc in ("gcc", "clang") for o in ("O0", "O2")}
@@ -75,6 +75,7 @@ def test_no_window_holds_a_text_relocation(built: dict[str, Path], build: str) -
     lib = built[build] / "libtextrel.so"
     places = _places(lib)
     image = parse_elf(lib.read_bytes())
+    assert text_relocations(image)  # DT_TEXTREL, DF_TEXTREL
     assert [(a, b) for a, b, _w in fixed_places(image)] == [(p, p + 8) for p in places]
     s = _site(lib, "get")
     w = s.window.window if s.window is not None else None
@@ -139,6 +140,7 @@ def relr(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_relr_pointer_is_a_way_in(relr: Path) -> None:
     image = parse_elf(relr.read_bytes())
     assert any(t.kind == "relr" for t in loader_tables(image))
+    assert not text_relocations(image) and not fixed_places(image)
     s = _site(relr, "after")
     after = s.probe.address + 1
     w = s.window.window if s.window is not None else None

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, fixture, run_cli
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch import api
-from usdtpatch.analysis.check import SiteCheck
+from usdtpatch.analysis.check import SiteCheck, check
+from usdtpatch.api import load
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.elf.model import fixed_places, loader_tables, text_relocations
 
@@ -165,3 +166,25 @@ def test_relr_program_rewritten_runs_as_the_original(relr: Path, tmp_path: Path)
     want = _run(relr)
     assert want[0] == 0
     assert _run(out) == want
+
+
+def test_branch_holding_a_fixed_place_is_not_retargeted() -> None:
+    """A rel32 branch into a window is retargeted by patching its displacement; where the
+    loader writes those bytes (a text relocation's place) the patch would be overwritten:
+    that way in cannot be aimed at the detour. (The fixture has no text relocation: the
+    file's fixed places are given one at the branch, as the model would read it.)"""
+    path = fixture("retarget-pie")
+    before = next(s for s in check(load(path)).sites if s.probe.name == "relbr")
+    w = before.window.window if before.window is not None else None
+    assert w is not None
+    branch = next(r.source for r in w.retargets if r.how == "rel32")
+    ps = load(path)
+    ps.image.derived["model_fixed"] = [(branch + 1, branch + 5,
+                                        f"R_X86_64_PC32 at {branch + 1:#x} (test)")]
+    after = next(s for s in check(ps).sites if s.probe.name == "relbr")
+    aw = after.window.window if after.window is not None else None
+    assert aw is None or branch not in [r.source for r in aw.retargets]
+    if aw is None:
+        assert after.window is not None
+        assert f"the branch at {branch:#x} holds the place of R_X86_64_PC32" in \
+            after.window.reason

@@ -26,7 +26,13 @@ from usdtpatch import api
 from usdtpatch.analysis.check import SiteCheck, check
 from usdtpatch.api import load
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.elf.model import fixed_places, loader_tables, text_relocations
+from usdtpatch.elf.model import (
+    RELR,
+    fixed_places,
+    loader_relocations,
+    loader_tables,
+    text_relocations,
+)
 
 DATA = ROOT / "tests" / "data" / "textrel"
 BUILDS = {f"{cc}-{o}": (cc, o) for cc in ("gcc", "clang") for o in ("O0", "O2")}
@@ -142,6 +148,11 @@ def test_relr_pointer_is_a_way_in(relr: Path) -> None:
     image = parse_elf(relr.read_bytes())
     assert any(t.kind == "relr" for t in loader_tables(image))
     assert not text_relocations(image) and not fixed_places(image)
+    text = subprocess.run(["readelf", "-rW", str(relr)], capture_output=True, text=True,
+                          check=True).stdout.split(".relr.dyn")[1]
+    listed = sorted(int(x, 16) for x in re.findall(r"^([0-9a-f]{16})$", text, re.M))
+    rel = loader_relocations(image)
+    assert sorted(p for p, t in zip(rel.places, rel.types, strict=True) if t == RELR) == listed
     s = _site(relr, "after")
     after = s.probe.address + 1
     w = s.window.window if s.window is not None else None

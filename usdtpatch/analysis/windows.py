@@ -399,12 +399,16 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
                 out.append(Retarget(addr, where, REL32, src.kind))
                 continue
             if size == 1 and src.kind == JUMP:
+                if (moved := fc.fixed_in(where, where + 2)) is not None:
+                    return f"the branch at {where:#x} holds the place of {moved}"
                 stub = stubs.get(addr)
                 if stub is None:
                     stub = _stub_slot(fc, where, s, e, set(stubs.values()))
                 if stub is None:
                     return (f"the jump from {where:#x} has an 8-bit displacement and no unused "
                             f"padding in its reach can hold a jmp rel32")
+                if (moved := fc.fixed_in(stub, stub + STUB_SIZE)) is not None:
+                    return f"the padding stub at {stub:#x} holds the place of {moved}"
                 if not -128 <= stub - (where + 2) <= 127:
                     return (f"the jump from {where:#x} has an 8-bit displacement and cannot "
                             f"reach the padding stub at {stub:#x}")

@@ -179,18 +179,21 @@ def test_relr_program_rewritten_runs_as_the_original(relr: Path, tmp_path: Path)
     assert _run(out) == want
 
 
-def test_branch_holding_a_fixed_place_is_not_retargeted() -> None:
-    """A rel32 branch into a window is retargeted by patching its displacement; where the
-    loader writes those bytes (a text relocation's place) the patch would be overwritten:
-    that way in cannot be aimed at the detour. (The fixture has no text relocation: the
-    file's fixed places are given one at the branch, as the model would read it.)"""
+@pytest.mark.parametrize("how", ["rel32", "rel8-stub"])
+def test_branch_holding_a_fixed_place_is_not_retargeted(how: str) -> None:
+    """A branch into a window is retargeted by patching its displacement (rel32) or aiming
+    it at a stub (rel8); where the loader writes those bytes (a text relocation's place)
+    the patch would be overwritten: that way in cannot be aimed at the detour. (The fixture
+    has no text relocation: the file's fixed places are given one at the branch's
+    displacement, as the model would read it.)"""
     path = fixture("retarget-pie")
     before = next(s for s in check(load(path)).sites if s.probe.name == "relbr")
     w = before.window.window if before.window is not None else None
     assert w is not None
-    branch = next(r.source for r in w.retargets if r.how == "rel32")
+    branch = next(r.source for r in w.retargets if r.how == how)
     ps = load(path)
-    ps.image.derived["model_fixed"] = [(branch + 1, branch + 5,
+    width = 4 if how == "rel32" else 1
+    ps.image.derived["model_fixed"] = [(branch + 1, branch + 1 + width,
                                         f"R_X86_64_PC32 at {branch + 1:#x} (test)")]
     after = next(s for s in check(ps).sites if s.probe.name == "relbr")
     aw = after.window.window if after.window is not None else None

@@ -572,7 +572,7 @@ def loader_relocations(image: ElfImage) -> Relocations:
         size = t.size - t.size % _ENTRY[t.kind]
         raw = memoryview(image.data)[t.offset:t.offset + size]
         if t.kind == "relr":
-            places = _relr_places(raw, image.byteorder)
+            places = _relr_places(raw, image.byteorder, _words_in_loads(image))
             out.places.extend(places)
             out.types.extend(repeat(RELR, len(places)))
             out.addends.extend(_words_at(image, places, 8))
@@ -604,13 +604,20 @@ def loader_relocations(image: ElfImage) -> Relocations:
     return out
 
 
-def _relr_places(raw: memoryview, byteorder: str) -> list[int]:
+def _words_in_loads(image: ElfImage) -> int:
+    """How many 8-byte words the PT_LOADs span: no table names more distinct places."""
+    return sum(s.memsz for s in image.segments if s.type == 1) // 8 + 1
+
+
+def _relr_places(raw: memoryview, byteorder: str, limit: int) -> list[int]:
     """The places a DT_RELR table encodes: an even entry is a place (the next base is 8
     bytes on); an odd one a bitmap of the 63 words from the base (bit i: base + 8 (i - 1)),
-    the base then 63 words on."""
+    the base then 63 words on. At most `limit` places (a damaged table names more)."""
     out: list[int] = []
     base = 0
     for (e,) in struct.iter_unpack(byteorder + "Q", raw):
+        if len(out) > limit:
+            break
         if not e & 1:
             out.append(e)
             base = e + 8
@@ -627,11 +634,19 @@ def _relr_places(raw: memoryview, byteorder: str) -> list[int]:
 
 
 def _words_at(image: ElfImage, places: list[int], width: int) -> list[int]:
-    fmt = image.byteorder + ("Q" if width == 8 else "I")
+    """The `width`-byte word at each place (0 where the file holds none)."""
+    fmt = struct.Struct(image.byteorder + ("Q" if width == 8 else "I"))
+    data = image.data
+    spans = sorted((s.vaddr, s.vaddr + min(s.filesz, len(data) - s.offset), s.offset)
+                   for s in image.segments if s.type == 1 and s.offset < len(data))
+    starts = [a for a, _b, _o in spans]
     out = []
     for p in places:
-        raw = image.read_vaddr(p, width)
-        out.append(struct.unpack(fmt, raw)[0] if len(raw) == width else 0)
+        k = bisect_left(starts, p + 1) - 1
+        if k >= 0 and p + width <= spans[k][1]:
+            out.append(fmt.unpack_from(data, spans[k][2] + p - spans[k][0])[0])
+        else:
+            out.append(0)
     return out
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from usdtpatch.elf import model
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Fde, parse_cie
 from usdtpatch.elf.dwarf import DwarfError, read_line_table
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.image import SHT_NOBITS, ElfImage
 from usdtpatch.elf.model import (
     CFI,
     CIE_AUGMENTATIONS,
@@ -115,7 +115,7 @@ def _cies(image: ElfImage) -> Iterator[Unmodelled]:
     """Every CIE of `.eh_frame`: its augmentation letters, its pointer encodings and its
     initial instructions (an FDE's own are asked per function: `fde_unmodelled`)."""
     sec = image.section(".eh_frame")
-    if sec is None or sec.type == 8 or not image.is64 or \
+    if sec is None or sec.type == SHT_NOBITS or not image.is64 or \
             sec.offset + sec.size > len(image.data):
         return
     data, bo = image.data, image.byteorder

@@ -63,6 +63,7 @@ from usdtpatch.elf.image import (
     PF_X,
     PT_DYNAMIC,
     PT_LOAD,
+    SHF_EXECINSTR,
     SHT_NOBITS,
     SHT_PROGBITS,
     ElfImage,
@@ -72,7 +73,6 @@ from usdtpatch.elf.model import (
     DYNAMIC_TAGS,
     RELOCATION_TYPES,
     RELR,
-    SHF_EXECINSTR,
     dynamic_entries,
     loader_relocations,
 )

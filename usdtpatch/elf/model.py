@@ -38,7 +38,31 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import and_
 
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.image import (
+    PF_X,
+    PT_DYNAMIC,
+    PT_GNU_EH_FRAME,
+    PT_GNU_RELRO,
+    PT_GNU_STACK,
+    PT_INTERP,
+    PT_LOAD,
+    PT_NOTE,
+    PT_PHDR,
+    SHF_ALLOC,
+    SHF_COMPRESSED,
+    SHF_EXECINSTR,
+    SHF_WRITE,
+    SHT_DYNSYM,
+    SHT_NOBITS,
+    SHT_NOTE,
+    SHT_NULL,
+    SHT_PROGBITS,
+    SHT_REL,
+    SHT_RELA,
+    SHT_STRTAB,
+    SHT_SYMTAB,
+    ElfImage,
+)
 
 WAY_IN = "way-in"
 FIXED_PLACE = "fixed-place"
@@ -267,25 +291,24 @@ DF_1_FLAGS: dict[int, str] = {
 FLAG_BITS: dict[int, dict[int, str]] = {DT_FLAGS: DF_FLAGS, DT_FLAGS_1: DF_1_FLAGS}
 
 # --- section types and flags --------------------------------------------------------------
-SHT_PROGBITS = 1
-SHT_RELA = 4
+# (the section and segment types every reader needs are elf/image.py's; the others here)
 SHT_HASH = 5
-SHT_REL = 9
+SHT_DYNAMIC = 6
 SHT_RELR = 19
 SHT_GNU_HASH = 0x6FFFFFF6
 SECTION_TYPES: dict[int, Construct] = {
-    0: Construct("SHT_NULL", _N),
+    SHT_NULL: Construct("SHT_NULL", _N),
     SHT_PROGBITS: Construct("SHT_PROGBITS", _M, "code (SHF_EXECINSTR) or data words"),
-    2: Construct("SHT_SYMTAB", _M, "function symbols"),
-    3: Construct("SHT_STRTAB", _N),
+    SHT_SYMTAB: Construct("SHT_SYMTAB", _M, "function symbols"),
+    SHT_STRTAB: Construct("SHT_STRTAB", _N),
     SHT_RELA: Construct("SHT_RELA", _M, "a relocation table (the loader's when allocated)"),
     SHT_HASH: Construct("SHT_HASH", _N),
-    6: Construct("SHT_DYNAMIC", _M, "the dynamic tags"),
-    7: Construct("SHT_NOTE", _M, "its notes are in NOTES"),
-    8: Construct("SHT_NOBITS", _N),
+    SHT_DYNAMIC: Construct("SHT_DYNAMIC", _M, "the dynamic tags"),
+    SHT_NOTE: Construct("SHT_NOTE", _M, "its notes are in NOTES"),
+    SHT_NOBITS: Construct("SHT_NOBITS", _N),
     SHT_REL: Construct("SHT_REL", _M, "a relocation table (implicit addends)"),
     10: Construct("SHT_SHLIB", _N),
-    11: Construct("SHT_DYNSYM", _M, "function symbols"),
+    SHT_DYNSYM: Construct("SHT_DYNSYM", _M, "function symbols"),
     14: Construct("SHT_INIT_ARRAY", _N, "its words are relocations or data words"),
     15: Construct("SHT_FINI_ARRAY", _N, "its words are relocations or data words"),
     16: Construct("SHT_PREINIT_ARRAY", _N, "its words are relocations or data words"),
@@ -306,31 +329,29 @@ SECTION_TYPES: dict[int, Construct] = {
     0x6FFFFFFF: Construct("SHT_GNU_versym", _N),
     0x70000001: Construct("SHT_X86_64_UNWIND", _N, "not read by the x86-64 Linux unwinders"),
 }
-SHF_ALLOC = 0x2
-SHF_EXECINSTR = 0x4
 SECTION_FLAGS: dict[int, str] = {
-    0x1: "SHF_WRITE", SHF_ALLOC: "SHF_ALLOC", SHF_EXECINSTR: "SHF_EXECINSTR",
+    SHF_WRITE: "SHF_WRITE", SHF_ALLOC: "SHF_ALLOC", SHF_EXECINSTR: "SHF_EXECINSTR",
     0x10: "SHF_MERGE", 0x20: "SHF_STRINGS", 0x40: "SHF_INFO_LINK", 0x80: "SHF_LINK_ORDER",
     0x100: "SHF_OS_NONCONFORMING", 0x200: "SHF_GROUP", 0x400: "SHF_TLS",
-    0x800: "SHF_COMPRESSED", 0x200000: "SHF_GNU_RETAIN", 0x10000000: "SHF_X86_64_LARGE",
+    SHF_COMPRESSED: "SHF_COMPRESSED", 0x200000: "SHF_GNU_RETAIN", 0x10000000: "SHF_X86_64_LARGE",
     0x80000000: "SHF_EXCLUDE",
 }
 
 # --- program header types -----------------------------------------------------------------
-PT_GNU_EH_FRAME = 0x6474E550
+PT_TLS = 7
 PT_GNU_PROPERTY = 0x6474E553
 SEGMENT_TYPES: dict[int, Construct] = {
     0: Construct("PT_NULL", _N),
-    1: Construct("PT_LOAD", _M, "the file's mapping"),
-    2: Construct("PT_DYNAMIC", _M, "the dynamic tags"),
-    3: Construct("PT_INTERP", _N),
-    4: Construct("PT_NOTE", _M, "its notes are in NOTES"),
+    PT_LOAD: Construct("PT_LOAD", _M, "the file's mapping"),
+    PT_DYNAMIC: Construct("PT_DYNAMIC", _M, "the dynamic tags"),
+    PT_INTERP: Construct("PT_INTERP", _N),
+    PT_NOTE: Construct("PT_NOTE", _M, "its notes are in NOTES"),
     5: Construct("PT_SHLIB", _N),
-    6: Construct("PT_PHDR", _N),
-    7: Construct("PT_TLS", _N),
+    PT_PHDR: Construct("PT_PHDR", _N),
+    PT_TLS: Construct("PT_TLS", _N),
     PT_GNU_EH_FRAME: Construct("PT_GNU_EH_FRAME", _M, "the unwinder's index (elf/cfi.py)"),
-    0x6474E551: Construct("PT_GNU_STACK", _N),
-    0x6474E552: Construct("PT_GNU_RELRO", _N),
+    PT_GNU_STACK: Construct("PT_GNU_STACK", _N),
+    PT_GNU_RELRO: Construct("PT_GNU_RELRO", _N),
     PT_GNU_PROPERTY: Construct("PT_GNU_PROPERTY", _M, "its properties are in GNU_PROPERTIES"),
 }
 
@@ -458,7 +479,7 @@ LINE_EXTENDED_OPCODES: dict[int, str] = {
 
 def dynamic_entries(image: ElfImage) -> list[tuple[int, int, int]]:
     """(tag, value, file offset of the entry) of PT_DYNAMIC (ELF64), up to DT_NULL."""
-    seg = next((s for s in image.segments if s.type == 2), None)
+    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
     if seg is None or not image.is64:
         return []
     out = []
@@ -497,7 +518,7 @@ def loader_tables(image: ElfImage) -> list[RelocTable]:
     got = image.derived.get("model_tables")
     if isinstance(got, list):
         return got
-    dynsym = next((s.index for s in image.sections if s.type == 11), 0)
+    dynsym = next((s.index for s in image.sections if s.type == SHT_DYNSYM), 0)
     cands: list[RelocTable] = []
     kinds = {SHT_RELA: "rela", SHT_REL: "rel", SHT_RELR: "relr"}
     for sec in image.sections:
@@ -606,7 +627,7 @@ def loader_relocations(image: ElfImage) -> Relocations:
 
 def _words_in_loads(image: ElfImage) -> int:
     """How many 8-byte words the PT_LOADs span: no table names more distinct places."""
-    return sum(s.memsz for s in image.segments if s.type == 1) // 8 + 1
+    return sum(s.memsz for s in image.segments if s.type == PT_LOAD) // 8 + 1
 
 
 def _relr_places(raw: memoryview, byteorder: str, limit: int) -> list[int]:
@@ -638,7 +659,7 @@ def _words_at(image: ElfImage, places: list[int], width: int) -> list[int]:
     fmt = struct.Struct(image.byteorder + ("Q" if width == 8 else "I"))
     data = image.data
     spans = sorted((s.vaddr, s.vaddr + min(s.filesz, len(data) - s.offset), s.offset)
-                   for s in image.segments if s.type == 1 and s.offset < len(data))
+                   for s in image.segments if s.type == PT_LOAD and s.offset < len(data))
     starts = [a for a, _b, _o in spans]
     out = []
     for p in places:
@@ -661,7 +682,7 @@ def _implicit(image: ElfImage, place: int, known: RelocType | None) -> int:
 def code_ranges(image: ElfImage) -> list[tuple[int, int]]:
     """[start, end) of each executable PT_LOAD's memory, sorted."""
     return sorted((s.vaddr, s.vaddr + s.memsz) for s in image.segments
-                  if s.type == 1 and s.flags & 1)
+                  if s.type == PT_LOAD and s.flags & PF_X)
 
 
 def fixed_places(image: ElfImage) -> list[tuple[int, int, str]]:
@@ -753,7 +774,7 @@ def unmodelled(image: ElfImage) -> tuple[Unmodelled, ...]:
 
 def _sec_where(image: ElfImage, off: int) -> str:
     for s in image.sections:
-        if s.type != 8 and s.offset <= off < s.offset + s.size and s.name:
+        if s.type != SHT_NOBITS and s.offset <= off < s.offset + s.size and s.name:
             return f"{s.name}+{off - s.offset:#x}"
     return f"file offset {off:#x}"
 
@@ -778,7 +799,7 @@ def _segments(image: ElfImage) -> Iterator[Unmodelled]:
 
 def _dynamic(image: ElfImage) -> Iterator[Unmodelled]:
     dyn = dynamic_entries(image)
-    sec = next((s for s in image.sections if s.type == 6), None)
+    sec = next((s for s in image.sections if s.type == SHT_DYNAMIC), None)
     for tag, val, off in dyn:
         where = (f".dynamic+{off - sec.offset:#x}" if sec is not None and
                  sec.offset <= off < sec.offset + sec.size else f"file offset {off:#x}")
@@ -813,9 +834,9 @@ def _notes(image: ElfImage) -> Iterator[Unmodelled]:
     # a note in a section that is not allocated is read by no loader or kernel, only by
     # tools (elf/notes.py keeps another owner's note in .note.stapsdt as it is): neutral
     spans = [(s.offset, s.size, s.name or f"section {s.index}") for s in image.sections
-             if s.type == 7 and s.allocated]
+             if s.type == SHT_NOTE and s.allocated]
     spans += [(p.offset, p.filesz, f"PT_NOTE {p.index}") for p in image.segments
-              if p.type == 4]
+              if p.type == PT_NOTE]
     for off, size, name in spans:
         if off in seen or off + size > len(image.data):
             continue

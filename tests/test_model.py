@@ -19,9 +19,11 @@ import pytest
 
 from tests.helpers import REAL_BINARIES, ROOT, fixture, fixture_files, run_cli
 from usdtpatch.analysis.closed import file_unmodelled
-from usdtpatch.elf.cfi import load_cfi
+from usdtpatch.elf.cfi import Cie, Fde, load_cfi
+from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.model import (
+    CFA_OPERANDS,
     DYNAMIC_TAGS,
     RELOCATION_TYPES,
     SECTION_TYPES,
@@ -30,6 +32,7 @@ from usdtpatch.elf.model import (
     dynamic_entries,
     loader_relocations,
 )
+from usdtpatch.errors import UnsupportedError
 
 EM_X86_64 = 62
 
@@ -290,3 +293,34 @@ def test_line_table_version_outside_the_model(tmp_path: Path) -> None:
     path = tmp_path / "mutated"
     path.write_bytes(bytes(data))
     _refused_alike(path, tmp_path / "out", "unmodelled-line-opcode", "line table version 9")
+
+
+def test_every_modelled_call_frame_instruction_is_run_by_the_unwind_replay() -> None:
+    """The model's call frame instructions are those elf/ehframe.py's replay runs (the
+    detours' rows repeat the original's): each, with operands of the shape the model
+    gives, is read by the model's reader and run by rows_at; DW_CFA_set_loc, which
+    the replay refuses, is the one exception, and an opcode outside the model is refused by
+    both."""
+    def operands(spec: str) -> bytes:
+        out = b""
+        for c in spec:
+            out += {"u": b"\x07", "s": b"\x02", "b": b"\x01\x9c", "a": bytes(8),
+                    "1": b"\x01", "2": b"\x01\x00", "4": b"\x01\x00\x00\x00"}[c]
+        return out
+
+    cie = Cie(0, 1, "zR", 1, -8, 16, 0x1B, 0xFF, None, b"\x0c\x07\x08\x90\x01")
+    for op, spec in CFA_OPERANDS.items():
+        prog = bytes([op | (1 if op in (0x40, 0x80, 0xC0) else 0)]) + operands(spec)
+        if op == 0x0B:
+            prog = b"\x0a" + prog  # restore_state after a remember_state
+        if op in (0x0E, 0x13):
+            prog = b"\x0c\x07\x08" + prog
+        assert cfa_program_unknown(prog) is None, hex(op)
+        fde = Fde(0x100, cie, 0x1000, 0x1100, None, prog)
+        if op == 0x01:
+            with pytest.raises(UnsupportedError):
+                rows_at(fde, [0x1000, 0x1050])
+            continue
+        rows_at(fde, [0x1000, 0x1050])
+    with pytest.raises(UnsupportedError):
+        rows_at(Fde(0x100, cie, 0x1000, 0x1100, None, b"\x3f"), [0x1000])

@@ -10,8 +10,8 @@ from elftools.elf.relocation import RelocationSection
 
 from tests.helpers import REAL_BINARIES, fixture
 from usdtpatch.elf.image import parse_elf
+from usdtpatch.elf.model import R_X86_64_RELATIVE
 from usdtpatch.elf.relocs import (
-    R_X86_64_RELATIVE,
     RelaTable,
     rela_table,
     relative_relocations,

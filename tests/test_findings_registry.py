@@ -41,6 +41,9 @@ NOT_CODES = frozenset({
     "code-word", "relative-table-entry",
     # analysis/waysin.py: kinds of way in from the whole file
     "in-place",  # window shape / rewrite action
+    "way-in", "fixed-place", "file-wide", "dynamic-tag", "section-type", "segment-type",
+    "lsda-encoding", "line-opcode", "call-site",
+    # elf/model.py: meanings, scopes and kinds of construct (unmodelled-<kind> are the codes)
     "rel8-stub",  # analysis/windows.py: how a branch into a window is retargeted
     "nop5-alt",  # site form
     "nop10-series", "optimized-at-pc+1",  # kernel generation / outcome names

@@ -19,9 +19,11 @@ import pytest
 from tests.helpers import fixture
 from tests.test_fork_support import SDT_INCLUDE, SRC, cc, need_cc
 from usdtpatch import forkguard
-from usdtpatch.analysis.guardfile import DT_NEEDED, dynamic_entries, needed_objects
+from usdtpatch.analysis.guardfile import needed_objects
 from usdtpatch.api import check, load, restore, rewrite
+from usdtpatch.elf import model
 from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.elf.model import DT_NEEDED, dynamic_entries
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.forkguard import (
     CHILD_STUB,
@@ -195,8 +197,8 @@ def test_refuses_an_init_array_filled_by_a_symbolic_relocation() -> None:
     data = bytearray(image.data)
     dyn = {t: v for t, v, _o in forkguard._dynamic(image)}
     for off, r_offset, rtype, _add in forkguard._relas(image, dyn):
-        if r_offset == dyn[forkguard.DT_INIT_ARRAY]:
-            assert rtype == forkguard.R_X86_64_RELATIVE
+        if r_offset == dyn[model.DT_INIT_ARRAY]:
+            assert rtype == model.R_X86_64_RELATIVE
             struct.pack_into("<Q", data, off + 8, (5 << 32) | 1)  # R_X86_64_64 against sym 5
     with pytest.raises(GuardUnsupported, match="relocation type 1"):
         build_guard(parse_elf(bytes(data)), ((0x10000, NOP5),), 0x10000)
@@ -289,7 +291,7 @@ def _without_init_hooks(data: bytes) -> bytes:
     image = parse_elf(data)
     out = bytearray(data)
     for tag, _v, off in forkguard._dynamic(image):
-        if tag in (forkguard.DT_INIT, forkguard.DT_INIT_ARRAY, forkguard.DT_INIT_ARRAYSZ):
+        if tag in (model.DT_INIT, model.DT_INIT_ARRAY, model.DT_INIT_ARRAYSZ):
             struct.pack_into("<q", out, off, 0x6FFFFDFF)  # DT_CHECKSUM's neighbour: ignored
     return bytes(out)
 

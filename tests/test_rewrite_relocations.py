@@ -16,7 +16,8 @@ from tests.helpers import REAL_BINARIES, fixture
 from usdtpatch.analysis.check import check
 from usdtpatch.analysis.probes import read_probes
 from usdtpatch.elf.image import SHF_ALLOC, SHT_RELA, ElfImage, parse_elf
-from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable, rela_table, relative_relocations
+from usdtpatch.elf.model import R_X86_64_RELATIVE
+from usdtpatch.elf.relocs import RelaTable, rela_table, relative_relocations
 from usdtpatch.findings import WINDOW_WAY_IN
 from usdtpatch.rewriter import plan as plan_module
 from usdtpatch.rewriter.plan import Action, Relocations, plan_rewrite

@@ -236,6 +236,39 @@ WINDOW_FUNCTION_END = _code("window-function-end", _W,
 WINDOW_NO_PADDING = _code("window-no-padding", _W,
                           "the NOP run is too short and no padding follows", _BLOCK_HINT,
                           (_F, _S))
+# -- the model (usdtpatch/elf/model.py): a construct outside it refuses the windows it reaches --
+_MODEL_HINT = ("the site stays on the int3 path; report the construct (usdtpatch models what "
+               "it knows can refer to code and refuses the rest)")
+UNMODELLED_RELOCATION = _code("unmodelled-relocation", _W,
+                              "a loader relocation table holds a type usdtpatch does not model",
+                              _MODEL_HINT, (_F, _S))
+UNMODELLED_DYNAMIC_TAG = _code("unmodelled-dynamic-tag", _W,
+                               "the dynamic section holds a tag or flag bit usdtpatch does "
+                               "not model", _MODEL_HINT, (_F, _S))
+UNMODELLED_SECTION_TYPE = _code("unmodelled-section-type", _W,
+                                "a section has a type or flag usdtpatch does not model",
+                                _MODEL_HINT, (_F, _S))
+UNMODELLED_SEGMENT_TYPE = _code("unmodelled-segment-type", _W,
+                                "a program header has a type usdtpatch does not model",
+                                _MODEL_HINT, (_F, _S))
+UNMODELLED_NOTE = _code("unmodelled-note", _W,
+                        "a note (owner, type) or GNU property usdtpatch does not model",
+                        _MODEL_HINT, (_F, _S))
+UNMODELLED_CFI = _code("unmodelled-cfi", _W,
+                       "call frame information usdtpatch does not model (a CIE augmentation, "
+                       "a pointer encoding, a call frame instruction)", _MODEL_HINT, (_F, _S))
+UNMODELLED_LSDA_ENCODING = _code("unmodelled-lsda-encoding", _W,
+                                 "an LSDA pointer encoding usdtpatch does not model",
+                                 _MODEL_HINT, (_F, _S))
+UNMODELLED_LINE_OPCODE = _code("unmodelled-line-opcode", _W,
+                               "a .debug_line opcode (or unit version) usdtpatch does not "
+                               "model", _MODEL_HINT, (_F, _S))
+WINDOW_TEXT_RELOCATION = _code("window-text-relocation", _W,
+                               "every window holds the place of a relocation the loader "
+                               "applies (a text relocation)",
+                               "the site stays on the int3 path; link without -z notext "
+                               "(position-independent code needs no text relocation)",
+                               (_F, _S))
 WINDOW_ALL_TARGETS = _code("window-all-targets", _W,
                            "an unrecognized indirect jump: every boundary is a target",
                            _BLOCK_HINT, (_F, _S))

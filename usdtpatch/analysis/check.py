@@ -22,6 +22,7 @@ from usdtpatch.analysis.calls import (
     shadow_stack_marked,
 )
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
+from usdtpatch.analysis.closed import file_refusal, local_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -511,6 +512,17 @@ def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
         f"with SIGSEGV at an optimized site (the guard covers fork())")]
 
 
+def model_refusal(ctx: CodeContext, address: int, bounds: FunctionBounds | None
+                  ) -> Finding | None:
+    """Why the site at `address` gets no window because the file uses a construct outside
+    the model (usdtpatch.analysis.closed: file-wide, or local to the function `bounds`), or
+    None. rewriter/plan.py follows it for every site, a moved nop5 too."""
+    got = file_refusal(ctx.image)
+    if got is None and bounds is not None:
+        got = local_refusal(ctx.image, ctx.cfi, address)
+    return got
+
+
 def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                 stacks: StackMemo | None = None) -> SiteCheck:
     image = ctx.image
@@ -539,8 +551,13 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
     blocked: str | None = None
     window: WindowResult | None = None
     if outcome != OPTIMIZABLE:
+        refusal = model_refusal(ctx, probe.address, bounds)
         if v.code in (SITE_ELF32.code, NO_TRAMPOLINE_REACH.code):
             blocked = v.code
+        elif refusal is not None:  # a construct outside the model: no window (closed.py)
+            blocked = refusal.code
+            window = WindowResult(None, refusal.code, refusal.message, ())
+            findings.append(replace(refusal, where=where))
         elif fc is None or bounds is None:
             blocked = WINDOW_NO_FUNCTION_BOUNDS.code
             findings.append(Finding(blocked, Severity.WARNING,

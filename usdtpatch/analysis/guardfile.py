@@ -10,16 +10,18 @@ from dataclasses import dataclass
 
 from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_DYNAMIC, PT_INTERP, ElfImage
 from usdtpatch.elf.marker import marker_of
+from usdtpatch.elf.model import (
+    DF_1_PIE,
+    DT_FLAGS_1,
+    DT_NEEDED,
+    DT_STRSZ,
+    DT_STRTAB,
+    dynamic_entries,
+)
 from usdtpatch.errors import UnsupportedError, UsdtpatchError
 
 ENTRY_SIZE = 12
 TABLE_SECTION = "__usdtpatch_fork_sites"  # sys/sdt.h's table
-DT_NULL = 0
-DT_NEEDED = 1
-DT_STRTAB = 5
-DT_STRSZ = 10
-DT_FLAGS_1 = 0x6FFFFFFB
-DF_1_PIE = 0x08000000
 
 
 class GuardUnsupported(UnsupportedError):
@@ -63,21 +65,6 @@ def needed_objects(image: ElfImage) -> tuple[str, ...]:
         end = raw.find(b"\0")
         out.append(raw[:end].decode("utf-8", "replace") if end > 0 else "?")
     return tuple(out)
-
-
-def dynamic_entries(image: ElfImage) -> list[tuple[int, int, int]]:
-    """(tag, value, file offset of the entry) of PT_DYNAMIC, up to DT_NULL."""
-    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
-    if seg is None:
-        return []
-    out = []
-    end = min(seg.offset + seg.filesz, len(image.data))
-    for off in range(seg.offset, end - 15, 16):
-        tag, val = struct.unpack_from("<qQ", image.data, off)
-        if tag == DT_NULL:
-            break
-        out.append((tag, val, off))
-    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
 from usdtpatch.elf.cfi import CfiError, parse_lsda
 from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import SHT_RELA, ElfImage
+from usdtpatch.elf.model import fixed_place_in
 from usdtpatch.elf.relocs import rela_table
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.x86.decode import CodeInsn, Flow
@@ -175,7 +176,11 @@ def call_site_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[i
 
 
 def _relocated_place(image: ElfImage, s: int, e: int) -> bool:
-    """Whether a relocation of the file (any SHT_RELA table) has its place in [s, e)."""
+    """Whether a relocation of the file has its place in [s, e): one the loader applies
+    (every table, usdtpatch.elf.model.fixed_place_in: its width counted), or an entry of any
+    other SHT_RELA table (`--emit-relocs`' `.rela.text`)."""
+    if fixed_place_in(image, s, e) is not None:
+        return True
     places = image.derived.get("relay_places")
     if not isinstance(places, list):
         places = sorted(r for sec in image.sections if sec.type == SHT_RELA

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,6 +58,7 @@ from usdtpatch.analysis.waysin import (
 )
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
+from usdtpatch.elf.model import fixed_places, place_overlapping
 from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
@@ -117,6 +118,13 @@ class FunctionCode:
     # every way each target is reached (targets keeps the first, for display)
     padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
     memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+    # (start, end, what) of each loader relocation whose place lies in code, sorted (the
+    # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
+    fixed: Sequence[tuple[int, int, str]] = ()
+
+    def fixed_in(self, start: int, end: int) -> str | None:
+        """The relocation whose place overlaps [start, end), described, or None."""
+        return place_overlapping(self.fixed, start, end)
 
     def in_table(self, address: int) -> JumpTable | None:
         """The recognized jump table whose entries hold `address`, or None."""
@@ -440,10 +448,10 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
                     known.add(way.source)
                     add(way)
     all_targets = unresolved[0] if unresolved else None
+    after, before = _padding_after(ctx, bounds), _padding_before(ctx, bounds)
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
-                        own.sweep.bad, _padding_after(ctx, bounds),
-                        {a: tuple(v) for a, v in incoming.items()},
-                        _padding_before(ctx, bounds))
+                        own.sweep.bad, after, {a: tuple(v) for a, v in incoming.items()},
+                        before, fixed=fixed_places(ctx.image))
 
 
 def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,

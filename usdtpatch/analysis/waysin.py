@@ -55,25 +55,30 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import compress, repeat
 from mmap import mmap
-from operator import add, and_, itemgetter, not_, rshift
+from operator import add, itemgetter, rshift
 
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Cie, parse_cie, parse_lsda
 from usdtpatch.elf.image import (
     ET_EXEC,
     PF_X,
+    PT_DYNAMIC,
     PT_LOAD,
+    SHF_EXECINSTR,
     SHT_NOBITS,
     SHT_PROGBITS,
-    SHT_RELA,
     ElfImage,
+)
+from usdtpatch.elf.model import (
+    CODE_ADDRESS_TAGS,
+    DYNAMIC_TAGS,
+    RELOCATION_TYPES,
+    RELR,
+    dynamic_entries,
+    loader_relocations,
 )
 
 BEFORE = 128  # bytes before a probe a window may start (8 instructions, rounded up)
 AFTER = 72  # bytes after a probe a window may end (64 + the probe)
-SHF_EXECINSTR = 0x4
-R_X86_64_RELATIVE = 8
-R_X86_64_IRELATIVE = 37
-R_X86_64_NONE = 0
 
 # kinds of way in (Target.kind in the function analysis)
 BRANCH_REL32 = "branch-from-elsewhere"  # a direct jmp/jcc/call rel32 outside the function
@@ -383,9 +388,6 @@ def _scan_code(image: ElfImage, protected: set[int], probes: list[tuple[int, int
     return out
 
 
-_NO_SYMBOL = frozenset({R_X86_64_RELATIVE, R_X86_64_IRELATIVE, R_X86_64_NONE})
-
-
 def code_words_of(image: ElfImage, targets: set[int]) -> list[WayIn]:
     """Every absolute value of a fixed-address file (a word in data, an immediate in code)
     that is one of `targets` (none in a position-independent file)."""
@@ -399,41 +401,45 @@ def relocations_to(image: ElfImage, targets: set[int]) -> list[WayIn]:
 
 
 def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
+    """Every relocation the loader applies (usdtpatch.elf.model.loader_relocations: DT_RELA,
+    DT_REL, DT_JMPREL, DT_RELR and the allocated SHT_RELA/SHT_REL/SHT_RELR sections) whose
+    value lands in a region: a relative one's (RELATIVE, IRELATIVE, a RELR entry: base +
+    addend, the addend of a REL or RELR entry being the word at its place), a symbol one's
+    (S + A), by the model's meaning of its type; and the code addresses the dynamic section
+    names (DT_INIT, DT_FINI). A kept static table (--emit-relocs) is not the loader's: it
+    describes bytes the code and word scans read as they are."""
     out: list[WayIn] = []
     if not image.is64 or not image.little_endian or sys.byteorder != "little":
         return out
-    for sec in image.sections:
-        # the loader's tables only: a kept static table (--emit-relocs) describes bytes the
-        # code and word scans read as they are
-        if sec.type != SHT_RELA or not sec.allocated or sec.offset + sec.size > len(image.data):
-            continue
-        usable = sec.size - sec.size % 24
-        raw = memoryview(image.data)[sec.offset:sec.offset + usable]
-        if not usable:
-            continue
-        words, signed = raw.cast("Q"), raw.cast("q")
-        addends = signed[2::3].tolist()
-        hit = protected.intersection(addends)
-        infos = words[1::3].tolist()
-        places = words[0::3].tolist()
-        symval = _symbol_values(image, sec.link)
-        types = list(map(and_, infos, repeat(0xFFFFFFFF)))
-        # the relative ones whose addend is protected, and every symbol relocation, in order
-        n = len(infos)
-        todo = sorted({*compress(range(n), map(hit.__contains__, addends)),
-                       *compress(range(n), map(not_, map(_NO_SYMBOL.__contains__, types)))})
-        for i in todo:
-            rtype, sym = types[i], infos[i] >> 32
-            if rtype in (R_X86_64_RELATIVE, R_X86_64_IRELATIVE):
-                if addends[i] in hit:
-                    out.append(WayIn(addends[i], RELOCATION, places[i],
-                                     f"R_X86_64_RELATIVE at {places[i]:#x}"))
-            elif rtype != R_X86_64_NONE and sym:
-                value = symval(sym)
-                if value is not None and value + addends[i] in protected:
-                    out.append(WayIn(value + addends[i], RELOCATION, places[i],
-                                     f"relocation (type {rtype}) at {places[i]:#x}"))
+    rel = loader_relocations(image)
+    addends, types = rel.addends, rel.types
+    hit = protected.intersection(addends)
+    symvals = [_symbol_values(image, t.symtab) for t in rel.tables]
+    n = len(rel)
+    # the relative ones whose addend is protected, and every symbol relocation, in order
+    todo = sorted({*compress(range(n), map(hit.__contains__, addends)),
+                   *compress(range(n), map(_SYMBOL_VALUED.__contains__, types))})
+    for i in todo:
+        rtype, place = types[i], rel.places[i]
+        if rtype in _RELATIVE_VALUED:
+            if addends[i] in hit:
+                out.append(WayIn(addends[i], RELOCATION, place, f"{rel.name(i)} at {place:#x}"))
+        elif rtype in _SYMBOL_VALUED and rel.symbols[i]:
+            value = symvals[rel.table[i]](rel.symbols[i])
+            if value is not None and value + addends[i] in protected:
+                out.append(WayIn(value + addends[i], RELOCATION, place,
+                                 f"{rel.name(i)} at {place:#x}"))
+    dyn = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
+    for tag, value, off in dynamic_entries(image):
+        if tag in CODE_ADDRESS_TAGS and value in protected and dyn is not None:
+            at = dyn.vaddr + off - dyn.offset
+            out.append(WayIn(value, RELOCATION, at, f"{DYNAMIC_TAGS[tag].name} at {at:#x}"))
     return out
+
+
+_RELATIVE_VALUED = frozenset({RELR, *(t for t, r in RELOCATION_TYPES.items()
+                                      if r.value in ("relative", "ifunc"))})
+_SYMBOL_VALUED = frozenset(t for t, r in RELOCATION_TYPES.items() if r.value == "symbol")
 
 
 def _symbol_values(image: ElfImage, link: int) -> Callable[[int], int | None]:

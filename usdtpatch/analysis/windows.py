@@ -63,6 +63,7 @@ from usdtpatch.findings import (
     WINDOW_CALL,
     WINDOW_FUNCTION_END,
     WINDOW_NO_PADDING,
+    WINDOW_TEXT_RELOCATION,
 )
 from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
@@ -350,6 +351,9 @@ def _in_place(fc: FunctionCode, i: int, code: bytes) -> PatchWindow:
         raise _Blocked(WINDOW_BRANCH_TARGET.code,
                        f"{inside[0]:#x} inside the new nop5 is a branch target "
                        f"({_describe_target(t) if t else 'inside an instruction'})")
+    fixed = fc.fixed_in(s, e)
+    if fixed is not None:
+        raise _Blocked(WINDOW_TEXT_RELOCATION.code, f"the place of {fixed} lies in the NOP run")
     repl = NOP5 + NOP1 * (e - s - JMP_REL32_SIZE)  # nopl 0x0(%rax,%rax,1); nop...
     return _window(fc, WindowShape.IN_PLACE, s, e, probe, code, repl,
                    "the probe instruction", f"end of the NOP run covering 5 bytes ({e - s})")
@@ -406,15 +410,21 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
         if src.kind in (JUMP, CALL_TARGET) and fc.bounds.contains(where):
             size = _rel_size(fc, where, code)
             if size == 4:
+                if (why := _fixed_branch(fc, where)) is not None:
+                    return why
                 out.append(Retarget(addr, where, REL32, src.kind))
                 continue
             if size == 1 and src.kind == JUMP:
+                if (moved := fc.fixed_in(where, where + 2)) is not None:
+                    return f"the branch at {where:#x} holds the place of {moved}"
                 stub = stubs.get(addr)
                 if stub is None:
                     stub = _stub_slot(fc, where, s, e, set(stubs.values()))
                 if stub is None:
                     return (f"the jump from {where:#x} has an 8-bit displacement and no unused "
                             f"padding in its reach can hold a jmp rel32")
+                if (moved := fc.fixed_in(stub, stub + STUB_SIZE)) is not None:
+                    return f"the padding stub at {stub:#x} holds the place of {moved}"
                 if not -128 <= stub - (where + 2) <= 127:
                     return (f"the jump from {where:#x} has an 8-bit displacement and cannot "
                             f"reach the padding stub at {stub:#x}")
@@ -424,12 +434,16 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
             return f"the branch at {where:#x} is not a plain direct jmp/jcc/call"
         if src.kind == BRANCH_REL32:
             # from another function or section: the rewriter reads its encoding again
+            if (why := _fixed_branch(fc, where)) is not None:
+                return why
             out.append(Retarget(addr, where, REL32, src.kind))
             continue
         if src.kind in _FIXED:
             return _FIXED[src.kind].format(where)
         if src.kind == COLD_JUMP:
             # in another part: the rewriter reads its encoding (rel32 expected there)
+            if (why := _fixed_branch(fc, where)) is not None:
+                return why
             out.append(Retarget(addr, where, REL32, src.kind))
             continue
         if src.kind == JUMP_TABLE:
@@ -445,6 +459,15 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
             continue
         return f"it is a {src.kind}{f' from {where:#x}' if where is not None else ''}"
     return out
+
+
+def _fixed_branch(fc: FunctionCode, where: int) -> str | None:
+    """Why the rel32 branch at `where` cannot be patched: the loader writes its bytes (a text
+    relocation's place among its first 6, those a jmp/jcc/call rel32 has), or None."""
+    fixed = fc.fixed_in(where, where + 6)
+    if fixed is None:
+        return None
+    return f"the branch at {where:#x} holds the place of {fixed}: the loader writes it"
 
 
 # ways in that no rewrite can aim at the detour: the window is not used
@@ -552,6 +575,10 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
         e = insns[j].end
         if e - s >= JMP_REL32_SIZE:
             ok, fixable, why, internal, retargets = _interior(fc, s, e, first, j, mode, code)
+            fixed = fc.fixed_in(s, e)
+            if fixed is not None:  # the loader writes there: no extension helps
+                raise _Blocked(WINDOW_TEXT_RELOCATION.code,
+                               f"the place of {fixed} lies in [{s:#x}, {e:#x})")
             if ok:
                 nxt = fc.target(e)
                 reason = f"5 bytes covered ({e - s})"
@@ -574,7 +601,8 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
                     and last.flow in (Flow.RET, Flow.JMP, Flow.JMP_INDIRECT, Flow.STOP)):
                 ok, _fixable, why, internal, retargets = _interior(fc, s, e, first, j - 1,
                                                                    mode, code)
-                if ok and not any(r.how == REL8_STUB for r in retargets):
+                if ok and fc.fixed_in(s, s + JMP_REL32_SIZE) is None and \
+                        not any(r.how == REL8_STUB for r in retargets):
                     return s + JMP_REL32_SIZE, (
                         f"the function ends at {e:#x} after {last.text}; {need} byte(s) of "
                         "the alignment padding after it complete 5 bytes"), internal, retargets

@@ -32,24 +32,24 @@ from dataclasses import dataclass, field
 from operator import le
 
 from usdtpatch.elf.image import PT_GNU_EH_FRAME, ElfImage
+from usdtpatch.elf.model import (
+    EH_PE_APPLICATIONS,
+    DW_EH_PE_absptr,
+    DW_EH_PE_datarel,
+    DW_EH_PE_funcrel,
+    DW_EH_PE_indirect,
+    DW_EH_PE_omit,
+    DW_EH_PE_pcrel,
+    DW_EH_PE_sdata2,
+    DW_EH_PE_sdata4,
+    DW_EH_PE_sdata8,
+    DW_EH_PE_sleb128,
+    DW_EH_PE_udata2,
+    DW_EH_PE_udata4,
+    DW_EH_PE_udata8,
+    DW_EH_PE_uleb128,
+)
 from usdtpatch.errors import ElfFormatError
-
-# DW_EH_PE_* pointer encodings (LSB Core, tables 10-5 and 10-6).
-DW_EH_PE_absptr = 0x00
-DW_EH_PE_uleb128 = 0x01
-DW_EH_PE_udata2 = 0x02
-DW_EH_PE_udata4 = 0x03
-DW_EH_PE_udata8 = 0x04
-DW_EH_PE_sleb128 = 0x09
-DW_EH_PE_sdata2 = 0x0A
-DW_EH_PE_sdata4 = 0x0B
-DW_EH_PE_sdata8 = 0x0C
-DW_EH_PE_pcrel = 0x10
-DW_EH_PE_textrel = 0x20
-DW_EH_PE_datarel = 0x30
-DW_EH_PE_funcrel = 0x40
-DW_EH_PE_indirect = 0x80
-DW_EH_PE_omit = 0xFF
 
 # The one pointer-encoding table: value format (low nibble) -> struct code of a fixed-size field.
 # DW_EH_PE_absptr is the file's word; uleb128/sleb128 are variable-length.
@@ -61,8 +61,7 @@ FIXED_FORMATS: dict[int, str] = {
     DW_EH_PE_sdata4: "i",
     DW_EH_PE_sdata8: "q",
 }
-_APPLICATIONS = frozenset({0, DW_EH_PE_pcrel, DW_EH_PE_textrel, DW_EH_PE_datarel,
-                           DW_EH_PE_funcrel})
+_APPLICATIONS = frozenset(EH_PE_APPLICATIONS)
 MAX_LEB128 = 16  # bytes; longer is junk (no field of these tables needs more than 10)
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from usdtpatch.elf.cfi import CfiError, leb_bytes
 from usdtpatch.elf.ehframe import sleb, uleb
 from usdtpatch.elf.image import SHF_COMPRESSED, ElfImage
+from usdtpatch.elf.model import LINE_EXTENDED_OPCODES, LINE_STANDARD_OPCODES
 
 
 class DwarfError(ValueError):
@@ -237,6 +238,8 @@ class LineTable:
 
     rows: list[LineRow] = field(default_factory=list)
     _addresses: list[int] = field(default_factory=list)
+    # each opcode (or unit version) outside usdtpatch.elf.model's tables, with where it is
+    unknown: list[str] = field(default_factory=list)
 
     def finish(self) -> None:
         # an end row before a start at the same address, so that lookups take the start
@@ -305,6 +308,7 @@ def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) ->
             DW_FORM_line_strp: _section(image, ".debug_line_str")}
     for start, r, osize, end, version in _units(data, ".debug_line"):
         if not 2 <= version <= 5:
+            table.unknown.append(f"line table version {version} at .debug_line+{start:#x}")
             continue  # a version this reader does not know: its rows are left out
         address_size = 8
         if version >= 5:
@@ -357,7 +361,10 @@ def _run_program(r: DwarfReader, table: LineTable, files: list[str], min_inst: i
         table.rows.append(LineRow(st[0], name, st[2], st[3], end))
 
     while r.pos < len(r.data):
+        at = r.pos
         op = r.u(1)
+        if op < opcode_base and op and op not in LINE_STANDARD_OPCODES:
+            table.unknown.append(f"standard opcode {op} at .debug_line+{at:#x}")
         if op >= opcode_base:
             adj = op - opcode_base
             st[0] += (adj // line_range) * min_inst
@@ -367,6 +374,8 @@ def _run_program(r: DwarfReader, table: LineTable, files: list[str], min_inst: i
             n = r.uleb()
             sub_end = r.pos + n
             sub = r.u(1) if n else 0
+            if sub not in LINE_EXTENDED_OPCODES and not 0x80 <= sub <= 0xFF:
+                table.unknown.append(f"extended opcode {sub:#x} at .debug_line+{at:#x}")
             if sub == 1:  # end_sequence
                 emit(True)
                 st = reset()

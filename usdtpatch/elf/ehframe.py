@@ -23,6 +23,13 @@ from usdtpatch.elf.cfi import (
     CallSite,
     CfiError,
     Cie,
+    Fde,
+    Lsda,
+    leb_bytes,
+    pointer_code,
+)
+from usdtpatch.elf.image import ET_DYN, ElfImage
+from usdtpatch.elf.model import (
     DW_EH_PE_datarel,
     DW_EH_PE_indirect,
     DW_EH_PE_omit,
@@ -30,12 +37,7 @@ from usdtpatch.elf.cfi import (
     DW_EH_PE_sdata4,
     DW_EH_PE_udata4,
     DW_EH_PE_uleb128,
-    Fde,
-    Lsda,
-    leb_bytes,
-    pointer_code,
 )
-from usdtpatch.elf.image import ET_DYN, ElfImage
 from usdtpatch.errors import UnsupportedError
 
 RSP = 7  # DWARF register numbers on x86-64

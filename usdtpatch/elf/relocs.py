@@ -15,12 +15,14 @@ from itertools import compress, repeat
 from operator import and_, eq
 
 from usdtpatch.elf.image import SHT_DYNSYM, SHT_RELA, ElfImage
+from usdtpatch.elf.model import (
+    R_X86_64_64,
+    R_X86_64_GLOB_DAT,
+    R_X86_64_JUMP_SLOT,
+    R_X86_64_RELATIVE,
+)
 from usdtpatch.elf.symbols import symbol_indices
 
-R_X86_64_64 = 1
-R_X86_64_GLOB_DAT = 6
-R_X86_64_JUMP_SLOT = 7
-R_X86_64_RELATIVE = 8
 IMPORT_TYPES = frozenset({R_X86_64_64, R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT})
 RELA64_SIZE = 24
 

@@ -72,6 +72,7 @@ from usdtpatch.elf.image import (
     ElfImage,
     Segment,
 )
+from usdtpatch.elf.model import DT_GNU_HASH, DT_HASH, PT_GNU_PROPERTY, SHT_GNU_HASH, SHT_HASH
 from usdtpatch.elf.notes import parse_notes
 from usdtpatch.elf.symbols import (
     DETOUR_PREFIX,
@@ -294,11 +295,6 @@ def strip_align(delta: int, seg_offset: int, loads_end: int) -> int:
     return align
 
 
-SHT_HASH = 5
-SHT_GNU_HASH = 0x6FFFFFF6
-DT_HASH = 4
-DT_GNU_HASH = 0x6FFFFEF5
-PT_GNU_PROPERTY = 0x6474E553
 MOVABLE_SEGMENTS = (PT_INTERP, PT_NOTE, PT_GNU_PROPERTY)
 
 

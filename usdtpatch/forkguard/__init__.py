@@ -47,7 +47,6 @@ from usdtpatch.analysis.guardfile import (
     GuardUnsupported,
     TableEntry,
     coverage,
-    dynamic_entries,
     header_table,
     is_shared,
     needed_objects,
@@ -62,6 +61,18 @@ from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
     ElfImage,
+)
+from usdtpatch.elf.model import (
+    DT_INIT,
+    DT_INIT_ARRAY,
+    DT_INIT_ARRAYSZ,
+    DT_RELA,
+    DT_RELAENT,
+    DT_RELASZ,
+    DT_RELR,
+    DT_RELRSZ,
+    R_X86_64_RELATIVE,
+    dynamic_entries,
 )
 from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
@@ -87,15 +98,6 @@ CHILD_STUB = 0
 INIT_STUB = 32
 CODE_AT = 80
 
-DT_RELA = 7
-DT_RELASZ = 8
-DT_RELAENT = 9
-DT_INIT = 12
-DT_INIT_ARRAY = 25
-DT_INIT_ARRAYSZ = 27
-DT_RELRSZ = 35
-DT_RELR = 36
-R_X86_64_RELATIVE = 8
 
 
 @dataclass(frozen=True, slots=True)

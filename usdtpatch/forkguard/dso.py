@@ -33,18 +33,19 @@ import struct
 from typing import NamedTuple
 
 from usdtpatch.elf.image import ElfImage
-from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable, import_slots
+from usdtpatch.elf.model import (
+    DT_FINI,
+    DT_FINI_ARRAY,
+    DT_FINI_ARRAYSZ,
+    DT_INIT_ARRAY,
+    DT_INIT_ARRAYSZ,
+    DT_RELR,
+    DT_RELRSZ,
+    R_X86_64_RELATIVE,
+)
+from usdtpatch.elf.relocs import RelaTable, import_slots
 from usdtpatch.x86.decode import LiteInsn, disassemble_lite
 from usdtpatch.x86.regs import CALLER_SAVED, CLOBBERS_MORE, READ_ONLY, reg64
-
-DT_INIT = 12
-DT_FINI = 13
-DT_INIT_ARRAY = 25
-DT_FINI_ARRAY = 26
-DT_INIT_ARRAYSZ = 27
-DT_FINI_ARRAYSZ = 28
-DT_RELRSZ = 35
-DT_RELR = 36
 
 FINI_WINDOW = 256  # crtstuff's __do_global_dtors_aux is about 60 bytes
 INIT_WINDOW = 1024

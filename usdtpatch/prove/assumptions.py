@@ -31,6 +31,13 @@ class Assumption:
 
 ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption(
+        "model-meanings",
+        "each construct of the model (usdtpatch/elf/model.py) means for the loader what its "
+        "table says, and the table covers what real files use",
+        ("tests/test_model.py::test_files_the_tests_use_need_nothing_outside_the_model",
+         "tests/test_model.py::test_the_tables_name_what_real_files_use",
+         "tests/test_text_relocations.py::test_relr_pointer_is_a_way_in")),
+    Assumption(
         "no-foreign-jumps",
         "no code outside the file jumps into the middle of one of its functions; other "
         "objects reach it only at the addresses it gives out (symbols, relocations, data)",
@@ -67,7 +74,7 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         ("tests/test_rewrite_observed.py::test_a_fault_recognised_by_its_pc_keeps_its_pc",
          "tests/test_rewrite_observed.py::test_a_moved_fault_is_reported_per_site")),
     Assumption(
-        "moved-call-return-address",
+        "callee-return-address",
         "a callee that observes its return address is served by emulating the call wherever "
         "the window allows; where the call moves, the report names the detour's address",
         ("tests/test_rewrite_observed.py::test_callee_sees_the_original_return_address",

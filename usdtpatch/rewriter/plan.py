@@ -41,6 +41,7 @@ from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import Refusal as _Refusal
 from usdtpatch.analysis.calls import detour_handling as _detour_handling
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window, used_window
+from usdtpatch.analysis.closed import REFUSALS
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -95,7 +96,8 @@ from usdtpatch.elf.image import (
     Section,
 )
 from usdtpatch.elf.marker import marker_of
-from usdtpatch.elf.relocs import R_X86_64_RELATIVE, RelaTable
+from usdtpatch.elf.model import R_X86_64_RELATIVE
+from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, plan_segment
 from usdtpatch.errors import UnsupportedError
@@ -446,6 +448,8 @@ def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchW
     moved as it is; a window is joined with the sites that follow it (rewriter/merge.py)."""
     p = sc.probe
     wr = sc.window
+    if wr is not None and wr.window is None and wr.code in REFUSALS:
+        raise _Skip(wr.code, wr.reason)  # outside the model (analysis/closed.py), as check says
     if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
                                       findings.PROBE_NOT_DECODED.code):
         raise _Skip(wr.code, wr.reason)  # data in code, or not an instruction boundary

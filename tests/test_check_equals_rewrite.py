@@ -164,6 +164,19 @@ _TEXT_OF = {"in-place": ("in place ", "re-laid "), "forward": ("forward ",),
 @pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
 @pytest.mark.parametrize("guard", ["auto", "always"])
 def test_check_site_text_summary_and_json_agree(path: Path, guard: str) -> None:
+    _agree(path, guard)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL_BINARIES))
+def test_check_site_text_summary_and_json_agree_on_real_binaries(name: str) -> None:
+    path = REAL_BINARIES[name]
+    if not path.exists():
+        pytest.skip(f"{path} is not installed")
+    _agree(path, "auto")
+
+
+def _agree(path: Path, guard: str) -> None:
     """One decision behind every rendering of a site (issue 30, class 8): check's per-site
     text (plain and terminal tables share report.plain.outcome_text), the summary's counts
     and the JSON's outcome and window shape say the same. Before, a NOP run the red-zone

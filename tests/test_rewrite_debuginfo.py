@@ -58,7 +58,9 @@ def _build(d: Path, name: str) -> tuple[Path, Path, dict[str, object]]:
     exe, rw = d / name, d / f"{name}.rw"
     subprocess.run([*argv, "-o", str(exe), str(d / "bt.c")], check=True, timeout=120,
                    capture_output=True)
-    res = run_cli("rewrite", exe, "-o", rw, "--json")
+    # --calls move: the default emulates the call (its callee sees the original return
+    # address); a moved call returns into the detour, whose debug information is the subject
+    res = run_cli("rewrite", exe, "-o", rw, "--json", "--calls", "move")
     assert res.rc == 0, res.err
     (site,) = json.loads(res.out)["files"][0]["sites"]
     assert site["action"] == "detour" and site["calls"] == "moved", site
@@ -269,7 +271,8 @@ def test_rust_panic_backtrace_keeps_file_and_line(tmp_path: Path) -> None:
     # (issue 19), and saying so is part of what this test pins down
     refused = run_cli("rewrite", exe, "-o", rw, "--json")
     assert refused.rc == 2 and "syscall()" in refused.err and not rw.exists(), refused.err
-    res = run_cli("rewrite", exe, "-o", rw, "--json", "--fork-guard", "never")
+    res = run_cli("rewrite", exe, "-o", rw, "--json", "--fork-guard", "never", "--calls",
+                  "move")
     assert res.rc == 0, res.err
     (site,) = json.loads(res.out)["files"][0]["sites"]
     assert site["action"] == "detour" and site["calls"] == "moved", site

@@ -216,21 +216,14 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
                 state["cfa"], regs, args[1] = stack.pop()
             elif op in (0x0C, 0x12):  # def_cfa, def_cfa_sf
                 reg, p = _uleb(prog, p)
-                if op == 0x0C:
-                    off, p = _uleb(prog, p)
-                else:
-                    off, p = _sleb(prog, p)
-                    off *= da
-                state["cfa"] = Cfa(reg, off)
+                off, p = _uleb(prog, p) if op == 0x0C else _sleb(prog, p)
+                state["cfa"] = Cfa(reg, off if op == 0x0C else off * da)
             elif op == 0x0D:  # def_cfa_register
                 reg, p = _uleb(prog, p)
                 state["cfa"] = Cfa(reg, cfa().offset)
             elif op in (0x0E, 0x13):  # def_cfa_offset(_sf)
-                if op == 0x0E:
-                    off, p = _uleb(prog, p)
-                else:
-                    off, p = _sleb(prog, p)
-                    off *= da
+                off, p = _uleb(prog, p) if op == 0x0E else _sleb(prog, p)
+                off = off if op == 0x0E else off * da
                 if cfa().reg is None:
                     raise UnsupportedError("DW_CFA_def_cfa_offset after a CFA expression")
                 state["cfa"] = Cfa(cfa().reg, off)

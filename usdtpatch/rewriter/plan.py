@@ -694,16 +694,19 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
 
 def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...]
                   ) -> tuple[DwarfToExtend | None, list[Finding]]:
-    """For a file that gets detours: the DWARF their compile unit extends, and what says
-    that a table of theirs is left out (`detour-unwind-left-out`, as check says it;
-    `detour-dwarf-left-out`)."""
-    if not any(d.action is Action.DETOUR for d in sites):
+    """For a file whose code is rewritten: the DWARF the detours' compile unit extends and
+    whose line rows inside the windows move (analysis/debuglines.py refused every window
+    with a row inside where they cannot), and what says that a table of the detours' is
+    left out (`detour-unwind-left-out`, as check says it; `detour-dwarf-left-out`)."""
+    detours = any(d.action is Action.DETOUR for d in sites)
+    if not detours and not any(d.action is Action.IN_PLACE for d in sites):
         return None, []
-    said = [f for f in (detour_unwind_left_out(image),) if f is not None]
+    said = [f for f in (detour_unwind_left_out(image),) if f is not None] if detours else []
     got = read_for_detours(image)
     if isinstance(got, str):
-        said.append(findings.DETOUR_DWARF_LEFT_OUT.finding(
-            f"the detours get no DWARF (no compile unit, no line rows): {got}"))
+        if detours:
+            said.append(findings.DETOUR_DWARF_LEFT_OUT.finding(
+                f"the detours get no DWARF (no compile unit, no line rows): {got}"))
         return None, said
     return got, said
 

@@ -460,6 +460,13 @@ WINDOW_CALL_UNWIND = _code(
     "emulated",
     "the site stays on the int3 path; a build with a 5-byte NOP header converts it",
     (_F, _S))
+WINDOW_LINE_ROW = _code(
+    "window-line-row", _W,
+    "a debugger's line row lies inside the window, and the file's line table cannot be "
+    "written again",
+    "the site stays on the int3 path; debug sections left uncompressed (no -gz) let the "
+    "rewrite move the row",
+    (_F, _S))
 RELOCATION_FAILED = _code(
     "relocation-failed", _E,
     "the window's code cannot be relocated",

@@ -206,39 +206,51 @@ def _form_value(r: DwarfReader, form: int, unit: _Unit, implicit: int) -> int | 
 # --- sections -----------------------------------------------------------------------------
 
 
-def _section(image: ElfImage, name: str) -> bytes | None:
-    sec = image.section(name)
-    if sec is None or sec.flags & SHF_COMPRESSED or not sec.size:
-        return None
-    return bytes(image.section_data(sec))
-
-
 ELFCOMPRESS_ZLIB = 1
 
 
 def debug_section(image: ElfImage, name: str) -> bytes | None:
-    """A debug section's bytes for reading: as they are, or inflated when SHF_COMPRESSED
-    with zlib (ELF gABI, Elf64_Chdr); None when absent, empty, or compressed another way
-    (zstd) or damaged."""
+    """A debug section's bytes: as they are, or inflated when SHF_COMPRESSED with zlib (ELF
+    gABI, Elf64_Chdr: gcc -gz); None when absent, empty, compressed another way (zstd) or
+    damaged. An inflated section is kept for the next reader; a rewritten one is written
+    uncompressed (rewriter/build.py)."""
     sec = image.section(name)
     if sec is None or not sec.size:
         return None
-    raw = bytes(image.section_data(sec))
     if not sec.flags & SHF_COMPRESSED:
-        return raw
-    if len(raw) < 24 or int.from_bytes(raw[:4], "little") != ELFCOMPRESS_ZLIB:
-        return None
-    size = int.from_bytes(raw[8:16], "little")
-    try:
-        out = zlib.decompressobj().decompress(raw[24:], size + 1)
-    except zlib.error:
-        return None
-    return out if len(out) == size else None
+        return bytes(image.section_data(sec))
+    key = f"inflated {name}"
+    got = image.derived.get(key)
+    if isinstance(got, tuple):
+        kept = got[0]
+        assert kept is None or isinstance(kept, bytes)
+        return kept
+    raw = bytes(image.section_data(sec))
+    out: bytes | None = None
+    if len(raw) >= 24 and int.from_bytes(raw[:4], "little") == ELFCOMPRESS_ZLIB:
+        size = int.from_bytes(raw[8:16], "little")
+        try:
+            out = zlib.decompressobj().decompress(raw[24:], size + 1)
+        except zlib.error:
+            out = None
+        if out is not None and len(out) != size:
+            out = None
+    image.derived[key] = (out,)
+    return out
+
+
+_section = debug_section
+
+
+def compressed(image: ElfImage, name: str) -> bool:
+    """Whether the section is there and SHF_COMPRESSED (written again, it is not)."""
+    sec = image.section(name)
+    return sec is not None and bool(sec.flags & SHF_COMPRESSED)
 
 
 def has_dwarf(image: ElfImage) -> bool:
     """Whether the file carries line tables and compile units this module can extend
-    (uncompressed `.debug_info`, `.debug_abbrev` and `.debug_line`)."""
+    (`.debug_info`, `.debug_abbrev` and `.debug_line`, uncompressed or zlib-compressed)."""
     return all(_section(image, n) is not None for n in (".debug_info", ".debug_abbrev",
                                                          ".debug_line"))
 
@@ -1010,9 +1022,10 @@ def _read_for_detours(image: ElfImage) -> DwarfToExtend | str | None:
     if sec is None or not sec.size:
         return None
     if not has_dwarf(image):
-        return "its .debug_info, .debug_abbrev or .debug_line is compressed or missing"
-    if any(s.size >= 1 << 32 for n in (".debug_info", ".debug_abbrev", ".debug_line")
-           if (s := image.section(n)) is not None):
+        return ("its .debug_info, .debug_abbrev or .debug_line is missing, damaged or "
+                "compressed other than with zlib")
+    if any(len(d) >= 1 << 32 for n in (".debug_info", ".debug_abbrev", ".debug_line")
+           if (d := debug_section(image, n)) is not None):
         return "a debug section is past 4 GiB: 32-bit DWARF offsets cannot reach it"
     try:
         info = read_debug_info(image)
@@ -1035,7 +1048,7 @@ def build_detour_dwarf(image: ElfImage, detours: Sequence[DetourLines], low: int
     info, abbrev, line = (_section(image, n) for n in (".debug_info", ".debug_abbrev",
                                                           ".debug_line"))
     if info is None or abbrev is None or line is None:
-        raise DwarfError("the file has no uncompressed .debug_info, .debug_abbrev and "
+        raise DwarfError("the file has no readable .debug_info, .debug_abbrev and "
                          ".debug_line to extend")
     if read is not None and moves:
         line, repoint = edit_line_programs(line, read.lines, moves)
@@ -1079,5 +1092,5 @@ def build_detour_dwarf(image: ElfImage, detours: Sequence[DetourLines], low: int
 
 __all__ = ["CompileUnit", "DebugInfo", "DetourDwarf", "DetourLines", "DwarfError",
            "LineMove", "LineRow", "LineState", "LineTable", "LineUnit", "Subprogram",
-           "build_detour_dwarf", "debug_section", "edit_line_programs", "has_dwarf",
+           "build_detour_dwarf", "compressed", "debug_section", "edit_line_programs", "has_dwarf",
            "read_debug_info", "read_line_table", "sleb", "uleb"]

@@ -23,6 +23,7 @@ from usdtpatch.elf.dwarf import (
     LineMove,
     LineTable,
     build_detour_dwarf,
+    compressed,
     picked_statements,
 )
 from usdtpatch.elf.ehframe import (
@@ -35,6 +36,7 @@ from usdtpatch.elf.ehframe import (
 )
 from usdtpatch.elf.image import (
     SHF_ALLOC,
+    SHF_COMPRESSED,
     SHF_EXECINSTR,
     SHT_NOTE,
     SHT_PROGBITS,
@@ -216,12 +218,15 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
                                 list(moves.values()))
     except DwarfError:  # what the plan's reading accepted (read_for_detours) it can extend
         return []
-    tail = [TailSection(".debug_info", SHT_PROGBITS, dd.debug_info, 1),
-            TailSection(".debug_abbrev", SHT_PROGBITS, dd.debug_abbrev, 1),
-            TailSection(".debug_line", SHT_PROGBITS, dd.debug_line, 1)]
+    sections = [(".debug_info", dd.debug_info), (".debug_abbrev", dd.debug_abbrev),
+                (".debug_line", dd.debug_line)]
     if dd.debug_aranges is not None:
-        tail.append(TailSection(".debug_aranges", SHT_PROGBITS, dd.debug_aranges, 1))
-    return tail
+        sections.append((".debug_aranges", dd.debug_aranges))
+    # a section read inflated (gcc -gz) is written uncompressed
+    return [TailSection(name, SHT_PROGBITS, data, 1,
+                        flags=(sec.flags & ~SHF_COMPRESSED) if compressed(image, name) and
+                        (sec := image.section(name)) is not None else None)
+            for name, data in sections]
 
 
 def _notes(plan: RewritePlan) -> bytes:

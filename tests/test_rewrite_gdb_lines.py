@@ -26,7 +26,7 @@ from tests.helpers import ROOT, run_cli
 from usdtpatch import api
 from usdtpatch.elf.dwarf import LineTable, debug_section, read_debug_info, read_line_table
 from usdtpatch.elf.image import SHF_COMPRESSED, parse_elf
-from usdtpatch.findings import WINDOW_LINE_ROW
+from usdtpatch.findings import WINDOW_DEBUG_ENTRY, WINDOW_LINE_ROW
 
 pytestmark = [pytest.mark.needs_cc]
 DATA = ROOT / "tests" / "data"
@@ -259,3 +259,27 @@ def test_a_line_table_that_cannot_be_written_refuses_the_window(exes: Path,
     assert any(f.code == WINDOW_LINE_ROW.code and "cannot be read" in f.message
                for f in sc.findings)
     assert _mismatches(bad, None) == []
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_an_inlined_entry_inside_the_window_refuses_it(exes: Path, cc: str,
+                                                       tmp_path: Path) -> None:
+    """`mix` is inlined right after the probe: its DW_TAG_inlined_subroutine's entry lies
+    inside the window, where gdb's `break mix` puts its int3 (before, the rewrite died there
+    under gdb: SIGSEGV with gcc, SIGILL with clang). The DIEs are not edited: the window is
+    refused (window-debug-entry), by check and rewrite alike, and the output (if any) runs
+    under gdb as the original."""
+    from tests.test_check_equals_rewrite import _mismatches
+
+    exe = exes / f"inline-{cc}"
+    _cc([cc, "-O2", "-g", str(SRC / "inline.c"), "-o", str(exe)])
+    res = run_cli("rewrite", exe, "-o", tmp_path / "out", "--json")
+    assert res.rc == 0, res.err
+    (site,) = json.loads(res.out)["files"][0]["sites"]
+    assert site["action"] == "skipped" and site["code"] == WINDOW_DEBUG_ENTRY.code, site
+    assert "DW_TAG_inlined_subroutine" in site["reason"]
+    (sc,) = api.check(exe).report.sites
+    assert sc.blocked == WINDOW_DEBUG_ENTRY.code
+    assert _mismatches(exe, None) == []
+    if (tmp_path / "out").exists():
+        _same_under_gdb(exe, tmp_path / "out", "mix")

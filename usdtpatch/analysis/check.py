@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from usdtpatch.analysis.calls import CALLS_AUTO, call_technique, shadow_stack_marked
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
-from usdtpatch.analysis.debuglines import window_line_row
+from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -72,7 +72,6 @@ from usdtpatch.findings import (
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
     WINDOW_CALL_UNWIND,
-    WINDOW_LINE_ROW,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
     Finding,
@@ -278,8 +277,9 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
     nor one whose calls can neither move nor be emulated (usdtpatch.analysis.calls,
     `window-call-unwind`), one whose guarded site's arguments cannot follow the guard
     (`guard-impossible`), one that would move an argument read relative to rip
-    (`arg-rip-relative`), or one with a debugger's line row inside that the rewrite cannot
-    move (analysis/debuglines.py, `window-line-row`)."""
+    (`arg-rip-relative`), or one with a debugger's breakpoint address inside that the
+    rewrite does not keep true (analysis/debuglines.py: `window-line-row`,
+    `window-debug-entry`)."""
     shstk: list[bool] = []
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
@@ -337,7 +337,7 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
     if isinstance(got, str) or claimed.overlaps(got.window.start, got.window.end) or \
             [m.probe.address for m in sites_between(got.window.start, got.window.end)] \
             != [sc.probe.address] or \
-            window_line_row(ctx.image, got.window.start, got.window.end) is not None:
+            window_debug_refusal(ctx.image, got.window.start, got.window.end) is not None:
         return None
     return got
 
@@ -378,10 +378,7 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         how = call_technique(ctx.image, ctx.cfi, w, options.calls, shstk[0])
         if isinstance(how, str):
             return WINDOW_CALL_UNWIND.code, how
-    rows = window_line_row(ctx.image, w.start, w.end)
-    if rows is not None:
-        return WINDOW_LINE_ROW.code, rows
-    return None
+    return window_debug_refusal(ctx.image, w.start, w.end)
 
 
 def _shape(sc: SiteCheck, w: PatchWindow, members: list[SiteCheck],

@@ -38,7 +38,7 @@ from usdtpatch.analysis.calls import (
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import call_technique as _call_technique
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window
-from usdtpatch.analysis.debuglines import window_line_row
+from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -417,9 +417,9 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
     new_args = _member_args(members, win, guarded)
     sb = site_bytes(inputs.form, guarded)
     handling = _call_handling(inputs, win)
-    rows = window_line_row(inputs.image, win.start, win.end)
-    if rows is not None:
-        raise _Skip(findings.WINDOW_LINE_ROW.code, rows)
+    debug = window_debug_refusal(inputs.image, win.start, win.end)
+    if debug is not None:
+        raise _Skip(*debug)
     start_off = inputs.image.vaddr_to_offset(win.start)
     if start_off is None:
         raise _Skip(findings.PC_OUTSIDE_SEGMENTS.code, "window not in the file")

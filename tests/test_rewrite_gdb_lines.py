@@ -283,3 +283,41 @@ def test_an_inlined_entry_inside_the_window_refuses_it(exes: Path, cc: str,
     assert _mismatches(exe, None) == []
     if (tmp_path / "out").exists():
         _same_under_gdb(exe, tmp_path / "out", "mix")
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_line_programs_encode_back_to_their_rows(exes: Path, cc: str) -> None:
+    """Every line program of a -O2 -g build (views, discriminators, is_stmt flips,
+    prologue_end with clang), encoded again from its rows (elf/dwarf.py `_encode_rows`),
+    decodes to the same rows; and a program that cannot be written again (a
+    DW_LNE_define_file) is refused by the editor rather than written wrong."""
+    from usdtpatch.elf.dwarf import (
+        DwarfError,
+        DwarfReader,
+        LineMove,
+        _encode_rows,
+        _Params,
+        _run_program,
+        edit_line_programs,
+    )
+
+    exe = exes / f"roundtrip-{cc}"
+    _cc([cc, "-O2", "-g", str(SRC / "inline.c"), "-o", str(exe)])
+    image = parse_elf(exe.read_bytes())
+    table = read_line_table(image)
+    data = debug_section(image, ".debug_line")
+    assert data is not None and table.units
+    for unit in table.units:
+        # no special opcodes come out: the header's line_base and line_range do not matter
+        code = _encode_rows(unit, unit.rows)
+        got, why = _run_program(DwarfReader(code), _Params(
+            unit.min_inst, unit.max_ops, unit.default_is_stmt, -5, 14, unit.opcode_base, (),
+            unit.address_size))
+        assert not why and got == list(unit.rows)
+    # a unit that cannot be written again, with a row inside a window: refused
+    unit = table.units[0]
+    row = next(r for r in unit.rows if not r.end)
+    bad = LineTable(rows=table.rows, units=[type(unit)(**{
+        **{f: getattr(unit, f) for f in unit.__slots__}, "unwritable": "DW_LNE_define_file"})])
+    with pytest.raises(DwarfError, match="define_file"):
+        edit_line_programs(data, bad, [LineMove(row.address - 1, row.address + 1)])

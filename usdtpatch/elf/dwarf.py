@@ -598,9 +598,12 @@ class LineMove:
     start: int
     end: int
     moved: tuple[tuple[int, int], ...] | None = None
-    # the [low, high) of the window's function (its subprogram, else its line sequence):
-    # where a debugger's `break FILE:LINE` picks one statement row per line
+    # the [low, high) of the window's function (its subprogram): where a debugger's `break
+    # FILE:LINE` picks one statement row per line
     scope: tuple[int, int] | None = None
+    # whether the window's instructions have copies in a detour (whose unit has the rows);
+    # False for a NOP run written over in place: its rows go, nothing else changes
+    detour: bool = True
 
 
 def picked_statements(table: LineTable, mv: LineMove) -> list[LineRow]:
@@ -678,7 +681,7 @@ def edit_line_programs(data: bytes, table: LineTable, moves: Sequence[LineMove]
                              f"again: {unit.unwritable}")
         picked = {mv: {(r.file, r.line) for r in picked_statements(table, mv)
                        if r.unit == index}
-                  for mv in mine if mv.moved is None}
+                  for mv in mine if mv.moved is None and mv.detour}
         program = _encode_rows(unit, _moved_rows(unit, mine, picked))
         header = data[unit.offset + (4 if unit.offset_size == 4 else 12) : unit.program]
         body = header + program

@@ -154,7 +154,8 @@ def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
         sp = info.subprogram_at(w.start)
         out[w.start] = LineMove(w.start, w.end,
                                 None if o.relaid is None else o.relaid.insn_map,
-                                None if sp is None else (sp.low, sp.high))
+                                None if sp is None else (sp.low, sp.high),
+                                o.action is Action.DETOUR)
     return out
 
 

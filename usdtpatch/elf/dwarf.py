@@ -462,65 +462,73 @@ class _Params:
 
 def _run_program(r: DwarfReader, p: _Params) -> tuple[list[LineState], str]:
     """The rows of one line program (DWARF 5, 6.2.5), and why it cannot be written again
-    from them ("" when it can)."""
+    from them ("" when it can). The registers are locals (this runs once per opcode of every
+    program of the file: check reads them)."""
     rows: list[LineState] = []
     unwritable = ""
-    st = LineState(0, 1, 1, 0, p.default_is_stmt)
-
-    def reset() -> LineState:
-        return LineState(0, 1, 1, 0, p.default_is_stmt)
-
-    def emitted(s: LineState) -> LineState:  # the flags a row clears once it is made
-        rows.append(s)
-        return replace(s, basic_block=False, prologue_end=False, epilogue_begin=False,
-                       discriminator=0)
-
-    while r.pos < len(r.data):
-        op = r.u(1)
-        if op >= p.opcode_base:
-            adj = op - p.opcode_base
-            st = replace(st, address=st.address + (adj // p.line_range) * p.min_inst,
-                         line=st.line + p.line_base + adj % p.line_range)
-            st = emitted(st)
+    data, base, line_range, min_inst = r.data, p.opcode_base, p.line_range, p.min_inst
+    address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
+    basic_block = prologue_end = epilogue_begin = False
+    discriminator = 0
+    const_add = ((255 - base) // line_range) * min_inst
+    while r.pos < len(data):
+        op = data[r.pos]
+        r.pos += 1
+        if op >= base or op == 1 or (op == 0 and r.pos < len(data) and data[r.pos] == 1
+                                     and r.pos + 1 < len(data) and data[r.pos + 1] == 1):
+            end = False
+            if op >= base:
+                adj = op - base
+                address += (adj // line_range) * min_inst
+                line += p.line_base + adj % line_range
+            elif op == 0:  # end_sequence (length 1)
+                r.pos += 2
+                end = True
+            rows.append(LineState(address, file, line, column, is_stmt, end, basic_block,
+                                  prologue_end, epilogue_begin, isa, discriminator))
+            basic_block = prologue_end = epilogue_begin = False
+            discriminator = 0
+            if end:
+                address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
         elif op == 0:
             n = r.uleb()
             sub_end = r.pos + n
             sub = r.u(1) if n else 0
-            if sub == 1:  # end_sequence
-                emitted(replace(st, end=True))
-                st = reset()
+            if sub == 1:  # end_sequence, written with a longer length
+                rows.append(LineState(address, file, line, column, is_stmt, True, basic_block,
+                                      prologue_end, epilogue_begin, isa, discriminator))
+                address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
+                basic_block = prologue_end = epilogue_begin = False
+                discriminator = 0
             elif sub == 2:  # set_address
-                st = replace(st, address=r.u(p.address_size))
+                address = r.u(p.address_size)
             elif sub == 3:  # define_file (v2-4)
                 unwritable = "DW_LNE_define_file"
             elif sub == 4:  # set_discriminator
-                st = replace(st, discriminator=r.uleb())
+                discriminator = r.uleb()
             r.pos = sub_end
-        elif op == 1:  # copy
-            st = emitted(st)
         elif op == 2:
-            st = replace(st, address=st.address + r.uleb() * p.min_inst)
+            address += r.uleb() * min_inst
         elif op == 3:
-            st = replace(st, line=st.line + r.sleb())
+            line += r.sleb()
         elif op == 4:
-            st = replace(st, file=r.uleb())
+            file = r.uleb()
         elif op == 5:
-            st = replace(st, column=r.uleb())
+            column = r.uleb()
         elif op == 6:
-            st = replace(st, is_stmt=not st.is_stmt)
+            is_stmt = not is_stmt
         elif op == 7:
-            st = replace(st, basic_block=True)
+            basic_block = True
         elif op == 8:  # const_add_pc
-            st = replace(st, address=st.address
-                         + ((255 - p.opcode_base) // p.line_range) * p.min_inst)
+            address += const_add
         elif op == 9:
-            st = replace(st, address=st.address + r.u(2))
+            address += r.u(2)
         elif op == 10:
-            st = replace(st, prologue_end=True)
+            prologue_end = True
         elif op == 11:
-            st = replace(st, epilogue_begin=True)
+            epilogue_begin = True
         elif op == 12:
-            st = replace(st, isa=r.uleb())
+            isa = r.uleb()
         else:  # an opcode this reader does not know: skip its arguments
             for _ in range(p.lengths[op - 1] if op - 1 < len(p.lengths) else 0):
                 r.uleb()

@@ -144,8 +144,9 @@ def _symtab(image: ElfImage, symbols: DetourSymbols) -> list[TailSection]:
 
 def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
     """What each rewritten window does to the line rows in it (LineMove), by the window's
-    start: a detour's window and a NOP run written over drop the rows strictly inside, a
-    re-laid window moves each row with its instruction."""
+    start: a detour's window, a NOP run written over and a system call's window moved to
+    the fork guard's hook drop the rows strictly inside, a re-laid window moves each row
+    with its instruction."""
     out = {}
     for o in plan.sites:
         w = o.window
@@ -156,6 +157,9 @@ def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
                                 None if o.relaid is None else o.relaid.insn_map,
                                 None if sp is None else (sp.low, sp.high),
                                 o.action is Action.DETOUR)
+    if plan.fork_guard_code is not None:  # a static executable's hooked system calls
+        for start, end in plan.fork_guard_code.hooked:
+            out[start] = LineMove(start, end, detour=False)
     return out
 
 

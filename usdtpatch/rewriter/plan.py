@@ -201,6 +201,8 @@ class ForkGuardCode:
     # it hooks the system calls whose number the code does not fix (the input's
     # `fork-unknown`), comparing the number with the fork ones at run time
     checks_numbers: bool = False
+    # the [start, end) of each system call's window moved to its hook (a static executable)
+    hooked: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -677,7 +679,8 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     said = [*base.findings]
     if symbols.left_out is not None:
         said.append(symbols.left_out)
-    dwarf, left_out = _detour_debug(image, base.sites)
+    dwarf, left_out = _detour_debug(image, base.sites,
+                                    fork is not None and bool(fork.hooked))
     said += left_out
     if fork is not None:
         entry = dict(fork.marker)
@@ -696,14 +699,15 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
                    unwind_tables=_unwind_tables(image, seg.unwind), dwarf=dwarf)
 
 
-def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...]
+def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...], hooked: bool = False
                   ) -> tuple[DwarfToExtend | None, list[Finding]]:
     """For a file whose code is rewritten: the DWARF the detours' compile unit extends and
     whose line rows inside the windows move (analysis/debuglines.py refused every window
-    with a row inside where they cannot), and what says that a table of the detours' is
-    left out (`detour-unwind-left-out`, as check says it; `detour-dwarf-left-out`)."""
+    with a row inside where they cannot; `hooked`: the fork guard moves system calls to its
+    hooks), and what says that a table of the detours' is left out
+    (`detour-unwind-left-out`, as check says it; `detour-dwarf-left-out`)."""
     detours = any(d.action is Action.DETOUR for d in sites)
-    if not detours and not any(d.action is Action.IN_PLACE for d in sites):
+    if not detours and not hooked and not any(d.action is Action.IN_PLACE for d in sites):
         return None, []
     said = [f for f in (detour_unwind_left_out(image),) if f is not None] if detours else []
     got = read_for_detours(image)
@@ -765,7 +769,7 @@ def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
         return None, None
     return ForkGuardCode(address=place_at, text=g.text, patches=g.patches, symbols=g.symbols,
                          marker=tuple(forkguard.marker_entry(g).items()),
-                         checks_numbers=g.checked > 0), None
+                         checks_numbers=g.checked > 0, hooked=g.hooked), None
 
 
 def text_section_index(image: ElfImage) -> int:

@@ -606,31 +606,48 @@ class LineMove:
     start: int
     end: int
     moved: tuple[tuple[int, int], ...] | None = None
-    # the [low, high) of the window's function (its subprogram): where a debugger's `break
-    # FILE:LINE` picks one statement row per line
+    # the [low, high) of the window's function (its subprogram, else its FDE or symbol):
+    # where a debugger's `break FILE:LINE` picks one statement row per line
     scope: tuple[int, int] | None = None
     # whether the window's instructions have copies in a detour (whose unit has the rows);
     # False for a NOP run written over in place: its rows go, nothing else changes
     detour: bool = True
+    # the [low, high) of the lexical blocks and inlined subroutines in `scope`
+    # (DebugInfo.blocks): gdb picks one statement row per line and innermost block
+    blocks: tuple[tuple[int, int], ...] = ()
+
+    def block_of(self, address: int) -> tuple[int, int] | None:
+        """The innermost block (of `blocks`, else `scope`) holding `address`."""
+        best = self.scope if self.scope is not None and \
+            self.scope[0] <= address < self.scope[1] else None
+        for lo, hi in self.blocks:
+            if lo <= address < hi and (best is None or hi - lo < best[1] - best[0]):
+                best = (lo, hi)
+        return best
 
 
 def picked_statements(table: LineTable, mv: LineMove) -> list[LineRow]:
     """The statement rows strictly inside a window left for a detour that a debugger's
-    `break FILE:LINE` picks: gdb takes, per line and function, the first statement row of
-    the line (linespec.c filters the others of the same block); a row inside the window
-    is that first one when no statement row of its file and line lies in the function
-    before it (the window's start included: its row stays, at the `jmp`). Their copies in
-    the detour are statements; the later statement rows of their lines in the function
-    are no more (`edit_line_programs`), so that the breakpoint is hit once, as before."""
+    `break FILE:LINE` picks: gdb takes, per line and innermost block (a lexical block, an
+    inlined subroutine, else the function), the first statement row of the line
+    (linespec.c filters the others of the same block); a row inside the window is that
+    first one when no statement row of its file and line lies in its block before it (the
+    window's start included: its row stays, at the `jmp`). Their copies in the detour are
+    statements; the later statement rows of their lines in the block are no more
+    (`edit_line_programs`), so that the breakpoint is hit once, as before."""
     lo = mv.scope[0] if mv.scope is not None else mv.start
+    before = [r for r in table.rows[bisect_left(table._addresses, lo):
+                                    bisect_right(table._addresses, mv.start)]
+              if r.is_stmt and not r.end]
     out: list[LineRow] = []
     for row in table.inside(mv.start, mv.end):
+        block = mv.block_of(row.address)
         key = (row.unit, row.file, row.line)
-        if not row.is_stmt or any((o.unit, o.file, o.line) == key for o in out):
+        if not row.is_stmt or any((o.unit, o.file, o.line) == key and
+                                  mv.block_of(o.address) == block for o in out):
             continue
-        before = table.rows[bisect_left(table._addresses, lo):
-                            bisect_right(table._addresses, mv.start)]
-        if any(r.is_stmt and not r.end and (r.unit, r.file, r.line) == key for r in before):
+        if any((r.unit, r.file, r.line) == key and mv.block_of(r.address) == block
+               for r in before):
             continue
         out.append(row)
     return out
@@ -641,9 +658,10 @@ def _file_name(unit: LineUnit, number: int) -> str:
 
 
 def _moved_rows(unit: LineUnit, moves: Sequence[LineMove],
-                picked: dict[LineMove, set[tuple[str, int]]]) -> list[LineState]:
-    """The unit's rows with every move applied; `picked`: per move, the (file, line) of its
-    picked statements (picked_statements)."""
+                picked: dict[LineMove, set[tuple[str, int, tuple[int, int] | None]]]
+                ) -> list[LineState]:
+    """The unit's rows with every move applied; `picked`: per move, the (file, line, block)
+    of its picked statements (picked_statements)."""
     rows = unit.rows
     out = list(rows)
     for mv in moves:
@@ -653,7 +671,7 @@ def _moved_rows(unit: LineUnit, moves: Sequence[LineMove],
         hi = mv.scope[1] if mv.scope is not None else mv.end
         for i, row in enumerate(out):
             if keys and mv.end <= row.address < hi and row.is_stmt and not row.end and \
-                    (_file_name(unit, row.file), row.line) in keys:
+                    (_file_name(unit, row.file), row.line, mv.block_of(row.address)) in keys:
                 new.append(replace(row, is_stmt=False))  # the detour's copy is the statement
             elif not (mv.start < row.address < mv.end and not row.end):
                 new.append(row)
@@ -687,8 +705,8 @@ def edit_line_programs(data: bytes, table: LineTable, moves: Sequence[LineMove]
         if unit.unwritable:
             raise DwarfError(f"the line program at {unit.offset:#x} cannot be written "
                              f"again: {unit.unwritable}")
-        picked = {mv: {(r.file, r.line) for r in picked_statements(table, mv)
-                       if r.unit == index}
+        picked = {mv: {(r.file, r.line, mv.block_of(r.address))
+                       for r in picked_statements(table, mv) if r.unit == index}
                   for mv in mine if mv.moved is None and mv.detour}
         program = _encode_rows(unit, _moved_rows(unit, mine, picked))
         header = data[unit.offset + (4 if unit.offset_size == 4 else 12) : unit.program]
@@ -739,7 +757,7 @@ class CompileUnit:
 
 
 # the DIEs whose address a debugger makes a breakpoint of (`break inlined_fn`, `break label`)
-DW_TAG_label, DW_TAG_inlined_subroutine = 0x0A, 0x1D
+DW_TAG_label, DW_TAG_lexical_block, DW_TAG_inlined_subroutine = 0x0A, 0x0B, 0x1D
 DW_AT_entry_pc = 0x52
 _BREAKPOINT_TAGS = {DW_TAG_label: "DW_TAG_label", DW_TAG_inlined_subroutine:
                     "DW_TAG_inlined_subroutine"}
@@ -752,6 +770,12 @@ class DebugInfo:
     # (address, what) of each DIE a debugger sets a breakpoint at: an inlined subroutine's
     # DW_AT_entry_pc or DW_AT_low_pc, a label's DW_AT_low_pc (DW_FORM_addr or addrx)
     breakpoints: list[tuple[int, str]] = field(default_factory=list)
+    # [low, high) of each DW_TAG_lexical_block and DW_TAG_inlined_subroutine given by
+    # DW_AT_low_pc and DW_AT_high_pc (not DW_AT_ranges): gdb's blocks inside a function
+    blocks: list[tuple[int, int]] = field(default_factory=list)
+
+    def blocks_in(self, low: int, high: int) -> tuple[tuple[int, int], ...]:
+        return tuple(b for b in self.blocks if low <= b[0] and b[1] <= high)
 
     def subprogram_at(self, address: int) -> Subprogram | None:
         """The innermost (smallest) subprogram whose range holds `address`."""
@@ -870,8 +894,9 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
                 cu_attrs = values
             elif tag == DW_TAG_subprogram and DW_AT_low_pc in values:
                 pending.append((die, values))
-            elif tag in _BREAKPOINT_TAGS and (DW_AT_low_pc in values or
-                                              DW_AT_entry_pc in values):
+            elif (tag in _BREAKPOINT_TAGS and (DW_AT_low_pc in values or
+                                              DW_AT_entry_pc in values)) or \
+                    (tag == DW_TAG_lexical_block and DW_AT_low_pc in values):
                 marks.append((die, tag, values))
             if children:
                 depth += 1
@@ -884,6 +909,13 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
                                      lang if isinstance(lang, int) else 0,
                                      stmt if isinstance(stmt, int) else None, stmt_at))
         for die, tag, values in marks:
+            low = cu.address(values) if DW_AT_low_pc in values else None
+            if low is not None and DW_AT_high_pc in values and \
+                    isinstance(high := values[DW_AT_high_pc][1], int):
+                out.blocks.append((low, high if values[DW_AT_high_pc][0] == DW_FORM_addr
+                                   else low + high))
+            if tag == DW_TAG_lexical_block:
+                continue
             for attr in (DW_AT_entry_pc, DW_AT_low_pc):
                 got = cu.address(values, attr) if attr in values else None
                 if got is not None:

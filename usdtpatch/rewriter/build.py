@@ -153,10 +153,10 @@ def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
         if w is None or o.action not in (Action.DETOUR, Action.IN_PLACE):
             continue
         sp = info.subprogram_at(w.start)
+        scope = (sp.low, sp.high) if sp is not None else (w.function_start, w.function_end)
         out[w.start] = LineMove(w.start, w.end,
-                                None if o.relaid is None else o.relaid.insn_map,
-                                None if sp is None else (sp.low, sp.high),
-                                o.action is Action.DETOUR)
+                                None if o.relaid is None else o.relaid.insn_map, scope,
+                                o.action is Action.DETOUR, info.blocks_in(*scope))
     if plan.fork_guard_code is not None:  # a static executable's hooked system calls
         for start, end in plan.fork_guard_code.hooked:
             out[start] = LineMove(start, end, detour=False)

@@ -510,6 +510,19 @@ WINDOW_EH_UNWIND = _code(
     "an instruction in the window is covered by exception tables the detour cannot get",
     "the site stays on the int3 path; a build with a 5-byte NOP header converts it",
     (_F, _S))
+WINDOW_LINE_ROW = _code(
+    "window-line-row", _W,
+    "a debugger's line row lies inside the window, and the file's line table cannot be "
+    "written again",
+    "the site stays on the int3 path; debug sections left uncompressed (no -gz) let the "
+    "rewrite move the row",
+    (_F, _S))
+WINDOW_DEBUG_ENTRY = _code(
+    "window-debug-entry", _W,
+    "an inlined function's entry or a label of the DWARF lies inside the window",
+    "the site stays on the int3 path; gdb's `break` on that function or label would stop "
+    "inside the rewritten bytes",
+    (_F, _S))
 RELOCATION_FAILED = _code(
     "relocation-failed", _E,
     "the window's code cannot be relocated",

@@ -23,6 +23,7 @@ from usdtpatch.analysis.calls import (
 )
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.closed import file_refusal, local_refusal
+from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -297,8 +298,10 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
     nor one whose calls can neither move nor be emulated (usdtpatch.analysis.calls,
     `window-call-unwind`), one whose instructions need exception tables the detour cannot
     get (`window-eh-unwind`), one whose guarded site's arguments cannot follow the guard
-    (`guard-impossible`), or one that would move an argument read relative to rip
-    (`arg-rip-relative`)."""
+    (`guard-impossible`), one that would move an argument read relative to rip
+    (`arg-rip-relative`), or one with a debugger's breakpoint address inside that the
+    rewrite does not keep true (analysis/debuglines.py: `window-line-row`,
+    `window-debug-entry`)."""
     shstk: list[bool] = []
     by_address = sorted(sites, key=lambda s: s.probe.address)
     addresses = [s.probe.address for s in by_address]
@@ -360,7 +363,8 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
     got = relay(ctx, sc.probe, sb.code, sb.optimized_offset, nop10=form is Form.COMBO10)
     if isinstance(got, str) or claimed.overlaps(got.window.start, got.window.end) or \
             [m.probe.address for m in sites_between(got.window.start, got.window.end)] \
-            != [sc.probe.address]:
+            != [sc.probe.address] or \
+            window_debug_refusal(ctx.image, got.window.start, got.window.end) is not None:
         return None
     if ctx.observers is not None:  # what must keep its pc keeps it (analysis/observed.py)
         pinned = ctx.observers.pinned(w.function_start)
@@ -406,7 +410,7 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         how = detour_handling(ctx.image, ctx.cfi, w, options.calls, shstk[0])
         if isinstance(how, Refusal):
             return how.code, how.reason
-    return None
+    return window_debug_refusal(ctx.image, w.start, w.end)
 
 
 def _moved_calls(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, options: CheckOptions,

@@ -18,9 +18,10 @@ Reference: DWARF Debugging Information Format, versions 4 (6.2 line number infor
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
+import zlib
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from usdtpatch.elf.cfi import CfiError, leb_bytes
 from usdtpatch.elf.ehframe import sleb, uleb
@@ -206,16 +207,51 @@ def _form_value(r: DwarfReader, form: int, unit: _Unit, implicit: int) -> int | 
 # --- sections -----------------------------------------------------------------------------
 
 
-def _section(image: ElfImage, name: str) -> bytes | None:
+ELFCOMPRESS_ZLIB = 1
+
+
+def debug_section(image: ElfImage, name: str) -> bytes | None:
+    """A debug section's bytes: as they are, or inflated when SHF_COMPRESSED with zlib (ELF
+    gABI, Elf64_Chdr: gcc -gz); None when absent, empty, compressed another way (zstd) or
+    damaged. An inflated section is kept for the next reader; a rewritten one is written
+    uncompressed (rewriter/build.py)."""
     sec = image.section(name)
-    if sec is None or sec.flags & SHF_COMPRESSED or not sec.size:
+    if sec is None or not sec.size:
         return None
-    return bytes(image.section_data(sec))
+    if not sec.flags & SHF_COMPRESSED:
+        return bytes(image.section_data(sec))
+    key = f"inflated {name}"
+    got = image.derived.get(key)
+    if isinstance(got, tuple):
+        kept = got[0]
+        assert kept is None or isinstance(kept, bytes)
+        return kept
+    raw = bytes(image.section_data(sec))
+    out: bytes | None = None
+    if len(raw) >= 24 and int.from_bytes(raw[:4], "little") == ELFCOMPRESS_ZLIB:
+        size = int.from_bytes(raw[8:16], "little")
+        try:
+            out = zlib.decompressobj().decompress(raw[24:], size + 1)
+        except zlib.error:
+            out = None
+        if out is not None and len(out) != size:
+            out = None
+    image.derived[key] = (out,)
+    return out
+
+
+_section = debug_section
+
+
+def compressed(image: ElfImage, name: str) -> bool:
+    """Whether the section is there and SHF_COMPRESSED (written again, it is not)."""
+    sec = image.section(name)
+    return sec is not None and bool(sec.flags & SHF_COMPRESSED)
 
 
 def has_dwarf(image: ElfImage) -> bool:
     """Whether the file carries line tables and compile units this module can extend
-    (uncompressed `.debug_info`, `.debug_abbrev` and `.debug_line`)."""
+    (`.debug_info`, `.debug_abbrev` and `.debug_line`, uncompressed or zlib-compressed)."""
     return all(_section(image, n) is not None for n in (".debug_info", ".debug_abbrev",
                                                          ".debug_line"))
 
@@ -230,16 +266,61 @@ class LineRow:
     line: int
     column: int
     end: bool  # end_sequence: the address just past the sequence
+    is_stmt: bool = True
+    unit: int = 0  # its program: an index into LineTable.units
+
+
+@dataclass(frozen=True, slots=True)
+class LineState:
+    """One row of a line program as its state machine makes it (DWARF 5, 6.2.2), the file
+    by its number in the unit's table: what re-encoding the program needs."""
+
+    address: int
+    file: int
+    line: int
+    column: int
+    is_stmt: bool
+    end: bool = False
+    basic_block: bool = False
+    prologue_end: bool = False
+    epilogue_begin: bool = False
+    isa: int = 0
+    discriminator: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LineUnit:
+    """One line program of `.debug_line`: where it lies, the header fields its opcodes
+    depend on, and its rows in program order. `program` is where the opcodes start; the
+    bytes from the unit's version field to `program` are its header, copied as they are when
+    the program is written again."""
+
+    offset: int
+    end: int
+    offset_size: int
+    version: int
+    program: int
+    address_size: int
+    min_inst: int
+    max_ops: int
+    default_is_stmt: bool
+    opcode_base: int
+    rows: tuple[LineState, ...]
+    files: tuple[str, ...]  # the file table's names, by number
+    # why the program cannot be written again from its rows (DW_LNE_define_file, VLIW), or ""
+    unwritable: str = ""
 
 
 @dataclass
 class LineTable:
-    """Every row of every line program, sorted by address; `lookup` is addr2line's answer."""
+    """Every row of every line program, sorted by address; `lookup` is addr2line's answer.
+    `units` keeps each program's rows for rewriting it (`edit_line_programs`)."""
 
     rows: list[LineRow] = field(default_factory=list)
     _addresses: list[int] = field(default_factory=list)
     # each opcode (or unit version) outside usdtpatch.elf.model's tables, with where it is
     unknown: list[str] = field(default_factory=list)
+    units: list[LineUnit] = field(default_factory=list)
 
     def finish(self) -> None:
         # an end row before a start at the same address, so that lookups take the start
@@ -255,6 +336,17 @@ class LineTable:
         if i < 0 or self.rows[i].end:
             return None
         return self.rows[i]
+
+    def at(self, address: int) -> list[LineRow]:
+        """The rows (not ends of sequences) that start at `address`, in program order."""
+        lo, hi = bisect_left(self._addresses, address), bisect_right(self._addresses, address)
+        return [r for r in self.rows[lo:hi] if not r.end]
+
+    def inside(self, start: int, end: int) -> list[LineRow]:
+        """The rows (not ends of sequences) at an address strictly inside (start, end): where a
+        debugger would put a breakpoint inside a window."""
+        lo, hi = bisect_right(self._addresses, start), bisect_left(self._addresses, end)
+        return [r for r in self.rows[lo:hi] if not r.end]
 
 
 _DW_LNCT_path, _DW_LNCT_directory_index = 1, 2
@@ -296,16 +388,19 @@ def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name
 
 
-def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) -> LineTable:
+def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None,
+                    data: bytes | None = None) -> LineTable:
     """The rows of every line program in `.debug_line` (file names joined with their
     directory; a v2-4 directory 0 is the unit's DW_AT_comp_dir, from `comp_dirs` keyed by
-    the program's offset)."""
-    data = _section(image, ".debug_line")
+    the program's offset). `data`: the section's bytes where the caller has them (a
+    compressed section inflated: `debug_section`)."""
+    if data is None:
+        data = _section(image, ".debug_line")
     table = LineTable()
     if data is None:
         return table
-    strs = {DW_FORM_strp: _section(image, ".debug_str"),
-            DW_FORM_line_strp: _section(image, ".debug_line_str")}
+    strs = {DW_FORM_strp: debug_section(image, ".debug_str"),
+            DW_FORM_line_strp: debug_section(image, ".debug_line_str")}
     for start, r, osize, end, version in _units(data, ".debug_line"):
         if not 2 <= version <= 5:
             table.unknown.append(f"line table version {version} at .debug_line+{start:#x}")
@@ -317,10 +412,8 @@ def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) ->
         header_length = r.u(osize)
         program = r.pos + header_length
         min_inst = r.u(1)
-        if version >= 4:
-            r.u(1)  # maximum operations per instruction (VLIW only)
-        default_is_stmt = r.u(1)
-        del default_is_stmt
+        max_ops = r.u(1) if version >= 4 else 1
+        default_is_stmt = bool(r.u(1))
         line_base, line_range, opcode_base = r.s8(), r.u(1), r.u(1)
         if not line_range:
             raise DwarfError(f".debug_line unit at {start:#x}: line_range 0")
@@ -342,63 +435,303 @@ def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None) ->
                 r.uleb()
                 files.append(_join(dirs[di] if di < len(dirs) else "",
                                    fname.decode("utf-8", "surrogateescape")))
-        _run_program(DwarfReader(data[:end], program), table, files, min_inst, line_base,
-                     line_range, opcode_base, lengths, address_size, version >= 5)
+        rows, unwritable = _run_program(
+            DwarfReader(data[:end], program), _Params(min_inst, max_ops, default_is_stmt,
+                                                      line_base, line_range, opcode_base,
+                                                      tuple(lengths), address_size),
+            table.unknown)
+        if max_ops != 1:
+            unwritable = "a VLIW line program (maximum_operations_per_instruction > 1)"
+        for st in rows:
+            name = files[st.file] if 0 <= st.file < len(files) else ""  # as _file_name
+            table.rows.append(LineRow(st.address, name, st.line, st.column, st.end,
+                                      st.is_stmt, len(table.units)))
+        table.units.append(LineUnit(start, end, osize, version, program, address_size,
+                                    min_inst, max_ops, default_is_stmt, opcode_base,
+                                    tuple(rows), tuple(files), unwritable))
     table.finish()
     return table
 
 
-def _run_program(r: DwarfReader, table: LineTable, files: list[str], min_inst: int,
-                 line_base: int, line_range: int, opcode_base: int, lengths: list[int],
-                 address_size: int, v5: bool) -> None:
-    def reset() -> list[int]:
-        return [0, 0 if v5 else 1, 1, 0]  # address, file, line, column
+@dataclass(frozen=True, slots=True)
+class _Params:
+    min_inst: int
+    max_ops: int
+    default_is_stmt: bool
+    line_base: int
+    line_range: int
+    opcode_base: int
+    lengths: tuple[int, ...]
+    address_size: int
 
-    st = reset()
 
-    def emit(end: bool = False) -> None:
-        name = files[st[1]] if 0 <= st[1] < len(files) else ""
-        table.rows.append(LineRow(st[0], name, st[2], st[3], end))
-
-    while r.pos < len(r.data):
-        at = r.pos
-        op = r.u(1)
-        if op < opcode_base and op and op not in LINE_STANDARD_OPCODES:
-            table.unknown.append(f"standard opcode {op} at .debug_line+{at:#x}")
-        if op >= opcode_base:
-            adj = op - opcode_base
-            st[0] += (adj // line_range) * min_inst
-            st[2] += line_base + adj % line_range
-            emit()
+def _run_program(r: DwarfReader, p: _Params, unknown: list[str]
+                 ) -> tuple[list[LineState], str]:
+    """The rows of one line program (DWARF 5, 6.2.5), and why it cannot be written again
+    from them ("" when it can); each opcode outside usdtpatch.elf.model's tables is added to
+    `unknown` with where it is. The registers are locals (this runs once per opcode of every
+    program of the file: check reads them)."""
+    rows: list[LineState] = []
+    unwritable = ""
+    data, base, line_range, min_inst = r.data, p.opcode_base, p.line_range, p.min_inst
+    address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
+    basic_block = prologue_end = epilogue_begin = False
+    discriminator = 0
+    const_add = ((255 - base) // line_range) * min_inst
+    while r.pos < len(data):
+        op = data[r.pos]
+        r.pos += 1
+        if op >= base or op == 1 or (op == 0 and r.pos < len(data) and data[r.pos] == 1
+                                     and r.pos + 1 < len(data) and data[r.pos + 1] == 1):
+            end = False
+            if op >= base:
+                adj = op - base
+                address += (adj // line_range) * min_inst
+                line += p.line_base + adj % line_range
+            elif op == 0:  # end_sequence (length 1)
+                r.pos += 2
+                end = True
+            rows.append(LineState(address, file, line, column, is_stmt, end, basic_block,
+                                  prologue_end, epilogue_begin, isa, discriminator))
+            basic_block = prologue_end = epilogue_begin = False
+            discriminator = 0
+            if end:
+                address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
         elif op == 0:
             n = r.uleb()
             sub_end = r.pos + n
             sub = r.u(1) if n else 0
             if sub not in LINE_EXTENDED_OPCODES and not 0x80 <= sub <= 0xFF:
-                table.unknown.append(f"extended opcode {sub:#x} at .debug_line+{at:#x}")
-            if sub == 1:  # end_sequence
-                emit(True)
-                st = reset()
+                unknown.append(f"extended opcode {sub:#x} at .debug_line+{sub_end - n:#x}")
+            if sub == 1:  # end_sequence, written with a longer length
+                rows.append(LineState(address, file, line, column, is_stmt, True, basic_block,
+                                      prologue_end, epilogue_begin, isa, discriminator))
+                address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
+                basic_block = prologue_end = epilogue_begin = False
+                discriminator = 0
             elif sub == 2:  # set_address
-                st[0] = r.u(address_size)
+                address = r.u(p.address_size)
+            elif sub == 3:  # define_file (v2-4)
+                unwritable = "DW_LNE_define_file"
+            elif sub == 4:  # set_discriminator
+                discriminator = r.uleb()
             r.pos = sub_end
-        elif op == 1:  # copy
-            emit()
         elif op == 2:
-            st[0] += r.uleb() * min_inst
+            address += r.uleb() * min_inst
         elif op == 3:
-            st[2] += r.sleb()
+            line += r.sleb()
         elif op == 4:
-            st[1] = r.uleb()
+            file = r.uleb()
         elif op == 5:
-            st[3] = r.uleb()
+            column = r.uleb()
+        elif op == 6:
+            is_stmt = not is_stmt
+        elif op == 7:
+            basic_block = True
         elif op == 8:  # const_add_pc
-            st[0] += ((255 - opcode_base) // line_range) * min_inst
+            address += const_add
         elif op == 9:
-            st[0] += r.u(2)
-        else:  # negate_stmt, basic_block, prologue_end, ... and unknown ones: skip args
-            for _ in range(lengths[op - 1] if op - 1 < len(lengths) else 0):
+            address += r.u(2)
+        elif op == 10:
+            prologue_end = True
+        elif op == 11:
+            epilogue_begin = True
+        elif op == 12:
+            isa = r.uleb()
+        else:  # an opcode this reader does not know: skip its arguments
+            if op not in LINE_STANDARD_OPCODES:
+                unknown.append(f"standard opcode {op} at .debug_line+{r.pos - 1:#x}")
+            for _ in range(p.lengths[op - 1] if op - 1 < len(p.lengths) else 0):
                 r.uleb()
+    return rows, unwritable
+
+
+def _encode_rows(unit: LineUnit, rows: Sequence[LineState]) -> bytes:
+    """A line program making `rows` (each sequence ended by an end row) with the unit's
+    header: DW_LNE_set_address at each sequence's start (and where an address would go
+    back), standard opcodes for the rest."""
+    out = bytearray()
+    st: LineState | None = None
+    for row in rows:
+        if st is None:
+            st = LineState(row.address, 1, 1, 0, unit.default_is_stmt)
+            out += b"\0" + uleb(1 + unit.address_size) + b"\x02" + \
+                row.address.to_bytes(unit.address_size, "little")
+        delta = row.address - st.address
+        if delta < 0 or (delta and (unit.min_inst != 1)):
+            out += b"\0" + uleb(1 + unit.address_size) + b"\x02" + \
+                row.address.to_bytes(unit.address_size, "little")
+        elif delta:
+            out += b"\x02" + uleb(delta)
+        if row.file != st.file:
+            out += b"\x04" + uleb(row.file)
+        if row.line != st.line:
+            out += b"\x03" + sleb(row.line - st.line)
+        if row.column != st.column:
+            out += b"\x05" + uleb(row.column)
+        if row.is_stmt != st.is_stmt:
+            out += b"\x06"
+        if row.isa != st.isa and unit.opcode_base > 12:
+            out += b"\x0c" + uleb(row.isa)
+        if row.discriminator:
+            out += b"\0" + uleb(1 + len(uleb(row.discriminator))) + b"\x04" + \
+                uleb(row.discriminator)
+        if row.basic_block:
+            out += b"\x07"
+        if row.prologue_end and unit.opcode_base > 10:
+            out += b"\x0a"
+        if row.epilogue_begin and unit.opcode_base > 11:
+            out += b"\x0b"
+        if row.end:
+            out += b"\0\x01\x01"
+            st = None
+        else:
+            out += b"\x01"
+            st = replace(row, basic_block=False, prologue_end=False, epilogue_begin=False,
+                         discriminator=0)
+    return bytes(out)
+
+
+def _no_op_program(length: int) -> bytes:
+    """`length` (>= 2) bytes of DW_LNS_advance_pc 0 that make no row: an old program's place
+    once its unit has been written again elsewhere (its header stays for whatever else reads
+    its file table)."""
+    out = bytearray()
+    while length:
+        n = min(length, 8)
+        if length - n == 1:
+            n -= 1
+        out += b"\x02" + b"\x80" * (n - 2) + b"\x00"
+        length -= n
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class LineMove:
+    """What a rewritten window does to the line rows in it: a window whose instructions left
+    for a detour (or were written over in place) drops every row strictly inside (start,
+    end) (the detour's unit has them), and a row in force past the window's end is started
+    again at `end`; a re-laid window (`moved`: original address -> new address of each
+    instruction) moves each row to its instruction's new address."""
+
+    start: int
+    end: int
+    moved: tuple[tuple[int, int], ...] | None = None
+    # the [low, high) of the window's function (its subprogram, else its FDE or symbol):
+    # where a debugger's `break FILE:LINE` picks one statement row per line
+    scope: tuple[int, int] | None = None
+    # whether the window's instructions have copies in a detour (whose unit has the rows);
+    # False for a NOP run written over in place: its rows go, nothing else changes
+    detour: bool = True
+    # the [low, high) of the lexical blocks and inlined subroutines in `scope`
+    # (DebugInfo.blocks): gdb picks one statement row per line and innermost block
+    blocks: tuple[tuple[int, int], ...] = ()
+
+    def block_of(self, address: int) -> tuple[int, int] | None:
+        """The innermost block (of `blocks`, else `scope`) holding `address`."""
+        best = self.scope if self.scope is not None and \
+            self.scope[0] <= address < self.scope[1] else None
+        for lo, hi in self.blocks:
+            if lo <= address < hi and (best is None or hi - lo < best[1] - best[0]):
+                best = (lo, hi)
+        return best
+
+
+def picked_statements(table: LineTable, mv: LineMove) -> list[LineRow]:
+    """The statement rows strictly inside a window left for a detour that a debugger's
+    `break FILE:LINE` picks: gdb takes, per line and innermost block (a lexical block, an
+    inlined subroutine, else the function), the first statement row of the line
+    (linespec.c filters the others of the same block); a row inside the window is that
+    first one when no statement row of its file and line lies in its block before it (the
+    window's start included: its row stays, at the `jmp`). Their copies in the detour are
+    statements; the later statement rows of their lines in the block are no more
+    (`edit_line_programs`), so that the breakpoint is hit once, as before."""
+    lo = mv.scope[0] if mv.scope is not None else mv.start
+    before = [r for r in table.rows[bisect_left(table._addresses, lo):
+                                    bisect_right(table._addresses, mv.start)]
+              if r.is_stmt and not r.end]
+    out: list[LineRow] = []
+    for row in table.inside(mv.start, mv.end):
+        block = mv.block_of(row.address)
+        key = (row.unit, row.file, row.line)
+        if not row.is_stmt or any((o.unit, o.file, o.line) == key and
+                                  mv.block_of(o.address) == block for o in out):
+            continue
+        if any((r.unit, r.file, r.line) == key and mv.block_of(r.address) == block
+               for r in before):
+            continue
+        out.append(row)
+    return out
+
+
+def _file_name(unit: LineUnit, number: int) -> str:
+    return unit.files[number] if 0 <= number < len(unit.files) else ""
+
+
+def _moved_rows(unit: LineUnit, moves: Sequence[LineMove],
+                picked: dict[LineMove, set[tuple[str, int, tuple[int, int] | None]]]
+                ) -> list[LineState]:
+    """The unit's rows with every move applied; `picked`: per move, the (file, line, block)
+    of its picked statements (picked_statements)."""
+    rows = unit.rows
+    out = list(rows)
+    for mv in moves:
+        new: list[LineState] = []
+        mapping = dict(mv.moved) if mv.moved is not None else None
+        keys = picked.get(mv, set())
+        hi = mv.scope[1] if mv.scope is not None else mv.end
+        for i, row in enumerate(out):
+            if keys and mv.end <= row.address < hi and row.is_stmt and not row.end and \
+                    (_file_name(unit, row.file), row.line, mv.block_of(row.address)) in keys:
+                new.append(replace(row, is_stmt=False))  # the detour's copy is the statement
+            elif not (mv.start < row.address < mv.end and not row.end):
+                new.append(row)
+            elif mapping is not None:
+                if row.address in mapping:  # else not an instruction's start: it goes
+                    new.append(replace(row, address=mapping[row.address]))
+            elif i + 1 < len(out) and out[i + 1].address > mv.end:
+                # in force past the window's end: started again there, not as a statement
+                # (no breakpoint goes there: the detour's unit has the statement)
+                new.append(replace(row, address=mv.end, is_stmt=False, basic_block=False,
+                                   prologue_end=False, epilogue_begin=False))
+        out = new
+    return out
+
+
+def edit_line_programs(data: bytes, table: LineTable, moves: Sequence[LineMove]
+                       ) -> tuple[bytes, dict[int, int]]:
+    """`.debug_line` (`data`) with each program that has a row inside a moved window written
+    again (`LineMove`) at the section's end, its header copied as it is; the old program's
+    opcodes become no-ops (its header stays, for a type unit or `.debug_macro` that names
+    its file table). Returns the section and {old unit offset: new offset} for the compile
+    units' DW_AT_stmt_list. DwarfError when a program that must change cannot be written
+    again."""
+    out = bytearray(data)
+    moved: dict[int, int] = {}
+    for index, unit in enumerate(table.units):
+        mine = [mv for mv in moves if any(mv.start < r.address < mv.end and not r.end
+                                          for r in unit.rows)]
+        if not mine:
+            continue
+        if unit.unwritable:
+            raise DwarfError(f"the line program at {unit.offset:#x} cannot be written "
+                             f"again: {unit.unwritable}")
+        picked = {mv: {(r.file, r.line, mv.block_of(r.address))
+                       for r in picked_statements(table, mv) if r.unit == index}
+                  for mv in mine if mv.moved is None and mv.detour}
+        program = _encode_rows(unit, _moved_rows(unit, mine, picked))
+        header = data[unit.offset + (4 if unit.offset_size == 4 else 12) : unit.program]
+        body = header + program
+        at = len(out)
+        if at + len(body) + 12 >= 1 << (8 * unit.offset_size):
+            raise DwarfError("the rewritten .debug_line would pass its offsets' reach")
+        out += (struct.pack("<I", len(body)) if unit.offset_size == 4 else
+                b"\xff\xff\xff\xff" + struct.pack("<Q", len(body))) + body
+        if unit.end - unit.program < 2:
+            raise DwarfError(f"the line program at {unit.offset:#x} is too short to clear")
+        out[unit.program : unit.end] = _no_op_program(unit.end - unit.program)
+        moved[unit.offset] = at
+    return bytes(out), moved
 
 
 # --- compile units and subprograms --------------------------------------------------------
@@ -429,12 +762,31 @@ class CompileUnit:
     comp_dir: str
     language: int
     stmt_list: int | None
+    # where DW_AT_stmt_list's value lies in .debug_info and its size (a fixed-size form), or
+    # None: what repointing the unit at a line program written again edits
+    stmt_list_at: tuple[int, int] | None = None
+
+
+# the DIEs whose address a debugger makes a breakpoint of (`break inlined_fn`, `break label`)
+DW_TAG_label, DW_TAG_lexical_block, DW_TAG_inlined_subroutine = 0x0A, 0x0B, 0x1D
+DW_AT_entry_pc = 0x52
+_BREAKPOINT_TAGS = {DW_TAG_label: "DW_TAG_label", DW_TAG_inlined_subroutine:
+                    "DW_TAG_inlined_subroutine"}
 
 
 @dataclass
 class DebugInfo:
     units: list[CompileUnit] = field(default_factory=list)
     subprograms: list[Subprogram] = field(default_factory=list)
+    # (address, what) of each DIE a debugger sets a breakpoint at: an inlined subroutine's
+    # DW_AT_entry_pc or DW_AT_low_pc, a label's DW_AT_low_pc (DW_FORM_addr or addrx)
+    breakpoints: list[tuple[int, str]] = field(default_factory=list)
+    # [low, high) of each DW_TAG_lexical_block and DW_TAG_inlined_subroutine given by
+    # DW_AT_low_pc and DW_AT_high_pc (not DW_AT_ranges): gdb's blocks inside a function
+    blocks: list[tuple[int, int]] = field(default_factory=list)
+
+    def blocks_in(self, low: int, high: int) -> tuple[tuple[int, int], ...]:
+        return tuple(b for b in self.blocks if low <= b[0] and b[1] <= high)
 
     def subprogram_at(self, address: int) -> Subprogram | None:
         """The innermost (smallest) subprogram whose range holds `address`."""
@@ -493,10 +845,11 @@ class _CuStrings:
         return _string_form(value, form, {DW_FORM_strp: self.debug_str,
                                           DW_FORM_line_strp: self.line_str})
 
-    def address(self, values: _Attrs) -> int | None:
-        """DW_AT_low_pc of a DIE (through `.debug_addr` for DW_FORM_addrx*)."""
-        form, value = values[DW_AT_low_pc]
-        if not isinstance(value, int):
+    def address(self, values: _Attrs, attr: int = DW_AT_low_pc) -> int | None:
+        """DW_AT_low_pc (or `attr`, an address) of a DIE (through `.debug_addr` for
+        DW_FORM_addrx*); None for a constant (DWARF 5's DW_AT_entry_pc offset)."""
+        form, value = values[attr]
+        if not isinstance(value, int) or (form != DW_FORM_addr and form not in _ADDRX):
             return None
         if form in _ADDRX:
             base = self.cu_attrs.get(DW_AT_addr_base, (0, 8))[1]
@@ -529,6 +882,8 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
         table = _abbrevs(abbrev, abbrev_offset)
         cu_attrs: _Attrs = {}
         pending: list[tuple[int, _Attrs]] = []
+        marks: list[tuple[int, int, _Attrs]] = []
+        stmt_at: tuple[int, int] | None = None
         depth = 0
         while r.pos < end:
             die = r.pos
@@ -541,11 +896,19 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
             tag, children, attrs = table[code]
             values: _Attrs = {}
             for name, form, implicit in attrs:
+                at = r.pos
                 values[name] = (form, _form_value(r, form, unit, implicit))
+                if name == DW_AT_stmt_list and depth == 0 and r.pos - at in (4, 8) and \
+                        form in (DW_FORM_sec_offset, DW_FORM_data4, DW_FORM_data8):
+                    stmt_at = (at, r.pos - at)
             if depth == 0 and tag in (DW_TAG_compile_unit, DW_TAG_partial_unit):
                 cu_attrs = values
             elif tag == DW_TAG_subprogram and DW_AT_low_pc in values:
                 pending.append((die, values))
+            elif (tag in _BREAKPOINT_TAGS and (DW_AT_low_pc in values or
+                                              DW_AT_entry_pc in values)) or \
+                    (tag == DW_TAG_lexical_block and DW_AT_low_pc in values):
+                marks.append((die, tag, values))
             if children:
                 depth += 1
         unit_index = len(out.units)
@@ -555,7 +918,22 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
         lang = cu_attrs.get(DW_AT_language, (0, 0))[1]
         out.units.append(CompileUnit(start, cu.string(DW_AT_name), cu.string(DW_AT_comp_dir),
                                      lang if isinstance(lang, int) else 0,
-                                     stmt if isinstance(stmt, int) else None))
+                                     stmt if isinstance(stmt, int) else None, stmt_at))
+        for die, tag, values in marks:
+            low = cu.address(values) if DW_AT_low_pc in values else None
+            if low is not None and DW_AT_high_pc in values and \
+                    isinstance(high := values[DW_AT_high_pc][1], int):
+                out.blocks.append((low, high if values[DW_AT_high_pc][0] == DW_FORM_addr
+                                   else low + high))
+            if tag == DW_TAG_lexical_block:
+                continue
+            for attr in (DW_AT_entry_pc, DW_AT_low_pc):
+                got = cu.address(values, attr) if attr in values else None
+                if got is not None:
+                    what = "DW_AT_entry_pc" if attr == DW_AT_entry_pc else "DW_AT_low_pc"
+                    out.breakpoints.append((got, f"the {what} of the {_BREAKPOINT_TAGS[tag]} "
+                                                 f"at .debug_info {die:#x}"))
+                    break
         for die, values in pending:
             low = cu.address(values)
             if low is None or DW_AT_high_pc not in values:
@@ -575,13 +953,14 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
 @dataclass(frozen=True, slots=True)
 class DetourLines:
     """One detour: its [start, end), the original function's DIE (or None, then `name`
-    names it), and (detour address, file, line, column) per moved instruction."""
+    names it), and (detour address, file, line, column, is_stmt) per row of a moved
+    instruction."""
 
     start: int
     end: int
     origin: int | None
     name: str
-    rows: tuple[tuple[int, str, int, int], ...]
+    rows: tuple[tuple[int, str, int, int, bool], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,7 +998,7 @@ def _abbrev_table() -> bytes:
 
 def _line_program(detours: Sequence[DetourLines]) -> bytes:
     """A DWARF 4 line program: one sequence per detour, absolute file names."""
-    names = sorted({f for d in detours for _a, f, _l, _c in d.rows})
+    names = sorted({f for d in detours for _a, f, _l, _c, _s in d.rows})
     dirs = sorted({n.rsplit("/", 1)[0] for n in names if "/" in n})
     dir_index = {dn: i + 1 for i, dn in enumerate(dirs)}
     file_index = {n: i + 1 for i, n in enumerate(names)}
@@ -637,8 +1016,8 @@ def _line_program(detours: Sequence[DetourLines]) -> bytes:
     program = bytearray()
     for d in detours:
         program += b"\0" + uleb(9) + b"\x02" + struct.pack("<Q", d.start)
-        address, file, line, column = d.start, 1, 1, 0
-        for at, name, ln, col in d.rows:
+        address, file, line, column, stmt = d.start, 1, 1, 0, True
+        for at, name, ln, col, is_stmt in d.rows:
             if at > address:
                 program += b"\x02" + uleb(at - address)
                 address = at
@@ -651,6 +1030,9 @@ def _line_program(detours: Sequence[DetourLines]) -> bytes:
             if col != column:
                 program += b"\x05" + uleb(col)
                 column = col
+            if is_stmt != stmt:
+                program += b"\x06"
+                stmt = is_stmt
             program += b"\x01"
         program += b"\x02" + uleb(d.end - address) + b"\0\x01\x01"
     body = struct.pack("<H", 4) + struct.pack("<I", len(header)) + bytes(header) + program
@@ -665,18 +1047,39 @@ class DwarfToExtend:
     info: DebugInfo
     lines: LineTable
 
+    def unmovable(self, row: LineRow) -> str | None:
+        """Why `row`'s program cannot be written again with the row moved, or None."""
+        unit = self.lines.units[row.unit]
+        if unit.unwritable:
+            return unit.unwritable
+        if any(u.stmt_list == unit.offset and u.stmt_list_at is None for u in self.info.units):
+            return "a compile unit names it by a DW_AT_stmt_list of variable size"
+        return None
+
 
 def read_for_detours(image: ElfImage) -> DwarfToExtend | str | None:
-    """The file's DWARF for the detours' compile unit; None where it has none (no
-    `.debug_info`), or why it cannot be extended: compressed, past 4 GiB, or unreadable (the
-    reader's error)."""
+    """The file's DWARF for the detours' compile unit and the line programs written again;
+    None where it has none (no `.debug_info`), or why it cannot be extended: compressed,
+    past 4 GiB, or unreadable (the reader's error). Read once per image."""
+    got = image.derived.get("dwarf")
+    if got is None:
+        got = (_read_for_detours(image),)
+        image.derived["dwarf"] = got
+    assert isinstance(got, tuple)
+    out = got[0]
+    assert out is None or isinstance(out, (DwarfToExtend, str))
+    return out
+
+
+def _read_for_detours(image: ElfImage) -> DwarfToExtend | str | None:
     sec = image.section(".debug_info")
     if sec is None or not sec.size:
         return None
     if not has_dwarf(image):
-        return "its .debug_info, .debug_abbrev or .debug_line is compressed or missing"
-    if any(s.size >= 1 << 32 for n in (".debug_info", ".debug_abbrev", ".debug_line")
-           if (s := image.section(n)) is not None):
+        return ("its .debug_info, .debug_abbrev or .debug_line is missing, damaged or "
+                "compressed other than with zlib")
+    if any(len(d) >= 1 << 32 for n in (".debug_info", ".debug_abbrev", ".debug_line")
+           if (d := debug_section(image, n)) is not None):
         return "a debug section is past 4 GiB: 32-bit DWARF offsets cannot reach it"
     try:
         info = read_debug_info(image)
@@ -688,14 +1091,32 @@ def read_for_detours(image: ElfImage) -> DwarfToExtend | str | None:
 
 
 def build_detour_dwarf(image: ElfImage, detours: Sequence[DetourLines], low: int, high: int,
-                       name: str, comp_dir: str, language: int) -> DetourDwarf:
+                       name: str, comp_dir: str, language: int,
+                       read: DwarfToExtend | None = None,
+                       moves: Sequence[LineMove] = ()) -> DetourDwarf:
     """The file's `.debug_info`, `.debug_abbrev`, `.debug_line` (and `.debug_aranges`, when
-    it has one) with one compile unit appended that covers [low, high) (the new text)."""
+    it has one) with one compile unit appended that covers [low, high) (the new text), when
+    there are `detours`; and with every line program that has a row inside a moved window
+    (`moves`, read from `read`) written again at `.debug_line`'s end, its compile units'
+    DW_AT_stmt_list repointed in place (edit_line_programs)."""
     info, abbrev, line = (_section(image, n) for n in (".debug_info", ".debug_abbrev",
                                                           ".debug_line"))
     if info is None or abbrev is None or line is None:
-        raise DwarfError("the file has no uncompressed .debug_info, .debug_abbrev and "
+        raise DwarfError("the file has no readable .debug_info, .debug_abbrev and "
                          ".debug_line to extend")
+    if read is not None and moves:
+        line, repoint = edit_line_programs(line, read.lines, moves)
+        edited = bytearray(info)
+        for u in read.info.units:
+            if u.stmt_list in repoint:
+                if u.stmt_list_at is None:
+                    raise DwarfError(f"the unit at {u.offset:#x} names its line program by a "
+                                     f"DW_AT_stmt_list of variable size")
+                at, size = u.stmt_list_at
+                edited[at : at + size] = repoint[u.stmt_list].to_bytes(size, "little")
+        info = bytes(edited)
+    if not detours:
+        return DetourDwarf(info, abbrev, line, None)
     abbrev_at, line_at, unit_at = len(abbrev), len(line), len(info)
     if max(abbrev_at, line_at, unit_at) >= 1 << 32:
         raise DwarfError("a debug section past 4 GiB: 32-bit DWARF offsets cannot reach it")
@@ -724,5 +1145,6 @@ def build_detour_dwarf(image: ElfImage, detours: Sequence[DetourLines], low: int
 
 
 __all__ = ["CompileUnit", "DebugInfo", "DetourDwarf", "DetourLines", "DwarfError",
-           "LineRow", "LineTable", "Subprogram", "build_detour_dwarf", "has_dwarf",
+           "LineMove", "LineRow", "LineState", "LineTable", "LineUnit", "Subprogram",
+           "build_detour_dwarf", "compressed", "debug_section", "edit_line_programs", "has_dwarf",
            "read_debug_info", "read_line_table", "sleb", "uleb"]

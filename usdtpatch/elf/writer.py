@@ -458,6 +458,9 @@ class TailSection:
     # bytes the rewrite no longer needs and the room before the new segment (a symbol table
     # with added entries); None: `data` appended after the segment
     place: tuple[int, int, int] | None = None
+    # the flags of an original section this one replaces, where they change (a compressed
+    # debug section written again uncompressed); None: the original's
+    flags: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -739,10 +742,13 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
     shstr_off = tail.append(shstr, 8)
     headers: list[bytes] = []
     for sec, n in zip(image.sections, names, strict=True):
-        off, size, info, addr = sec.offset, sec.size, sec.info, sec.addr
+        off, size, info, addr, flags = sec.offset, sec.size, sec.info, sec.addr, sec.flags
+        align = sec.addralign
         if sec.name in replaced:
             t, off, size = replaced[sec.name]
             info = t.info if t.info else sec.info
+            if t.flags is not None:
+                flags, align = t.flags, t.align
         elif sec.type != SHT_NOBITS and sec.size:
             off = tail.copied(sec.offset)
         if sec.index == shstrndx:
@@ -751,8 +757,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
                 mv.lo <= sec.offset < mv.hi:
             addr = sec.addr + lay.moved_vaddr - mv.vaddr
             off = lay.offset_of(addr)
-        headers.append(_SHDR.pack(name_off[n], sec.type, sec.flags, addr, off, size,
-                                  sec.link, info, sec.addralign, sec.entsize))
+        headers.append(_SHDR.pack(name_off[n], sec.type, flags, addr, off, size,
+                                  sec.link, info, align, sec.entsize))
     for a in rw.alloc:
         headers.append(_SHDR.pack(name_off[a.name], a.type, a.flags | SHF_ALLOC, a.vaddr,
                                   lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align, 0))

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.guardfile import (
     ENTRY_SIZE,
     TABLE_SECTION,
@@ -120,6 +121,9 @@ class GuardBuild:
     symbols: tuple[tuple[str, int, int], ...]
     hook: str
     checked: int = 0
+    # the [start, end) of each hooked system call's window (moved to the hook): the line
+    # rows inside leave it (rewriter/build.py)
+    hooked: tuple[tuple[int, int], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -576,6 +580,9 @@ def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: b
             return f"the {where} has too few bytes before it in its function to hook"
     if fc.targets_between(start, pc + 2):
         return f"the {where} is reached other than by falling into it"
+    debug = window_debug_refusal(image, start, pc + 2)  # the rows inside move, or it says
+    if debug is not None:
+        return f"the {where}: {debug[1]}"
     return start, pc + 2 - start, number
 
 
@@ -623,7 +630,7 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_hooks", h.address, len(h.code)))
     return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
-                      symbols, how, checked)
+                      symbols, how, checked, tuple((s, s + n) for s, n, _k in hooks))
 
 
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp

@@ -80,6 +80,18 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         ("tests/test_rewrite_observed.py::test_callee_sees_the_original_return_address",
          "tests/test_rewrite_observed.py::test_a_moved_call_says_what_its_callee_sees")),
     Assumption(
+        "gdb-line-breakpoints",
+        "a debugger puts a line breakpoint only at statement rows, one per line and block, "
+        "the first in address order; the rows inside a window move with their instructions",
+        ("tests/test_rewrite_gdb_lines.py::test_break_on_the_statement_after_a_probe",
+         "tests/test_rewrite_gdb_lines.py::test_every_line_moved_breaks_as_before")),
+    Assumption(
+        "debug-info-in-file",
+        "a debugger reads the rewritten file's own debug sections, or a debug file split "
+        "from the rewritten file; a separate debug file of the original (found by build-id, "
+        "debuglink or debuginfod) still names the original rows",
+        ("tests/test_rewrite_debuginfo.py::test_gdb_bt_through_the_debug_split",)),
+    Assumption(
         "kernel-as-measured",
         "the running kernel optimizes and restores sites as docs/kernel.md measured on 6.18",
         ("tests/test_live_kernel.py::test_live_nop5_site_matches_plan",)),

@@ -17,9 +17,14 @@ from dataclasses import replace
 from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.dwarf import (
+    DebugInfo,
     DetourLines,
     DwarfError,
+    LineMove,
+    LineTable,
     build_detour_dwarf,
+    compressed,
+    picked_statements,
 )
 from usdtpatch.elf.ehframe import (
     Personality,
@@ -31,6 +36,7 @@ from usdtpatch.elf.ehframe import (
 )
 from usdtpatch.elf.image import (
     SHF_ALLOC,
+    SHF_COMPRESSED,
     SHF_EXECINSTR,
     SHT_NOTE,
     SHT_PROGBITS,
@@ -136,30 +142,70 @@ def _symtab(image: ElfImage, symbols: DetourSymbols) -> list[TailSection]:
             TailSection(edit.strtab_name, SHT_STRTAB, edit.strtab, 1)]
 
 
+def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
+    """What each rewritten window does to the line rows in it (LineMove), by the window's
+    start: a detour's window, a NOP run written over and a system call's window moved to
+    the fork guard's hook drop the rows strictly inside, a re-laid window moves each row
+    with its instruction."""
+    out = {}
+    for o in plan.sites:
+        w = o.window
+        if w is None or o.action not in (Action.DETOUR, Action.IN_PLACE):
+            continue
+        sp = info.subprogram_at(w.start)
+        scope = (sp.low, sp.high) if sp is not None else (w.function_start, w.function_end)
+        out[w.start] = LineMove(w.start, w.end,
+                                None if o.relaid is None else o.relaid.insn_map, scope,
+                                o.action is Action.DETOUR, info.blocks_in(*scope))
+    if plan.fork_guard_code is not None:  # a static executable's hooked system calls
+        for start, end in plan.fork_guard_code.hooked:
+            out[start] = LineMove(start, end, detour=False)
+    return out
+
+
+def _detour_rows(lines: LineTable, mv: LineMove, insn_map: tuple[tuple[int, int], ...]
+                 ) -> list[tuple[int, str, int, int, bool]]:
+    """The detour's line rows: each original row at a moved instruction's address, at the
+    copy's address, a statement where a debugger's `break FILE:LINE` picked the original's
+    (picked_statements: the original keeps the row at the window's start, where its `jmp`
+    is, so the copy of that one is no statement and a breakpoint on its line is hit once);
+    an instruction without a row of its own gets the row in force there, no statement."""
+    picked = {id(r) for r in picked_statements(lines, mv)}
+    rows = []
+    for orig, new in insn_map[:-1]:  # the last pair: the jump back
+        own = lines.at(orig) if orig != mv.start else []
+        if own:
+            rows += [(new, r.file, r.line, r.column, id(r) in picked) for r in own]
+        elif (row := lines.lookup(orig)) is not None:
+            rows.append((new, row.file, row.line, row.column, False))
+    return rows
+
+
 def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
                 ) -> list[TailSection]:
     """Where the input has DWARF (usdtpatch.elf.dwarf.has_dwarf), its `.debug_info`,
     `.debug_abbrev`, `.debug_line` (and `.debug_aranges`) with a compile unit for the
     detours appended: each detour a subprogram whose abstract origin is the original
-    function's DIE, each moved instruction at the original's file and line. None where the
-    plan read no DWARF to extend (`plan.dwarf`: the input has none, or the plan said why not,
-    `detour-dwarf-left-out`; the detours keep their symbols)."""
+    function's DIE, each moved instruction at the original's file and line; and the line
+    programs with a row inside a rewritten window written again without it (`_line_moves`).
+    None where the plan read no DWARF to extend (`plan.dwarf`: the input has none, or the
+    plan said why not, `detour-dwarf-left-out`, and refused every window with a line row
+    inside, `window-line-row`; the detours keep their symbols)."""
     image = plan.image
     detours = [o for o in plan.sites if o.action is Action.DETOUR and o.detour is not None
                and o.window is not None]
-    if not detours or plan.dwarf is None:
+    if plan.dwarf is None:
         return []
     info, lines = plan.dwarf.info, plan.dwarf.lines
+    moves = _line_moves(plan, info)
+    if not detours and not any(lines.inside(m.start, m.end) for m in moves.values()):
+        return []
     try:
         out: list[DetourLines] = []
         unit = None
         for o in detours:
             assert o.detour is not None and o.window is not None
-            rows = []
-            for orig, new in o.detour.insn_map[:-1]:  # the last pair: the jump back
-                row = lines.lookup(orig)
-                if row is not None:
-                    rows.append((new, row.file, row.line, row.column))
+            rows = _detour_rows(lines, moves[o.window.start], o.detour.insn_map)
             sp = info.subprogram_at(o.window.start)
             if sp is None and not rows:
                 continue
@@ -168,22 +214,24 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
             out.append(DetourLines(o.detour.address, o.detour.end,
                                    None if sp is None else sp.die,
                                    names.get(o.detour.address, ""), tuple(rows)))
-        if not out:
-            return []
         if unit is None:
             unit = info.units[0] if info.units else None
         dd = build_detour_dwarf(image, out, low, high,
                                 unit.name if unit is not None else "<usdtpatch detours>",
                                 unit.comp_dir if unit is not None else "",
-                                unit.language if unit is not None else 0)
+                                unit.language if unit is not None else 0, plan.dwarf,
+                                list(moves.values()))
     except DwarfError:  # what the plan's reading accepted (read_for_detours) it can extend
         return []
-    tail = [TailSection(".debug_info", SHT_PROGBITS, dd.debug_info, 1),
-            TailSection(".debug_abbrev", SHT_PROGBITS, dd.debug_abbrev, 1),
-            TailSection(".debug_line", SHT_PROGBITS, dd.debug_line, 1)]
+    sections = [(".debug_info", dd.debug_info), (".debug_abbrev", dd.debug_abbrev),
+                (".debug_line", dd.debug_line)]
     if dd.debug_aranges is not None:
-        tail.append(TailSection(".debug_aranges", SHT_PROGBITS, dd.debug_aranges, 1))
-    return tail
+        sections.append((".debug_aranges", dd.debug_aranges))
+    # a section read inflated (gcc -gz) is written uncompressed
+    return [TailSection(name, SHT_PROGBITS, data, 1,
+                        flags=(sec.flags & ~SHF_COMPRESSED) if compressed(image, name) and
+                        (sec := image.section(name)) is not None else None)
+            for name, data in sections]
 
 
 def _notes(plan: RewritePlan) -> bytes:

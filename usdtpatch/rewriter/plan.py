@@ -42,6 +42,7 @@ from usdtpatch.analysis.calls import Refusal as _Refusal
 from usdtpatch.analysis.calls import detour_handling as _detour_handling
 from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window, used_window
 from usdtpatch.analysis.closed import REFUSALS
+from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -212,6 +213,8 @@ class ForkGuardCode:
     # it hooks the system calls whose number the code does not fix (the input's
     # `fork-unknown`), comparing the number with the fork ones at run time
     checks_numbers: bool = False
+    # the [start, end) of each system call's window moved to its hook (a static executable)
+    hooked: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -432,6 +435,7 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
     if start_off is None:
         raise _Skip(findings.PC_OUTSIDE_SEGMENTS.code, "window not in the file")
     if win.shape is WindowShape.IN_PLACE:  # analysis/check.used_window: it stays in place
+        _debug_kept_true(inputs, win)
         seg.patch(win.start, start_off, sb.code + b"\x90" * (win.size - len(sb.code)))
         seg.new_args.update(new_args)
         return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
@@ -439,7 +443,16 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
                              new_pc=sc.probe.address + sb.pc_offset, window=win, detour=None,
                              guarded=guarded, extra_jumps=0, verification=NOT_VERIFIED)]
     handling = _call_handling(inputs, win)
+    _debug_kept_true(inputs, win)
     return _detoured(inputs, seg, sc, win, members, sb, handling, start_off, new_args)
+
+
+def _debug_kept_true(inputs: _Inputs, win: PatchWindow) -> None:
+    """_Skip where a debugger's breakpoint address inside the window cannot be kept true
+    (analysis/debuglines.py), asked after the window's calls as check asks it."""
+    debug = window_debug_refusal(inputs.image, win.start, win.end)
+    if debug is not None:
+        raise _Skip(*debug)
 
 
 def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchWindow:
@@ -718,7 +731,8 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     said = [*base.findings]
     if symbols.left_out is not None:
         said.append(symbols.left_out)
-    dwarf, left_out = _detour_debug(image, base.sites)
+    dwarf, left_out = _detour_debug(image, base.sites,
+                                    fork is not None and bool(fork.hooked))
     said += left_out
     if fork is not None:
         entry = dict(fork.marker)
@@ -737,18 +751,22 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
                    unwind_tables=_unwind_tables(image, seg.unwind), dwarf=dwarf)
 
 
-def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...]
+def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...], hooked: bool = False
                   ) -> tuple[DwarfToExtend | None, list[Finding]]:
-    """For a file that gets detours: the DWARF their compile unit extends, and what says
-    that a table of theirs is left out (`detour-unwind-left-out`, as check says it;
-    `detour-dwarf-left-out`)."""
-    if not any(d.action is Action.DETOUR for d in sites):
+    """For a file whose code is rewritten: the DWARF the detours' compile unit extends and
+    whose line rows inside the windows move (analysis/debuglines.py refused every window
+    with a row inside where they cannot; `hooked`: the fork guard moves system calls to its
+    hooks), and what says that a table of the detours' is left out
+    (`detour-unwind-left-out`, as check says it; `detour-dwarf-left-out`)."""
+    detours = any(d.action is Action.DETOUR for d in sites)
+    if not detours and not hooked and not any(d.action is Action.IN_PLACE for d in sites):
         return None, []
-    said = [f for f in (detour_unwind_left_out(image),) if f is not None]
+    said = [f for f in (detour_unwind_left_out(image),) if f is not None] if detours else []
     got = read_for_detours(image)
     if isinstance(got, str):
-        said.append(findings.DETOUR_DWARF_LEFT_OUT.finding(
-            f"the detours get no DWARF (no compile unit, no line rows): {got}"))
+        if detours:
+            said.append(findings.DETOUR_DWARF_LEFT_OUT.finding(
+                f"the detours get no DWARF (no compile unit, no line rows): {got}"))
         return None, said
     return got, said
 
@@ -803,7 +821,7 @@ def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
         return None, None
     return ForkGuardCode(address=place_at, text=g.text, patches=g.patches, symbols=g.symbols,
                          marker=tuple(forkguard.marker_entry(g).items()),
-                         checks_numbers=g.checked > 0), None
+                         checks_numbers=g.checked > 0, hooked=g.hooked), None
 
 
 def text_section_index(image: ElfImage) -> int:

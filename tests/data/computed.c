@@ -48,10 +48,11 @@ asm(".text\n"
     ".cfi_endproc\n" END("leaadd_other")
     CN_BASE
     ".section .rodata\n.p2align 2\n"
-    ".Lfb_table: .long 0, .Lfb_after - fnbase\n"
-    ".Lar_table: .long 0, .Lar_after - .Lar_table\n"
-    ".Lcu_table: .long 0, 0, .Lcu_after - .Lcu_table\n"
-    ".Lfa_table: .rept 4200\n.long 0\n.endr\n.long .Lfa_after - .Lfa_table\n"
+    /* each table's entry that lands after a probe has a symbol (NAME_entry) */
+    ".Lfb_table: .long 0\nfnbase_entry: .long .Lfb_after - fnbase\n"
+    ".Lar_table: .long 0\narith_entry: .long .Lar_after - .Lar_table\n"
+    ".Lcu_table: .long 0, 0\ncut_entry: .long .Lcu_after - .Lcu_table\n"
+    ".Lfa_table: .rept 4200\n.long 0\n.endr\nfar_entry: .long .Lfa_after - .Lfa_table\n"
     ".text\n");
 
 long plain(long), fnbase(long), fnbase_other(long), arith(long), arith_other(long);

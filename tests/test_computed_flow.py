@@ -8,7 +8,13 @@ tests/data/computed.c built by gcc and clang, PIE and not:
 - cut: another function takes the address of an entry of the table (a `lea` target inside
   it, which the data scan took for the start of another table);
 - leaadd: `lea leaadd(%rip)` plus the offset of the instruction after the probe;
+- unbound: a relative table without a bounds check lands after the probe: the functions
+  its entries land in are all-targets (before, the site was refused for the entry the data
+  scan found, as a way in: the principle now refuses it whatever the scan finds);
 - plain: no way in from elsewhere (rewritten: the detour is used).
+
+And tests/data/computed-unknown.c: a jump to a pointer loaded from data plus 16 lands after
+a probe; the base is not known, so every function is all-targets and no site is rewritten.
 
 Before, the file-wide scans missed each of these ways in: every site was rewritten and
 "proved", and the output died with SIGSEGV or looped. Now a bounded table's entry is a way
@@ -38,7 +44,8 @@ _INCLUDE = ["-O2", "-g0", "-I", str(ROOT / "fixtures" / "src"), "-I", str(SOURCE
 BUILDS = {f"{cc}-{kind}": (cc, [*flags, *_INCLUDE]) for cc in ("gcc", "clang")
           for kind, flags in (("pie", ["-fPIE", "-pie"]), ("nopie", ["-fno-pie", "-no-pie"]))}
 TABLES = ("arith", "far", "cut")  # a bounded table's entry: window-branch-target
-POISONED = {"fnbase": "arithmetic on the address of code", "leaadd": "computes the target"}
+POISONED = {"fnbase": "arithmetic on the address of code", "leaadd": "computes the target",
+            "unbound": "has no bounds check"}
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
@@ -123,3 +130,31 @@ def test_rewritten_programs_run_as_the_original(programs: dict[str, Path], build
     want = _run(path)
     assert want[0] == 0
     assert _run(out) == want
+
+
+UNKNOWN = ROOT / "tests" / "data" / "computed-unknown.c"
+
+
+@pytest.fixture(scope="module")
+def unknown(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    builds = {k: v for k, v in BUILDS.items() if k.startswith("gcc")}
+    return build_programs(tmp_path_factory.mktemp("unknown"), UNKNOWN.read_text(), builds,
+                          name=UNKNOWN.name)
+
+
+@pytest.mark.parametrize("build", ["gcc-pie", "gcc-nopie"])
+def test_a_computed_target_of_unknown_base_poisons_every_function(
+        unknown: dict[str, Path], build: str, tmp_path: Path) -> None:
+    path = unknown[build]
+    rep = check(load(path))
+    lo, hi = _symbol(path, "target_other")
+    for s in rep.sites:
+        assert s.blocked == "window-all-targets", (s.probe.name, s.outcome)
+        assert s.window is not None and "base that is not known" in s.window.reason
+        named = [int(a, 16) for a in re.findall(r"0x[0-9a-f]+", s.window.reason)]
+        assert any(lo <= a < hi for a in named), s.window.reason
+    assert _mismatches(path) == []
+    out = tmp_path / "out"
+    run_cli("rewrite", path, "-o", out)
+    if out.exists():
+        assert _run(out) == _run(path)

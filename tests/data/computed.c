@@ -46,25 +46,36 @@ asm(".text\n"
     "\tmov %rdi, %rax\n\tadd $100, %rax\n\tlea leaadd(%rip), %rcx\n"
     "\tadd $(.Lla_after - leaadd), %rcx\n\tjmp *%rcx\n"
     ".cfi_endproc\n" END("leaadd_other")
+    /* unbound: a table without a bounds check (the index is set, not checked): its
+       entries are read while they point at code, and the functions they land in are
+       all-targets */
+    PROBED("unbound", ".Lub_after", "15")
+    FUNC("unbound_other") ".cfi_startproc\n"
+    "\tmov %rdi, %rax\n\tadd $100, %rax\n\tmov $1, %esi\n"
+    "\tlea .Lub_table(%rip), %rdx\n\tmovslq (%rdx,%rsi,4), %rcx\n\tadd %rdx, %rcx\n"
+    "\tjmp *%rcx\n.cfi_endproc\n" END("unbound_other")
     CN_BASE
     ".section .rodata\n.p2align 2\n"
     /* each table's entry that lands after a probe has a symbol (NAME_entry) */
     ".Lfb_table: .long 0\nfnbase_entry: .long .Lfb_after - fnbase\n"
     ".Lar_table: .long 0\narith_entry: .long .Lar_after - .Lar_table\n"
     ".Lcu_table: .long 0, 0\ncut_entry: .long .Lcu_after - .Lcu_table\n"
+    ".Lub_table: .long .Lub_after - .Lub_table\n"
+    "unbound_entry: .long .Lub_after - .Lub_table\n"
     ".Lfa_table: .rept 4200\n.long 0\n.endr\nfar_entry: .long .Lfa_after - .Lfa_table\n"
     ".text\n");
 
 long plain(long), fnbase(long), fnbase_other(long), arith(long), arith_other(long);
 long far(long), far_other(long), cut(long), cut_other(long), cut_peek(void), leaadd(long);
-long leaadd_other(long);
+long leaadd_other(long), unbound(long), unbound_other(long);
 
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 3;
     for (long k = 0; k < n; k++)
-        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", plain(k), fnbase(k),
+        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", plain(k), fnbase(k),
                fnbase_other(k), arith(k), arith_other(k), far(k), far_other(k), cut(k),
-               cut_other(k), cut_peek() + 0L, leaadd(k), leaadd_other(k));
+               cut_other(k), cut_peek() + 0L, leaadd(k), leaadd_other(k), unbound(k),
+               unbound_other(k));
     return 0;
 }

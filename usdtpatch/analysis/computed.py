@@ -60,7 +60,7 @@ class Computed:
     def __init__(self) -> None:
         self.ways: list[WayIn] = []
         self.poisoned: dict[int, str] = {}
-        self.everywhere: str | None = None  # (kept for a rule that poisons every function)
+        self.everywhere: str | None = None
 
     def poison(self, ctx: CodeContext, address: int, why: str) -> None:
         b = ctx.bounds(address)
@@ -118,13 +118,17 @@ def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> No
                     out.ways.append(WayIn(a, REL_TABLE, src, f"4-byte entry at {src:#x} of "
                                           f"the table at {t.table:#x} of the jump at "
                                           f"{t.jump:#x}", t.table))
-        for _jump, base, why in part.computed:
-            if base is not None and ctx.bounds(base) is not None:
+        for jump, base, why in part.computed:
+            if base is None:
+                out.everywhere = out.everywhere or f"{why}, from a base that is not known"
+            elif ctx.bounds(base) is not None:
                 out.poison(ctx, base, why)
-            # a base in data or unknown: the table's entries read while they point at code
-            # are its targets (above), the rest is not modelled (docs/rewrite.md, "What is
-            # not covered": libjvm.so has 35 such tables and 1 unknown base, and poisoning
-            # every function for them would refuse all of its 531 sites)
+            else:  # an unbounded table in data: the functions its entries read land in
+                landed = [a for t in part.tables if t.jump == jump for a in t.targets]
+                if not landed:
+                    out.everywhere = out.everywhere or f"{why}, and no entry of it is read"
+                for a in landed:
+                    out.poison(ctx, a, why)
 
 
 def _arithmetic(ctx: CodeContext, spans: list[tuple[int, int]], probed: Callable[[int], bool],

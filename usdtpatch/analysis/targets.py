@@ -1028,6 +1028,21 @@ def _computed(g: _Graph, k: int) -> tuple[int | None, str] | None:
     return _computed_value(g, k, _regs_alias(jmp.op_str.lstrip("*")), 0, k)
 
 
+def _self_relative(g: _Graph, p: int, reg: str, ops: list[str]) -> bool:
+    """True when instruction `p` is `add %rB,%reg` and `reg` is then an int32 loaded by the
+    only definition reaching `p`, from `(%rB,%rI,4)`: base plus entry of a relative table."""
+    if not (g.insns[p].base_mnemonic.startswith("add") and len(ops) == 2
+            and ops[0].startswith("%")):
+        return False
+    defs = _reaching_defs(g, p, reg)
+    if not defs or len(defs) != 1 or defs[0][0] != "def":
+        return False
+    load = g.insns[defs[0][1]]
+    m = load.mem
+    return load.base_mnemonic.startswith("movslq") and m is not None and m.scale == 4 and \
+        m.base is not None and _regs_alias(m.base) == _regs_alias(ops[0])
+
+
 def _feeds_other_jump(g: _Graph, p: int, reg: str, k: int) -> bool:
     """True when the value instruction `p` gives `reg` is first jumped to by another
     indirect jump than `k` (a table dispatch whose target is reached from it: there `reg`
@@ -1073,5 +1088,10 @@ def _computed_value(g: _Graph, at: int, reg: str, depth: int,
         if ins.mem is not None and mn.startswith("lea"):
             sources += [_regs_alias(r) for r in (ins.mem.base, ins.mem.index) if r]
         base = next((b for r in sources if (b := _reaching_lea(g, p, r)) is not None), None)
+        if base is None and _self_relative(g, p, reg, ops):
+            # a PIC switch whose table address is not followed (a loop around it, say):
+            # its entries are relative to the table and land in the jump's function
+            return g.insns[0].address, (f"{ins.text} at {ins.address:#x} adds a relative "
+                                        f"table's entry to its address, which is not known")
         return base, f"{ins.text} at {ins.address:#x} computes the target"
     return None

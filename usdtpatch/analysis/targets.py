@@ -589,9 +589,10 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
         if not _writes(ins, reg):
             continue
         mn = ins.base_mnemonic
-        if mn.startswith("add") and len(ins.operands) == 2 and ins.operands[0].startswith("%"):
-            base = _find_lea(g, lo + j, _regs_alias(ins.operands[0]))
-            found = _find_load(prev[:j], reg, 4)
+        added = _added_registers(ins, reg)
+        for based, entry_reg in added:
+            base = _find_lea(g, lo + j, based)
+            found = _find_load(prev[:j], entry_reg, 4)
             if base is not None and found is not None:
                 load, at = found
                 assert load.mem is not None
@@ -601,6 +602,7 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
                     idx = load.mem.index
                     return _table(ctx, bounds, jmp, table, 4, base, prev,
                                   _regs_alias(idx) if idx else None)
+        if added:
             break
         if mn.startswith("mov") and ins.mem is not None:
             m = ins.mem
@@ -624,6 +626,21 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
             return None  # a tail call through a function pointer
         return JumpTable(jmp.address, 0, 0, len(origin), True, origin)  # goto *&&label
     return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood ({origin})"
+
+
+def _added_registers(ins: CodeInsn, reg: str) -> list[tuple[str, str]]:
+    """(base, entry) register pairs, as 64-bit names, when `ins` sets `reg` to the sum of
+    two registers: `add %rB,%reg` (the entry in `reg`), `lea (%rA,%rC,1),%reg` (either one
+    the base); [] for anything else."""
+    ops = ins.operands
+    if ins.base_mnemonic.startswith("add") and len(ops) == 2 and ops[0].startswith("%"):
+        return [(_regs_alias(ops[0]), reg)]
+    m = ins.mem
+    if ins.base_mnemonic.startswith("lea") and m is not None and m.disp == 0 and \
+            m.scale == 1 and m.base is not None and m.index is not None:
+        a, c = _regs_alias(m.base), _regs_alias(m.index)
+        return [(a, c), (c, a)]
+    return []
 
 
 def _loaded_code_pointers(ctx: CodeContext, bounds: FunctionBounds,
@@ -838,6 +855,10 @@ def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | N
                 return 256, ins.address
             if ins.base_mnemonic.startswith("movzw"):
                 return 65536, ins.address
+            if ins.base_mnemonic.startswith(("bsf", "tzcnt", "lzcnt", "popcnt")):
+                wide = 64 if _regs_alias(ins.operands[-1]) == ins.operands[-1].lstrip("%") \
+                    else 32  # a bit index: 0..63 (bsf) or 0..64 (a count)
+                return wide + (0 if ins.base_mnemonic.startswith("bsf") else 1), ins.address
             return None
     return None
 
@@ -1043,6 +1064,36 @@ def _self_relative(g: _Graph, p: int, reg: str, ops: list[str]) -> bool:
         m.base is not None and _regs_alias(m.base) == _regs_alias(ops[0])
 
 
+def _loaded(g: _Graph, at: int, reg: str) -> bool:
+    """True when every definition of `reg` reaching `at` loads it from memory (not rip-
+    relative: not a table of this file) or zeroes it."""
+    defs = _reaching_defs(g, at, reg)
+    if not defs:
+        return False
+    for kind, p in defs:
+        ins = g.insns[p]
+        ops = ins.operands
+        if kind != "def" or len(ops) != 2:
+            return False
+        zero = ins.base_mnemonic.startswith("xor") and ops[0] == ops[1]
+        load = ins.base_mnemonic.startswith("mov") and ins.mem is not None and \
+            ins.rip_target is None and ops[1].startswith("%")
+        if not (zero or load):
+            return False
+    return True
+
+
+def _demangles(ins: CodeInsn, reg: str) -> bool:
+    """`xor %fs:0x30,%reg` or `ror`/`rol $0x11,%reg`: a step of glibc's pointer (de)mangling
+    (the pointer guard in the thread control block)."""
+    ops = ins.operands
+    if len(ops) != 2 or not ops[1].startswith("%") or _regs_alias(ops[1]) != reg:
+        return False
+    mn = ins.base_mnemonic
+    return (mn.startswith("xor") and ops[0].startswith("%fs:")) or \
+        (mn.startswith(("ror", "rol")) and ops[0] == "$0x11")
+
+
 def _feeds_other_jump(g: _Graph, p: int, reg: str, k: int) -> bool:
     """True when the value instruction `p` gives `reg` is first jumped to by another
     indirect jump than `k` (a table dispatch whose target is reached from it: there `reg`
@@ -1081,6 +1132,18 @@ def _computed_value(g: _Graph, at: int, reg: str, depth: int,
             continue  # zero
         if mn.startswith("lea") and ins.rip_target is not None:
             continue  # a label's address, taken as it is
+        if _demangles(ins, reg) or (mn.startswith("add") and len(ops) == 2 and
+                                    ins.mem is not None and not ops[0].startswith(("%", "$"))
+                                    and ins.rip_target is None and _loaded(g, p, reg)):
+            # a loaded value plus a loaded value: a load bias plus a symbol's value (the
+            # dynamic linker's l_addr + st_value), a symbol: a taken address
+            # glibc's PTR_DEMANGLE (ror $0x11; xor %fs:0x30): a pointer stored mangled
+            # comes back as it was taken; what it was made from decides
+            if depth < 4:
+                sub = _computed_value(g, p, reg, depth + 1, k)
+                if sub is not None:
+                    return sub
+            continue
         if not mn.startswith(_ARITHMETIC) or _feeds_other_jump(g, p, reg, k):
             continue  # loaded, popped, an immediate: a taken address
         sources = [reg] if not mn.startswith("lea") else []

@@ -230,7 +230,7 @@ WINDOW_NO_PADDING = _code("window-no-padding", _W,
                           "the NOP run is too short and no padding follows", _BLOCK_HINT,
                           (_F, _S))
 WINDOW_ALL_TARGETS = _code("window-all-targets", _W,
-                           "an unrecognized indirect jump: every boundary is a target",
+                           "an unbounded or unrecognized computed jump: every boundary is a target",
                            _BLOCK_HINT, (_F, _S))
 PROBE_NOT_DECODED = _code("probe-not-decoded", _W,
                           "the pc is not an instruction boundary", _BLOCK_HINT, (_F, _S))

@@ -14,10 +14,16 @@ Jump tables recognized (x86-64, what GCC and clang emit):
   `lea T(%rip),%rB; mov (%rB,%rI,8),%rX; jmp *%rX` (computed goto tables, PIE with
   R_X86_64_RELATIVE relocations supplying the values).
 The entry count comes from the `cmp $N,%r; ja default` (or `and $2^k-1,%r`) guard on the
-table's index when one is found nearby; else entries are read while they point at code and,
-inside the function, at instruction boundaries (a spurious target only makes windows smaller).
-The table base may be set far from the jump: every definition of the base register that
-reaches the jump (a search over the part's control flow) must be the same `lea T(%rip)`.
+table's index when one is found nearby (also a `cmp $N,M; ja` of the memory the index is then
+loaded from), or from the index's value range (`movzbl`: 256, `movzwl`: 65536, `bsf`: 64);
+else entries are read while they point at code and, inside the function, at instruction
+boundaries (a spurious target only makes windows smaller), and the jump is a computed one
+without bounds (PartScan.computed: usdtpatch.analysis.computed makes the functions its
+entries land in all-targets). The table base may be set far from the jump: every definition
+of the base register that reaches the jump (a search over the part's control flow) must be
+the same `lea T(%rip)` (or a copy of it, or it plus a constant). The base an entry is added
+to may be another label than the table (`lea fn(%rip)`): entries are read at the table and
+added to the base.
 
 Other indirect jumps are classified by where the register's value comes from, on every path
 (`_origin`): a pointer loaded from memory without a table index (`jmp *0x10(%rax)`,
@@ -598,6 +604,8 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
                 assert load.mem is not None
                 table = _find_lea(g, lo + at, _regs_alias(load.mem.base)) \
                     if load.mem.base else load.mem.disp if load.mem.disp else None
+                if table is not None and load.mem.index is None:
+                    table += load.mem.disp  # one entry, at a fixed place
                 if table is not None:
                     idx = load.mem.index
                     return _table(ctx, bounds, jmp, table, 4, base, prev,
@@ -823,11 +831,16 @@ def _find_lea(g: _Graph, at: int, reg: str) -> int | None:
 
 def _find_load(prev: tuple[CodeInsn, ...], reg: str,
                scale: int) -> tuple[CodeInsn, int] | None:
-    """The indexed load that last defines `reg` in `prev`, and its index there."""
+    """The indexed load that last defines `reg` in `prev`, and its index there; with 4-byte
+    entries also a sign-extending load without an index (`movslq d(%rB)`: one entry)."""
     for j in range(len(prev) - 1, -1, -1):
         ins = prev[j]
         if _dest(ins) == reg:
-            if ins.mem is not None and ins.mem.scale == scale and ins.mem.index is not None:
+            m = ins.mem
+            if m is not None and m.scale == scale and m.index is not None:
+                return ins, j
+            if m is not None and m.index is None and scale == 4 and m.base is not None \
+                    and ins.base_mnemonic.startswith("movslq"):
                 return ins, j
             return None
     return None
@@ -991,7 +1004,9 @@ def _same_value(before: tuple[CodeInsn, ...], between: tuple[CodeInsn, ...], com
 
 def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, size: int,
            base: int, prev: tuple[CodeInsn, ...], index: str | None) -> JumpTable | str:
-    guard = _guard(prev, index)
+    """The table of `size`-byte entries at `table` (relative to `base` when 4 bytes) that the
+    jump `jmp` uses with the register `index` (None: one entry, at a fixed place)."""
+    guard = _guard(prev, index) if index is not None else (1, jmp.address)
     limit = guard[0] if guard else MAX_TABLE_ENTRIES
     key = (table, size, base, guard[0] if guard else None, bounds.start, bounds.end)
     got = ctx.tables.get(key)

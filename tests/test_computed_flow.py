@@ -11,7 +11,10 @@ tests/data/computed.c built by gcc and clang, PIE and not:
 - unbound: a relative table without a bounds check lands after the probe: the functions
   its entries land in are all-targets (before, the site was refused for the entry the data
   scan found, as a way in: the principle now refuses it whatever the scan finds);
-- plain: no way in from elsewhere (rewritten: the detour is used).
+- otherreg: the dispatcher compares another register than its index: no bounds (all-targets,
+  as unbound), the check must not take it for the table's bounds;
+- plain, and leaplain (its address is taken and stored as it is, no arithmetic): no way in
+  from elsewhere (rewritten: the detour is used).
 
 And tests/data/computed-unknown.c: a jump to a pointer loaded from data plus 16 lands after
 a probe; the base is not known, so every function is all-targets and no site is rewritten.
@@ -45,7 +48,7 @@ BUILDS = {f"{cc}-{kind}": (cc, [*flags, *_INCLUDE]) for cc in ("gcc", "clang")
           for kind, flags in (("pie", ["-fPIE", "-pie"]), ("nopie", ["-fno-pie", "-no-pie"]))}
 TABLES = ("arith", "far", "cut")  # a bounded table's entry: window-branch-target
 POISONED = {"fnbase": "arithmetic on the address of code", "leaadd": "computes the target",
-            "unbound": "has no bounds check"}
+            "unbound": "has no bounds check", "otherreg": "has no bounds check"}
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
@@ -68,6 +71,7 @@ def test_each_computed_way_in_is_refused_by_name(programs: dict[str, Path], buil
     path = _each(programs, build)
     rep = check(load(path))
     assert _site(rep, "plain").outcome == "forward"
+    assert _site(rep, "leaplain").outcome == "forward"
     for name in TABLES:
         s = _site(rep, name)
         assert s.blocked == "window-branch-target", (name, s.outcome)

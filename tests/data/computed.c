@@ -54,6 +54,19 @@ asm(".text\n"
     "\tmov %rdi, %rax\n\tadd $100, %rax\n\tmov $1, %esi\n"
     "\tlea .Lub_table(%rip), %rdx\n\tmovslq (%rdx,%rsi,4), %rcx\n\tadd %rdx, %rcx\n"
     "\tjmp *%rcx\n.cfi_endproc\n" END("unbound_other")
+    /* leaplain: its address is taken and stored as it is (no arithmetic): rewritten */
+    PROBED("leaplain", ".Llp_after", "17")
+    FUNC("leaplain_other") ".cfi_startproc\n"
+    "\tlea leaplain(%rip), %rcx\n\tmov %rcx, leaplain_slot(%rip)\n\tmov %rdi, %rax\n"
+    "\tret\n.cfi_endproc\n" END("leaplain_other")
+    /* otherreg: the bounds check is on another register than the index: no bounds, so
+       the function the entries land in is all-targets (not a bounded table's way in) */
+    PROBED("otherreg", ".Lor_after", "19")
+    FUNC("otherreg_other") ".cfi_startproc\n"
+    "\tmov %rdi, %rax\n\tadd $100, %rax\n\tmov $1, %esi\n\tmov $1, %edi\n"
+    "\tcmp $1, %rdi\n\tja 1f\n\tlea .Lor_table(%rip), %rdx\n"
+    "\tmovslq (%rdx,%rsi,4), %rcx\n\tadd %rdx, %rcx\n\tjmp *%rcx\n1: ret\n"
+    ".cfi_endproc\n" END("otherreg_other")
     CN_BASE
     ".section .rodata\n.p2align 2\n"
     /* each table's entry that lands after a probe has a symbol (NAME_entry) */
@@ -62,20 +75,24 @@ asm(".text\n"
     ".Lcu_table: .long 0, 0\ncut_entry: .long .Lcu_after - .Lcu_table\n"
     ".Lub_table: .long .Lub_after - .Lub_table\n"
     "unbound_entry: .long .Lub_after - .Lub_table\n"
+    ".Lor_table: .long .Lor_after - .Lor_table\n"
+    "otherreg_entry: .long .Lor_after - .Lor_table\n"
     ".Lfa_table: .rept 4200\n.long 0\n.endr\nfar_entry: .long .Lfa_after - .Lfa_table\n"
-    ".text\n");
+    ".data\n.p2align 3\nleaplain_slot: .quad 0\n.text\n");
 
 long plain(long), fnbase(long), fnbase_other(long), arith(long), arith_other(long);
 long far(long), far_other(long), cut(long), cut_other(long), cut_peek(void), leaadd(long);
-long leaadd_other(long), unbound(long), unbound_other(long);
+long leaadd_other(long), unbound(long), unbound_other(long), leaplain(long);
+long leaplain_other(long), otherreg(long), otherreg_other(long);
 
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 3;
     for (long k = 0; k < n; k++)
-        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", plain(k), fnbase(k),
+        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", plain(k), fnbase(k),
                fnbase_other(k), arith(k), arith_other(k), far(k), far_other(k), cut(k),
                cut_other(k), cut_peek() + 0L, leaadd(k), leaadd_other(k), unbound(k),
-               unbound_other(k));
+               unbound_other(k), leaplain(k), leaplain_other(k), otherreg(k),
+               otherreg_other(k));
     return 0;
 }

@@ -270,7 +270,7 @@ WINDOW_TEXT_RELOCATION = _code("window-text-relocation", _W,
                                "(position-independent code needs no text relocation)",
                                (_F, _S))
 WINDOW_ALL_TARGETS = _code("window-all-targets", _W,
-                           "an unrecognized indirect jump: every boundary is a target",
+                           "an unbounded or unrecognized computed jump: every boundary is a target",
                            _BLOCK_HINT, (_F, _S))
 PROBE_NOT_DECODED = _code("probe-not-decoded", _W,
                           "the pc is not an instruction boundary", _BLOCK_HINT, (_F, _S))

@@ -23,6 +23,7 @@ from usdtpatch.analysis.calls import (
 )
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.closed import file_refusal, local_refusal
+from usdtpatch.analysis.computed import file_ways_in
 from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
@@ -54,7 +55,7 @@ from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
-from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn, build_ways_in
+from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn
 from usdtpatch.analysis.windows import PatchWindow, WindowResult, WindowShape, find_window
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
@@ -209,7 +210,7 @@ def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
         sites.append((p.address, b.start, b.end) if b is not None else
                      (p.address, p.address, p.address))
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
-    return build_ways_in(ctx.image, sites, starts, ctx.cfi)
+    return file_ways_in(ctx, sites, starts)
 
 
 def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:

@@ -14,10 +14,16 @@ Jump tables recognized (x86-64, what GCC and clang emit):
   `lea T(%rip),%rB; mov (%rB,%rI,8),%rX; jmp *%rX` (computed goto tables, PIE with
   R_X86_64_RELATIVE relocations supplying the values).
 The entry count comes from the `cmp $N,%r; ja default` (or `and $2^k-1,%r`) guard on the
-table's index when one is found nearby; else entries are read while they point at code and,
-inside the function, at instruction boundaries (a spurious target only makes windows smaller).
-The table base may be set far from the jump: every definition of the base register that
-reaches the jump (a search over the part's control flow) must be the same `lea T(%rip)`.
+table's index when one is found nearby (also a `cmp $N,M; ja` of the memory the index is then
+loaded from), or from the index's value range (`movzbl`: 256, `movzwl`: 65536, `bsf`: 64);
+else entries are read while they point at code and, inside the function, at instruction
+boundaries (a spurious target only makes windows smaller), and the jump is a computed one
+without bounds (PartScan.computed: usdtpatch.analysis.computed makes the functions its
+entries land in all-targets). The table base may be set far from the jump: every definition
+of the base register that reaches the jump (a search over the part's control flow) must be
+the same `lea T(%rip)` (or a copy of it, or it plus a constant). The base an entry is added
+to may be another label than the table (`lea fn(%rip)`): entries are read at the table and
+added to the base.
 
 Other indirect jumps are classified by where the register's value comes from, on every path
 (`_origin`): a pointer loaded from memory without a table index (`jmp *0x10(%rax)`,
@@ -68,7 +74,8 @@ from usdtpatch.x86.regs import CALLER_SAVED, IMPLICIT_WRITES, alias, sized
 if TYPE_CHECKING:  # observed.py reads the windows, which read this module
     from usdtpatch.analysis.observed import PcObservers
 
-MAX_TABLE_ENTRIES = 4096
+MAX_TABLE_ENTRIES = 4096  # entries read from a table without established bounds
+MAX_BOUNDED_ENTRIES = 1 << 16  # the largest count a bounds check or value range establishes
 MAX_COLD_PARTS = 8  # related parts followed per function
 MAX_FUNCTION_BYTES = 1 << 20  # a function larger than this is not disassembled
 LOOKBACK = 16  # instructions examined before an indirect jump
@@ -91,8 +98,9 @@ class JumpTable:
     table: int  # address of the table
     entry_size: int  # 4 (relative) or 8 (absolute)
     entries: int
-    bounded: bool  # True when the count came from a cmp/ja guard
+    bounded: bool  # True when the count came from a cmp/ja guard or the index's value range
     targets: tuple[int, ...]
+    base: int = 0  # what a 4-byte entry is relative to (the table itself, or another label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +336,9 @@ class PartScan:
     outside: tuple[tuple[int, bool], ...]  # (target, conditional) of jumps leaving the part
     tables: tuple[JumpTable, ...]
     unresolved: tuple[str, ...]
+    # (jump, base or None, why) of each jump to a computed address whose targets are not
+    # established: usdtpatch.analysis.computed makes the base's function all-targets
+    computed: tuple[tuple[int, int | None, str], ...] = ()
 
 
 def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
@@ -340,6 +351,7 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
     outside: list[tuple[int, bool]] = []
     unresolved: list[str] = []
     tables: list[JumpTable] = []
+    computed: list[tuple[int, int | None, str]] = []
     fde = bounds.fde  # landing pads first: the kind `show` names when a pad is also a return site
     if fde is not None and fde.lsda is not None:
         try:
@@ -368,6 +380,16 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                 graph = _Graph(insns, {t.address for t in targets
                                        if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
             verdict = _indirect(ctx, bounds, insns, k, graph)
+            if isinstance(verdict, JumpTable) and verdict.entry_size == 4 and \
+                    not verdict.bounded:
+                computed.append((ins.address, verdict.base,
+                                 f"the relative jump table at {verdict.table:#x} of the jump "
+                                 f"at {ins.address:#x} has no bounds check"))
+            elif isinstance(verdict, str):
+                why = _computed(graph, k)
+                if why is not None:
+                    computed.append((ins.address, why[0], f"{why[1]} (the jump at "
+                                     f"{ins.address:#x})"))
             if isinstance(verdict, JumpTable):
                 if not any(t.table == verdict.table and t.targets == verdict.targets
                            for t in tables):  # ceval: 229 jumps share one table
@@ -378,7 +400,8 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                 unresolved.append(verdict)
     if sw.bad:
         unresolved.insert(0, f"bytes at {sw.bad[0]:#x} do not decode")
-    return PartScan(sw, tuple(targets), tuple(outside), tuple(tables), tuple(unresolved))
+    return PartScan(sw, tuple(targets), tuple(outside), tuple(tables), tuple(unresolved),
+                    tuple(computed))
 
 
 def _related_order(ctx: CodeContext, outside: tuple[tuple[int, bool], ...]) -> list[int]:
@@ -447,6 +470,9 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
                 if way is not None and way.source not in known:
                     known.add(way.source)
                     add(way)
+        why = ctx.ways_in.poisoned.get(bounds.start) or ctx.ways_in.everywhere
+        if why is not None:
+            unresolved.append(why)
     all_targets = unresolved[0] if unresolved else None
     after, before = _padding_after(ctx, bounds), _padding_before(ctx, bounds)
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
@@ -583,14 +609,22 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
         if not _writes(ins, reg):
             continue
         mn = ins.base_mnemonic
-        if mn.startswith("add") and len(ins.operands) == 2 and ins.operands[0].startswith("%"):
-            table_reg = _regs_alias(ins.operands[0])
-            table = _find_lea(g, lo + j, table_reg)
-            load = _find_load(prev[:j], reg, 4)
-            if table is not None and load is not None:
-                idx = load.mem.index if load.mem else None
-                return _table(ctx, bounds, jmp, table, 4, table, prev,
-                              _regs_alias(idx) if idx else None)
+        added = _added_registers(ins, reg)
+        for based, entry_reg in added:
+            base = _find_lea(g, lo + j, based)
+            found = _find_load(prev[:j], entry_reg, 4)
+            if base is not None and found is not None:
+                load, at = found
+                assert load.mem is not None
+                table = _find_lea(g, lo + at, _regs_alias(load.mem.base)) \
+                    if load.mem.base else load.mem.disp if load.mem.disp else None
+                if table is not None and load.mem.index is None:
+                    table += load.mem.disp  # one entry, at a fixed place
+                if table is not None:
+                    idx = load.mem.index
+                    return _table(ctx, bounds, jmp, table, 4, base, prev,
+                                  _regs_alias(idx) if idx else None)
+        if added:
             break
         if mn.startswith("mov") and ins.mem is not None:
             m = ins.mem
@@ -614,6 +648,21 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
             return None  # a tail call through a function pointer
         return JumpTable(jmp.address, 0, 0, len(origin), True, origin)  # goto *&&label
     return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood ({origin})"
+
+
+def _added_registers(ins: CodeInsn, reg: str) -> list[tuple[str, str]]:
+    """(base, entry) register pairs, as 64-bit names, when `ins` sets `reg` to the sum of
+    two registers: `add %rB,%reg` (the entry in `reg`), `lea (%rA,%rC,1),%reg` (either one
+    the base); [] for anything else."""
+    ops = ins.operands
+    if ins.base_mnemonic.startswith("add") and len(ops) == 2 and ops[0].startswith("%"):
+        return [(_regs_alias(ops[0]), reg)]
+    m = ins.mem
+    if ins.base_mnemonic.startswith("lea") and m is not None and m.disp == 0 and \
+            m.scale == 1 and m.base is not None and m.index is not None:
+        a, c = _regs_alias(m.base), _regs_alias(m.index)
+        return [(a, c), (c, a)]
+    return []
 
 
 def _loaded_code_pointers(ctx: CodeContext, bounds: FunctionBounds,
@@ -756,16 +805,30 @@ class _Graph:
         return out, m == 0 or ins.address in self.entries
 
 
-def _reaching_lea(g: _Graph, at: int, reg: str) -> int | None:
-    """T when every definition of `reg` that reaches instruction `at` is `lea T(%rip),%reg`."""
+def _reaching_lea(g: _Graph, at: int, reg: str, depth: int = 0) -> int | None:
+    """T when every definition of `reg` that reaches instruction `at` is `lea T(%rip),%reg`,
+    or a copy of such a register, or such a register plus or minus a constant (`add $k`)."""
     defs = _reaching_defs(g, at, reg)
     if not defs:
         return None
     found: set[int | None] = set()
     for kind, p in defs:
         ins = g.insns[p] if kind == "def" else None
-        if ins is not None and ins.base_mnemonic.startswith("lea"):
+        if ins is None:
+            return None
+        cp = _copies(ins)
+        ops = ins.operands
+        if ins.base_mnemonic.startswith("lea") and ins.rip_target is not None:
             found.add(ins.rip_target)
+        elif cp is not None and cp[1] == reg and depth < 4:
+            found.add(_reaching_lea(g, p, cp[0], depth + 1))
+        elif (ins.base_mnemonic.startswith(("add", "sub")) and len(ops) == 2
+              and ops[0].startswith("$") and depth < 4):
+            k = _immediate(ops[0])
+            t = _reaching_lea(g, p, reg, depth + 1)
+            if k is None or t is None:
+                return None
+            found.add(t + k if ins.base_mnemonic.startswith("add") else t - k)
         else:
             return None
     if len(found) == 1:
@@ -780,18 +843,72 @@ def _find_lea(g: _Graph, at: int, reg: str) -> int | None:
     return _reaching_lea(g, at, reg)
 
 
-def _find_load(prev: tuple[CodeInsn, ...], reg: str, scale: int) -> CodeInsn | None:
-    for ins in reversed(prev):
+def _find_load(prev: tuple[CodeInsn, ...], reg: str,
+               scale: int) -> tuple[CodeInsn, int] | None:
+    """The indexed load that last defines `reg` in `prev`, and its index there; with 4-byte
+    entries also a sign-extending load without an index (`movslq d(%rB)`: one entry)."""
+    for j in range(len(prev) - 1, -1, -1):
+        ins = prev[j]
         if _dest(ins) == reg:
-            if ins.mem is not None and ins.mem.scale == scale and ins.mem.index is not None:
-                return ins
+            m = ins.mem
+            if m is not None and m.scale == scale and m.index is not None:
+                return ins, j
+            if m is not None and m.index is None and scale == 4 and m.base is not None \
+                    and ins.base_mnemonic.startswith("movslq"):
+                return ins, j
             return None
     return None
 
 
+def _immediate(op: str) -> int | None:
+    try:
+        return int(op[1:], 0)
+    except ValueError:
+        return None
+
+
 def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | None:
     """(entries, guard address) from the closest `cmp $N,%r` + `ja`/`jae` (or `and $2^k-1`)
-    on the table's index before the jump."""
+    on the table's index before the jump (or a `cmp $N,M` + `ja` on the memory the index is
+    then loaded from), else from the index's value range: set last by a zero extension of a
+    byte or a word (`movzbl`, `movzwl`: 256 or 65536 entries)."""
+    got = _bounds_check(prev, index)
+    if got is not None or index is None:
+        return got
+    for j in range(len(prev) - 1, -1, -1):
+        ins = prev[j]
+        if _dest(ins) == index:
+            if ins.base_mnemonic.startswith("movzb"):
+                return 256, ins.address
+            if ins.base_mnemonic.startswith("movzw"):
+                return 65536, ins.address
+            if ins.base_mnemonic.startswith(("bsf", "tzcnt", "lzcnt", "popcnt")):
+                wide = 64 if _regs_alias(ins.operands[-1]) == ins.operands[-1].lstrip("%") \
+                    else 32  # a bit index: 0..63 (bsf) or 0..64 (a count)
+                return wide + (0 if ins.base_mnemonic.startswith("bsf") else 1), ins.address
+            return None
+    return None
+
+
+def _loaded_after(between: tuple[CodeInsn, ...], place: str, index: str) -> bool:
+    """True when `index` is loaded from the memory operand `place` in `between` (the
+    instructions after a compare of `place`) by its last definition there, with no store
+    or call before it."""
+    for ins in between:
+        if ins.mem is not None and ins.mem.index is not None \
+                and _regs_alias(ins.mem.index) == index:
+            return False  # the table load came first
+        ops = ins.operands
+        if _dest(ins) == index:
+            return (ins.base_mnemonic.startswith("mov") and len(ops) == 2
+                    and ops[0] == place)
+        if ins.flow is not Flow.NONE or (ops and ins.mem is not None
+                                         and not ops[-1].startswith("%")):
+            return False  # a store or a call may change the compared memory
+    return False
+
+
+def _bounds_check(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | None:
     for j in range(len(prev) - 1, -1, -1):
         ins = prev[j]
         ops = ins.operands
@@ -801,28 +918,57 @@ def _guard(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, int] | N
                 mask = int(ops[0][1:], 0)
             except ValueError:
                 return None
-            if 0 <= mask < MAX_TABLE_ENTRIES and (mask + 1) & mask == 0:
+            if 0 <= mask < MAX_BOUNDED_ENTRIES and (mask + 1) & mask == 0:
                 return mask + 1, ins.address  # `and $2^k-1,%idx`: 2^k entries
             return None
         if ins.flow is Flow.JCC and ins.base_mnemonic in ("ja", "jae", "jbe", "jb"):
-            if j == 0:
+            c = j - 1
+            while c >= 0 and _keeps_flags(prev[c]):
+                c -= 1  # (a mov between the compare and the jump leaves the flags)
+            if c < 0:
                 return None
-            cmp = prev[j - 1]
+            cmp = prev[c]
             ops = cmp.operands
+            if c < j - 1 and not all(_stores_elsewhere(i, cmp) for i in prev[c + 1:j]):
+                return None
             if cmp.base_mnemonic.startswith("cmp") and len(ops) == 2 and ops[0].startswith("$"):
                 try:
                     n = int(ops[0][1:], 0)
                 except ValueError:
                     return None
-                if n < 0 or n > MAX_TABLE_ENTRIES:
+                if n < 0 or n >= MAX_BOUNDED_ENTRIES:
                     return None
-                if index is not None and not _same_value(prev[:j - 1], prev[j + 1:], ops[1],
-                                                         index):
+                if index is not None and not ops[1].startswith("%") and cmp.mem is not None:
+                    if not _loaded_after(prev[j + 1:], ops[1], index):
+                        return None
+                elif index is not None and not _same_value(prev[:c], prev[c + 1:],
+                                                           ops[1], index):
                     return None  # the compare is about another register: not this table's
                 count = n + 1 if ins.base_mnemonic in ("ja", "jbe") else n
                 return count, cmp.address
             return None
     return None
+
+
+def _keeps_flags(ins: CodeInsn) -> bool:
+    """No mov or lea sets the flags."""
+    return ins.flow is Flow.NONE and ins.base_mnemonic.startswith(("mov", "lea"))
+
+
+def _stores_elsewhere(ins: CodeInsn, cmp: CodeInsn) -> bool:
+    """True when `ins` (between a compare and its jump) writes a register, or memory that
+    cannot be what `cmp` compared (the same base register, 8 or more bytes away)."""
+    ops = ins.operands
+    if not ops or ops[-1].startswith("%") or ins.mem is None:
+        return True
+    m, c = ins.mem, cmp.mem
+    if c is None:
+        return True  # a register compare: memory does not matter
+    frame = ("rsp", "rbp")
+    if m.base in frame and c.base not in frame and c.base is not None:
+        return True  # a store to the stack frame: not the compared object (assumed)
+    return m.base == c.base and m.index is None and c.index is None and \
+        abs(m.disp - c.disp) >= 8
 
 
 def _is_boundary(sw: Sweep, address: int) -> bool:
@@ -872,7 +1018,9 @@ def _same_value(before: tuple[CodeInsn, ...], between: tuple[CodeInsn, ...], com
 
 def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, size: int,
            base: int, prev: tuple[CodeInsn, ...], index: str | None) -> JumpTable | str:
-    guard = _guard(prev, index)
+    """The table of `size`-byte entries at `table` (relative to `base` when 4 bytes) that the
+    jump `jmp` uses with the register `index` (None: one entry, at a fixed place)."""
+    guard = _guard(prev, index) if index is not None else (1, jmp.address)
     limit = guard[0] if guard else MAX_TABLE_ENTRIES
     key = (table, size, base, guard[0] if guard else None, bounds.start, bounds.end)
     got = ctx.tables.get(key)
@@ -881,7 +1029,7 @@ def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, 
         ctx.tables[key] = got
     if isinstance(got, str):
         return f"{got} (from {jmp.address:#x})"
-    return JumpTable(jmp.address, table, size, len(got), guard is not None, got)
+    return JumpTable(jmp.address, table, size, len(got), guard is not None, got, base)
 
 
 def _read_table(ctx: CodeContext, bounds: FunctionBounds, table: int, size: int, base: int,
@@ -912,3 +1060,130 @@ def _read_table(ctx: CodeContext, bounds: FunctionBounds, table: int, size: int,
     if not targets:
         return f"jump table at {table:#x} has no entry in the function"
     return tuple(targets)
+
+
+# what may compute a jump's target from another value (a `lea` of a label is an address taken)
+_ARITHMETIC = ("add", "sub", "adc", "sbb", "inc", "dec", "neg", "not", "or", "and", "xor",
+               "shl", "shr", "sar", "sal", "rol", "ror", "imul", "lea", "bts", "btr", "btc")
+
+
+def _computed(g: _Graph, k: int) -> tuple[int | None, str] | None:
+    """(base or None, why) when the register the jump at `k` goes to may hold an address
+    computed by arithmetic (a relative table's base plus its entry, a label plus an
+    offset), on some path; None when every value it holds is loaded, returned, passed in or
+    copied as it is (a taken address: the ways-in index collects those) or no register jump."""
+    jmp = g.insns[k]
+    if jmp.mem is not None or not jmp.op_str.lstrip("*").startswith("%"):
+        return None
+    return _computed_value(g, k, _regs_alias(jmp.op_str.lstrip("*")), 0, k)
+
+
+def _self_relative(g: _Graph, p: int, reg: str, ops: list[str]) -> bool:
+    """True when instruction `p` is `add %rB,%reg` and `reg` is then an int32 loaded by the
+    only definition reaching `p`, from `(%rB,%rI,4)`: base plus entry of a relative table."""
+    if not (g.insns[p].base_mnemonic.startswith("add") and len(ops) == 2
+            and ops[0].startswith("%")):
+        return False
+    defs = _reaching_defs(g, p, reg)
+    if not defs or len(defs) != 1 or defs[0][0] != "def":
+        return False
+    load = g.insns[defs[0][1]]
+    m = load.mem
+    return load.base_mnemonic.startswith("movslq") and m is not None and m.scale == 4 and \
+        m.base is not None and _regs_alias(m.base) == _regs_alias(ops[0])
+
+
+def _loaded(g: _Graph, at: int, reg: str) -> bool:
+    """True when every definition of `reg` reaching `at` loads it from memory (not rip-
+    relative: not a table of this file) or zeroes it."""
+    defs = _reaching_defs(g, at, reg)
+    if not defs:
+        return False
+    for kind, p in defs:
+        ins = g.insns[p]
+        ops = ins.operands
+        if kind != "def" or len(ops) != 2:
+            return False
+        zero = ins.base_mnemonic.startswith("xor") and ops[0] == ops[1]
+        load = ins.base_mnemonic.startswith("mov") and ins.mem is not None and \
+            ins.rip_target is None and ops[1].startswith("%")
+        if not (zero or load):
+            return False
+    return True
+
+
+def _demangles(ins: CodeInsn, reg: str) -> bool:
+    """`xor %fs:0x30,%reg` or `ror`/`rol $0x11,%reg`: a step of glibc's pointer (de)mangling
+    (the pointer guard in the thread control block)."""
+    ops = ins.operands
+    if len(ops) != 2 or not ops[1].startswith("%") or _regs_alias(ops[1]) != reg:
+        return False
+    mn = ins.base_mnemonic
+    return (mn.startswith("xor") and ops[0].startswith("%fs:")) or \
+        (mn.startswith(("ror", "rol")) and ops[0] == "$0x11")
+
+
+def _feeds_other_jump(g: _Graph, p: int, reg: str, k: int) -> bool:
+    """True when the value instruction `p` gives `reg` is first jumped to by another
+    indirect jump than `k` (a table dispatch whose target is reached from it: there `reg`
+    holds that jump's target, which that jump's own analysis bounds or poisons)."""
+    for q in range(p + 1, min(len(g.insns), p + LOOKBACK)):
+        ins = g.insns[q]
+        if ins.flow is Flow.JMP_INDIRECT:
+            return q != k and ins.mem is None and \
+                _regs_alias(ins.op_str.lstrip("*")) == reg
+        if ins.flow is not Flow.NONE or _writes(ins, reg):
+            return False
+    return False
+
+
+def _computed_value(g: _Graph, at: int, reg: str, depth: int,
+                    k: int) -> tuple[int | None, str] | None:
+    defs = _reaching_defs(g, at, reg)
+    if defs is None:
+        return None, f"the value of %{reg} comes along too many paths to follow"
+    for kind, p in defs:
+        if kind != "def":
+            continue
+        ins = g.insns[p]
+        mn = ins.base_mnemonic
+        ops = ins.operands
+        cp = _copies(ins)
+        if cp is None and mn.startswith("cmov") and len(ops) == 2 and ops[0].startswith("%"):
+            cp = (_regs_alias(ops[0]), _regs_alias(ops[1]))
+        if cp is not None and cp[1] == reg:
+            if depth < 4:
+                sub = _computed_value(g, p, cp[0], depth + 1, k)
+                if sub is not None:
+                    return sub
+            continue
+        if mn.startswith("xor") and len(ops) == 2 and ops[0] == ops[1]:
+            continue  # zero
+        if mn.startswith("lea") and ins.rip_target is not None:
+            continue  # a label's address, taken as it is
+        if _demangles(ins, reg) or (mn.startswith("add") and len(ops) == 2 and
+                                    ins.mem is not None and not ops[0].startswith(("%", "$"))
+                                    and ins.rip_target is None and _loaded(g, p, reg)):
+            # a loaded value plus a loaded value: a load bias plus a symbol's value (the
+            # dynamic linker's l_addr + st_value), a symbol: a taken address
+            # glibc's PTR_DEMANGLE (ror $0x11; xor %fs:0x30): a pointer stored mangled
+            # comes back as it was taken; what it was made from decides
+            if depth < 4:
+                sub = _computed_value(g, p, reg, depth + 1, k)
+                if sub is not None:
+                    return sub
+            continue
+        if not mn.startswith(_ARITHMETIC) or _feeds_other_jump(g, p, reg, k):
+            continue  # loaded, popped, an immediate: a taken address
+        sources = [reg] if not mn.startswith("lea") else []
+        sources += [_regs_alias(o) for o in ops[:-1] if o.startswith("%")]
+        if ins.mem is not None and mn.startswith("lea"):
+            sources += [_regs_alias(r) for r in (ins.mem.base, ins.mem.index) if r]
+        base = next((b for r in sources if (b := _reaching_lea(g, p, r)) is not None), None)
+        if base is None and _self_relative(g, p, reg, ops):
+            # a PIC switch whose table address is not followed (a loop around it, say):
+            # its entries are relative to the table and land in the jump's function
+            return g.insns[0].address, (f"{ins.text} at {ins.address:#x} adds a relative "
+                                        f"table's entry to its address, which is not known")
+        return base, f"{ins.text} at {ins.address:#x} computes the target"
+    return None

@@ -110,7 +110,13 @@ class WayIn:
 class WaysIn:
     """The index: target -> every way in found by the file-wide scans."""
 
-    def __init__(self, ways: Iterable[WayIn]) -> None:
+    def __init__(self, ways: Iterable[WayIn], poisoned: dict[int, str] | None = None,
+                 everywhere: str | None = None) -> None:
+        # function start -> why every instruction boundary of it is a possible way in (a
+        # computed jump whose base lies in it, arithmetic on an address in it:
+        # usdtpatch.analysis.computed); `everywhere`: why that holds for every function
+        self.poisoned = poisoned or {}
+        self.everywhere = everywhere
         by: dict[int, list[WayIn]] = {}
         for w in ways:
             by.setdefault(w.target, []).append(w)

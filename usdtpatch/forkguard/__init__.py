@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from usdtpatch.analysis.computed import file_ways_in
 from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.guardfile import (
     ENTRY_SIZE,
@@ -56,7 +57,6 @@ from usdtpatch.analysis.guardfile import (
 )
 from usdtpatch.analysis.hazards import FORK_COPIES_MM, fork_evidence_of, imported_fork_family
 from usdtpatch.analysis.targets import CodeContext
-from usdtpatch.analysis.waysin import build_ways_in
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
     EM_X86_64,
@@ -537,8 +537,7 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
             todo = [t for t in todo if t not in calls] + \
                 [(pc, "the system call of syscall()", False) for pc in inside]
     spans = [(pc, b.start, b.end) for pc, _w, _k in todo if (b := ctx.bounds(pc)) is not None]
-    ctx.ways_in = build_ways_in(image, spans, sorted({*cfi.starts, *ctx.symbols.addresses}),
-                                cfi)
+    ctx.ways_in = file_ways_in(ctx, spans, sorted({*cfi.starts, *ctx.symbols.addresses}))
     out: list[tuple[int, int, int | None]] = []
     for pc, what, known in todo:
         got = _hook_window(ctx, image, pc, what, known)

@@ -43,6 +43,36 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "objects reach it only at the addresses it gives out (symbols, relocations, data)",
         ("tests/test_analysis_waysin.py::test_ways_in_from_elsewhere",)),
     Assumption(
+        "code-pointers-as-taken",
+        "a value jumped to as it was loaded, popped, returned or copied is an address taken "
+        "somewhere as it is (a lea, a relocation, a data word), which the ways-in index "
+        "collects",
+        ("tests/test_analysis_waysin.py::test_ways_in_from_elsewhere",
+         "tests/test_analysis_waysin_more.py::test_each_way_in_skips_its_site_and_is_named")),
+    Assumption(
+        "computed-arithmetic-in-sight",
+        "arithmetic on a code address is seen in the straight line after the lea that takes "
+        "it (12 instructions); a computed jmp *%reg is classified by the definitions reaching "
+        "it",
+        ("tests/test_computed_flow.py::test_each_computed_way_in_is_refused_by_name",
+         "tests/test_computed_flow.py::test_a_computed_target_of_unknown_base_poisons_every_"
+         "function")),
+    Assumption(
+        "switch-in-its-function",
+        "a relative table without bounds lands where its entries read so far land, and a PIC "
+        "switch whose table address is not followed lands in its own function",
+        ("tests/test_computed_flow.py::test_what_the_file_wide_pass_finds",)),
+    Assumption(
+        "frame-stores-apart",
+        "a store to the stack frame between a bounds check of memory and its jump does not "
+        "change the compared memory",
+        ("tests/test_computed_flow.py::test_what_the_file_wide_pass_finds",)),
+    Assumption(
+        "pointer-demangling",
+        "glibc's pointer demangling gives back a pointer as it was taken, and a load bias plus "
+        "a symbol's value is that symbol's address",
+        ("tests/test_rewrite_fixtures.py::test_rewritten_fixture_runs_like_original",)),
+    Assumption(
         "code-not-read",
         "the program does not read its own code bytes as data (a checksum of its text, a "
         "copy of a function): those bytes differ after a rewrite",

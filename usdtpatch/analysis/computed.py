@@ -1,0 +1,180 @@
+"""Computed control flow anywhere in the file: bounded, or it poisons (issue 30).
+
+A jump whose target is computed (a relative table's base plus an entry, a label plus an
+offset) can land anywhere its arithmetic allows, in any function of the file. Its targets
+are accepted only from a table whose base, scale, bounds and entry count are established
+(a bounds check on the index before the jump, or the index's value range: a zero extension
+of a byte or a word, an `and` with a mask; usdtpatch.analysis.targets reads it): each entry
+that lands in a probed function is a way in there (`REL_TABLE`, never aimed at a detour).
+Any other computed target makes every instruction boundary of the function its base lies in
+a possible way in (that function becomes all-targets: no window holds one of its boundaries
+strictly inside), or, where the base is unknown, of every function. A relative table without
+bounds whose base is data poisons the functions its entries read so far land in.
+
+A code address that arithmetic is applied to after a rip-relative `lea` takes it (`lea
+fn(%rip),%r; add $k,%r`, `lea k(%r),%r2`, before it is stored or passed on) is a way in at
+every offset of its function: that function is all-targets too.
+
+Not computed (the assumption; docs/rewrite.md, "What is assumed"): a value jumped to as it
+was loaded from memory, popped, returned by a call, passed in a register or copied (a tail
+call through a function pointer, a vtable slot, an absolute table's entry). Its value is an
+address taken somewhere, which the file-wide ways-in index collects: a rip-relative `lea`, a
+relocation, an absolute word of a fixed-address file.
+
+Found cheaply: a byte pattern (`ff e0`-`ff e7`, `jmp *%reg`) over the executable sections
+finds the candidate jumps, and only the functions holding one are disassembled (once: the
+memo of usdtpatch.analysis.targets.CodeContext); the `lea`s into probed functions come from
+the rel32 prefilter of usdtpatch.analysis.waysin, each decoded from its own address.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Callable
+
+from usdtpatch.analysis.targets import CodeContext
+from usdtpatch.analysis.waysin import (
+    REL_TABLE,
+    WayIn,
+    WaysIn,
+    _candidates,
+    _merged,
+    _rel32_targets,
+    build_ways_in,
+    code_ranges,
+)
+from usdtpatch.x86.decode import Flow, sweep
+from usdtpatch.x86.regs import alias
+
+_JMP_REG = re.compile(rb"\xff[\xe0-\xe7]")  # jmp *%reg (a REX prefix before it: r8-r15)
+_LEA_RIP = rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]"
+_FOLLOW = 12  # instructions followed after a lea of code
+_ARITHMETIC = ("add", "sub", "adc", "sbb", "inc", "dec", "neg", "not", "or", "and", "xor",
+               "shl", "shr", "sar", "sal", "rol", "ror", "imul", "lea", "bts", "btr", "btc")
+
+
+class Computed:
+    """What the computed control flow of the file adds: ways in, poisoned functions."""
+
+    def __init__(self) -> None:
+        self.ways: list[WayIn] = []
+        self.poisoned: dict[int, str] = {}
+        self.everywhere: str | None = None
+
+    def poison(self, ctx: CodeContext, address: int, why: str) -> None:
+        b = ctx.bounds(address)
+        if b is not None:
+            self.poisoned.setdefault(b.start, why)
+
+
+def file_ways_in(ctx: CodeContext, sites: list[tuple[int, int, int]],
+                 starts: list[int]) -> WaysIn:
+    """The file-wide ways-in index (usdtpatch.analysis.waysin.build_ways_in) with what the
+    file's computed control flow adds: one place for check, rewrite and the fork guard."""
+    got = computed_flow(ctx, sites)
+    base = build_ways_in(ctx.image, sites, starts, ctx.cfi)
+    return WaysIn([w for _a, ws in base.between(0, 1 << 64) for w in ws] + got.ways,
+                  got.poisoned, got.everywhere)
+
+
+def computed_flow(ctx: CodeContext, sites: list[tuple[int, int, int]]) -> Computed:
+    """The ways in and poisoned functions from every computed jump and every arithmetic on
+    a code address in the file, for the probes `sites` (pc, function start, end)."""
+    out = Computed()
+    spans = _merged((s, e) for _pc, s, e in sites if s < e)
+    if not spans:
+        return out
+    los = [lo for lo, _hi in spans]
+
+    def probed(a: int) -> bool:
+        i = bisect_right(los, a) - 1
+        return i >= 0 and a < spans[i][1]
+
+    _jumps(ctx, probed, out)
+    _arithmetic(ctx, spans, probed, out)
+    return out
+
+
+def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> None:
+    image = ctx.image
+    functions: dict[int, int] = {}
+    for vaddr, off, size in code_ranges(image):
+        for m in _JMP_REG.finditer(image.data, off, off + size):
+            b = ctx.bounds(vaddr + m.start() - off)
+            if b is not None:
+                functions.setdefault(b.start, b.end)
+    for start in sorted(functions):
+        b = ctx.bounds(start)
+        if b is None:
+            continue
+        part = ctx.part(b)
+        for t in part.tables:
+            if t.entry_size != 4:
+                continue
+            for i, a in enumerate(t.targets):
+                if not b.contains(a) and probed(a):
+                    src = t.table + 4 * i
+                    out.ways.append(WayIn(a, REL_TABLE, src, f"4-byte entry at {src:#x} of "
+                                          f"the table at {t.table:#x} of the jump at "
+                                          f"{t.jump:#x}", t.table))
+        for jump, base, why in part.computed:
+            if base is None:
+                out.everywhere = out.everywhere or f"{why}, from a base that is not known"
+            elif ctx.bounds(base) is not None:
+                out.poison(ctx, base, why)
+            else:  # an unbounded table in data: the functions its entries read land in
+                landed = [a for t in part.tables if t.jump == jump for a in t.targets]
+                if not landed:
+                    out.everywhere = out.everywhere or f"{why}, and no entry of it is read"
+                for a in landed:
+                    out.poison(ctx, a, why)
+
+
+def _arithmetic(ctx: CodeContext, spans: list[tuple[int, int]], probed: Callable[[int], bool],
+                out: Computed) -> None:
+    """Every rip-relative `lea` of an address in a probed function whose register then has
+    arithmetic applied (in the straight line after it, before it is overwritten)."""
+    image = ctx.image
+    for vaddr, off, size in code_ranges(image):
+        data = bytes(image.data[off:off + size])
+        at = [q for q in _candidates(data, vaddr, _LEA_RIP, 2, spans) if q <= size - 6]
+        for q, t in zip(at, _rel32_targets(data, vaddr, at, 2), strict=True):
+            if not probed(t):
+                continue
+            start = q - 1 if q > 0 and 0x48 <= data[q - 1] <= 0x4F else q
+            why = _arithmetic_after(data[start:start + 15 * _FOLLOW], vaddr + start, t)
+            if why is not None:
+                out.poison(ctx, t, why)
+
+
+def _arithmetic_after(code: bytes, at: int, target: int) -> str | None:
+    insns = sweep(code, at, True).insns
+    if not insns or insns[0].rip_target != target or \
+            not insns[0].base_mnemonic.startswith("lea"):
+        return None
+    lea = insns[0]
+    ops = lea.operands
+    holders = {alias(ops[-1])}
+    for ins in insns[1:_FOLLOW]:
+        mn = ins.base_mnemonic
+        ops = ins.operands
+        regs = [alias(o) for o in ops if o.startswith("%")]
+        if ins.mem is not None:
+            regs += [alias(r) for r in (ins.mem.base, ins.mem.index) if r]
+        reads = holders.intersection(regs[:-1] if ops and ops[-1].startswith("%") else regs)
+        dest = alias(ops[-1]) if ops and ops[-1].startswith("%") else None
+        changes = (dest in holders and not (mn.startswith("xor") and ops[0] == ops[-1])) or \
+            bool(reads and (mn.startswith("lea") or dest is not None))
+        if mn.startswith(_ARITHMETIC) and not (mn.startswith("lea") and ins.rip_target) \
+                and changes:
+            return (f"{lea.text} at {lea.address:#x}, then {ins.text} at "
+                        f"{ins.address:#x}: arithmetic on the address of code")
+        if mn.startswith("mov") and len(ops) == 2 and ops[0].startswith("%") and \
+                alias(ops[0]) in holders and dest is not None:
+            holders.add(dest)
+        elif dest is not None:
+            holders.discard(dest)
+        if not holders or ins.flow is not Flow.NONE:
+            return None
+    return None

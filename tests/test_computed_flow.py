@@ -13,6 +13,14 @@ tests/data/computed.c built by gcc and clang, PIE and not:
   scan found, as a way in: the principle now refuses it whatever the scan finds);
 - otherreg: the dispatcher compares another register than its index: no bounds (all-targets,
   as unbound), the check must not take it for the table's bounds;
+- taken: the bounds check is a `jbe` taken to the table's block (PostgreSQL's switches):
+  bounded, its entry is a way in; fellbe: a `jbe` fallen through into the table bounds
+  nothing (all-targets);
+- padjmp_other (libruby's shape): alignment NOPs after a jump are reached by no one, so the
+  tail call after them is not computed by the arithmetic before the jump (before: every
+  function of the file was all-targets, libruby's 40 sites refused);
+- distance: another function takes its address less a register (a reach check): a distance,
+  not an address (the assumption code-differences): not poisoned, rewritten;
 - plain, and leaplain (its address is taken and stored as it is, no arithmetic): no way in
   from elsewhere (rewritten: the detour is used).
 
@@ -46,9 +54,10 @@ SOURCE = ROOT / "tests" / "data" / "computed.c"
 _INCLUDE = ["-O2", "-g0", "-I", str(ROOT / "fixtures" / "src"), "-I", str(SOURCE.parent)]
 BUILDS = {f"{cc}-{kind}": (cc, [*flags, *_INCLUDE]) for cc in ("gcc", "clang")
           for kind, flags in (("pie", ["-fPIE", "-pie"]), ("nopie", ["-fno-pie", "-no-pie"]))}
-TABLES = ("arith", "far", "cut")  # a bounded table's entry: window-branch-target
+TABLES = ("arith", "far", "cut", "taken")  # a bounded table's entry: window-branch-target
 POISONED = {"fnbase": "arithmetic on the address of code", "leaadd": "computes the target",
-            "unbound": "has no bounds check", "otherreg": "has no bounds check"}
+            "unbound": "has no bounds check", "otherreg": "has no bounds check",
+            "fellbe": "has no bounds check"}
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]

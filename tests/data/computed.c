@@ -67,6 +67,37 @@ asm(".text\n"
     "\tcmp $1, %rdi\n\tja 1f\n\tlea .Lor_table(%rip), %rdx\n"
     "\tmovslq (%rdx,%rsi,4), %rcx\n\tadd %rdx, %rcx\n\tjmp *%rcx\n1: ret\n"
     ".cfi_endproc\n" END("otherreg_other")
+    /* taken: the bounds check is a `jbe` taken to the table's block (PostgreSQL's
+       switches): bounded, its entry is a way in (before, the straight line before the block
+       was searched, no check found, and the functions its entries land in poisoned) */
+    PROBED("taken", ".Ltk_after", "21")
+    FUNC("taken_other") ".cfi_startproc\n"
+    "\tmov %rdi, %rax\n\tadd $100, %rax\n\tmov $1, %esi\n\tcmp $1, %rsi\n\tjbe 2f\n"
+    "\tret\n\t.p2align 4\n2:\tlea .Ltk_table(%rip), %rdx\n"
+    "\tmovslq (%rdx,%rsi,4), %rcx\n\tadd %rdx, %rcx\n\tjmp *%rcx\n"
+    ".cfi_endproc\n" END("taken_other")
+    /* fellbe: a `jbe` fallen through into the table: the index is out of the compared range
+       there, which bounds nothing: poisoned (before, taken for a bound of 1 entry) */
+    PROBED("fellbe", ".Lfl_after", "23")
+    FUNC("fellbe_other") ".cfi_startproc\n"
+    "\tmov %rdi, %rax\n\tadd $100, %rax\n\tmov $1, %esi\n\tcmp $0, %rsi\n\tjbe 1f\n"
+    "\tlea .Lfl_table(%rip), %rdx\n\tmovslq (%rdx,%rsi,4), %rcx\n\tadd %rdx, %rcx\n"
+    "\tjmp *%rcx\n1: ret\n.cfi_endproc\n" END("fellbe_other")
+    /* padjmp (libruby's shape): arithmetic feeds a register on the path that ends in a jump
+       through a loaded pointer; the alignment NOP after it is reached by no one, and the
+       jump after the NOP goes to the argument it was passed (a tail call). Before, the NOP
+       was taken as reached by the jumps before it: the argument looked computed from an
+       unknown base and every function of the file was poisoned. Never called. */
+    FUNC("padjmp_other") ".cfi_startproc\n"
+    "\ttest %esi, %esi\n\tje 2f\n\tlea 16(%rdi,%rsi,8), %rdx\n"
+    "\tmov leaplain_slot(%rip), %rax\n\tjmp *%rax\n\tnop\n2:\tjmp *%rdx\n"
+    ".cfi_endproc\n" END("padjmp_other")
+    /* distance: another function takes distance's address less a register (a reach
+       check): a distance, not an address (assumption code-differences): not poisoned */
+    PROBED("distance", ".Ldi_after", "25")
+    FUNC("distance_other") ".cfi_startproc\n"
+    "\tlea distance(%rip), %rcx\n\tsub %rdi, %rcx\n\tmov %rcx, distance_slot(%rip)\n"
+    "\tmov %rdi, %rax\n\tadd $100, %rax\n\tret\n.cfi_endproc\n" END("distance_other")
     CN_BASE
     ".section .rodata\n.p2align 2\n"
     /* each table's entry that lands after a probe has a symbol (NAME_entry) */
@@ -77,22 +108,29 @@ asm(".text\n"
     "unbound_entry: .long .Lub_after - .Lub_table\n"
     ".Lor_table: .long .Lor_after - .Lor_table\n"
     "otherreg_entry: .long .Lor_after - .Lor_table\n"
+    ".Ltk_table: .long 0\ntaken_entry: .long .Ltk_after - .Ltk_table\n"
+    ".Lfl_table: .long .Lfl_after - .Lfl_table\n"
+    "fellbe_entry: .long .Lfl_after - .Lfl_table\n"
     ".Lfa_table: .rept 4200\n.long 0\n.endr\nfar_entry: .long .Lfa_after - .Lfa_table\n"
-    ".data\n.p2align 3\nleaplain_slot: .quad 0\n.text\n");
+    ".data\n.p2align 3\nleaplain_slot: .quad 0\ndistance_slot: .quad 0\n.text\n");
 
 long plain(long), fnbase(long), fnbase_other(long), arith(long), arith_other(long);
 long far(long), far_other(long), cut(long), cut_other(long), cut_peek(void), leaadd(long);
 long leaadd_other(long), unbound(long), unbound_other(long), leaplain(long);
-long leaplain_other(long), otherreg(long), otherreg_other(long);
+long leaplain_other(long), otherreg(long), otherreg_other(long), taken(long);
+long taken_other(long), fellbe(long), fellbe_other(long), distance(long);
+long distance_other(long);
 
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 3;
     for (long k = 0; k < n; k++)
-        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", plain(k), fnbase(k),
+        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld "
+               "%ld %ld %ld %ld %ld %ld\n", plain(k), fnbase(k),
                fnbase_other(k), arith(k), arith_other(k), far(k), far_other(k), cut(k),
                cut_other(k), cut_peek() + 0L, leaadd(k), leaadd_other(k), unbound(k),
                unbound_other(k), leaplain(k), leaplain_other(k), otherreg(k),
-               otherreg_other(k));
+               otherreg_other(k), taken(k), taken_other(k), fellbe(k), fellbe_other(k),
+               distance(k), distance_other(k));
     return 0;
 }

@@ -24,7 +24,7 @@ from usdtpatch.analysis.calls import (
 from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.closed import file_refusal, local_refusal
 from usdtpatch.analysis.computed import file_ways_in
-from usdtpatch.analysis.debuglines import window_debug_refusal
+from usdtpatch.analysis.debuglines import entry_pinned, window_debug_refusal
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -56,7 +56,13 @@ from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn
-from usdtpatch.analysis.windows import PatchWindow, WindowResult, WindowShape, find_window
+from usdtpatch.analysis.windows import (
+    PatchWindow,
+    Pinned,
+    WindowResult,
+    WindowShape,
+    find_window,
+)
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import ElfImage
@@ -88,6 +94,7 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
+from usdtpatch.x86.decode import CodeInsn
 from usdtpatch.x86.nops import SiteForm, nop5_offset
 
 # Site outcomes, in the order the summary lists them.
@@ -375,6 +382,19 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
     return got
 
 
+def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
+    """What must not move in the function (find_window's test): what observes a pc
+    (analysis/observed.py), then a debugger's breakpoint at a DIE (analysis/debuglines.py)."""
+    observed = ctx.observers.pinned(function_start) if ctx.observers is not None else None
+    entries = entry_pinned(ctx.image)
+    if observed is None or entries is None:
+        return observed or entries
+
+    def test(ins: CodeInsn) -> tuple[str, str] | None:
+        return observed(ins) or entries(ins)
+    return test
+
+
 def _in_target_form(sc: SiteCheck, form: Form) -> bool:
     """Whether rewrite leaves the site as it is for `form` (rewriter/plan.py's
     `_already_in_form`): a 10-byte NOP site for a nop10-series target (--form combo10)."""
@@ -576,9 +596,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                                     _BLOCK_HINT, where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code,
-                                 ctx.observers.pinned(bounds.start)
-                                 if ctx.observers is not None else None)
+            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start))
             if window.window is not None:
                 outcome = window.window.shape.value
             else:

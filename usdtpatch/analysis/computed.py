@@ -44,7 +44,7 @@ from usdtpatch.analysis.waysin import (
     build_ways_in,
     code_ranges,
 )
-from usdtpatch.x86.decode import Flow, sweep
+from usdtpatch.x86.decode import CodeInsn, Flow, sweep
 from usdtpatch.x86.regs import alias
 
 _JMP_REG = re.compile(rb"\xff[\xe0-\xe7]")  # jmp *%reg (a REX prefix before it: r8-r15)
@@ -149,32 +149,79 @@ def _arithmetic(ctx: CodeContext, spans: list[tuple[int, int]], probed: Callable
 
 
 def _arithmetic_after(code: bytes, at: int, target: int) -> str | None:
+    """Why the address `target`, taken by the `lea` at the start of `code`, is changed by
+    arithmetic into a value that may be used as an address (None: it is not). The registers
+    holding the address and those holding a value computed from it are followed in the
+    straight line after the `lea`: a computed value that is jumped to, called, stored,
+    pushed, passed on (a call, the end of the line) or still held when the line ends counts;
+    one that is only compared, tested, or shifted right by 32 or more (no longer an address)
+    and then dropped does not, nor the address less a register, taken for a distance
+    (`code-differences` in prove/assumptions.py: libruby's rel32 reach check `(fn - x +
+    2^31) >> 32`)."""
     insns = sweep(code, at, True).insns
     if not insns or insns[0].rip_target != target or \
             not insns[0].base_mnemonic.startswith("lea"):
         return None
     lea = insns[0]
-    ops = lea.operands
-    holders = {alias(ops[-1])}
+    holders = {alias(lea.operands[-1])}
+    derived: dict[str, CodeInsn] = {}  # register -> the arithmetic that made its value
     for ins in insns[1:_FOLLOW]:
-        mn = ins.base_mnemonic
-        ops = ins.operands
-        regs = [alias(o) for o in ops if o.startswith("%")]
+        mn, ops = ins.base_mnemonic, ins.operands
+        arith = mn.startswith(_ARITHMETIC) and not (mn.startswith("lea") and ins.rip_target)
+        dest = alias(ops[-1]) if len(ops) >= 2 and ops[-1].startswith("%") else None
+        if len(ops) == 1 and ops[0].startswith("%") and arith:
+            dest = alias(ops[0])  # neg, not, inc, dec, a shift by one
+        srcs = [alias(o) for o in (ops[:-1] if len(ops) >= 2 else ops) if "%" in o[:2]]
         if ins.mem is not None:
-            regs += [alias(r) for r in (ins.mem.base, ins.mem.index) if r]
-        reads = holders.intersection(regs[:-1] if ops and ops[-1].startswith("%") else regs)
-        dest = alias(ops[-1]) if ops and ops[-1].startswith("%") else None
-        changes = (dest in holders and not (mn.startswith("xor") and ops[0] == ops[-1])) or \
-            bool(reads and (mn.startswith("lea") or dest is not None))
-        if mn.startswith(_ARITHMETIC) and not (mn.startswith("lea") and ins.rip_target) \
-                and changes:
-            return (f"{lea.text} at {lea.address:#x}, then {ins.text} at "
-                        f"{ins.address:#x}: arithmetic on the address of code")
-        if mn.startswith("mov") and len(ops) == 2 and ops[0].startswith("%") and \
-                alias(ops[0]) in holders and dest is not None:
-            holders.add(dest)
+            srcs += [alias(r) for r in (ins.mem.base, ins.mem.index) if r]
+        if dest is not None and arith and not mn.startswith("lea"):
+            srcs.append(dest)  # a two-operand arithmetic reads its destination
+        from_h = holders.intersection(srcs)
+        from_d = [r for r in srcs if r in derived]
+        if mn.startswith(("cmp", "test", "bt")):
+            pass  # read, nothing written
+        elif mn.startswith("sub") and len(ops) == 2 and ops[0].startswith("%") and \
+                dest in holders and alias(ops[0]) not in holders | set(derived):
+            holders.discard(dest)  # the address less a register: a distance (assumed)
+        elif mn.startswith(("shr", "sar")) and dest in derived and _shift(ops) >= 32:
+            derived.pop(dest)  # no longer an address
+        elif arith and dest is not None and (from_h or from_d) and \
+                not (mn.startswith("xor") and len(ops) == 2 and ops[0] == ops[1]):
+            derived[dest] = derived[from_d[0]] if from_d else ins
+            holders.discard(dest)
+        elif mn.startswith(("mov", "cmov")) and dest is not None and len(ops) == 2 and \
+                ops[0].startswith("%"):
+            src = alias(ops[0])
+            keep = mn.startswith("cmov")  # the destination may keep its value
+            if src in derived:
+                derived[dest] = derived[src]
+            elif src in holders:
+                holders.add(dest)
+            elif not keep:
+                holders.discard(dest)
+                derived.pop(dest, None)
+        elif from_d:  # stored, pushed, exchanged, jumped to or called with
+            return _said(lea, derived[from_d[0]])
         elif dest is not None:
             holders.discard(dest)
-        if not holders or ins.flow is not Flow.NONE:
+            derived.pop(dest, None)
+        if ins.flow is not Flow.NONE:
+            break
+        if not holders and not derived:
             return None
+    if derived:  # still held where the line ends, or passed on by a call or a jump
+        return _said(lea, next(iter(derived.values())))
     return None
+
+
+def _shift(ops: list[str] | tuple[str, ...]) -> int:
+    """The count of a shift by an immediate (`$0x20`), else 0."""
+    try:
+        return int(ops[0][1:], 0) if ops and ops[0].startswith("$") else 0
+    except ValueError:
+        return 0
+
+
+def _said(lea: CodeInsn, arith: CodeInsn) -> str:
+    return (f"{lea.text} at {lea.address:#x}, then {arith.text} at {arith.address:#x}: "
+            f"arithmetic on the address of code")

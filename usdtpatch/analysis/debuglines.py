@@ -21,6 +21,7 @@ int3 fill, the new site, a re-laid instruction), and the program dies there unde
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from usdtpatch.elf.dwarf import (
@@ -34,6 +35,7 @@ from usdtpatch.elf.dwarf import (
 )
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.findings import WINDOW_DEBUG_ENTRY, WINDOW_LINE_ROW
+from usdtpatch.x86.decode import CodeInsn
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,32 @@ def _lines(image: ElfImage) -> _Lines | None:
             result = _Lines(table, None, why, entries, entries_why)
     image.derived["debug_lines"] = (result,)
     return result
+
+
+def entry_pinned(image: ElfImage) -> Callable[[CodeInsn], tuple[str, str] | None] | None:
+    """The test find_window applies to each instruction of a window (with analysis/
+    observed.py's): an instruction at an inlined subroutine's entry or a label does not move,
+    so that the window search tries the shapes that leave it out (a backward window ending
+    before it) before the site is refused; None where the file names no such address."""
+    lines = _lines(image)
+    if lines is None or not lines.entries:
+        return None
+    got = image.derived.get("debug_entries")
+    entries: dict[int, str] = {}
+    if isinstance(got, dict):
+        entries = got
+    else:
+        for at, what in lines.entries:
+            entries.setdefault(at, what)
+        image.derived["debug_entries"] = entries
+
+    def test(ins: CodeInsn) -> tuple[str, str] | None:
+        what = entries.get(ins.address)
+        if what is None:
+            return None
+        return WINDOW_DEBUG_ENTRY.code, (f"{what} ({ins.address:#x}) is where gdb breaks: the "
+                                         f"instruction there does not move")
+    return test
 
 
 def window_debug_refusal(image: ElfImage, start: int, end: int) -> tuple[str, str] | None:

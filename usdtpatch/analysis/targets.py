@@ -573,6 +573,34 @@ def _regs_alias(reg: str) -> str:
     return alias(reg)
 
 
+_NO_FALL = (Flow.JMP, Flow.RET, Flow.STOP, Flow.JMP_INDIRECT)
+_TAKEN_BOUNDS = ("jbe", "jb")  # taken to the table when the index is in range
+
+
+def _lookback(insns: tuple[CodeInsn, ...], k: int, g: _Graph) -> tuple[CodeInsn, ...]:
+    """The instructions before the jump at `k` that its table's analysis reads: the straight
+    line before it, or, where the jump's block is reached only by the taken branch of one
+    `jbe`/`jb` (`cmp $5,%ecx; jbe L` ... `L: lea T(%rip)...; jmp *%rax`: PostgreSQL's
+    switches), the instructions up to that branch followed by the block."""
+    lo = max(0, k - LOOKBACK)
+    b = k
+    while b > lo and insns[b - 1].flow not in _NO_FALL:
+        b -= 1
+    if b in (lo, 0):
+        return insns[lo:k]
+    while b < k and insns[b].base_mnemonic.startswith("nop") and \
+            insns[b].address not in g.direct:
+        b += 1  # alignment padding before the block
+    preds = g.direct.get(insns[b].address, [])
+    if len(preds) != 1 or insns[preds[0]].flow is not Flow.JCC or \
+            insns[preds[0]].base_mnemonic not in _TAKEN_BOUNDS or \
+            insns[b].address in g.entries:
+        return insns[lo:k]
+    p = preds[0]
+    room = max(0, LOOKBACK - (k - b))
+    return insns[max(0, p + 1 - room):p + 1] + insns[b:k]
+
+
 def _dest(ins: CodeInsn) -> str | None:
     ops = ins.operands
     if len(ops) >= 2 and ops[-1].startswith("%"):
@@ -587,15 +615,16 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
     mem = jmp.mem
     lo = max(0, k - LOOKBACK)
     prev = insns[lo:k]
+    checked = _lookback(insns, k, g)  # where the index's bounds check is looked for
     if mem is not None:
         if mem.index is None:
             return None  # jmp *X(%rip), jmp *0x10(%rax): a tail call through a pointer
         if mem.base is None and mem.scale == 8:  # jmp *T(,%rI,8): absolute table
-            return _table(ctx, bounds, jmp, mem.disp, 8, mem.disp, prev, _regs_alias(mem.index))
+            return _table(ctx, bounds, jmp, mem.disp, 8, mem.disp, checked, _regs_alias(mem.index))
         if mem.base is not None and mem.scale == 8:
             base = _find_lea(g, k, _regs_alias(mem.base))
             if base is not None:
-                return _table(ctx, bounds, jmp, base, 8, base, prev, _regs_alias(mem.index))
+                return _table(ctx, bounds, jmp, base, 8, base, checked, _regs_alias(mem.index))
             loaded = _loaded_code_pointers(ctx, bounds, insns, jmp)
             if loaded is not None:
                 return loaded
@@ -622,7 +651,7 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
                     table += load.mem.disp  # one entry, at a fixed place
                 if table is not None:
                     idx = load.mem.index
-                    return _table(ctx, bounds, jmp, table, 4, base, prev,
+                    return _table(ctx, bounds, jmp, table, 4, base, checked,
                                   _regs_alias(idx) if idx else None)
         if added:
             break
@@ -631,11 +660,11 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
             if m.index is None:
                 return None  # a function pointer loaded from memory: a tail call
             if m.scale == 8 and m.base is None:
-                return _table(ctx, bounds, jmp, m.disp, 8, m.disp, prev, _regs_alias(m.index))
+                return _table(ctx, bounds, jmp, m.disp, 8, m.disp, checked, _regs_alias(m.index))
             if m.scale == 8 and m.base is not None:
                 table = _find_lea(g, lo + j, _regs_alias(m.base))
                 if table is not None:
-                    return _table(ctx, bounds, jmp, table, 8, table, prev, _regs_alias(m.index))
+                    return _table(ctx, bounds, jmp, table, 8, table, checked, _regs_alias(m.index))
                 loaded = _loaded_code_pointers(ctx, bounds, insns, jmp)
                 if loaded is not None:
                     return loaded
@@ -786,11 +815,15 @@ class _Graph:
         self.entries = entries  # addresses reached from outside: entry, symbols, landing pads
         self.direct: dict[int, list[int]] = {}
         self.indirect: list[int] = []
+        # labels whose address the part takes (`lea L(%rip)`): what a computed goto reaches
+        self.taken: set[int] = set()
         for k, ins in enumerate(insns):
             if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
                 self.direct.setdefault(ins.target, []).append(k)
             elif ins.flow is Flow.JMP_INDIRECT:
                 self.indirect.append(k)
+            if ins.rip_target is not None and ins.base_mnemonic.startswith("lea"):
+                self.taken.add(ins.rip_target)
 
     def preds(self, m: int) -> tuple[list[int], bool]:
         """(predecessor indices, whether control also arrives from outside the part)."""
@@ -800,8 +833,13 @@ class _Graph:
                                                      Flow.JMP_INDIRECT):
             out.append(m - 1)
         out.extend(self.direct.get(ins.address, ()))
-        if not out and m > 0:
-            out.extend(self.indirect)  # a label reached only through a table or computed goto
+        if not out and m > 0 and (not ins.base_mnemonic.startswith("nop")
+                                  or ins.address in self.taken):
+            # a label reached only through a table or computed goto; not the alignment NOPs
+            # after an unconditional jump, which no one reaches (libruby: the padding after
+            # a `jmp *%rax` dispatch made the argument tail-called at the next instruction
+            # look computed by that dispatch's arithmetic, and every function poisoned)
+            out.extend(self.indirect)
         return out, m == 0 or ins.address in self.entries
 
 
@@ -921,7 +959,12 @@ def _bounds_check(prev: tuple[CodeInsn, ...], index: str | None) -> tuple[int, i
             if 0 <= mask < MAX_BOUNDED_ENTRIES and (mask + 1) & mask == 0:
                 return mask + 1, ins.address  # `and $2^k-1,%idx`: 2^k entries
             return None
-        if ins.flow is Flow.JCC and ins.base_mnemonic in ("ja", "jae", "jbe", "jb"):
+        if ins.flow is Flow.JCC and (ins.base_mnemonic in ("ja", "jae") or (
+                ins.base_mnemonic in _TAKEN_BOUNDS and j + 1 < len(prev)
+                and prev[j + 1].address != ins.end)):
+            # falling through a `ja`/`jae`, or taken by a `jbe`/`jb` (_lookback puts the
+            # branch right before its target's block): the index is in range; a `jbe`/`jb`
+            # fallen through leaves it out of range, and bounds nothing
             c = j - 1
             while c >= 0 and _keeps_flags(prev[c]):
                 c -= 1  # (a mov between the compare and the jump leaves the flags)

@@ -58,6 +58,12 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
          "tests/test_computed_flow.py::test_a_computed_target_of_unknown_base_poisons_every_"
          "function")),
     Assumption(
+        "code-differences",
+        "a code address less a register's value is a distance (a reach check, an offset), not "
+        "an address of code",
+        ("tests/test_computed_flow.py::test_what_the_file_wide_pass_finds",
+         "tests/test_rewrite_real_debs.py::test_ruby_runs_with_the_rewritten_libruby")),
+    Assumption(
         "switch-in-its-function",
         "a relative table without bounds lands where its entries read so far land, and a PIC "
         "switch whose table address is not followed lands in its own function",

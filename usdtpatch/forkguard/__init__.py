@@ -635,39 +635,86 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
 _LEA_UP = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
 _PUSHF, _POPF, _SYSCALL = b"\x9c", b"\x9d", b"\x0f\x05"
-# the system calls whose child the hook re-arms: fork, clone, clone3 (a clone with CLONE_VM
-# re-arms sites its parent shares: harmless, they are optimized again at the next hit)
-_FORK_NUMBERS = (57, 56, 435)
+SYS_FORK, SYS_CLONE, SYS_CLONE3 = 57, 56, 435
+_CLONE_VM = 0x100
+_TEST_EDI_VM = b"\xf7\xc7" + struct.pack("<I", _CLONE_VM)  # test $CLONE_VM,%edi
+_TEST_RDI = b"\x48\x85\xff"  # test %rdi,%rdi
+_CMP_RSI_8 = b"\x48\x83\xfe\x08"  # cmp $8,%rsi
+_TESTL_RDI_VM = b"\xf7\x07" + struct.pack("<I", _CLONE_VM)  # testl $CLONE_VM,(%rdi)
+
+
+def _cmp_eax(n: int) -> bytes:
+    return b"\x3d" + struct.pack("<I", n)  # cmp $n,%eax (the kernel reads %eax)
+
+
+class _Jumps:
+    """Forward conditional jumps (jcc rel32) to labels placed later."""
+
+    def __init__(self, h: _Asm) -> None:
+        self.h = h
+        self.pending: dict[str, list[int]] = {}
+
+    def jcc(self, cc: int, label: str) -> None:
+        self.h.raw(bytes([0x0F, cc]) + b"\0\0\0\0")
+        self.pending.setdefault(label, []).append(len(self.h.code))
+
+    def place(self, label: str) -> None:
+        for end in self.pending.pop(label, []):
+            self.h.code[end - 4:end] = _rel32(self.h.address + end, self.h.pc)
+
+
+_JE, _JNE, _JB = 0x84, 0x85, 0x82
 
 
 def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
           child: int) -> None:
     """One hook at h.pc for the window [start, start + length) (its last 2 bytes the
-    `syscall`): the system call made as in the window, and, in the child of a fork (%rax 0),
-    the child stub called with every register the code after it may read kept."""
+    `syscall`): the system call made as in the window, and, in the child of a fork, the child
+    stub called with every register the code after it may read kept.
+
+    Whether the call creates a child that does not share the address space is decided in the
+    parent, before the system call, from the registers the kernel reads (the number in %eax;
+    clone's flags in %rdi; clone3's in the first word of the struct %rdi points at, %rsi its
+    size): fork; clone without CLONE_VM; clone3 without CLONE_VM. Any other call (a thread, a
+    `clone(fn, stack, CLONE_VM|...)` on a stack of a few bytes, vfork, any other number) goes
+    through a `syscall` of its own after which nothing runs but the jump back: the hook never
+    touches the memory of a child that shares its parent's."""
     back = start + length
     if number is not None:
-        h.raw(b"\xb8" + struct.pack("<I", number) + _SYSCALL)  # mov $N,%eax; syscall
+        h.raw(b"\xb8" + struct.pack("<I", number))  # mov $N,%eax
     else:
         h.raw(bytes(image.read_vaddr(start, length - 2)))  # the instructions before it
-        h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
-        jumps = []
-        for n in _FORK_NUMBERS:
-            h.raw(b"\x3d" + struct.pack("<I", n))  # cmp $n,%eax (the kernel reads %eax)
-            h.raw(b"\x0f\x84\0\0\0\0")  # je fork (fixed below)
-            jumps.append(len(h.code))
-        h.raw(_POPF + _LEA_UP + _SYSCALL)  # not a fork: the system call as it was
-        h.jmp(back)
-        for end in jumps:
-            h.code[end - 4:end] = _rel32(h.address + end, h.pc)
-        h.raw(_POPF + _LEA_UP + _SYSCALL)
+    j = _Jumps(h)
+    h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
+    h.raw(_cmp_eax(SYS_FORK))
+    j.jcc(_JE, "fork")
+    h.raw(_cmp_eax(SYS_CLONE))
+    j.jcc(_JNE, "not_clone")
+    h.raw(_TEST_EDI_VM)
+    j.jcc(_JE, "fork")  # clone without CLONE_VM
+    j.jcc(_JNE, "plain")
+    j.place("not_clone")
+    h.raw(_cmp_eax(SYS_CLONE3))
+    j.jcc(_JNE, "plain")
+    # clone3(args, size): the kernel refuses a null or short struct (no child); the flags
+    # are read in the parent, before the call
+    h.raw(_TEST_RDI)
+    j.jcc(_JE, "plain")
+    h.raw(_CMP_RSI_8)
+    j.jcc(_JB, "plain")
+    h.raw(_TESTL_RDI_VM)
+    j.jcc(_JE, "fork")
+    j.place("plain")
+    h.raw(_POPF + _LEA_UP + _SYSCALL)  # no copied address space: the system call as it was
+    h.jmp(back)
+    j.place("fork")
+    h.raw(_POPF + _LEA_UP + _SYSCALL)
     h.raw(b"\x48\x85\xc0")  # test %rax,%rax
-    jnz_at = len(h.code)
-    h.raw(b"\x0f\x85\0\0\0\0")  # jnz cont (fixed below): the parent, or an error
+    j.jcc(_JNE, "cont")  # the parent, or an error
     h.raw(_CHILD_CALL)
     h.call(child)
     h.raw(_CHILD_RETURN)
-    h.code[jnz_at + 2:jnz_at + 6] = _rel32(h.address + jnz_at + 6, h.pc)
+    j.place("cont")
     h.jmp(back)
 
 

@@ -80,3 +80,58 @@ def test_traced_clone_vm_and_fork(clonevm: tuple[Path, Path]) -> None:
     assert "fork child-status 0" in done.stdout, done.stdout
     assert "canary intact" in done.stdout, done.stdout
     assert re.search(r"@\[\d+\]: 1\b", done.stdout), done.stdout  # the parent's hit
+
+
+# --- every route, traced (class 2 and the static hooks) --------------------------------------
+
+# route -> whether its child gets a copy of the address space (the guard's business)
+ROUTES = {"fork": True, "_Fork": True, "clone": True, "sysfork": True, "sysclone": True,
+          "sysclone3": True, "vfork": False, "spawn": False, "clonevm": False}
+
+
+@pytest.fixture(scope="module")
+def routes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("routes")
+    out: dict[str, Path] = {}
+    for link in ("dynamic", "static"):
+        if link == "static" and not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
+            continue
+        exe = _gcc(DATA / "forkroutes.c", d / link, *(["-static"] if link == "static" else []))
+        for guard in ("auto", "never"):
+            res = run_cli("rewrite", exe, "-o", d / f"{link}-{guard}", "--fork-guard", guard)
+            assert res.rc == 0, res.err
+            out[f"{link}-{guard}"] = d / f"{link}-{guard}"
+    return out
+
+
+def _site(path: Path) -> int:
+    from usdtpatch.api import load
+
+    probe = next(p for p in load(str(path)).probes if p.name == "site")
+    assert probe.offset is not None
+    return probe.offset
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("link", ["dynamic", "static"])
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_every_route_traced(routes: dict[str, Path], link: str, route: str) -> None:
+    """Rewritten under the defaults, traced (counting uprobes on every CPU) while the program
+    creates a child by `route`: every child exits 0 and its 7 hits are counted; a CLONE_VM
+    child's neighbours are intact. Unguarded, a child that copies the address space dies of
+    SIGSEGV at the optimized site (the guard is what saves it)."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    if f"{link}-auto" not in routes:
+        pytest.skip("needs glibc's static library (libc6-dev)")
+    path = routes[f"{link}-auto"]
+    run = run_under_uprobes([str(path), route], [(path, _site(path), 0)])
+    assert run.site[0] == 0xE8
+    assert run.line == "child-status 0 canary intact", run
+    if route not in ("vfork", "spawn"):
+        assert run.after == 7, run
+    if ROUTES[route]:
+        bare = routes[f"{link}-never"]
+        run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
+        assert run.line.startswith("child-status 11 "), run  # SIGSEGV: the guard is the fix

@@ -61,6 +61,7 @@ from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
+    PT_GNU_RELRO,
     ElfImage,
 )
 from usdtpatch.elf.model import (
@@ -75,7 +76,7 @@ from usdtpatch.elf.model import (
     R_X86_64_RELATIVE,
     dynamic_entries,
 )
-from usdtpatch.elf.relocs import RelaTable
+from usdtpatch.elf.relocs import RelaTable, import_slots
 from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
@@ -419,7 +420,11 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
             # no registration point, or system calls that would not run the handlers: hook
             # the fork system calls themselves
             return _syscall_guard(image, todo, place_at)
-    elif bypass:
+    interposed = interposed_routes(image) if kind == "exe" and dyn_entries else {}
+    if "syscall" in interposed:
+        # a call of syscall() (or its address read) goes through its GOT slot: the stub
+        bypass = [(pc, what) for pc, what in bypass if _is_syscall_insn(image, pc)]
+    if kind != "static" and bypass:
         at, what = bypass[0]
         more = f" (and {len(bypass) - 1} more)" if len(bypass) > 1 else ""
         raise GuardUnsupported(
@@ -462,7 +467,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         b.raw(XOR_ECX)  # dso handle: an executable is never unloaded
         b.call(register_atfork)
     b.raw(POP_ARGS)
-    b.jmp(target)
+    tail = (table_end + 15) & ~15
+    b.jmp(tail if interposed else target)
     stub_init = bytes(b.code)
     assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) <= CODE_AT - INIT_STUB
 
@@ -471,15 +477,174 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     text[INIT_STUB: INIT_STUB + len(stub_init)] = stub_init
     text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
     _write_table(text, place_at, table, todo)
+    extra: list[tuple[str, int, int]] = []
+    if interposed:
+        t = _Asm(tail)
+        extra = _interposition(t, image, interposed, child, target, code)
+        text += b"\xcc" * (tail - place_at - len(text)) + t.code
 
     patches = tuple((off, struct.pack("<Q", init)) for off, _w in where)
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_init", init, len(stub_init)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_register", code + _code.REGISTER,
-                len(_code.CODE) - _code.REGISTER))
+                _code.INTERPOSE - _code.REGISTER), *extra)
+    if interposed:
+        how += "; the GOT slots of " + ", ".join(f"{n}()" for n in interposed) + \
+            " interposed (a child that does not share the address space re-arms its sites)"
     return GuardBuild(place_at, bytes(text), patches, tuple(a for a, _ in todo), table,
                       symbols, how)
+
+
+# --- a dynamically linked executable: the routes that skip the atfork handlers -----------
+
+# the C library's functions whose child does not run the atfork handlers, interposed in the
+# file's own GOT: _Fork (glibc 2.34+), clone (a child without CLONE_VM), syscall (fork, or
+# clone / clone3 without CLONE_VM). fork() runs the handlers; vfork, posix_spawn, system and
+# popen share the address space until exec.
+INTERPOSED = ("_Fork", "clone", "syscall")
+IPO_SIZE = 24
+
+
+def interposed_routes(image: ElfImage) -> dict[str, list[int]]:
+    """{name: its GOT slots (JUMP_SLOT / GLOB_DAT r_offset)} of the INTERPOSED functions the
+    file imports."""
+    out: dict[str, list[int]] = {}
+    for name in INTERPOSED:
+        slots = import_slots(image, name)
+        if slots:
+            out[name] = slots
+    return out
+
+
+def _is_syscall_insn(image: ElfImage, pc: int) -> bool:
+    return bool(pc) and image.read_vaddr(pc, 2) == b"\x0f\x05"
+
+
+def _relro(image: ElfImage, vaddr: int) -> bool:
+    return any(sg.type == PT_GNU_RELRO and sg.vaddr <= vaddr < sg.vaddr + sg.memsz
+               for sg in image.segments)
+
+
+_PROT_R, _PROT_RW = 1, 3
+
+
+def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child: int,
+                   target: int, code: int) -> list[tuple[str, int, int]]:
+    """At t.pc: the init tail (usdtpatch_interpose(envp, table, end), then the original init
+    function), one stub per route, the words the real functions go in, the interposition
+    table and the names. Returns the symbols."""
+    n_slots = sum(len(v) for v in routes.values())
+    start = t.pc
+    t.raw(PUSH_ARGS)
+    t.raw(MOV_RDX_RDI)
+    lea_table = len(t.code)
+    t.lea("rsi", t.pc)  # fixed below
+    lea_end = len(t.code)
+    t.lea("rdx", t.pc)
+    t.call(code + _code.INTERPOSE)
+    t.raw(POP_ARGS)
+    t.jmp(target)
+    tail_end = t.pc
+    # the stubs, each reading the real function from its word (placed after them)
+    stubs: dict[str, int] = {}
+    real_reads: list[tuple[str, int]] = []  # (name, offset of the rel32 of a *real(%rip))
+
+    def via_real(name: str, op: bytes) -> None:
+        t.raw(op + b"\0\0\0\0")
+        real_reads.append((name, len(t.code)))
+
+    for name in routes:
+        while t.pc % 16:
+            t.raw(b"\xcc")
+        stubs[name] = t.pc
+        j = _Jumps(t)
+        if name == "syscall":
+            t.raw(b"\x48\x83\xff" + bytes([SYS_FORK]))  # cmp $57,%rdi
+            j.jcc(_JE, "fork")
+            t.raw(b"\x48\x83\xff" + bytes([SYS_CLONE]))  # cmp $56,%rdi
+            j.jcc(_JNE, "not_clone")
+            t.raw(b"\xf7\xc6" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%esi
+            j.jcc(_JE, "fork")
+            j.jcc(_JNE, "plain")
+            j.place("not_clone")
+            t.raw(b"\x48\x81\xff" + struct.pack("<I", SYS_CLONE3))  # cmp $435,%rdi
+            j.jcc(_JNE, "plain")
+            t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi (clone_args)
+            j.jcc(_JE, "plain")
+            t.raw(b"\x48\x83\xfa\x08")  # cmp $8,%rdx (its size)
+            j.jcc(_JB, "plain")
+            t.raw(b"\xf7\x06" + struct.pack("<I", _CLONE_VM))  # testl $CLONE_VM,(%rsi)
+            j.jcc(_JE, "fork")
+            j.place("plain")
+            via_real(name, b"\xff\x25")  # jmp *real(%rip): every argument as it came
+            j.place("fork")
+        if name == "clone":
+            # clone(fn, stack, flags, arg, ...): without CLONE_VM the child starts at `start`
+            # below with {fn, arg} at the top of its stack, re-arms, then runs fn(arg)
+            t.raw(b"\xf7\xc2" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%edx
+            j.jcc(_JNE, "plain")
+            t.raw(b"\x48\x85\xff")  # test %rdi,%rdi
+            j.jcc(_JE, "plain")
+            t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi
+            j.jcc(_JE, "plain")
+            t.raw(b"\x48\x83\xe6\xf0")  # and $-16,%rsi
+            t.raw(b"\x48\x83\xee\x10")  # sub $16,%rsi
+            t.raw(b"\x48\x89\x3e")  # mov %rdi,(%rsi)
+            t.raw(b"\x48\x89\x4e\x08")  # mov %rcx,8(%rsi)
+            t.raw(b"\x48\x89\xf1")  # mov %rsi,%rcx
+            lea_start = len(t.code)
+            t.lea("rdi", t.pc)  # fixed below
+            j.place("plain")
+            via_real(name, b"\xff\x25")  # jmp *real(%rip)
+            begin = t.pc
+            t.code[lea_start + 3:lea_start + 7] = _rel32(t.address + lea_start + 7, begin)
+            t.raw(b"\x57")  # push %rdi
+            t.call(child)
+            t.raw(b"\x5f")  # pop %rdi
+            t.raw(b"\x48\x8b\x07")  # mov (%rdi),%rax
+            t.raw(b"\x48\x8b\x7f\x08")  # mov 8(%rdi),%rdi
+            t.raw(b"\xff\xe0")  # jmp *%rax
+            continue
+        # _Fork, or syscall() of a fork: call it, re-arm in the child
+        t.raw(b"\x48\x83\xec\x08")  # sub $8,%rsp
+        via_real(name, b"\xff\x15")  # call *real(%rip)
+        t.raw(b"\x48\x85\xc0")  # test %rax,%rax
+        j.jcc(_JNE, "done")
+        t.call(child)
+        t.raw(b"\x31\xc0")  # xor %eax,%eax
+        j.place("done")
+        t.raw(b"\x48\x83\xc4\x08\xc3")  # add $8,%rsp; ret
+    while t.pc % 8:
+        t.raw(b"\xcc")
+    real: dict[str, int] = {}
+    for name in routes:
+        real[name] = t.pc
+        t.raw(b"\0" * 8)
+    for name, end in real_reads:
+        t.code[end - 4:end] = _rel32(t.address + end, real[name])
+    table = t.pc
+    names_at = table + IPO_SIZE * n_slots
+    names: dict[str, int] = {}
+    at = names_at
+    for name in routes:
+        names[name] = at
+        at += len(name) + 1
+    for name, slots in routes.items():
+        for slot in slots:
+            e = t.pc
+            prot = _PROT_R if _relro(image, slot) else _PROT_RW
+            t.raw(struct.pack("<iiiiii", slot - e, real[name] - e, stubs[name] - e,
+                              names[name] - e, prot, 0))
+    for name in routes:
+        t.raw(name.encode() + b"\0")
+    t.code[lea_table + 3:lea_table + 7] = _rel32(t.address + lea_table + 7, table)
+    t.code[lea_end + 3:lea_end + 7] = _rel32(t.address + lea_end + 7, names_at)
+    syms = [("__usdtpatch_fork_init_tail", start, tail_end - start),
+            ("__usdtpatch_fork_interpose", code + _code.INTERPOSE,
+             len(_code.CODE) - _code.INTERPOSE)]
+    syms += [(f"__usdtpatch_fork_{n.strip('_').lower()}_stub", a, 0) for n, a in stubs.items()]
+    return syms
 
 
 # --- a static executable without __register_atfork: the fork system calls hooked -----------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,18 +91,26 @@ ROUTES = {"fork": True, "_Fork": True, "clone": True, "sysfork": True, "sysclone
 
 
 @pytest.fixture(scope="module")
-def routes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def routes(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Path]]:
+    """link -> {guard: the rewritten program}, built on first use."""
     d = tmp_path_factory.mktemp("routes")
-    out: dict[str, Path] = {}
-    for link in ("dynamic", "static"):
+    done: dict[str, dict[str, Path]] = {}
+
+    def get(link: str) -> dict[str, Path]:
+        if link in done:
+            return done[link]
         if link == "static" and not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
-            continue
+            pytest.skip("needs glibc's static library (libc6-dev)")
         exe = _gcc(DATA / "forkroutes.c", d / link, *(["-static"] if link == "static" else []))
+        out: dict[str, Path] = {}
         for guard in ("auto", "never"):
             res = run_cli("rewrite", exe, "-o", d / f"{link}-{guard}", "--fork-guard", guard)
             assert res.rc == 0, res.err
-            out[f"{link}-{guard}"] = d / f"{link}-{guard}"
-    return out
+            out[guard] = d / f"{link}-{guard}"
+        done[link] = out
+        return out
+
+    return get
 
 
 def _site(path: Path) -> int:
@@ -112,10 +121,16 @@ def _site(path: Path) -> int:
     return probe.offset
 
 
+# the static executable's hooks covered fork, _Fork, clone, syscall() and clone3 before (its
+# routes pass on the branch-start code too: tests/test_fork_static.py); its CLONE_VM child is
+# the new case
+CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")]
+
+
 @pytest.mark.live
-@pytest.mark.parametrize("link", ["dynamic", "static"])
-@pytest.mark.parametrize("route", list(ROUTES))
-def test_every_route_traced(routes: dict[str, Path], link: str, route: str) -> None:
+@pytest.mark.parametrize(("link", "route"), CASES, ids=[f"{a}-{b}" for a, b in CASES])
+def test_every_route_traced(routes: Callable[[str], dict[str, Path]], link: str,
+                            route: str) -> None:
     """Rewritten under the defaults, traced (counting uprobes on every CPU) while the program
     creates a child by `route`: every child exits 0 and its 7 hits are counted; a CLONE_VM
     child's neighbours are intact. Unguarded, a child that copies the address space dies of
@@ -123,15 +138,13 @@ def test_every_route_traced(routes: dict[str, Path], link: str, route: str) -> N
     from tests.test_fork_support import need_kernel, run_under_uprobes
 
     need_kernel()
-    if f"{link}-auto" not in routes:
-        pytest.skip("needs glibc's static library (libc6-dev)")
-    path = routes[f"{link}-auto"]
+    path = routes(link)["auto"]
     run = run_under_uprobes([str(path), route], [(path, _site(path), 0)])
     assert run.site[0] == 0xE8
     assert run.line == "child-status 0 canary intact", run
     if route not in ("vfork", "spawn"):
         assert run.after == 7, run
     if ROUTES[route]:
-        bare = routes[f"{link}-never"]
+        bare = routes(link)["never"]
         run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
         assert run.line.startswith("child-status 11 "), run  # SIGSEGV: the guard is the fix

@@ -87,7 +87,7 @@ def test_traced_clone_vm_and_fork(clonevm: tuple[Path, Path]) -> None:
 
 # route -> whether its child gets a copy of the address space (the guard's business)
 ROUTES = {"fork": True, "_Fork": True, "clone": True, "sysfork": True, "sysclone": True,
-          "sysclone3": True, "vfork": False, "spawn": False, "clonevm": False}
+          "sysclone3": True, "pointer": True, "vfork": False, "spawn": False, "clonevm": False}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def routes(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str
             return done[link]
         if link == "static" and not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
             pytest.skip("needs glibc's static library (libc6-dev)")
-        exe = _gcc(DATA / "forkroutes.c", d / link, *(["-static"] if link == "static" else []))
+        exe = _gcc(DATA / "forkroutes.c", d / link, *LINKS[link])
         out: dict[str, Path] = {}
         for guard in ("auto", "never"):
             res = run_cli("rewrite", exe, "-o", d / f"{link}-{guard}", "--fork-guard", guard)
@@ -124,7 +124,12 @@ def _site(path: Path) -> int:
 # the static executable's hooks covered fork, _Fork, clone, syscall() and clone3 before (its
 # routes pass on the branch-start code too: tests/test_fork_static.py); its CLONE_VM child is
 # the new case
-CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")]
+# how the program is linked: PIE with lazy binding (Debian's default), non-PIE (the canonical
+# PLT addresses), immediate binding with no PLT (`call *slot(%rip)`, Rust's way), static
+LINKS = {"dynamic": (), "nopie": ("-no-pie",), "noplt": ("-fno-plt", "-Wl,-z,now"),
+         "static": ("-static",)}
+CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")] + \
+    [(link, r) for link in ("nopie", "noplt") for r in ("_Fork", "clone", "sysclone3", "pointer")]
 
 
 @pytest.mark.live

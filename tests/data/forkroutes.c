@@ -1,7 +1,8 @@
 /* forkroutes.c: a program with a probe that creates a child by the route argv[1] names
  * (issue 31): fork, _Fork, clone (without CLONE_VM, SIGCHLD), sysfork (syscall(SYS_fork)),
  * sysclone (syscall(SYS_clone, SIGCHLD, 0...)), sysclone3 (syscall(SYS_clone3, ...)), vfork,
- * spawn (posix_spawn of /bin/true), clonevm (CLONE_VM on a 128-byte stack, a canary below).
+ * spawn (posix_spawn of /bin/true), clonevm (CLONE_VM on a 128-byte stack, a canary below),
+ * pointer (syscall(SYS_fork) through a pointer to syscall taken at run time).
  * It hits the probe 5 times, prints "ready", waits for a line, creates the child (which hits
  * the probe 7 times and exits 0), prints the child's status, then waits for stdin to close.
  * Build: gcc -O2 [-static] -I fixtures/src tests/data/forkroutes.c -o forkroutes */
@@ -68,7 +69,10 @@ int main(int argc, char **argv)
             _exit(0);
     } else if (!strcmp(route, "sysfork"))
         pid = (pid_t)syscall(SYS_fork);
-    else if (!strcmp(route, "sysclone"))
+    else if (!strcmp(route, "pointer")) {
+        long (*volatile fp)(long, ...) = syscall;
+        pid = (pid_t)fp(SYS_fork);
+    } else if (!strcmp(route, "sysclone"))
         pid = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
     else if (!strcmp(route, "sysclone3")) {
         struct clone_args ca;

@@ -12,6 +12,7 @@ overwritten (untraced).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -153,3 +154,61 @@ def test_every_route_traced(routes: Callable[[str], dict[str, Path]], link: str,
         bare = routes(link)["never"]
         run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
         assert run.line.startswith("child-status 11 "), run  # SIGSEGV: the guard is the fix
+
+
+# --- a Rust program (class 1) ----------------------------------------------------------------
+
+def _rustc() -> str | None:
+    found = shutil.which("rustc")
+    home = Path.home() / ".cargo" / "bin" / "rustc"
+    return found or (str(home) if home.exists() else None)
+
+
+@pytest.fixture(scope="module")
+def rust(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    rustc = _rustc()
+    if rustc is None:
+        pytest.skip("needs rustc (rustup, or Debian's rustc)")
+    d = tmp_path_factory.mktemp("rust")
+    exe = d / "forkroutes-rs"
+    subprocess.run([rustc, "-O", "--edition", "2021", str(DATA / "rust" / "forkroutes.rs"),
+                    "-o", str(exe)], check=True, capture_output=True)
+    out = {"original": exe}
+    for guard in ("auto", "never"):
+        res = run_cli("rewrite", exe, "-o", d / guard, "--fork-guard", guard, "--json")
+        assert res.rc == 0, res.err  # the defaults: before, "the address of syscall() is taken"
+        out[guard] = d / guard
+    return out
+
+
+def test_rust_is_rewritten_under_the_defaults(rust: dict[str, Path], tmp_path: Path) -> None:
+    """Rust's std calls syscall() with numbers the code does not fix (and clone3 through it):
+    the guard interposes the file's GOT slot of syscall(); check predicts no refusal."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+
+    codes = {f.code: f.message for f in api.check(rust["original"]).findings}
+    assert "fork-guard-unavailable" not in codes, codes
+    assert refusal_mismatch(rust["original"]) is None
+    res = run_cli("rewrite", rust["original"], "-o", tmp_path / "out", "--json")
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "syscall() interposed" in said["fork-guarded"], said
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("route", ["command", "fork", "clone3"])
+def test_rust_children_survive_tracing(rust: dict[str, Path], route: str) -> None:
+    """Traced while forking through std::process::Command (its pre_exec closure runs this
+    file's code in the child), libc's fork, and a raw clone3 through syscall(): every child
+    exits 0 and its 7 hits are counted; unguarded, the child dies of SIGSEGV."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    path = rust["auto"]
+    run = run_under_uprobes([str(path), route], [(path, _site(path), 0)])
+    assert run.site[0] == 0xE8
+    assert run.line == "child-status 0 canary intact", run
+    assert run.after == 7, run
+    bare = rust["never"]
+    run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
+    assert run.line.startswith("child-status 11 "), run

@@ -32,8 +32,8 @@ STATIC = pytest.mark.skipif(not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists(
                             reason="needs glibc's static library (libc6-dev)")
 
 
-def _gcc(src: Path, out: Path, *flags: str) -> Path:
-    subprocess.run(["gcc", "-O2", *flags, "-I", str(ROOT / "fixtures" / "src"), str(src),
+def _gcc(src: Path, out: Path, *flags: str, cc: str = "gcc") -> Path:
+    subprocess.run([cc, "-O2", *flags, "-I", str(ROOT / "fixtures" / "src"), str(src),
                     "-o", str(out)], check=True)
     return out
 
@@ -102,7 +102,10 @@ def routes(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str
             return done[link]
         if link == "static" and not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
             pytest.skip("needs glibc's static library (libc6-dev)")
-        exe = _gcc(DATA / "forkroutes.c", d / link, *LINKS[link])
+        cc = "musl-gcc" if link.startswith("musl") else "gcc"
+        if shutil.which(cc) is None:
+            pytest.skip(f"needs {cc} (Debian's musl-tools)")
+        exe = _gcc(DATA / "forkroutes.c", d / link, *LINKS[link], cc=cc)
         out: dict[str, Path] = {}
         for guard in ("auto", "never"):
             res = run_cli("rewrite", exe, "-o", d / f"{link}-{guard}", "--fork-guard", guard)
@@ -128,9 +131,13 @@ def _site(path: Path) -> int:
 # how the program is linked: PIE with lazy binding (Debian's default), non-PIE (the canonical
 # PLT addresses), immediate binding with no PLT (`call *slot(%rip)`, Rust's way), static
 LINKS = {"dynamic": (), "nopie": ("-no-pie",), "noplt": ("-fno-plt", "-Wl,-z,now"),
-         "static": ("-static",)}
+         "static": ("-static",), "musl": ()}
+# musl has no _Fork before 1.2.4 (the program's route needs glibc's)
+MUSL_ROUTES = [r for r in ROUTES if r != "_Fork"]
 CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")] + \
-    [(link, r) for link in ("nopie", "noplt") for r in ("_Fork", "clone", "sysclone3", "pointer")]
+    [(link, r) for link in ("nopie", "noplt")
+     for r in ("_Fork", "clone", "sysclone3", "pointer")] + \
+    [("musl", r) for r in MUSL_ROUTES]
 
 
 @pytest.mark.live
@@ -212,3 +219,40 @@ def test_rust_children_survive_tracing(rust: dict[str, Path], route: str) -> Non
     bare = rust["never"]
     run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
     assert run.line.startswith("child-status 11 "), run
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="needs musl-gcc (musl-tools)")
+def test_musl_static_is_refused_by_name(tmp_path: Path) -> None:
+    """A static musl executable: no __register_atfork, and musl's cancellable system call
+    (a `syscall` its code jumps to) cannot be hooked: check and rewrite --fork-guard auto
+    refuse it naming the C library; --fork-guard never accepts it."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+
+    exe = _gcc(DATA / "forkroutes.c", tmp_path / "musl-static", "-static", cc="musl-gcc")
+    codes = {f.code: f.message for f in api.check(exe).findings}
+    assert "static executable of musl" in codes["fork-guard-unavailable"], codes
+    assert refusal_mismatch(exe) is None
+    res = run_cli("rewrite", exe, "-o", tmp_path / "out")
+    assert res.rc == 2 and "of musl" in res.err, (res.rc, res.err)
+    assert run_cli("rewrite", exe, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
+
+
+def test_another_c_library_is_refused_by_name(tmp_path: Path) -> None:
+    """A dynamically linked executable whose interpreter is neither glibc's nor musl's (its
+    PT_INTERP path edited in a copy): refused, the C library named, by check first."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+
+    exe = _gcc(DATA / "forkroutes.c", tmp_path / "exe")
+    data = bytearray(exe.read_bytes())
+    at = data.index(b"/lib64/ld-linux-x86-64.so.2\0")
+    data[at:at + 27] = b"/lib64/ld-uClibc-x86_64.so0"[:27]
+    other = tmp_path / "other"
+    other.write_bytes(bytes(data))
+    codes = {f.code: f.message for f in api.check(other).findings}
+    assert "ld-uClibc" in codes["fork-guard-unavailable"], codes
+    assert refusal_mismatch(other) is None
+    res = run_cli("rewrite", other, "-o", tmp_path / "out")
+    assert res.rc == 2 and "ld-uClibc" in res.err, (res.rc, res.err)
+    assert not (tmp_path / "out").exists()

@@ -48,6 +48,7 @@ from usdtpatch.analysis.guardfile import (
     Coverage,
     GuardUnsupported,
     TableEntry,
+    c_library,
     coverage,
     header_table,
     is_shared,
@@ -175,7 +176,8 @@ def fork_exposure(image: ElfImage) -> str | None:
 NON_FORKING_LIBRARIES = frozenset({
     "libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libmvec.so.1", "libpthread.so.0",
     "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "libanl.so.1",
-    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1"})
+    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1",
+    "libc.so", "libc.musl-x86_64.so.1"})  # musl's C library (Debian's musl-gcc, Alpine)
 
 
 def _libraries_that_may_fork(image: ElfImage) -> str | None:
@@ -420,7 +422,13 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
             # no registration point, or system calls that would not run the handlers: hook
             # the fork system calls themselves
             return _syscall_guard(image, todo, place_at)
-    interposed = interposed_routes(image) if kind == "exe" and dyn_entries else {}
+    libc = c_library(image) if kind != "static" else "glibc"
+    if libc not in ("glibc", "musl"):
+        raise GuardUnsupported(f"it runs with {libc}: the guard knows how glibc and musl "
+                               f"fork")
+    if libc == "musl":
+        _musl_problem(image, kind)
+    interposed = interposed_routes(image, libc) if kind == "exe" and dyn_entries else {}
     if "syscall" in interposed:
         # a call of syscall() (or its address read) goes through its GOT slot: the stub
         bypass = [(pc, what) for pc, what in bypass if _is_syscall_insn(image, pc)]
@@ -506,15 +514,38 @@ INTERPOSED = ("_Fork", "clone", "syscall")
 IPO_SIZE = 24
 
 
-def interposed_routes(image: ElfImage) -> dict[str, list[int]]:
+def interposed_routes(image: ElfImage, libc: str = "glibc") -> dict[str, list[int]]:
     """{name: its GOT slots (JUMP_SLOT / GLOB_DAT r_offset)} of the INTERPOSED functions the
-    file imports."""
+    file imports (with musl, whose fork runs no handler the guard can register, fork too)."""
     out: dict[str, list[int]] = {}
-    for name in INTERPOSED:
+    for name in (*INTERPOSED, "fork") if libc == "musl" else INTERPOSED:
         slots = import_slots(image, name)
         if slots:
             out[name] = slots
     return out
+
+
+# functions of musl that fork inside the C library (their fork is not the file's GOT's)
+MUSL_INNER_FORKS = ("daemon", "forkpty")
+
+
+def _musl_problem(image: ElfImage, kind: str) -> None:
+    """Raise GuardUnsupported when a musl process running `image` may fork where the guard
+    cannot see it: musl has no __register_atfork to find without an import, so the guard is
+    the file's own GOT slots of fork, _Fork, clone and syscall; a fork made by a shared
+    object (a library the executable loads, or any process loading a shared object) or
+    inside musl (daemon, forkpty) goes around them."""
+    why = "musl's fork runs no handler the guard can register (no __register_atfork)"
+    if kind == "shared":
+        raise GuardUnsupported(f"shared object for musl: {why}, and a fork of the process "
+                               "loading it does not go through this object's GOT")
+    inner = sorted(n for n in MUSL_INNER_FORKS if import_slots(image, n))
+    if inner:
+        raise GuardUnsupported(f"it runs with musl and calls {', '.join(inner)}, which forks "
+                               f"inside the C library: {why}")
+    others = _libraries_that_may_fork(image)
+    if others is not None:
+        raise GuardUnsupported(f"it runs with musl and {others.removeprefix('it ')}: {why}")
 
 
 def _is_syscall_insn(image: ElfImage, pc: int) -> bool:
@@ -757,7 +788,8 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     calls the child stub with every register the code after it may read kept."""
     hooks = fork_syscall_hooks(image)
     if isinstance(hooks, str):
-        raise GuardUnsupported(f"static executable whose fork system calls must be hooked "
+        raise GuardUnsupported(f"static executable of {c_library(image)} whose fork system "
+                               f"calls must be hooked "
                                f"(its symbol table does not name __register_atfork, or its "
                                f"code may fork without fork()), and {hooks}")
     child = place_at + CHILD_STUB

@@ -91,7 +91,9 @@ def c_library(image: ElfImage) -> str:
         if "libc.so" in needed or any(n.startswith("libc.musl-") for n in needed):
             return "musl"
         libc = [n for n in needed if n.startswith("libc.")]
-        return f"the C library {libc[0]}" if libc else "an unknown C library"
+        # one that needs no C library runs with the process's: the guard registers with
+        # glibc's __register_atfork when it finds it (docs/fork-guard.md, What remains)
+        return f"the C library {libc[0]}" if libc else "glibc"
     if image.section(".note.ABI-tag") is not None:
         return "glibc"
     if symbol_value(image, "__init_libc") is not None:

@@ -78,7 +78,7 @@ def c_library(image: ElfImage) -> str:
         raw = bytes(image.data[interp.offset:interp.offset + min(interp.filesz, 256)])
         path = raw.split(b"\0")[0].decode("utf-8", "replace")
         name = path.rsplit("/", 1)[-1]
-        if name.startswith("ld-linux"):
+        if name == "ld-linux-x86-64.so.2":  # glibc
             return "glibc"
         if name.startswith("ld-musl-"):
             return "musl"

@@ -449,7 +449,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     child = place_at + CHILD_STUB
     init = place_at + INIT_STUB
     code = place_at + CODE_AT
-    table = code + len(_code.CODE)
+    block = _code.CODE if interposed else _code.CODE[:_code.BASE_END]
+    table = code + len(block)
     table = (table + 3) & ~3
     table_end = table + ENTRY_SIZE * len(todo)
 
@@ -483,7 +484,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     text = bytearray(b"\xcc" * (table_end - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[INIT_STUB: INIT_STUB + len(stub_init)] = stub_init
-    text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
+    text[CODE_AT: CODE_AT + len(block)] = block
     _write_table(text, place_at, table, todo)
     extra: list[tuple[str, int, int]] = []
     if interposed:
@@ -496,7 +497,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                ("__usdtpatch_fork_init", init, len(stub_init)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_register", code + _code.REGISTER,
-                _code.INTERPOSE - _code.REGISTER), *extra)
+                _code.BASE_END - _code.REGISTER), *extra)
     if interposed:
         how += "; the GOT slots of " + ", ".join(f"{n}()" for n in interposed) + \
             " interposed (a child that does not share the address space re-arms its sites)"
@@ -673,7 +674,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
     t.code[lea_end + 3:lea_end + 7] = _rel32(t.address + lea_end + 7, names_at)
     syms = [("__usdtpatch_fork_init_tail", start, tail_end - start),
             ("__usdtpatch_fork_interpose", code + _code.INTERPOSE,
-             len(_code.CODE) - _code.INTERPOSE)]
+             len(_code.CODE) - _code.INTERPOSE)]  # (poke() is before it)
     syms += [(f"__usdtpatch_fork_{n.strip('_').lower()}_stub", a, 0) for n, a in stubs.items()]
     return syms
 
@@ -794,7 +795,7 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
                                f"code may fork without fork()), and {hooks}")
     child = place_at + CHILD_STUB
     code = place_at + CODE_AT
-    table = (code + len(_code.CODE) + 3) & ~3
+    table = (code + _code.BASE_END + 3) & ~3
     table_end = table + ENTRY_SIZE * len(todo)
     a = _Asm(child)
     a.lea("rdi", table)
@@ -812,7 +813,7 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
         patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc" * (length - 5)))
     text = bytearray(b"\xcc" * (h.pc - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
-    text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
+    text[CODE_AT: CODE_AT + _code.BASE_END] = _code.CODE[:_code.BASE_END]
     _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
     checked = sum(1 for _s, _n, number in hooks if number is None)

@@ -8,7 +8,8 @@
  *   offset 0                  usdtpatch_rearm(table, table_end)
  *   [0, rearm_end)            everything usdtpatch_rearm needs (code and its string)
  *   offset register           usdtpatch_register(envp, child, dso_handle)
- *   offset interpose          usdtpatch_interpose(envp, table, table_end)
+ *   offset interpose          usdtpatch_interpose(envp, table, table_end), last: a guard
+ *                             without interposition leaves [interpose, end) out
  *
  * The site table is an array of 12-byte entries, position independent (no relocation):
  *   int32  rel      site address - address of this entry (0: an empty entry, skipped)
@@ -165,7 +166,6 @@ typedef int (*register_atfork_fn)(void (*)(void), void (*)(void), void (*)(void)
 static const char r_debug_name[] REGISTER_DATA = "_r_debug";
 static const char auxv_path[] REGISTER_DATA = "/proc/self/auxv";
 static const char register_atfork_name[] REGISTER_DATA = "__register_atfork";
-static const char mem_path_w[] REGISTER_DATA = "/proc/self/mem";
 
 /* glibc relocates most d_ptr entries of a writable .dynamic in place; a read-only one (the
    vDSO's) keeps link-time values. */
@@ -296,7 +296,8 @@ struct ipo {
 };
 
 /* Writes the word `v` at `at`: through /proc/self/mem (`fd`), else mprotect around a store. */
-REGISTER static int poke(long fd, u64 at, u64 v, long prot_after) {
+__attribute__((section(".usdtpatch_interpose"), used, noinline))
+static int poke(long fd, u64 at, u64 v, long prot_after) {
   if (fd >= 0 && sys4(SYS_pwrite64, fd, (long)&v, 8, (long)at) == 8)
     return 0;
   u64 first = at & ~(PAGE - 1);
@@ -314,7 +315,7 @@ REGISTER static int poke(long fd, u64 at, u64 v, long prot_after) {
    reads it, and the stub's address written into the slot, so that a call through the PLT, a
    `call *slot(%rip)` and an address read from the slot all go through the stub.  Returns the
    number of slots interposed, or a negative number. */
-__attribute__((section(".text.usdtpatch_interpose"), used, noinline))
+__attribute__((section(".usdtpatch_interpose"), used, noinline))
 int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end) {
   const struct link_map *map = 0;
   u64 base = at_base(envp);
@@ -332,7 +333,7 @@ int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end)
     if (rd)
       map = rd->r_map;
   }
-  long fd = sys3(SYS_open, (long)mem_path_w, O_RDWR | O_CLOEXEC, 0);
+  long fd = sys3(SYS_open, (long)mem_path, O_RDWR | O_CLOEXEC, 0);
   int done = 0;
   for (; t < end; t++) {
     u64 got = (u64)t + (u64)(s64)t->got;

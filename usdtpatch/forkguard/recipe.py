@@ -33,7 +33,7 @@ CFLAGS = ("-Os", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protecto
           "-mgeneral-regs-only", "-nostdlib", "-static", "-Wl,--build-id=none",
           "-Wl,-z,noexecstack")
 SYMBOLS = ("usdtpatch_rearm", "usdtpatch_rearm_end", "usdtpatch_register", "usdtpatch_interpose",
-           "usdtpatch_code_end")
+           "usdtpatch_interpose_at", "usdtpatch_code_end")
 
 
 class RecipeError(Exception):
@@ -47,6 +47,7 @@ class Built:
     rearm_end: int
     register: int
     interpose: int
+    interpose_at: int
     compiler: str
 
 
@@ -85,7 +86,7 @@ def build(cc: str = "gcc") -> Built:
             raise RecipeError(f"unexpected layout: {len(code)} bytes, symbols {syms}")
         return Built(code, syms["usdtpatch_rearm"], syms["usdtpatch_rearm_end"],
                      syms["usdtpatch_register"], syms["usdtpatch_interpose"],
-                     compiler_version(cc))
+                     syms["usdtpatch_interpose_at"], compiler_version(cc))
 
 
 def render(b: Built) -> str:
@@ -100,6 +101,7 @@ def render(b: Built) -> str:
         f"REARM_END = {b.rearm_end:#x}  # end of what usdtpatch_rearm needs\n"
         f"REGISTER = {b.register:#x}  # usdtpatch_register(envp, child, dso_handle)\n"
         f"INTERPOSE = {b.interpose:#x}  # usdtpatch_interpose(envp, table, table_end)\n"
+        f"BASE_END = {b.interpose_at:#x}  # [0, BASE_END): all but the interposition\n"
         "CODE = bytes.fromhex(\n"
         f"{body}\n"
         ")\n"

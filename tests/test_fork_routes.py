@@ -256,3 +256,46 @@ def test_another_c_library_is_refused_by_name(tmp_path: Path) -> None:
     res = run_cli("rewrite", other, "-o", tmp_path / "out")
     assert res.rc == 2 and "ld-uClibc" in res.err, (res.rc, res.err)
     assert not (tmp_path / "out").exists()
+
+
+# --- a shared object's own route (Ruby's Kernel#syscall) -------------------------------------
+
+@pytest.fixture(scope="module")
+def forklib(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """guard -> a folder with the rewritten libforklib.so and the program that loads it."""
+    d = tmp_path_factory.mktemp("forklib")
+    lib = d / "libforklib.so"
+    _gcc(DATA / "forklib.c", lib, "-shared", "-fPIC")
+    out: dict[str, Path] = {"original": lib}
+    for guard in ("auto", "never"):
+        folder = d / guard
+        folder.mkdir()
+        res = run_cli("rewrite", lib, "-o", folder / lib.name, "--fork-guard", guard, "--json")
+        assert res.rc == 0, res.err
+        said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+        if guard == "auto":
+            assert "syscall() interposed" in said["fork-guarded"], said
+            assert "fork-unknown" not in said, said  # the stub covers what it warned of
+        subprocess.run(["gcc", "-O2", str(DATA / "forklib-main.c"), f"-L{folder}", "-lforklib",
+                        "-Wl,-rpath,$ORIGIN", "-o", str(folder / "main")], check=True)
+        out[guard] = folder
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("route", ["fork", "clone"])
+def test_a_librarys_syscall_fork_traced(forklib: dict[str, Path], route: str) -> None:
+    """A shared library forks through syscall() with a number its caller gives: its GOT slot
+    of syscall() is interposed, the traced child survives and its 7 hits are counted; before,
+    the library was rewritten with `fork-unknown` and the child died (as unguarded here)."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    for guard, want in (("auto", "child-status 0 "), ("never", "child-status 11 ")):
+        folder = forklib[guard]
+        lib = folder / "libforklib.so"
+        run = run_under_uprobes([str(folder / "main"), route], [(lib, _site(lib), 0)])
+        assert run.site[0] == 0xE8
+        assert run.line.startswith(want), (guard, run)
+        if guard == "auto":
+            assert run.after == 7, run

@@ -428,7 +428,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                                f"fork")
     if libc == "musl":
         _musl_problem(image, kind)
-    interposed = interposed_routes(image, libc) if kind == "exe" and dyn_entries else {}
+    interposed = interposed_routes(image, libc, kind) if dyn_entries else {}
     if "syscall" in interposed:
         # a call of syscall() (or its address read) goes through its GOT slot: the stub
         bypass = [(pc, what) for pc, what in bypass if _is_syscall_insn(image, pc)]
@@ -501,8 +501,10 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     if interposed:
         how += "; the GOT slots of " + ", ".join(f"{n}()" for n in interposed) + \
             " interposed (a child that does not share the address space re-arms its sites)"
+    # the syscall() stub compares the number with the fork ones at run time: what check
+    # reported as `fork-unknown` (a call of syscall() not fixed in the code) is covered
     return GuardBuild(place_at, bytes(text), patches, tuple(a for a, _ in todo), table,
-                      symbols, how)
+                      symbols, how, checked=len(interposed.get("syscall", ())))
 
 
 # --- a dynamically linked executable: the routes that skip the atfork handlers -----------
@@ -515,14 +517,24 @@ INTERPOSED = ("_Fork", "clone", "syscall")
 IPO_SIZE = 24
 
 
-def interposed_routes(image: ElfImage, libc: str = "glibc") -> dict[str, list[int]]:
+def interposed_routes(image: ElfImage, libc: str = "glibc", kind: str = "exe"
+                      ) -> dict[str, list[int]]:
     """{name: its GOT slots (JUMP_SLOT / GLOB_DAT r_offset)} of the INTERPOSED functions the
-    file imports (with musl, whose fork runs no handler the guard can register, fork too)."""
+    dynamically linked file (an executable or a shared object) imports (with musl, whose fork
+    runs no handler the guard can register, fork too). syscall() only where a reference to
+    it may fork (usdtpatch.analysis.hazards.fork_evidence: a call with a fork number or one
+    not fixed in the code, or its address taken): a file whose every call names a number
+    that is no fork (libstdc++'s futex calls) keeps its direct calls."""
     out: dict[str, list[int]] = {}
     for name in (*INTERPOSED, "fork") if libc == "musl" else INTERPOSED:
         slots = import_slots(image, name)
-        if slots:
-            out[name] = slots
+        if not slots:
+            continue
+        if name == "syscall":
+            ev = _evidence(image, kind != "shared")
+            if not any(not _is_syscall_insn(image, pc) for pc, _w in (*ev.forks, *ev.unknown)):
+                continue
+        out[name] = slots
     return out
 
 

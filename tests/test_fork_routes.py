@@ -8,6 +8,21 @@ parent, before the system call, from the number and the flags, and a child that 
 parent's memory runs nothing of the guard's. Before, the hook called the child stub in every
 child whose %rax was 0, about 300 bytes below the child's stack pointer: the canary was
 overwritten (untraced).
+
+Class 2: tests/data/forkroutes.c creates a child by each route (fork, _Fork, clone without
+CLONE_VM, syscall() of fork, clone and clone3, a pointer to syscall, vfork, posix_spawn, a
+CLONE_VM clone), linked as PIE, non-PIE and without PLT, and with musl: rewritten under the
+defaults and traced (counting uprobes), every child exits 0 with its 7 hits counted; with
+`--fork-guard never` a child that copies the address space dies of SIGSEGV. Before, the
+dynamically linked program was refused (its syscall() calls) or guarded by atfork only.
+A shared library's own fork through syscall() (tests/data/forklib.c) is covered too.
+
+Class 1: a Rust program with a probe (tests/data/rust/forkroutes.rs) is rewritten under the
+defaults (before: refused, "the address of syscall() is taken") and its children survive
+tracing (std::process::Command, libc's fork, clone3 through syscall()).
+
+musl and other C libraries: a static musl program is refused naming musl, an executable
+whose interpreter is neither glibc's nor musl's is refused naming it; check says so first.
 """
 
 from __future__ import annotations

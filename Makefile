@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 # Installed with apt-get when missing, and only when that upgrades no installed package.
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
 	cmake meson ninja-build chromium ruby elfutils linux-perf openjdk-17-jre-headless \
-	libpython3.11
+	libpython3.11 rustc musl-tools
 # PostgreSQL 15: tests/test_rewrite_real_debs.py rewrites its postgres and runs a cluster of its
 # own with it (as the postgres user the package creates). Its service is never started: the
 # install runs under a policy-rc.d that forbids every start (removed after, if we made it).

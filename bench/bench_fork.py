@@ -12,7 +12,11 @@ it prints medians and the guarded/unguarded ratio of:
   /proc/self/mem (needs root and Linux 6.18's uprobe syscall; skipped otherwise);
 - a guarded child's first hit after the fork (int3, then the kernel optimizes the site again
   in the child), traced: there is no unguarded reference (that child dies), so absolute;
-- a probe pass, untraced (the guard does not touch the site: expected ratio 1.00).
+- a probe pass, untraced (the guard does not touch the site: expected ratio 1.00);
+- the routes the guard interposes in a dynamically linked executable's GOT (issue 31): a
+  program (ROUTES_SRC) forks N children by `_Fork()`, `syscall(SYS_fork)` and `clone(fn,
+  stack, SIGCHLD)`, and calls `syscall(SYS_getpid)` M times (the stub's number check on a
+  call that is no fork), rewritten with `--fork-guard auto` (the stubs) and `never`.
 
     .venv/bin/python -m bench.bench_fork [--forks 2000] [--passes 20000000] [--runs 7]
 """
@@ -33,6 +37,59 @@ from pathlib import Path
 from bench.common import ROOT, machine_line
 
 SRC = ROOT / "fixtures" / "src" / "forkserver.c"
+
+# the interposed routes, timed by the program's own clock (ns per call, one line per route)
+ROUTES_SRC = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include "custom_note.h"
+__attribute__((noinline)) long site(long x)
+{
+    asm volatile(CN_PROBE("nop", "bench", "site", "8@%[x]") :: [x] "r"(x));
+    return x + 1;
+}
+static int child(void *a) { (void)a; _exit(0); }
+static char stack[16384] __attribute__((aligned(16)));
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+int main(int argc, char **argv)
+{
+    const char *route = argv[1];
+    long n = atol(argv[2]), sum = site(1);
+    double t0 = now();
+    for (long i = 0; i < n; i++) {
+        pid_t pid;
+        if (!strcmp(route, "getpid")) {
+            sum += syscall(SYS_getpid);
+            continue;
+        }
+        if (!strcmp(route, "_Fork"))
+            pid = _Fork();
+        else if (!strcmp(route, "sysfork"))
+            pid = (pid_t)syscall(SYS_fork);
+        else
+            pid = clone(child, stack + sizeof stack, SIGCHLD, 0);
+        if (pid == 0)
+            _exit(0);
+        waitpid(pid, 0, 0);
+    }
+    printf("ns %.1f %ld\n", (now() - t0) / n, sum & 1);
+    return 0;
+}
+"""
+ROUTES = ("_Fork", "sysfork", "clone", "getpid")
 SDT = ROOT / "sdt_headers"
 
 
@@ -119,6 +176,39 @@ def pairs(names: tuple[str, str], fn: Callable[[str], float], runs: int
     return statistics.median(a), statistics.median(b)
 
 
+def route_ns(binary: Path, route: str, n: int) -> float:
+    proc = subprocess.run([str(binary), route, str(n)], capture_output=True, text=True,
+                          timeout=600, check=True, preexec_fn=_pin)
+    m = re.match(r"ns ([0-9.]+)", proc.stdout)
+    if m is None:
+        raise RuntimeError(f"{binary} {route}: {proc.stdout!r}")
+    return float(m[1])
+
+
+def routes_bench(d: Path, forks: int, runs: int) -> None:
+    """The interposed routes' cost, untraced: the stub in front of the C library's function
+    (and, in the child, the handler's walk of the table), guarded vs unguarded."""
+    from usdtpatch.api import rewrite
+
+    src = d / "routes.c"
+    src.write_text(ROUTES_SRC)
+    exe = d / "routes"
+    subprocess.run(["gcc", "-O2", f"-I{ROOT / 'fixtures' / 'src'}", str(src), "-o", str(exe)],
+                   check=True)
+    bins = {g: d / f"routes-{g}" for g in ("auto", "never")}
+    for g, out in bins.items():
+        rewrite(exe, out, fork_guard=g)
+    print("interposed routes (dynamically linked, GOT stubs), untraced, medians:")
+    for route in ROUTES:
+        n = forks * 1000 if route == "getpid" else forks
+        def one(p: str, r: str = route, k: int = n) -> float:
+            return route_ns(Path(p), r, k)
+
+        mg, mu = pairs((str(bins["auto"]), str(bins["never"])), one, runs)
+        print(f"  {route:8} {mg / 1000:8.3f} us guarded, {mu / 1000:8.3f} us unguarded, "
+              f"ratio {mg / mu:.3f} ({n} calls a run)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--forks", type=int, default=2000)
@@ -162,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"+ re-optimization in the child)")
             else:
                 print(f"  {kind:8} traced: skipped ({why_not})")
+        routes_bench(Path(tmp), n, args.runs)
         for kind in ("sdt.h", "rewrite"):
             g, u = bins[f"{kind} guarded"], bins[f"{kind} unguarded"]
             pg, pu = pairs((str(g), str(u)), lambda p: timed_passes(Path(p), args.passes),

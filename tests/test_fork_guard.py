@@ -66,7 +66,8 @@ def test_committed_code_is_the_recipes_build_of_the_source() -> None:
 
 
 def test_code_layout() -> None:
-    assert _code.REARM == 0 < _code.REARM_END < _code.REGISTER < len(_code.CODE)
+    assert _code.REARM == 0 < _code.REARM_END < _code.REGISTER < _code.BASE_END \
+        <= _code.INTERPOSE < len(_code.CODE)
     # no absolute address anywhere: no movabs of a 64-bit immediate (48 b8+r imm64)
     assert not re.search(rb"[\x48\x49][\xb8-\xbf]", _code.CODE[:_code.REARM_END])
     assert b"/proc/self/mem\0" in _code.CODE[:_code.REARM_END]
@@ -121,7 +122,8 @@ def test_pie_hooks_the_relative_relocation(name: str) -> None:
     assert _rip_target(t, CHILD_STUB, place) == g.table
     assert _rip_target(t, CHILD_STUB + 7, place) == g.table + 2 * ENTRY_SIZE
     assert _rip_target(t, CHILD_STUB + 14, place) == place + CODE_AT + _code.REARM
-    assert t[CODE_AT: CODE_AT + len(_code.CODE)] == _code.CODE
+    # (no route to interpose: the block without its interposition part)
+    assert t[CODE_AT: CODE_AT + _code.BASE_END] == _code.CODE[:_code.BASE_END]
     # the table: PC-relative site addresses and the sites' own bytes
     for i, (addr, raw) in enumerate(sites):
         entry = g.table + i * ENTRY_SIZE

@@ -21,9 +21,9 @@ C library's `_Fork` makes the clone system call inline). The code itself is the 
 - tests/data/sysfork-static.c forks through syscall(SYS_fork + n), n not fixed in the code:
   static, rewrite hooks syscall()'s own system call (unstripped: the one its symbol names;
   stripped: the system call whose number is not fixed), and traced every child survives;
-  linked dynamically, syscall() is the C library's, whose system call the file cannot hook
-  and which bypasses the atfork handlers the guard registers with: rewrite --fork-guard auto
-  refuses it and check says so (`fork-guard-unavailable`).
+  linked dynamically, syscall() is the C library's: the guard interposes the file's GOT slot
+  of it (issue 31); its own system call, linked dynamically (rawfork), is still refused and
+  check says so (`fork-guard-unavailable`).
 check's `fork-guard-unavailable` is there exactly when rewrite --fork-guard auto refuses.
 Before, check said nothing about forking for the stripped files and rewrite exited 0 with
 an unguarded output whose traced children died; a fork through syscall() was `fork-unknown`
@@ -64,10 +64,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         stripped = out / f"{name}-stripped"
         subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
         paths[name], paths[f"{name}-stripped"] = exe, stripped
-    dyn = out / "sysfork-dynamic"
-    subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
-                    str(DATA / "sysfork-static.c"), "-o", str(dyn)], check=True)
-    paths["sysfork-dynamic"] = dyn
+    for name in ("sysfork", "rawfork"):
+        dyn = out / f"{name}-dynamic"
+        subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
+                        str(DATA / f"{name}-static.c"), "-o", str(dyn)], check=True)
+        paths[f"{name}-dynamic"] = dyn
     return paths
 
 
@@ -166,15 +167,26 @@ def test_rewrite_hooks_a_system_call_of_unknown_number(built: dict[str, Path], t
     assert run[0] == run[1]
 
 
-def test_a_fork_through_the_libraries_syscall_is_refused(built: dict[str, Path],
-                                                         tmp_path: Path) -> None:
+def test_a_fork_through_the_libraries_syscall_is_interposed(built: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    """Linked dynamically, syscall() is the C library's: the guard interposes the file's GOT
+    slot of it (issue 31; tests/test_fork_routes.py runs the child traced), and check says
+    nothing is unavailable. The program's own fork system call (rawfork, dynamically linked)
+    is still refused, by check first."""
     path = built["sysfork-dynamic"]
     codes = {f.code: f.message for f in api.check(path).findings}
-    assert "syscall()" in codes["fork-guard-unavailable"], codes
-    res = run_cli("rewrite", path, "-o", tmp_path / "out")
+    assert "fork-guard-unavailable" not in codes, codes
+    res = run_cli("rewrite", path, "-o", tmp_path / "out", "--json")
+    assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "syscall() interposed" in said["fork-guarded"], said
+    raw = built["rawfork-dynamic"]
+    codes = {f.code: f.message for f in api.check(raw).findings}
+    assert "system call at" in codes["fork-guard-unavailable"], codes
+    res = run_cli("rewrite", raw, "-o", tmp_path / "raw")
     assert res.rc == 2 and "--fork-guard never" in res.err, (res.rc, res.err)
-    assert not (tmp_path / "out").exists()
-    assert run_cli("rewrite", path, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
+    assert not (tmp_path / "raw").exists()
+    assert run_cli("rewrite", raw, "-o", tmp_path / "raw", "--fork-guard", "never").rc == 0
 
 
 def _traced(path: Path) -> str:

@@ -266,14 +266,12 @@ def test_rust_panic_backtrace_keeps_file_and_line(tmp_path: Path) -> None:
     src.write_text(RUST_SRC)
     subprocess.run([rustc, "-g", "-C", "opt-level=1", "-o", str(exe), str(src)], check=True,
                    timeout=300, capture_output=True, cwd=tmp_path)
-    # Rust's std takes syscall()'s address (its raw-syscall fallbacks), so a fork that skips
-    # the C library's atfork handlers cannot be ruled out: --fork-guard auto refuses the file
-    # (issue 19), and saying so is part of what this test pins down
-    refused = run_cli("rewrite", exe, "-o", rw, "--json")
-    assert refused.rc == 2 and "syscall()" in refused.err and not rw.exists(), refused.err
-    res = run_cli("rewrite", exe, "-o", rw, "--json", "--fork-guard", "never", "--calls",
-                  "move")
+    # Rust's std takes syscall()'s address (its raw-syscall fallbacks): the fork guard
+    # interposes the file's GOT slot of syscall() (issue 31; before, issue 19's refusal)
+    res = run_cli("rewrite", exe, "-o", rw, "--json", "--calls", "move")
     assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "syscall() interposed" in said["fork-guarded"], said
     (site,) = json.loads(res.out)["files"][0]["sites"]
     assert site["action"] == "detour" and site["calls"] == "moved", site
     env = dict(os.environ, RUST_BACKTRACE="1")

@@ -519,8 +519,8 @@ def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
                               ) -> list[Finding]:
     """`fork-unknown` for a shared object that calls `syscall()` with a fork number or one not
     fixed in its code (Ruby's Kernel#syscall): the fork guard's atfork handler does not run
-    for such a fork. Reported, not refused: the guard still covers fork() (docs/rewrite.md,
-    "What is not covered")."""
+    for such a fork. Reported of the input: the rewrite's guard covers fork() and interposes the
+    object's GOT slot of syscall() (docs/fork-guard.md, "Every route to a child")."""
     image = ctx.image
     if not is_shared(image) or coverage(image) is not None or \
             not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites):
@@ -534,7 +534,8 @@ def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
     return [FORK_UNKNOWN.finding(
         f"the library may fork through syscall(): {what}{f' at {at:#x}' if at else ''}{more}; "
         f"the fork guard's atfork handler does not run for such a fork, and its child dies "
-        f"with SIGSEGV at an optimized site (the guard covers fork())")]
+        f"with SIGSEGV at an optimized site (usdtpatch rewrite's guard covers fork() and "
+        f"interposes the library's GOT slot of syscall())")]
 
 
 def model_refusal(ctx: CodeContext, address: int, bounds: FunctionBounds | None

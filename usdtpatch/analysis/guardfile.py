@@ -18,6 +18,7 @@ from usdtpatch.elf.model import (
     DT_STRTAB,
     dynamic_entries,
 )
+from usdtpatch.elf.symbols import symbol_value
 from usdtpatch.errors import UnsupportedError, UsdtpatchError
 
 ENTRY_SIZE = 12
@@ -65,6 +66,39 @@ def needed_objects(image: ElfImage) -> tuple[str, ...]:
         end = raw.find(b"\0")
         out.append(raw[:end].decode("utf-8", "replace") if end > 0 else "?")
     return tuple(out)
+
+
+def c_library(image: ElfImage) -> str:
+    """The C library the file runs with: "glibc", "musl", or a description of another one
+    ("the C library of /lib/ld-uClibc.so.0", "an unknown C library"). A dynamically linked
+    executable by its interpreter, a shared object by the C library it needs, a static
+    executable by glibc's ABI note (crt1.o's `.note.ABI-tag`) or musl's `__init_libc`."""
+    interp = next((sg for sg in image.segments if sg.type == PT_INTERP), None)
+    if interp is not None:
+        raw = bytes(image.data[interp.offset:interp.offset + min(interp.filesz, 256)])
+        path = raw.split(b"\0")[0].decode("utf-8", "replace")
+        name = path.rsplit("/", 1)[-1]
+        if name == "ld-linux-x86-64.so.2":  # glibc
+            return "glibc"
+        if name.startswith("ld-musl-"):
+            return "musl"
+        return f"the C library of {path}"
+    kind = object_kind(image)
+    if kind == "shared":
+        needed = needed_objects(image)
+        if "libc.so.6" in needed:
+            return "glibc"
+        if "libc.so" in needed or any(n.startswith("libc.musl-") for n in needed):
+            return "musl"
+        libc = [n for n in needed if n.startswith("libc.")]
+        # one that needs no C library runs with the process's: the guard registers with
+        # glibc's __register_atfork when it finds it (docs/fork-guard.md, What remains)
+        return f"the C library {libc[0]}" if libc else "glibc"
+    if image.section(".note.ABI-tag") is not None:
+        return "glibc"
+    if symbol_value(image, "__init_libc") is not None:
+        return "musl"
+    return "an unknown C library"
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from usdtpatch.analysis.guardfile import (
     Coverage,
     GuardUnsupported,
     TableEntry,
+    c_library,
     coverage,
     header_table,
     is_shared,
@@ -61,6 +62,7 @@ from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
     EM_X86_64,
     ET_DYN,
+    PT_GNU_RELRO,
     ElfImage,
 )
 from usdtpatch.elf.model import (
@@ -75,7 +77,7 @@ from usdtpatch.elf.model import (
     R_X86_64_RELATIVE,
     dynamic_entries,
 )
-from usdtpatch.elf.relocs import RelaTable
+from usdtpatch.elf.relocs import RelaTable, import_slots
 from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
@@ -174,7 +176,8 @@ def fork_exposure(image: ElfImage) -> str | None:
 NON_FORKING_LIBRARIES = frozenset({
     "libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libmvec.so.1", "libpthread.so.0",
     "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "libanl.so.1",
-    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1"})
+    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1",
+    "libc.so", "libc.musl-x86_64.so.1"})  # musl's C library (Debian's musl-gcc, Alpine)
 
 
 def _libraries_that_may_fork(image: ElfImage) -> str | None:
@@ -419,7 +422,17 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
             # no registration point, or system calls that would not run the handlers: hook
             # the fork system calls themselves
             return _syscall_guard(image, todo, place_at)
-    elif bypass:
+    libc = c_library(image) if kind != "static" else "glibc"
+    if libc not in ("glibc", "musl"):
+        raise GuardUnsupported(f"it runs with {libc}: the guard knows how glibc and musl "
+                               f"fork")
+    if libc == "musl":
+        _musl_problem(image, kind)
+    interposed = interposed_routes(image, libc, kind) if dyn_entries else {}
+    if "syscall" in interposed:
+        # a call of syscall() (or its address read) goes through its GOT slot: the stub
+        bypass = [(pc, what) for pc, what in bypass if _is_syscall_insn(image, pc)]
+    if kind != "static" and bypass:
         at, what = bypass[0]
         more = f" (and {len(bypass) - 1} more)" if len(bypass) > 1 else ""
         raise GuardUnsupported(
@@ -436,7 +449,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     child = place_at + CHILD_STUB
     init = place_at + INIT_STUB
     code = place_at + CODE_AT
-    table = code + len(_code.CODE)
+    block = _code.CODE if interposed else _code.CODE[:_code.BASE_END]
+    table = code + len(block)
     table = (table + 3) & ~3
     table_end = table + ENTRY_SIZE * len(todo)
 
@@ -462,24 +476,219 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         b.raw(XOR_ECX)  # dso handle: an executable is never unloaded
         b.call(register_atfork)
     b.raw(POP_ARGS)
-    b.jmp(target)
+    tail = (table_end + 15) & ~15
+    b.jmp(tail if interposed else target)
     stub_init = bytes(b.code)
     assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) <= CODE_AT - INIT_STUB
 
     text = bytearray(b"\xcc" * (table_end - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[INIT_STUB: INIT_STUB + len(stub_init)] = stub_init
-    text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
+    text[CODE_AT: CODE_AT + len(block)] = block
     _write_table(text, place_at, table, todo)
+    extra: list[tuple[str, int, int]] = []
+    if interposed:
+        t = _Asm(tail)
+        extra = _interposition(t, image, interposed, child, target, code)
+        text += b"\xcc" * (tail - place_at - len(text)) + t.code
 
     patches = tuple((off, struct.pack("<Q", init)) for off, _w in where)
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_init", init, len(stub_init)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_register", code + _code.REGISTER,
-                len(_code.CODE) - _code.REGISTER))
+                _code.BASE_END - _code.REGISTER), *extra)
+    if interposed:
+        how += "; the GOT slots of " + ", ".join(f"{n}()" for n in interposed) + \
+            " interposed (a child that does not share the address space re-arms its sites)"
+    # the syscall() stub compares the number with the fork ones at run time: what check
+    # reported as `fork-unknown` (a call of syscall() not fixed in the code) is covered
     return GuardBuild(place_at, bytes(text), patches, tuple(a for a, _ in todo), table,
-                      symbols, how)
+                      symbols, how, checked=len(interposed.get("syscall", ())))
+
+
+# --- a dynamically linked executable: the routes that skip the atfork handlers -----------
+
+# the C library's functions whose child does not run the atfork handlers, interposed in the
+# file's own GOT: _Fork (glibc 2.34+), clone (a child without CLONE_VM), syscall (fork, or
+# clone / clone3 without CLONE_VM). fork() runs the handlers; vfork, posix_spawn, system and
+# popen share the address space until exec.
+INTERPOSED = ("_Fork", "clone", "syscall")
+IPO_SIZE = 24
+
+
+def interposed_routes(image: ElfImage, libc: str = "glibc", kind: str = "exe"
+                      ) -> dict[str, list[int]]:
+    """{name: its GOT slots (JUMP_SLOT / GLOB_DAT r_offset)} of the INTERPOSED functions the
+    dynamically linked file (an executable or a shared object) imports (with musl, whose fork
+    runs no handler the guard can register, fork too). syscall() only where a reference to
+    it may fork (usdtpatch.analysis.hazards.fork_evidence: a call with a fork number or one
+    not fixed in the code, or its address taken): a file whose every call names a number
+    that is no fork (libstdc++'s futex calls) keeps its direct calls."""
+    out: dict[str, list[int]] = {}
+    for name in (*INTERPOSED, "fork") if libc == "musl" else INTERPOSED:
+        slots = import_slots(image, name)
+        if not slots:
+            continue
+        if name == "syscall":
+            ev = _evidence(image, kind != "shared")
+            if not any(not _is_syscall_insn(image, pc) for pc, _w in (*ev.forks, *ev.unknown)):
+                continue
+        out[name] = slots
+    return out
+
+
+# functions of musl that fork inside the C library (their fork is not the file's GOT's)
+MUSL_INNER_FORKS = ("daemon", "forkpty")
+
+
+def _musl_problem(image: ElfImage, kind: str) -> None:
+    """Raise GuardUnsupported when a musl process running `image` may fork where the guard
+    cannot see it: musl has no __register_atfork to find without an import, so the guard is
+    the file's own GOT slots of fork, _Fork, clone and syscall; a fork made by a shared
+    object (a library the executable loads, or any process loading a shared object) or
+    inside musl (daemon, forkpty) goes around them."""
+    why = "musl's fork runs no handler the guard can register (no __register_atfork)"
+    if kind == "shared":
+        raise GuardUnsupported(f"shared object for musl: {why}, and a fork of the process "
+                               "loading it does not go through this object's GOT")
+    inner = sorted(n for n in MUSL_INNER_FORKS if import_slots(image, n))
+    if inner:
+        raise GuardUnsupported(f"it runs with musl and calls {', '.join(inner)}, which forks "
+                               f"inside the C library: {why}")
+    others = _libraries_that_may_fork(image)
+    if others is not None:
+        raise GuardUnsupported(f"it runs with musl and {others.removeprefix('it ')}: {why}")
+
+
+def _is_syscall_insn(image: ElfImage, pc: int) -> bool:
+    return bool(pc) and image.read_vaddr(pc, 2) == b"\x0f\x05"
+
+
+def _relro(image: ElfImage, vaddr: int) -> bool:
+    return any(sg.type == PT_GNU_RELRO and sg.vaddr <= vaddr < sg.vaddr + sg.memsz
+               for sg in image.segments)
+
+
+_PROT_R, _PROT_RW = 1, 3
+
+
+def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child: int,
+                   target: int, code: int) -> list[tuple[str, int, int]]:
+    """At t.pc: the init tail (usdtpatch_interpose(envp, table, end), then the original init
+    function), one stub per route, the words the real functions go in, the interposition
+    table and the names. Returns the symbols."""
+    n_slots = sum(len(v) for v in routes.values())
+    start = t.pc
+    t.raw(PUSH_ARGS)
+    t.raw(MOV_RDX_RDI)
+    lea_table = len(t.code)
+    t.lea("rsi", t.pc)  # fixed below
+    lea_end = len(t.code)
+    t.lea("rdx", t.pc)
+    t.call(code + _code.INTERPOSE)
+    t.raw(POP_ARGS)
+    t.jmp(target)
+    tail_end = t.pc
+    # the stubs, each reading the real function from its word (placed after them)
+    stubs: dict[str, int] = {}
+    real_reads: list[tuple[str, int]] = []  # (name, offset of the rel32 of a *real(%rip))
+
+    def via_real(name: str, op: bytes) -> None:
+        t.raw(op + b"\0\0\0\0")
+        real_reads.append((name, len(t.code)))
+
+    for name in routes:
+        while t.pc % 16:
+            t.raw(b"\xcc")
+        stubs[name] = t.pc
+        j = _Jumps(t)
+        if name == "syscall":
+            t.raw(b"\x48\x83\xff" + bytes([SYS_FORK]))  # cmp $57,%rdi
+            j.jcc(_JE, "fork")
+            t.raw(b"\x48\x83\xff" + bytes([SYS_CLONE]))  # cmp $56,%rdi
+            j.jcc(_JNE, "not_clone")
+            t.raw(b"\xf7\xc6" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%esi
+            j.jcc(_JE, "fork")
+            j.jcc(_JNE, "plain")
+            j.place("not_clone")
+            t.raw(b"\x48\x81\xff" + struct.pack("<I", SYS_CLONE3))  # cmp $435,%rdi
+            j.jcc(_JNE, "plain")
+            t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi (clone_args)
+            j.jcc(_JE, "plain")
+            t.raw(b"\x48\x83\xfa\x08")  # cmp $8,%rdx (its size)
+            j.jcc(_JB, "plain")
+            t.raw(b"\xf7\x06" + struct.pack("<I", _CLONE_VM))  # testl $CLONE_VM,(%rsi)
+            j.jcc(_JE, "fork")
+            j.place("plain")
+            via_real(name, b"\xff\x25")  # jmp *real(%rip): every argument as it came
+            j.place("fork")
+        if name == "clone":
+            # clone(fn, stack, flags, arg, ...): without CLONE_VM the child starts at `start`
+            # below with {fn, arg} at the top of its stack, re-arms, then runs fn(arg)
+            t.raw(b"\xf7\xc2" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%edx
+            j.jcc(_JNE, "plain")
+            t.raw(b"\x48\x85\xff")  # test %rdi,%rdi
+            j.jcc(_JE, "plain")
+            t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi
+            j.jcc(_JE, "plain")
+            t.raw(b"\x48\x83\xe6\xf0")  # and $-16,%rsi
+            t.raw(b"\x48\x83\xee\x10")  # sub $16,%rsi
+            t.raw(b"\x48\x89\x3e")  # mov %rdi,(%rsi)
+            t.raw(b"\x48\x89\x4e\x08")  # mov %rcx,8(%rsi)
+            t.raw(b"\x48\x89\xf1")  # mov %rsi,%rcx
+            lea_start = len(t.code)
+            t.lea("rdi", t.pc)  # fixed below
+            j.place("plain")
+            via_real(name, b"\xff\x25")  # jmp *real(%rip)
+            begin = t.pc
+            t.code[lea_start + 3:lea_start + 7] = _rel32(t.address + lea_start + 7, begin)
+            t.raw(b"\x57")  # push %rdi
+            t.call(child)
+            t.raw(b"\x5f")  # pop %rdi
+            t.raw(b"\x48\x8b\x07")  # mov (%rdi),%rax
+            t.raw(b"\x48\x8b\x7f\x08")  # mov 8(%rdi),%rdi
+            t.raw(b"\xff\xe0")  # jmp *%rax
+            continue
+        # _Fork, or syscall() of a fork: call it, re-arm in the child
+        t.raw(b"\x48\x83\xec\x08")  # sub $8,%rsp
+        via_real(name, b"\xff\x15")  # call *real(%rip)
+        t.raw(b"\x48\x85\xc0")  # test %rax,%rax
+        j.jcc(_JNE, "done")
+        t.call(child)
+        t.raw(b"\x31\xc0")  # xor %eax,%eax
+        j.place("done")
+        t.raw(b"\x48\x83\xc4\x08\xc3")  # add $8,%rsp; ret
+    while t.pc % 8:
+        t.raw(b"\xcc")
+    real: dict[str, int] = {}
+    for name in routes:
+        real[name] = t.pc
+        t.raw(b"\0" * 8)
+    for name, end in real_reads:
+        t.code[end - 4:end] = _rel32(t.address + end, real[name])
+    table = t.pc
+    names_at = table + IPO_SIZE * n_slots
+    names: dict[str, int] = {}
+    at = names_at
+    for name in routes:
+        names[name] = at
+        at += len(name) + 1
+    for name, slots in routes.items():
+        for slot in slots:
+            e = t.pc
+            prot = _PROT_R if _relro(image, slot) else _PROT_RW
+            t.raw(struct.pack("<iiiiii", slot - e, real[name] - e, stubs[name] - e,
+                              names[name] - e, prot, 0))
+    for name in routes:
+        t.raw(name.encode() + b"\0")
+    t.code[lea_table + 3:lea_table + 7] = _rel32(t.address + lea_table + 7, table)
+    t.code[lea_end + 3:lea_end + 7] = _rel32(t.address + lea_end + 7, names_at)
+    syms = [("__usdtpatch_fork_init_tail", start, tail_end - start),
+            ("__usdtpatch_fork_interpose", code + _code.INTERPOSE,
+             len(_code.CODE) - _code.INTERPOSE)]  # (poke() is before it)
+    syms += [(f"__usdtpatch_fork_{n.strip('_').lower()}_stub", a, 0) for n, a in stubs.items()]
+    return syms
 
 
 # --- a static executable without __register_atfork: the fork system calls hooked -----------
@@ -592,12 +801,13 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     calls the child stub with every register the code after it may read kept."""
     hooks = fork_syscall_hooks(image)
     if isinstance(hooks, str):
-        raise GuardUnsupported(f"static executable whose fork system calls must be hooked "
+        raise GuardUnsupported(f"static executable of {c_library(image)} whose fork system "
+                               f"calls must be hooked "
                                f"(its symbol table does not name __register_atfork, or its "
                                f"code may fork without fork()), and {hooks}")
     child = place_at + CHILD_STUB
     code = place_at + CODE_AT
-    table = (code + len(_code.CODE) + 3) & ~3
+    table = (code + _code.BASE_END + 3) & ~3
     table_end = table + ENTRY_SIZE * len(todo)
     a = _Asm(child)
     a.lea("rdi", table)
@@ -615,7 +825,7 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
         patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc" * (length - 5)))
     text = bytearray(b"\xcc" * (h.pc - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
-    text[CODE_AT: CODE_AT + len(_code.CODE)] = _code.CODE
+    text[CODE_AT: CODE_AT + _code.BASE_END] = _code.CODE[:_code.BASE_END]
     _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
     checked = sum(1 for _s, _n, number in hooks if number is None)
@@ -635,39 +845,86 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
 _LEA_UP = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
 _PUSHF, _POPF, _SYSCALL = b"\x9c", b"\x9d", b"\x0f\x05"
-# the system calls whose child the hook re-arms: fork, clone, clone3 (a clone with CLONE_VM
-# re-arms sites its parent shares: harmless, they are optimized again at the next hit)
-_FORK_NUMBERS = (57, 56, 435)
+SYS_FORK, SYS_CLONE, SYS_CLONE3 = 57, 56, 435
+_CLONE_VM = 0x100
+_TEST_EDI_VM = b"\xf7\xc7" + struct.pack("<I", _CLONE_VM)  # test $CLONE_VM,%edi
+_TEST_RDI = b"\x48\x85\xff"  # test %rdi,%rdi
+_CMP_RSI_8 = b"\x48\x83\xfe\x08"  # cmp $8,%rsi
+_TESTL_RDI_VM = b"\xf7\x07" + struct.pack("<I", _CLONE_VM)  # testl $CLONE_VM,(%rdi)
+
+
+def _cmp_eax(n: int) -> bytes:
+    return b"\x3d" + struct.pack("<I", n)  # cmp $n,%eax (the kernel reads %eax)
+
+
+class _Jumps:
+    """Forward conditional jumps (jcc rel32) to labels placed later."""
+
+    def __init__(self, h: _Asm) -> None:
+        self.h = h
+        self.pending: dict[str, list[int]] = {}
+
+    def jcc(self, cc: int, label: str) -> None:
+        self.h.raw(bytes([0x0F, cc]) + b"\0\0\0\0")
+        self.pending.setdefault(label, []).append(len(self.h.code))
+
+    def place(self, label: str) -> None:
+        for end in self.pending.pop(label, []):
+            self.h.code[end - 4:end] = _rel32(self.h.address + end, self.h.pc)
+
+
+_JE, _JNE, _JB = 0x84, 0x85, 0x82
 
 
 def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
           child: int) -> None:
     """One hook at h.pc for the window [start, start + length) (its last 2 bytes the
-    `syscall`): the system call made as in the window, and, in the child of a fork (%rax 0),
-    the child stub called with every register the code after it may read kept."""
+    `syscall`): the system call made as in the window, and, in the child of a fork, the child
+    stub called with every register the code after it may read kept.
+
+    Whether the call creates a child that does not share the address space is decided in the
+    parent, before the system call, from the registers the kernel reads (the number in %eax;
+    clone's flags in %rdi; clone3's in the first word of the struct %rdi points at, %rsi its
+    size): fork; clone without CLONE_VM; clone3 without CLONE_VM. Any other call (a thread, a
+    `clone(fn, stack, CLONE_VM|...)` on a stack of a few bytes, vfork, any other number) goes
+    through a `syscall` of its own after which nothing runs but the jump back: the hook never
+    touches the memory of a child that shares its parent's."""
     back = start + length
     if number is not None:
-        h.raw(b"\xb8" + struct.pack("<I", number) + _SYSCALL)  # mov $N,%eax; syscall
+        h.raw(b"\xb8" + struct.pack("<I", number))  # mov $N,%eax
     else:
         h.raw(bytes(image.read_vaddr(start, length - 2)))  # the instructions before it
-        h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
-        jumps = []
-        for n in _FORK_NUMBERS:
-            h.raw(b"\x3d" + struct.pack("<I", n))  # cmp $n,%eax (the kernel reads %eax)
-            h.raw(b"\x0f\x84\0\0\0\0")  # je fork (fixed below)
-            jumps.append(len(h.code))
-        h.raw(_POPF + _LEA_UP + _SYSCALL)  # not a fork: the system call as it was
-        h.jmp(back)
-        for end in jumps:
-            h.code[end - 4:end] = _rel32(h.address + end, h.pc)
-        h.raw(_POPF + _LEA_UP + _SYSCALL)
+    j = _Jumps(h)
+    h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
+    h.raw(_cmp_eax(SYS_FORK))
+    j.jcc(_JE, "fork")
+    h.raw(_cmp_eax(SYS_CLONE))
+    j.jcc(_JNE, "not_clone")
+    h.raw(_TEST_EDI_VM)
+    j.jcc(_JE, "fork")  # clone without CLONE_VM
+    j.jcc(_JNE, "plain")
+    j.place("not_clone")
+    h.raw(_cmp_eax(SYS_CLONE3))
+    j.jcc(_JNE, "plain")
+    # clone3(args, size): the kernel refuses a null or short struct (no child); the flags
+    # are read in the parent, before the call
+    h.raw(_TEST_RDI)
+    j.jcc(_JE, "plain")
+    h.raw(_CMP_RSI_8)
+    j.jcc(_JB, "plain")
+    h.raw(_TESTL_RDI_VM)
+    j.jcc(_JE, "fork")
+    j.place("plain")
+    h.raw(_POPF + _LEA_UP + _SYSCALL)  # no copied address space: the system call as it was
+    h.jmp(back)
+    j.place("fork")
+    h.raw(_POPF + _LEA_UP + _SYSCALL)
     h.raw(b"\x48\x85\xc0")  # test %rax,%rax
-    jnz_at = len(h.code)
-    h.raw(b"\x0f\x85\0\0\0\0")  # jnz cont (fixed below): the parent, or an error
+    j.jcc(_JNE, "cont")  # the parent, or an error
     h.raw(_CHILD_CALL)
     h.call(child)
     h.raw(_CHILD_RETURN)
-    h.code[jnz_at + 2:jnz_at + 6] = _rel32(h.address + jnz_at + 6, h.pc)
+    j.place("cont")
     h.jmp(back)
 
 

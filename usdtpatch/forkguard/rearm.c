@@ -8,6 +8,8 @@
  *   offset 0                  usdtpatch_rearm(table, table_end)
  *   [0, rearm_end)            everything usdtpatch_rearm needs (code and its string)
  *   offset register           usdtpatch_register(envp, child, dso_handle)
+ *   offset interpose          usdtpatch_interpose(envp, table, table_end), last: a guard
+ *                             without interposition leaves [interpose, end) out
  *
  * The site table is an array of 12-byte entries, position independent (no relocation):
  *   int32  rel      site address - address of this entry (0: an empty entry, skipped)
@@ -276,4 +278,78 @@ REGISTER int usdtpatch_register(char **envp, void (*child)(void), void *dso_hand
       return ((register_atfork_fn)fn)(0, 0, child, dso_handle);
   }
   return -5;
+}
+
+/* --- interposition of the file's own GOT slots of the C library's routes to a child that skip
+   the atfork handlers (_Fork, clone, syscall): rewritten dynamically linked executables --- */
+
+#define PROT_RW 3
+
+/* One interposed slot; every field is an address minus the entry's address (no relocation). */
+struct ipo {
+  s32 got;   /* the GOT slot the dynamic linker filled (JUMP_SLOT / GLOB_DAT) */
+  s32 real;  /* an 8-byte word in the guard's block that receives the real function */
+  s32 stub;  /* the guard's stub, written into the GOT slot */
+  s32 name;  /* the symbol's name */
+  s32 prot;  /* the GOT page's protection after the write when /proc is not there */
+  s32 pad;
+};
+
+/* Writes the word `v` at `at`: through /proc/self/mem (`fd`), else mprotect around a store. */
+__attribute__((section(".usdtpatch_interpose"), used, noinline))
+static int poke(long fd, u64 at, u64 v, long prot_after) {
+  if (fd >= 0 && sys4(SYS_pwrite64, fd, (long)&v, 8, (long)at) == 8)
+    return 0;
+  u64 first = at & ~(PAGE - 1);
+  u64 len = ((at + 8 + PAGE - 1) & ~(PAGE - 1)) - first;
+  if (sys3(SYS_mprotect, (long)first, (long)len, prot_after == PROT_RX ? PROT_RWX : PROT_RW))
+    return -1;
+  *(volatile u64 *)at = v;
+  sys3(SYS_mprotect, (long)first, (long)len, prot_after);
+  return 0;
+}
+
+/* Called once when the executable loads, after its relocations (from its init hook): for
+   each entry, the real function is looked up as the dynamic linker would (the first object of
+   the link map that defines it; the value in the slot when none does), stored where the stub
+   reads it, and the stub's address written into the slot, so that a call through the PLT, a
+   `call *slot(%rip)` and an address read from the slot all go through the stub.  Returns the
+   number of slots interposed, or a negative number. */
+__attribute__((section(".usdtpatch_interpose"), used, noinline))
+int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end) {
+  const struct link_map *map = 0;
+  u64 base = at_base(envp);
+  if (base) {
+    const u8 *eh = (const u8 *)base;
+    u64 phoff = *(const u64 *)(eh + 32);
+    u16 phentsize = *(const u16 *)(eh + 54), phnum = *(const u16 *)(eh + 56);
+    const struct dyn *ldyn = 0;
+    for (u16 i = 0; i < phnum; i++) {
+      const u8 *ph = eh + phoff + (u64)i * phentsize;
+      if (*(const u32 *)ph == PT_DYNAMIC)
+        ldyn = (const struct dyn *)(base + *(const u64 *)(ph + 16));
+    }
+    const struct r_debug *rd = (const struct r_debug *)lookup(base, ldyn, r_debug_name);
+    if (rd)
+      map = rd->r_map;
+  }
+  long fd = sys3(SYS_open, (long)mem_path, O_RDWR | O_CLOEXEC, 0);
+  int done = 0;
+  for (; t < end; t++) {
+    u64 got = (u64)t + (u64)(s64)t->got;
+    u64 stub = (u64)t + (u64)(s64)t->stub;
+    u64 real = 0;
+    for (const struct link_map *m = map; m && !real; m = m->l_next)
+      real = lookup(m->l_addr, m->l_ld, (const char *)t + t->name);
+    if (!real)
+      real = *(volatile const u64 *)got;
+    if (real == stub)
+      continue;
+    if (poke(fd, (u64)t + (u64)(s64)t->real, real, PROT_RX) == 0 &&
+        poke(fd, got, stub, t->prot) == 0)
+      done++;
+  }
+  if (fd >= 0)
+    sys3(SYS_close, fd, 0, 0);
+  return done;
 }

@@ -32,7 +32,8 @@ CFLAGS = ("-Os", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protecto
           "-fcf-protection=none", "-fno-asynchronous-unwind-tables", "-fno-jump-tables",
           "-mgeneral-regs-only", "-nostdlib", "-static", "-Wl,--build-id=none",
           "-Wl,-z,noexecstack")
-SYMBOLS = ("usdtpatch_rearm", "usdtpatch_rearm_end", "usdtpatch_register", "usdtpatch_code_end")
+SYMBOLS = ("usdtpatch_rearm", "usdtpatch_rearm_end", "usdtpatch_register", "usdtpatch_interpose",
+           "usdtpatch_interpose_at", "usdtpatch_code_end")
 
 
 class RecipeError(Exception):
@@ -45,6 +46,8 @@ class Built:
     rearm: int
     rearm_end: int
     register: int
+    interpose: int
+    interpose_at: int
     compiler: str
 
 
@@ -82,7 +85,8 @@ def build(cc: str = "gcc") -> Built:
         if len(code) != syms["usdtpatch_code_end"] or syms["usdtpatch_rearm"] != 0:
             raise RecipeError(f"unexpected layout: {len(code)} bytes, symbols {syms}")
         return Built(code, syms["usdtpatch_rearm"], syms["usdtpatch_rearm_end"],
-                     syms["usdtpatch_register"], compiler_version(cc))
+                     syms["usdtpatch_register"], syms["usdtpatch_interpose"],
+                     syms["usdtpatch_interpose_at"], compiler_version(cc))
 
 
 def render(b: Built) -> str:
@@ -96,6 +100,8 @@ def render(b: Built) -> str:
         f"REARM = {b.rearm:#x}  # usdtpatch_rearm(table, table_end)\n"
         f"REARM_END = {b.rearm_end:#x}  # end of what usdtpatch_rearm needs\n"
         f"REGISTER = {b.register:#x}  # usdtpatch_register(envp, child, dso_handle)\n"
+        f"INTERPOSE = {b.interpose:#x}  # usdtpatch_interpose(envp, table, table_end)\n"
+        f"BASE_END = {b.interpose_at:#x}  # [0, BASE_END): all but the interposition\n"
         "CODE = bytes.fromhex(\n"
         f"{body}\n"
         ")\n"

@@ -1,0 +1,316 @@
+"""Every route to a child process, and the guard's part in each (issue 31).
+
+Class 3: a static executable's hooked clone system call (glibc's `__clone`, whose number is
+fixed and whose flags come from its caller) must not touch the memory of a CLONE_VM child: a
+thread, or `clone(fn, stack, CLONE_VM|SIGCHLD)` on a stack of 64, 128 or 256 bytes
+(tests/data/clonevm-static.c: the 4 KiB below the stack are a canary). The hook decides in the
+parent, before the system call, from the number and the flags, and a child that shares its
+parent's memory runs nothing of the guard's. Before, the hook called the child stub in every
+child whose %rax was 0, about 300 bytes below the child's stack pointer: the canary was
+overwritten (untraced).
+
+Class 2: tests/data/forkroutes.c creates a child by each route (fork, _Fork, clone without
+CLONE_VM, syscall() of fork, clone and clone3, a pointer to syscall, vfork, posix_spawn, a
+CLONE_VM clone), linked as PIE, non-PIE and without PLT, and with musl: rewritten under the
+defaults and traced (counting uprobes), every child exits 0 with its 7 hits counted; with
+`--fork-guard never` a child that copies the address space dies of SIGSEGV. Before, the
+dynamically linked program was refused (its syscall() calls) or guarded by atfork only.
+A shared library's own fork through syscall() (tests/data/forklib.c) is covered too.
+
+Class 1: a Rust program with a probe (tests/data/rust/forkroutes.rs) is rewritten under the
+defaults (before: refused, "the address of syscall() is taken") and its children survive
+tracing (std::process::Command, libc's fork, clone3 through syscall()).
+
+musl and other C libraries: a static musl program is refused naming musl, an executable
+whose interpreter is neither glibc's nor musl's is refused naming it; check says so first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+
+DATA = ROOT / "tests" / "data"
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]
+
+STATIC = pytest.mark.skipif(not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists(),
+                            reason="needs glibc's static library (libc6-dev)")
+
+
+def _gcc(src: Path, out: Path, *flags: str, cc: str = "gcc") -> Path:
+    subprocess.run([cc, "-O2", *flags, "-I", str(ROOT / "fixtures" / "src"), str(src),
+                    "-o", str(out)], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def clonevm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
+        pytest.skip("needs glibc's static library (libc6-dev)")
+    d = tmp_path_factory.mktemp("clonevm")
+    exe = _gcc(DATA / "clonevm-static.c", d / "clonevm", "-static")
+    out = d / "out"
+    res = run_cli("rewrite", exe, "-o", out)
+    assert res.rc == 0, res.err
+    assert "hooked" in res.out, res.out  # the clone system call of __clone is hooked
+    return exe, out
+
+
+def _run(path: Path, size: int) -> str:
+    done = subprocess.run([str(path), str(size)], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    return done.stdout
+
+
+@STATIC
+@pytest.mark.parametrize("size", [64, 128, 256])
+def test_a_clone_vm_child_is_not_touched(clonevm: tuple[Path, Path], size: int) -> None:
+    exe, out = clonevm
+    want = _run(exe, size)
+    assert "canary intact" in want and "fork child-status 0" in want
+    assert _run(out, size) == want
+
+
+@STATIC
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+def test_traced_clone_vm_and_fork(clonevm: tuple[Path, Path]) -> None:
+    """Traced (bpftrace -c: the parent's hit): the forked child survives, the CLONE_VM
+    child's neighbours stay intact."""
+    _exe, out = clonevm
+    script = f"usdt:{out}:cvm:site {{ @[pid] = count(); }}"
+    done = subprocess.run(["bpftrace", "-e", script, "-c", f"{out} 128"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "fork child-status 0" in done.stdout, done.stdout
+    assert "canary intact" in done.stdout, done.stdout
+    assert re.search(r"@\[\d+\]: 1\b", done.stdout), done.stdout  # the parent's hit
+
+
+# --- every route, traced (class 2 and the static hooks) --------------------------------------
+
+# route -> whether its child gets a copy of the address space (the guard's business)
+ROUTES = {"fork": True, "_Fork": True, "clone": True, "sysfork": True, "sysclone": True,
+          "sysclone3": True, "pointer": True, "vfork": False, "spawn": False, "clonevm": False}
+
+
+@pytest.fixture(scope="module")
+def routes(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Path]]:
+    """link -> {guard: the rewritten program}, built on first use."""
+    d = tmp_path_factory.mktemp("routes")
+    done: dict[str, dict[str, Path]] = {}
+
+    def get(link: str) -> dict[str, Path]:
+        if link in done:
+            return done[link]
+        if link == "static" and not Path("/usr/lib/x86_64-linux-gnu/libc.a").exists():
+            pytest.skip("needs glibc's static library (libc6-dev)")
+        cc = "musl-gcc" if link.startswith("musl") else "gcc"
+        if shutil.which(cc) is None:
+            pytest.skip(f"needs {cc} (Debian's musl-tools)")
+        exe = _gcc(DATA / "forkroutes.c", d / link, *LINKS[link], cc=cc)
+        out: dict[str, Path] = {}
+        for guard in ("auto", "never"):
+            res = run_cli("rewrite", exe, "-o", d / f"{link}-{guard}", "--fork-guard", guard)
+            assert res.rc == 0, res.err
+            out[guard] = d / f"{link}-{guard}"
+        done[link] = out
+        return out
+
+    return get
+
+
+def _site(path: Path) -> int:
+    from usdtpatch.api import load
+
+    probe = next(p for p in load(str(path)).probes if p.name == "site")
+    assert probe.offset is not None
+    return probe.offset
+
+
+# the static executable's hooks covered fork, _Fork, clone, syscall() and clone3 before (its
+# routes pass on the branch-start code too: tests/test_fork_static.py); its CLONE_VM child is
+# the new case
+# how the program is linked: PIE with lazy binding (Debian's default), non-PIE (the canonical
+# PLT addresses), immediate binding with no PLT (`call *slot(%rip)`, Rust's way), static
+LINKS = {"dynamic": (), "nopie": ("-no-pie",), "noplt": ("-fno-plt", "-Wl,-z,now"),
+         "static": ("-static",), "musl": ()}
+# musl has no _Fork before 1.2.4 (the program's route needs glibc's)
+MUSL_ROUTES = [r for r in ROUTES if r != "_Fork"]
+CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")] + \
+    [(link, r) for link in ("nopie", "noplt")
+     for r in ("_Fork", "clone", "sysclone3", "pointer")] + \
+    [("musl", r) for r in MUSL_ROUTES]
+
+
+@pytest.mark.live
+@pytest.mark.parametrize(("link", "route"), CASES, ids=[f"{a}-{b}" for a, b in CASES])
+def test_every_route_traced(routes: Callable[[str], dict[str, Path]], link: str,
+                            route: str) -> None:
+    """Rewritten under the defaults, traced (counting uprobes on every CPU) while the program
+    creates a child by `route`: every child exits 0 and its 7 hits are counted; a CLONE_VM
+    child's neighbours are intact. Unguarded, a child that copies the address space dies of
+    SIGSEGV at the optimized site (the guard is what saves it)."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    path = routes(link)["auto"]
+    run = run_under_uprobes([str(path), route], [(path, _site(path), 0)])
+    assert run.site[0] == 0xE8
+    assert run.line == "child-status 0 canary intact", run
+    if route not in ("vfork", "spawn"):
+        assert run.after == 7, run
+    if ROUTES[route]:
+        bare = routes(link)["never"]
+        run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
+        assert run.line.startswith("child-status 11 "), run  # SIGSEGV: the guard is the fix
+
+
+# --- a Rust program (class 1) ----------------------------------------------------------------
+
+def _rustc() -> str | None:
+    found = shutil.which("rustc")
+    home = Path.home() / ".cargo" / "bin" / "rustc"
+    return found or (str(home) if home.exists() else None)
+
+
+@pytest.fixture(scope="module")
+def rust(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    rustc = _rustc()
+    if rustc is None:
+        pytest.skip("needs rustc (rustup, or Debian's rustc)")
+    d = tmp_path_factory.mktemp("rust")
+    exe = d / "forkroutes-rs"
+    subprocess.run([rustc, "-O", "--edition", "2021", str(DATA / "rust" / "forkroutes.rs"),
+                    "-o", str(exe)], check=True, capture_output=True)
+    out = {"original": exe}
+    for guard in ("auto", "never"):
+        res = run_cli("rewrite", exe, "-o", d / guard, "--fork-guard", guard, "--json")
+        assert res.rc == 0, res.err  # the defaults: before, "the address of syscall() is taken"
+        out[guard] = d / guard
+    return out
+
+
+def test_rust_is_rewritten_under_the_defaults(rust: dict[str, Path], tmp_path: Path) -> None:
+    """Rust's std calls syscall() with numbers the code does not fix (and clone3 through it):
+    the guard interposes the file's GOT slot of syscall(); check predicts no refusal."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+
+    codes = {f.code: f.message for f in api.check(rust["original"]).findings}
+    assert "fork-guard-unavailable" not in codes, codes
+    assert refusal_mismatch(rust["original"]) is None
+    res = run_cli("rewrite", rust["original"], "-o", tmp_path / "out", "--json")
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "syscall() interposed" in said["fork-guarded"], said
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("route", ["command", "fork", "clone3"])
+def test_rust_children_survive_tracing(rust: dict[str, Path], route: str) -> None:
+    """Traced while forking through std::process::Command (its pre_exec closure runs this
+    file's code in the child), libc's fork, and a raw clone3 through syscall(): every child
+    exits 0 and its 7 hits are counted; unguarded, the child dies of SIGSEGV."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    path = rust["auto"]
+    run = run_under_uprobes([str(path), route], [(path, _site(path), 0)])
+    assert run.site[0] == 0xE8
+    assert run.line == "child-status 0 canary intact", run
+    assert run.after == 7, run
+    bare = rust["never"]
+    run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
+    assert run.line.startswith("child-status 11 "), run
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="needs musl-gcc (musl-tools)")
+def test_musl_static_is_refused_by_name(tmp_path: Path) -> None:
+    """A static musl executable: no __register_atfork, and musl's cancellable system call
+    (a `syscall` its code jumps to) cannot be hooked: check and rewrite --fork-guard auto
+    refuse it naming the C library; --fork-guard never accepts it."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+
+    exe = _gcc(DATA / "forkroutes.c", tmp_path / "musl-static", "-static", cc="musl-gcc")
+    codes = {f.code: f.message for f in api.check(exe).findings}
+    assert "static executable of musl" in codes["fork-guard-unavailable"], codes
+    assert refusal_mismatch(exe) is None
+    res = run_cli("rewrite", exe, "-o", tmp_path / "out")
+    assert res.rc == 2 and "of musl" in res.err, (res.rc, res.err)
+    assert run_cli("rewrite", exe, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
+
+
+def test_another_c_library_is_refused_by_name(tmp_path: Path) -> None:
+    """A dynamically linked executable whose interpreter is neither glibc's nor musl's (its
+    PT_INTERP path edited in a copy): refused, the C library named, by check first."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+
+    exe = _gcc(DATA / "forkroutes.c", tmp_path / "exe")
+    data = bytearray(exe.read_bytes())
+    at = data.index(b"/lib64/ld-linux-x86-64.so.2\0")
+    data[at:at + 27] = b"/lib64/ld-uClibc-x86_64.so0"[:27]
+    other = tmp_path / "other"
+    other.write_bytes(bytes(data))
+    codes = {f.code: f.message for f in api.check(other).findings}
+    assert "ld-uClibc" in codes["fork-guard-unavailable"], codes
+    assert refusal_mismatch(other) is None
+    res = run_cli("rewrite", other, "-o", tmp_path / "out")
+    assert res.rc == 2 and "ld-uClibc" in res.err, (res.rc, res.err)
+    assert not (tmp_path / "out").exists()
+
+
+# --- a shared object's own route (Ruby's Kernel#syscall) -------------------------------------
+
+@pytest.fixture(scope="module")
+def forklib(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """guard -> a folder with the rewritten libforklib.so and the program that loads it."""
+    d = tmp_path_factory.mktemp("forklib")
+    lib = d / "libforklib.so"
+    _gcc(DATA / "forklib.c", lib, "-shared", "-fPIC")
+    out: dict[str, Path] = {"original": lib}
+    for guard in ("auto", "never"):
+        folder = d / guard
+        folder.mkdir()
+        res = run_cli("rewrite", lib, "-o", folder / lib.name, "--fork-guard", guard, "--json")
+        assert res.rc == 0, res.err
+        said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+        if guard == "auto":
+            assert "syscall() interposed" in said["fork-guarded"], said
+            assert "fork-unknown" not in said, said  # the stub covers what it warned of
+        subprocess.run(["gcc", "-O2", str(DATA / "forklib-main.c"), f"-L{folder}", "-lforklib",
+                        "-Wl,-rpath,$ORIGIN", "-o", str(folder / "main")], check=True)
+        out[guard] = folder
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("route", ["fork", "clone"])
+def test_a_librarys_syscall_fork_traced(forklib: dict[str, Path], route: str) -> None:
+    """A shared library forks through syscall() with a number its caller gives: its GOT slot
+    of syscall() is interposed, the traced child survives and its 7 hits are counted; before,
+    the library was rewritten with `fork-unknown` and the child died (as unguarded here)."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    for guard, want in (("auto", "child-status 0 "), ("never", "child-status 11 ")):
+        folder = forklib[guard]
+        lib = folder / "libforklib.so"
+        run = run_under_uprobes([str(folder / "main"), route], [(lib, _site(lib), 0)])
+        assert run.site[0] == 0xE8
+        assert run.line.startswith(want), (guard, run)
+        if guard == "auto":
+            assert run.after == 7, run

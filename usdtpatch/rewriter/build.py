@@ -44,7 +44,7 @@ from usdtpatch.elf.image import (
     SHT_SYMTAB,
     ElfImage,
 )
-from usdtpatch.elf.marker import MARKER_SECTION, marker_note
+from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, marker_note
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_with_functions
 from usdtpatch.elf.writer import (
@@ -316,7 +316,7 @@ def build_rewrite(plan: RewritePlan) -> bytes:
     names = {a: n for n, a, _s in plan.symbols.symbols}
     tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *unwind_tail, *symbols,
             *_debug_info(plan, names, text_addr, text_addr + len(text)),
-            TailSection(MARKER_SECTION, SHT_NOTE,
+            TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
                         marker_note(_marker(plan, patches, symbols, alloc)), 4)]
     return write(image, Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail),
                                 renames, hdr_addr))

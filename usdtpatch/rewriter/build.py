@@ -72,11 +72,15 @@ EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs
 def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
                    ) -> tuple[int, list[AllocSection], TailSection | None]:
     """The detours' unwind tables, as the plan places them (`where`), from `end` on: (vaddr
-    of the new `.eh_frame_hdr`, the sections of the new segment, the `.debug_frame` for gdb
-    or None).
+    of the new `.eh_frame_hdr`, the sections of the new segment, the `.debug_frame` appended
+    to the input's, or None).
 
     The original `.eh_frame` is left where it is; the new header's table holds its FDEs (from
-    the original header's table) and the detours' (docs/rewrite.md, "What each consumer needs")."""
+    the original header's table) and the detours' (docs/rewrite.md, "What each consumer needs").
+    Where the input has no `.debug_frame`, the detours' FDEs go to an allocated one in the new
+    segment: gdb and elfutils (eu-stack, perf) read `.eh_frame` by name and merge
+    `.debug_frame`, and strip, `strip --strip-debug` and eu-strip keep an allocated section
+    (binutils marks only non-allocated `.debug*` sections as debugging, issue 33)."""
     image = plan.image
     blob_addr = (end + 7) & ~7
     blob = bytearray(build_cie())
@@ -105,9 +109,13 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
     debug_frame = None
     if where.debug_frame:
         existing = image.section_data(old) if old is not None else b""
-        debug_frame = TailSection(".debug_frame", SHT_PROGBITS, build_debug_frame(
-            existing, [(du.detour.address, du.detour.end, list(du.rows))
-                       for du in plan.unwind]), 8)
+        data = build_debug_frame(existing, [(du.detour.address, du.detour.end, list(du.rows))
+                                            for du in plan.unwind])
+        if old is None:
+            at = (hdr_addr + len(hdr) + 7) & ~7
+            alloc.append(AllocSection(".debug_frame", SHT_PROGBITS, SHF_ALLOC, at, data, 8))
+        else:
+            debug_frame = TailSection(".debug_frame", SHT_PROGBITS, data, 8)
     return hdr_addr, alloc, debug_frame
 
 

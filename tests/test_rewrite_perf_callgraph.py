@@ -70,7 +70,8 @@ def _chains(prog: Path, tmp: Path) -> list[list[tuple[str, str]]]:
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym,dso"],
                             capture_output=True, text=True, env=env, timeout=120, check=False)
     assert script.returncode == 0, script.stderr
-    chains, cur = [], []
+    chains: list[list[tuple[str, str]]] = []
+    cur: list[tuple[str, str]] = []
     for ln in [*script.stdout.splitlines(), ""]:
         if not ln.strip():
             if cur and cur[0][1] == prog.name:

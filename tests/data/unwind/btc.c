@@ -18,14 +18,14 @@ __attribute__((noinline)) long framed(long x, long y) {
     volatile long keep[6] = {x, y, x + y, x * y, x - y, 7};
     long i;
     for (i = 0; i < x; i = leaf_abort(i, keep))
-        STAP_PROBE(btc, p);
+        STAP_PROBE(btc, loop);
     return i + keep[5];
 }
 __attribute__((noinline)) long loads(long x) {
     volatile long keep[6] = {x, 1, 2, 3, 4, 5};
     long s = 0;
     for (long i = 0; i < x; i++) {
-        STAP_PROBE(btc, q);
+        STAP_PROBE(btc, load);
         s += *slots[i % 8] + keep[i % 6];
     }
     return s;

@@ -205,7 +205,7 @@ def test_output_is_validated_before_it_is_renamed(prog: Path, tmp_path: Path,
 def test_dry_run_plans_without_building(prog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from usdtpatch.rewriter import build
 
-    def no_build(plan: object) -> None:
+    def no_build(plan: object, keep_build_id: bool = False) -> None:
         raise AssertionError("a dry run must not build the file")
 
     monkeypatch.setattr(build, "build_rewrite", no_build)

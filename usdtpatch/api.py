@@ -315,7 +315,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
             progress: Callable[[int, int], None] | None = None,
             calls: str = "auto", jobs: int | None = None,
             kernel: str | None = None, prove: bool = True,
-            phase: Callable[[str], None] | None = None) -> RewriteOutcome:
+            phase: Callable[[str], None] | None = None,
+            keep_build_id: bool = False) -> RewriteOutcome:
     """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
 
     The output goes to `out` (a new regular file, or an existing one replaced atomically,
@@ -336,11 +337,13 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     is (copied to `out`). `progress(done, total)` is called as the sites are decided, then
     `phase(name)` as each later phase starts: "verify" (the emulator's check of the detours),
     "build", "check" (the independent reader of the output), "write".
+    The output gets a build-id of its own, derived from the original's (which the marker
+    keeps), unless `keep_build_id` (docs/rewrite.md, "Debugging information").
     """
     o, data, origin = _rewritten(path, out, form=form, redzone_guard=redzone_guard,
                                  fork_guard=fork_guard, verify=verify, in_place=in_place,
                                  progress=progress, calls=calls, jobs=jobs, kernel=kernel,
-                                 prove=prove, phase=phase)
+                                 prove=prove, phase=phase, keep_build_id=keep_build_id)
     if o.output is not None and data is not None:
         if phase is not None:
             phase("write")
@@ -354,7 +357,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
                verify: bool = True, in_place: bool = False,
                progress: Callable[[int, int], None] | None = None, calls: str = "auto",
                jobs: int | None = None, kernel: str | None = None, prove: bool = True,
-               phase: Callable[[str], None] | None = None
+               phase: Callable[[str], None] | None = None, keep_build_id: bool = False
                ) -> tuple[RewriteOutcome, bytes | None, Origin]:
     """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
     nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
@@ -362,6 +365,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
     _flag("verify", verify)
     _flag("prove", prove)
     _flag("in_place", in_place)
+    _flag("keep_build_id", keep_build_id)
     _jobs(jobs)
     choice = _form_choice(form, kernel)
     g = _enum(Guard, redzone_guard, "redzone_guard")
@@ -402,7 +406,7 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
         from usdtpatch.rewriter.build import build_rewrite
 
         say("build")
-        result = build_rewrite(rp)
+        result = build_rewrite(rp, keep_build_id)
         say("check")
         _validate(result, image)
     return outcome(rp.changed, rp.sites, rp.findings), result, origin

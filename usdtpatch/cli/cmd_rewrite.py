@@ -90,6 +90,10 @@ def register(sub: Any) -> None:
                         "them into the detour, with its own exception table where needed), "
                         "move, emulate (never in a file marked for shadow stacks) "
                         "(default auto)")
+    p.add_argument("--keep-build-id", action="store_true",
+                   help="keep the original's build-id (default: a new one derived from it, "
+                        "so that perf's build-id cache and debuginfod do not take the "
+                        "rewritten file for the original; the marker keeps the original's)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the equivalence check of each detour")
     p.add_argument("--no-prove", action="store_true",
@@ -156,8 +160,8 @@ def _note_written(futures: Iterable[Future[tuple[dict[str, Any], bool, float]]])
 
 def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str, guard: str,
                        fork_guard: str, verify: bool, calls: str = "auto",
-                       kernel: str | None = None, prove: bool = True
-                       ) -> tuple[dict[str, Any], bool, float]:
+                       kernel: str | None = None, prove: bool = True,
+                       keep_build_id: bool = False) -> tuple[dict[str, Any], bool, float]:
     """One file in a worker process: its report entry, whether a site failed, the time."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
     mark = len(WRITTEN)
@@ -165,7 +169,8 @@ def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str,
         t0 = time.monotonic()
         o = api.rewrite(path, target, form=form, redzone_guard=guard, fork_guard=fork_guard,
                         verify=verify, in_place=in_place, calls=calls, kernel=kernel,
-                        prove=prove, jobs=1)  # -j runs files in parallel: one process per file
+                        prove=prove, jobs=1,  # -j runs files in parallel: one process per file
+                        keep_build_id=keep_build_id)
         return outcome_json(o), o.failed, time.monotonic() - t0
     except KeyboardInterrupt as exc:  # the parent says whether this file was written
         exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
@@ -232,7 +237,8 @@ def _in_workers(todo: list[tuple[str, str | None]], jobs: int, options: dict[str
         futures = [(p, pool.submit(_rewrite_in_worker, p, t, options["in_place"],
                                    options["form"], options["redzone_guard"],
                                    options["fork_guard"], options["verify"], options["calls"],
-                                   options["kernel"], options["prove"])) for p, t in todo]
+                                   options["kernel"], options["prove"],
+                                   options["keep_build_id"])) for p, t in todo]
         for p, fut in futures:
             try:
                 entry, bad, took = fut.result()
@@ -271,7 +277,8 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                   in_place: bool = False, form: str = "auto", kernel: str | None = None,
                   guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
                   verify: bool = True, as_json: bool = False, jobs: int = 1,
-                  report: str | None = None, calls: str = "auto", prove: bool = True) -> int:
+                  report: str | None = None, calls: str = "auto", prove: bool = True,
+                  keep_build_id: bool = False) -> int:
     """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
     unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
     the exit status."""
@@ -290,7 +297,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 views[p] = _site_views(p)
     options = {"form": form, "redzone_guard": guard, "fork_guard": fork_guard,
                "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
-               "prove": prove}
+               "prove": prove, "keep_build_id": keep_build_id}
     res = _Results()
     started = time.monotonic()
     if jobs > 1 and several:
@@ -344,7 +351,8 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                          form=args.form, kernel=args.kernel, guard=args.redzone_guard,
                          fork_guard=args.fork_guard,
                          verify=not args.no_verify, as_json=args.json, jobs=args.jobs,
-                         report=args.report, calls=args.calls, prove=not args.no_prove)
+                         report=args.report, calls=args.calls, prove=not args.no_prove,
+                         keep_build_id=args.keep_build_id)
 
 
 def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,

@@ -11,7 +11,8 @@ pairs that may point anywhere; gdb and readelf read the section named `.eh_frame
 merges `.debug_frame`. So the original `.eh_frame` stays where it is under its name; the
 detours get a small CIE + FDEs in the new segment (`.usdtpatch.eh_frame`), a new
 `.eh_frame_hdr` indexes the original FDEs and the detours' together (the original header is
-renamed `.eh_frame_hdr.orig`), and the same FDEs go to `.debug_frame` for gdb.
+renamed `.eh_frame_hdr.orig`), and the same FDEs go to `.debug_frame` for gdb and elfutils
+(allocated, in the new segment, so that strip keeps it, where the input has none).
 """
 
 from __future__ import annotations

@@ -374,7 +374,9 @@ NOTES: dict[tuple[bytes, int], Construct] = {
     (b"Go", 2): Construct("NT_GO_ABIHASH", _N),
     (b"Go", 3): Construct("NT_GO_DEPS", _N),
     (b"Go", 4): Construct("NT_GO_BUILDID", _N),
-    (b"usdtpatch", 1): Construct("usdtpatch's restore marker", _M, "elf/marker.py"),
+    (b"usdtpatch", 1): Construct("usdtpatch's restore marker", _M,
+                                 "elf/marker.py: SHT_NOTE in files rewritten before issue 33, "
+                                 "SHT_PROGBITS since (out of readelf -n)"),
 }
 # annobin's build notes (.gnu.build.attributes): owner "GA$<version>...", types OPEN, FUNC
 ANNOBIN_OWNER = b"GA"  # then "$", "*", "+" or "!" and the attribute

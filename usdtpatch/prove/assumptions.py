@@ -124,9 +124,12 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption(
         "debug-info-in-file",
         "a debugger reads the rewritten file's own debug sections, or a debug file split "
-        "from the rewritten file; a separate debug file of the original (found by build-id, "
-        "debuglink or debuginfod) still names the original rows",
-        ("tests/test_rewrite_debuginfo.py::test_gdb_bt_through_the_debug_split",)),
+        "from the rewritten file; the output's build-id is its own (a debug file of the "
+        "original is not found by it), but a debuglink to the original's debug file, or "
+        "one found by build-id with --keep-build-id, still names the original rows",
+        ("tests/test_rewrite_debuginfo.py::test_gdb_bt_through_the_debug_split",
+         "tests/test_rewrite_buildid.py::"
+         "test_gdb_takes_the_originals_debug_file_only_with_keep_build_id")),
     Assumption(
         "kernel-as-measured",
         "the running kernel optimizes and restores sites as docs/kernel.md measured on 6.18",

@@ -43,8 +43,9 @@ from usdtpatch.elf.image import (
     SHT_STRTAB,
     SHT_SYMTAB,
     ElfImage,
+    parse_elf,
 )
-from usdtpatch.elf.marker import MARKER_SECTION, marker_note
+from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, marker_note
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_with_functions
 from usdtpatch.elf.writer import (
@@ -72,11 +73,15 @@ EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs
 def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
                    ) -> tuple[int, list[AllocSection], TailSection | None]:
     """The detours' unwind tables, as the plan places them (`where`), from `end` on: (vaddr
-    of the new `.eh_frame_hdr`, the sections of the new segment, the `.debug_frame` for gdb
-    or None).
+    of the new `.eh_frame_hdr`, the sections of the new segment, the `.debug_frame` appended
+    to the input's, or None).
 
     The original `.eh_frame` is left where it is; the new header's table holds its FDEs (from
-    the original header's table) and the detours' (docs/rewrite.md, "What each consumer needs")."""
+    the original header's table) and the detours' (docs/rewrite.md, "What each consumer needs").
+    Where the input has no `.debug_frame`, the detours' FDEs go to an allocated one in the new
+    segment: gdb and elfutils (eu-stack, perf) read `.eh_frame` by name and merge
+    `.debug_frame`, and strip, `strip --strip-debug` and eu-strip keep an allocated section
+    (binutils marks only non-allocated `.debug*` sections as debugging, issue 33)."""
     image = plan.image
     blob_addr = (end + 7) & ~7
     blob = bytearray(build_cie())
@@ -105,15 +110,49 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
     debug_frame = None
     if where.debug_frame:
         existing = image.section_data(old) if old is not None else b""
-        debug_frame = TailSection(".debug_frame", SHT_PROGBITS, build_debug_frame(
-            existing, [(du.detour.address, du.detour.end, list(du.rows))
-                       for du in plan.unwind]), 8)
+        data = build_debug_frame(existing, [(du.detour.address, du.detour.end, list(du.rows))
+                                            for du in plan.unwind])
+        if old is None:
+            at = (hdr_addr + len(hdr) + 7) & ~7
+            alloc.append(AllocSection(".debug_frame", SHT_PROGBITS, SHF_ALLOC, at, data, 8))
+        else:
+            debug_frame = TailSection(".debug_frame", SHT_PROGBITS, data, 8)
     return hdr_addr, alloc, debug_frame
 
 
+BUILD_ID_SECTION = ".note.gnu.build-id"
+
+
 def _build_id(image: ElfImage) -> str | None:
-    sec = image.section(".note.gnu.build-id")
+    sec = image.section(BUILD_ID_SECTION)
     return None if sec is None else build_id(image.section_data(sec))
+
+
+def new_build_id(old: bytes, text: bytes, patches: list[tuple[int, bytes]]) -> bytes:
+    """The output's build-id (docs/rewrite.md, "Debugging information"): as long as the
+    original's, derived from it and from what the rewrite writes (the new segment's code and
+    the in-place edits), so that the same rewrite of the same file gets the same id and a
+    rewritten file never shares its original's (perf's build-id cache, issue 33)."""
+    h = hashlib.sha256(b"usdtpatch build-id\0" + old)
+    h.update(hashlib.sha256(text).digest())
+    for off, code in sorted(patches):
+        h.update(off.to_bytes(8, "little") + len(code).to_bytes(4, "little") + code)
+    out = b""
+    while len(out) < len(old):
+        out += h.digest()
+        h = hashlib.sha256(out)
+    return out[: len(old)]
+
+
+def _build_id_place(image: ElfImage) -> tuple[int, bytes] | None:
+    """(file offset, bytes) of the input's build-id (the first note's desc of
+    `.note.gnu.build-id`), or None."""
+    sec = image.section(BUILD_ID_SECTION)
+    old = _build_id(image)
+    if sec is None or old is None:
+        return None
+    namesz = int.from_bytes(image.data[sec.offset : sec.offset + 4], "little")
+    return sec.offset + 12 + ((namesz + 3) & ~3), bytes.fromhex(old)
 
 
 def _symtab(image: ElfImage, symbols: DetourSymbols) -> list[TailSection]:
@@ -286,9 +325,10 @@ def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[T
     return marker
 
 
-def build_rewrite(plan: RewritePlan) -> bytes:
+def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
     """The rewritten file of `plan` (which must change the file: `plan.changed`, and not be
-    refused: `plan.fork_refusal`)."""
+    refused: `plan.fork_refusal`). Its build-id is a new one (`new_build_id`; the marker keeps
+    the original's), or the original's with `keep_build_id`."""
     if not plan.changed or plan.layout is None or plan.symbols is None:
         raise ValueError("build_rewrite needs a plan that changes the file")
     if plan.fork_refusal is not None:
@@ -301,6 +341,16 @@ def build_rewrite(plan: RewritePlan) -> bytes:
         text += b"\xcc" * (fork.address - (text_addr + len(text))) + fork.text
         patches += fork.patches
     alloc = [AllocSection(TEXT_SECTION, SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, text_addr, text)]
+    bid = None if keep_build_id else _build_id_place(image)
+    moved_bid: bytes | None = None  # a build-id note moved into the new segment (head_room)
+    if bid is not None:
+        at, old_id = bid
+        new_id = new_build_id(old_id, text, patches)
+        mv = plan.layout.moved
+        if mv is not None and mv.lo <= at < mv.hi:
+            moved_bid = new_id  # written where the note lands (its old place is the headers')
+        else:
+            patches.append((at, new_id))  # in place: the marker keeps the original bytes
     renames: dict[str, str] = {}
     hdr_addr: int | None = None
     unwind_tail: list[TailSection] = []
@@ -316,7 +366,15 @@ def build_rewrite(plan: RewritePlan) -> bytes:
     names = {a: n for n, a, _s in plan.symbols.symbols}
     tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *unwind_tail, *symbols,
             *_debug_info(plan, names, text_addr, text_addr + len(text)),
-            TailSection(MARKER_SECTION, SHT_NOTE,
+            TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
                         marker_note(_marker(plan, patches, symbols, alloc)), 4)]
-    return write(image, Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail),
-                                renames, hdr_addr))
+    out = write(image, Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail),
+                               renames, hdr_addr))
+    if moved_bid is not None and bid is not None:
+        placed = _build_id_place(parse_elf(out))
+        if placed is None or placed[1] != bid[1]:
+            raise UnsupportedError("the moved build-id note is not where the layout put it")
+        buf = bytearray(out)
+        buf[placed[0] : placed[0] + len(moved_bid)] = moved_bid
+        out = bytes(buf)
+    return out

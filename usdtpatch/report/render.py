@@ -8,6 +8,7 @@ Deferred imports: rich.progress and time, only for the progress bar.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, Literal
@@ -35,12 +36,20 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 PIPE_WIDTH = 160  # width when the output is not a terminal and $COLUMNS is unset (rich: 80)
 
 
+def colour_allowed() -> bool:
+    """Whether escapes of colour and style may be written at all: not with NO_COLOR set to
+    anything but the empty string (no-color.org), nor on TERM=dumb."""
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 def make_console(file: IO[str] | None = None, width: int | None = None,
                  color: bool | None = None) -> Console:
     """A console for `file`; to a pipe or file it is $COLUMNS wide (else PIPE_WIDTH) and has
-    no colour."""
+    no colour; nor with NO_COLOR or TERM=dumb (colour_allowed), anywhere (its progress bar
+    too: no colour, bold or dim, only the bar's characters)."""
+    plain = color is False or not colour_allowed()
     console = Console(file=file, width=width, highlight=False, soft_wrap=False,
-                      color_system=None if color is False else "auto", no_color=color is False)
+                      color_system=None if plain else "auto", no_color=plain)
     if width is None and not console.is_terminal:
         console.width = page_width() or PIPE_WIDTH
     return console
@@ -173,7 +182,7 @@ def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[st
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    if not console.is_terminal:
+    if not console.is_terminal or console.is_dumb_terminal:  # TERM=dumb: no cursor moves
         yield lambda _label: FileProgress(lambda _done, _total: None, lambda _name: None)
         return
     bar = Progress("[progress.description]{task.description}", BarColumn(),
@@ -228,4 +237,4 @@ def render_table(out: IO[str], title: str, columns: list[tuple[str, Literal["lef
         t.add_column(name, justify=justify)
     for cells in rows:
         t.add_row(*cells)
-    Console(file=out, width=width, no_color=True).print(t)
+    make_console(out, width=width, color=False).print(t)

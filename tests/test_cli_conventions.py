@@ -103,7 +103,6 @@ def test_list_probe_is_a_pattern() -> None:
     assert _listed("--probe", "re*") == ["demo:reply", "demo:request"]
     assert _listed("--probe", "demo:parse") == ["demo:parse"]
     assert _listed("--probe", "parse") == ["demo:parse"]
-    assert _listed("--probe", "nope:*") == []
     assert _listed("--provider", "d?mo", "--probe", "idle") == ["demo:idle"]
 
 
@@ -379,3 +378,66 @@ def test_an_indexed_red_zone_access_is_one_verdict_too(tmp_path: Path) -> None:
     assert [f["code"] for f in plan["sites"][0]["findings"]] == [RED_ZONE_CLOBBER]
     verify = json.loads(run_cli("verify", "--json", exe).out)
     assert [h["code"] for h in verify["sites"][0]["hazards"]] == [RED_ZONE_CLOBBER]
+
+
+# --- one behaviour per option (issue 34, item 6) ----------------------------------------------
+
+DEMO_PROBES = "(probes: demo:idle, demo:parse, demo:reply, demo:request)"
+
+
+@pytest.mark.parametrize("argv", [
+    ["list", "--probe", "nope"], ["list", "--provider", "nope"], ["show", "--probe", "nope"],
+    ["plan", "--probe", "nope"], ["verify", "--probe", "nope"], ["check", "--probe", "nope"],
+    ["check", "--json", "--probe", "nope"], ["list", "--json", "--probe", "nope:*"]],
+    ids="-".join)
+def test_a_pattern_selecting_nothing_is_one_error_everywhere(argv: list[str]) -> None:
+    """exit 2, nothing on stdout, one line naming the pattern and the probes there are (list
+    and plan exited 0 with an empty table; check and verify took no --probe)."""
+    res = run_cli(argv[0], fixture("demo"), *argv[1:])
+    assert res.rc == EXIT_UNUSABLE
+    assert res.out == "" or argv[0] == "check"  # check prints its (empty) document
+    assert res.err.count("\n") == 1, res.err
+    assert "no probe matches" in res.err and DEMO_PROBES in res.err
+    assert argv[-1] in res.err
+
+
+def test_check_and_verify_take_probe() -> None:
+    doc = json.loads(run_cli("check", "--json", fixture("demo"), "--probe", "re*").out)
+    assert [s["name"] for s in doc["files"][0]["sites"]] == ["reply", "request"]
+    res = run_cli("verify", "--json", fixture("demo"), "--probe", "idle", "--probe", "parse")
+    assert res.rc == EXIT_OK, res.err
+    assert sorted(s["probe"] for s in json.loads(res.out)["sites"]) == ["demo:idle",
+                                                                        "demo:parse"]
+
+
+def test_a_pattern_matching_one_of_several_files_is_no_error() -> None:
+    res = run_cli("check", "--json", fixture("demo"), fixture("nop5"), "--probe", "demo:*")
+    assert res.rc == EXIT_OK, res.err
+    doc = json.loads(res.out)
+    assert [len(f["sites"]) for f in doc["files"]] == [4, 0]
+
+
+def test_plan_and_verify_name_the_kernel_not_a_form() -> None:
+    """--form is a site form in rewrite and check; plan and verify take --kernel (rewrite's
+    generations), the old --form spelling warns and still works."""
+    for cmd in ("plan", "verify"):
+        opts = {o for a in _subparsers()[cmd]._actions for o in a.option_strings}
+        assert "--kernel" in opts
+    new = run_cli("plan", "--json", fixture("pie"), "--kernel", "nop10-series")
+    old = run_cli("plan", "--json", fixture("pie"), "--form", "nop10")
+    assert new.rc == old.rc == EXIT_OK and new.err == ""
+    assert new.out == old.out and '"nop10"' in new.out
+    assert "deprecated" in old.err and "--kernel nop10-series" in old.err
+    assert old.err.count("\n") == 1
+    default = run_cli("plan", "--json", fixture("pie"))
+    assert default.out == run_cli("plan", "--json", fixture("pie"), "--kernel", "6.18").out
+    bad = run_cli("plan", fixture("pie"), "--form", "nop5", "--kernel", "nop10-series")
+    assert bad.rc == EXIT_UNUSABLE
+
+
+def test_the_apis_form_error_lists_auto() -> None:
+    from usdtpatch import api
+
+    for call in (api.check, api.rewrite):
+        with pytest.raises(ValueError, match=r"expected one of auto, nop5, combo5, combo10"):
+            call(fixture("demo"), form="bogus")

@@ -304,6 +304,9 @@ def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
     from usdtpatch.kernelfacts import Kernel
     from usdtpatch.rewriter.kernel import AUTO, choose_form
 
+    if form != AUTO and not isinstance(form, Form) and form not in {f.value for f in Form}:
+        raise ValueError(f"form={form!r}: expected one of {AUTO}, "
+                         f"{', '.join(f.value for f in Form)}")  # "auto", rewrite's default
     return choose_form(form if form == AUTO else _enum(Form, form, "form"),
                        None if kernel is None else _enum(Kernel, kernel, "kernel"))
 

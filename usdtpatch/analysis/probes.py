@@ -8,6 +8,7 @@ nonzero semaphore address.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from usdtpatch.elf.args import SdtArg, UnknownOperand, parse_args
@@ -97,6 +98,16 @@ def not_linked_message(elf_type: int) -> str:
     """What not-linked says of an ELF file of type `elf_type` (not ET_EXEC nor ET_DYN)."""
     what = "a relocatable object" if elf_type == ET_REL else "not an executable or shared object"
     return f"not linked (ELF type {elf_type}: {what}): its note addresses are not final"
+
+
+def no_match(path: str, patterns: Sequence[str], probes: Iterable[str]) -> str:
+    """The one line of every command whose --probe (or list's --provider) pattern selects
+    nothing: exit 2, naming the patterns and the probes there are (`provider:name`, the
+    first ten), so a typo in a build or CI step fails instead of passing on nothing."""
+    known = sorted(set(probes))
+    shown = ", ".join(known[:10]) + (f", ... ({len(known)} in all)" if len(known) > 10 else "")
+    return (f"{path}: no probe matches {' or '.join(patterns)} "
+            f"(probes: {shown or 'none, the file has no USDT probes'})")
 
 
 def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet:

@@ -441,3 +441,37 @@ def test_the_apis_form_error_lists_auto() -> None:
     for call in (api.check, api.rewrite):
         with pytest.raises(ValueError, match=r"expected one of auto, nop5, combo5, combo10"):
             call(fixture("demo"), form="bogus")
+
+
+# --- a file without probes (issue 34, item 7) -------------------------------------------------
+
+LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+
+
+@pytest.mark.skipif(not LIBC.exists(), reason=f"{LIBC} not installed")
+def test_a_file_without_probes_is_one_line_and_never_written(tmp_path: Path) -> None:
+    """rewrite printed an empty table and `0 site(s)`, wrote a byte-identical copy and
+    exited 0; now one line, nothing written: with -o exit 2 (the output asked for does not
+    exist), with --dry-run or --in-place exit 0 (the file as it is is the answer)."""
+    import shutil
+
+    libc = tmp_path / "libc.so.6"
+    shutil.copyfile(LIBC, libc)
+    for bare in (libc, fixture("noprobes")):
+        res = run_cli("rewrite", bare, "-o", tmp_path / "x")
+        assert res.rc == EXIT_UNUSABLE and res.out == ""
+        assert res.err.count("\n") == 1 and "no USDT probes" in res.err
+        assert not (tmp_path / "x").exists()
+    dry = run_cli("rewrite", "--dry-run", libc)
+    assert dry.rc == EXIT_OK and dry.out == f"{libc}: no USDT probes: nothing to rewrite, " \
+                                            f"nothing written\n"
+    before = libc.read_bytes()
+    inplace = run_cli("rewrite", "--in-place", libc)
+    assert inplace.rc == EXIT_OK and inplace.out.count("\n") == 1 and libc.read_bytes() == before
+    # several files: the others are written, the one without probes is not
+    out = tmp_path / "out"
+    out.mkdir()
+    res = run_cli("rewrite", "--no-verify", libc, fixture("demo"), "-o", out)
+    assert res.rc == EXIT_UNUSABLE and res.err.count("\n") == 1 and "no USDT probes" in res.err
+    assert sorted(p.name for p in out.iterdir()) == ["demo"]
+    assert "libc" not in res.out

@@ -381,6 +381,8 @@ def _rewrite_file(f: dict[str, Any], width: int | None
                   ) -> tuple[list[str], Iterator[str], list[str]]:
     """One file of the rewrite report: its lines before the table, the table's lines (made
     when read), the lines after it."""
+    if f.get("note") and f["output"] is None:  # a file with nothing to rewrite: one line
+        return _page_lines(f"{f['path']}: {f['note']}"), iter(()), []
     dest = f["output"] or "(dry run: nothing written)"
     head = _page_lines(f"{f['path']} -> {dest}")
     if f.get("note"):

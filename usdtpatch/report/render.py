@@ -140,6 +140,9 @@ def render_show(console: Console, doc: dict[str, Any]) -> None:
 def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
     """The rewrite report: a table of sites per file and a summary line."""
     for f in doc["files"]:
+        if f.get("note") and f["output"] is None:  # a file with nothing to rewrite: one line
+            console.print(Text(f"{f['path']}: {f['note']}"))
+            continue
         dest = f["output"] or "(dry run: nothing written)"
         console.print(Text(f"{f['path']} -> {dest}", style="bold"))
         if f.get("note"):

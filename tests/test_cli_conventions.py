@@ -194,7 +194,7 @@ def test_explain_prints_every_codes_documentation() -> None:
         assert "- meaning:" in doc and "- hint:" in doc, code
         assert "triggered by" not in doc, code  # the project's test inputs stay in docs/
         res = run_cli("explain", code)
-        assert res.rc == EXIT_OK and res.out.startswith(f"{code} ({entry.severity.value}): ")
+        assert res.rc == EXIT_OK and res.out.startswith(f"{code} ({entry.severity_text}): ")
         assert doc in res.out
 
 

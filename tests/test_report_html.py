@@ -312,3 +312,17 @@ def test_both_pages_start_a_site_row_with_the_same_cells(tmp_path: Path) -> None
     assert len(in_check) == len(in_rewrite) == len(re.findall(r'<details class="site"',
                                                               check_page)) > 3
     assert sorted(in_check) == sorted(in_rewrite)
+
+
+def test_check_page_says_what_rewrite_will_do(tmp_path: Path) -> None:
+    """check's page said forward/backward where rewrite's says detour for the same sites, and
+    a re-laid window read "re laid" (issue 34, item 8)."""
+    page = run_cli("check", "--html", "--fail-on", "never", fixture("demo")).out
+    assert "detour, forward " in page
+    from usdtpatch.report.html import html_page
+
+    doc = json.loads(run_cli("check", "--json", "--fail-on", "never", fixture("demo")).out)
+    site = doc["files"][0]["sites"][0]
+    site["window"] = {**site["window"], "shape": "re-laid", "start": 0x10, "end": 0x1b}
+    row = html_page(doc, None)
+    assert "re-laid, 11 B" in row and "re laid" not in row

@@ -54,6 +54,19 @@ class Code:
     title: str
     hint: str
     kinds: frozenset[Kind]
+    # the other severities a finding of this code may have (process-can-fork: a warning
+    # where no site is optimized as it is); `explain` and the documentation name them all
+    also: tuple[Severity, ...] = ()
+
+    @property
+    def severities(self) -> tuple[Severity, ...]:
+        """Every severity a finding of this code may have, the registered one first."""
+        return (self.severity, *self.also)
+
+    @property
+    def severity_text(self) -> str:
+        """The severities as `explain` and docs/findings.md write them ("error or warning")."""
+        return " or ".join(s.value for s in self.severities)
 
     @property
     def anchor(self) -> str:
@@ -65,7 +78,12 @@ class Code:
 
     def finding(self, message: str, where: str = "", hint: str | None = None,
                 severity: Severity | None = None) -> Finding:
-        """A Finding of this code: the registered severity and hint unless given."""
+        """A Finding of this code: the registered severity and hint unless given (a
+        severity the code is not registered with is a programming error: one source for
+        what `explain` says and what the commands report)."""
+        if severity is not None and severity not in self.severities:
+            raise AssertionError(f"finding code {self.code!r} is not registered with severity "
+                                 f"{severity.value} ({self.severity_text})")
         return Finding(self.code, self.severity if severity is None else severity, message,
                        self.hint if hint is None else hint, where)
 
@@ -74,11 +92,12 @@ _REGISTRY: dict[str, Code] = {}
 
 
 def _code(code: str, severity: Severity, title: str, hint: str = "",
-          kinds: Kind | tuple[Kind, ...] = Kind.FINDING) -> Code:
+          kinds: Kind | tuple[Kind, ...] = Kind.FINDING, also: tuple[Severity, ...] = ()
+          ) -> Code:
     if code in _REGISTRY:
         raise AssertionError(f"finding code {code!r} registered twice")
     entry = Code(code, severity, title, hint,
-                 frozenset(kinds if isinstance(kinds, tuple) else (kinds,)))
+                 frozenset(kinds if isinstance(kinds, tuple) else (kinds,)), also)
     _REGISTRY[code] = entry
     return entry
 
@@ -302,7 +321,7 @@ PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites 
                          "usdtpatch rewrite adds a fork guard (--fork-guard auto, the "
                          "default), and usdtpatch's sys/sdt.h builds one in "
                          "(USDTPATCH_FORK_GUARD); without one, keep these probes on the int3 "
-                         "path in processes that fork")
+                         "path in processes that fork", also=(_W,))
 FORK_UNKNOWN = _code("fork-unknown", _W,
                      "no symbol names a fork and the code cannot tell whether it forks",
                      "if the process forks, rewrite with --fork-guard always (the guard, or a "

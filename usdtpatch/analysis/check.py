@@ -249,12 +249,11 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
         shared = "" if copying else (" (each of these runs the child in the parent's address "
                                      "space until exec: exposed only if the child reaches a "
                                      "site before exec)")
-        out.append(Finding(
-            PROCESS_CAN_FORK.code, Severity.ERROR if now and copying else Severity.WARNING,
+        out.append(PROCESS_CAN_FORK.finding(
             f"the file uses {', '.join(forks)}{shared}: a child forked while a site is optimized "
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
             f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
-            PROCESS_CAN_FORK.hint, ""))
+            severity=Severity.ERROR if now and copying else Severity.WARNING))
     return out
 
 

@@ -333,9 +333,11 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
     if s["blocked"] is not None:
         wtext, wsort = s["blocked"]["code"], -1
     elif w is not None and w["shape"] in ("in-place", "re-laid"):
-        wtext, wsort = f"{w['shape'].replace('-', ' ')}, {w['end'] - w['start']} B", 0
+        shape = "in place" if w["shape"] == "in-place" else w["shape"]  # "re-laid" stays
+        wtext, wsort = f"{shape}, {w['end'] - w['start']} B", 0
     elif w is not None:
-        wtext = (f"{w['shape']} {w['relocated_bytes']} B"
+        # rewrite's word for what it will do (its page's action: detour), then the window
+        wtext = (f"detour, {w['shape']} {w['relocated_bytes']} B"
                  + (f", +{w['extra_jumps']} jmp" if w["extra_jumps"] else ""))
         wsort = w["relocated_bytes"]
     else:

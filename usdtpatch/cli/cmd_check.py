@@ -30,7 +30,7 @@ from usdtpatch.analysis.calls import CALL_CHOICES
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.analysis.probes import no_match
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
-from usdtpatch.elf.demangle import demangle
+from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
 from usdtpatch.kernelfacts import Kernel
@@ -104,8 +104,11 @@ def build_document(paths: list[str], err: IO[str] | None = None,
                 error_line(path, exc, err)
     if probes:
         results = _selected(results, probes, errors, err)
-    names = demangle([s.probe.function for r in results for s in r.report.sites
-                      if s.probe.function])
+    functions = [s.probe.function for r in results for s in r.report.sites
+                 if s.probe.function]
+    names = demangle(functions)
+    if err is not None and unavailable(functions):
+        print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     if views is not None:
         from usdtpatch.report.show import site_views
 

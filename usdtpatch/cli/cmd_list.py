@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from usdtpatch.analysis.probes import Probe, no_match
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load, printable
-from usdtpatch.elf.demangle import demangle
+from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.listing import (
     PROBE_PATTERN_HELP,
@@ -66,7 +66,10 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
             line = no_match(d["path"], [pattern], ids[d["path"]])
             print(printable(f"usdtpatch: {line}"), file=err)
         return EXIT_UNUSABLE
-    names = demangle([p.function for probes in shown for p in probes if p.function])
+    functions = [p.function for probes in shown for p in probes if p.function]
+    names = demangle(functions)
+    if unavailable(functions):
+        print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     for doc, probes in zip(docs, shown, strict=True):
         relabel(doc, probes, names)
     doc = list_document(docs, errors)

@@ -316,7 +316,9 @@ RED_ZONE_REWRITE = _code("red-zone-rewrite", _W,
 ARG_USES_RSP = _code("arg-uses-rsp", _I, "an argument addressed through %rsp",
                      "the rewrite must add 128 to its displacement")
 ARG_USES_RIP = _code("arg-uses-rip", _I, "a rip-relative argument of a site that moves",
-                     "the rewrite must re-express it for the probe's new address")
+                     "nothing to do: the rewrite keeps the note's operand as written; a "
+                     "tracer reads the symbol's address, which does not depend on where the "
+                     "probe is (a numeric rip-relative operand would: arg-rip-relative)")
 PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites are optimized",
                          "usdtpatch rewrite adds a fork guard (--fork-guard auto, the "
                          "default), and usdtpatch's sys/sdt.h builds one in "
@@ -324,10 +326,14 @@ PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites 
                          "path in processes that fork", also=(_W,))
 FORK_UNKNOWN = _code("fork-unknown", _W,
                      "no symbol names a fork and the code cannot tell whether it forks",
-                     "if the process forks, rewrite with --fork-guard always (the guard, or a "
-                     "refusal saying why it cannot be added), or keep its probes on the int3 "
-                     "path in processes that fork",
+                     "rewrite (--fork-guard auto, the default) adds the fork guard where it "
+                     "can cover these calls and refuses the file where it cannot "
+                     "(fork-guard-unavailable); --fork-guard never takes the risk",
                      (_F,))
+# fork-unknown's hint for a library that may fork through syscall(): what the guard covers
+SYSCALL_FORK_HINT = ("the fork guard rewrite adds by default covers fork() and its family, not "
+                     "a fork made through syscall(): if the program forks that way, keep this "
+                     "library's probes on the int3 path in it (no --fork-guard changes this)")
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
 DETOUR_SYMBOLS_LEFT_OUT = _code(

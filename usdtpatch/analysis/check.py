@@ -81,6 +81,7 @@ from usdtpatch.findings import (
     SITE_HINT_NOP,
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
+    SYSCALL_FORK_HINT,
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
@@ -513,7 +514,7 @@ def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
     return [FORK_UNKNOWN.finding(
         f"the library may fork through syscall(): {what}{f' at {at:#x}' if at else ''}{more}; "
         f"the fork guard's atfork handler does not run for such a fork, and its child dies "
-        f"with SIGSEGV at an optimized site (the guard covers fork())")]
+        f"with SIGSEGV at an optimized site", hint=SYSCALL_FORK_HINT)]
 
 
 def model_refusal(ctx: CodeContext, address: int, bounds: FunctionBounds | None
@@ -606,10 +607,9 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
         if not isinstance(op, MemOperand):
             continue
         if op.base == "rip" and moved:
-            findings.append(Finding(ARG_USES_RIP.code, Severity.INFO,
-                                    f"argument {a.raw} is rip-relative: in a detour %rip differs",
-                                    "the rewrite must re-express it for the probe's new address",
-                                    where))
+            findings.append(ARG_USES_RIP.finding(
+                f"argument {a.raw} is rip-relative by symbol and the site moves to a detour, "
+                f"where %rip differs", where))
         if op.base == "rsp" and rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
             findings.append(Finding(ARG_USES_RSP.code, Severity.INFO,
                                     f"argument {a.raw} is addressed through %rsp: the "

@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,47 @@ def test_commands_on_a_terminal_honour_no_color(extra: dict[str, str]) -> None:
                  ["check", str(fixture("demo")), "--fail-on", "never"]):
         raw, _ = on_terminal(argv, 100, **extra)
         assert not SGR.search(raw), argv
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is missing")
+def test_the_verification_is_counted(tmp_path: Path) -> None:
+    """Item 3: the verification (workers proving and emulating the detours) showed an empty
+    bar and a clock; now `progress` counts the detours verified after phase "verify", and
+    build, check and write fill the bar step by step."""
+    from usdtpatch import api
+    from usdtpatch.report.render import LATE_PHASES, make_console, site_progress
+
+    src = tmp_path / "many.c"
+    subprocess.run([sys.executable, str(ROOT / "fixtures" / "gen_synthetic.py"), "--probes",
+                    "40", "--style", "lite", "-o", str(src)], check=True)
+    prog = tmp_path / "many"
+    subprocess.run(["gcc", "-O2", "-o", str(prog), str(src)], check=True)
+    events: list[tuple[str, int, int]] = []
+    state = ["plan"]
+
+    def phase(name: str) -> None:
+        state[0] = name
+        events.append((name, 0, 0))
+
+    api.rewrite(prog, tmp_path / "out", jobs=2, phase=phase,
+                progress=lambda d, t: events.append((f"{state[0]}-count", d, t)))
+    counted = [(d, t) for e, d, t in events if e == "verify-count"]
+    assert counted and counted[-1][0] == counted[-1][1] >= 24
+    assert [d for d, _ in counted] == sorted(d for d, _ in counted)
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    buf = Tty()
+    with site_progress(make_console(buf, width=120), after=0) as progress_for:
+        shown = progress_for("many")
+        shown.phase("verify")
+        shown.sites(16, 40)
+        time.sleep(0.35)  # the bar is drawn by rich's refresh thread, 10 times a second
+        for name in LATE_PHASES:
+            shown.phase(name)
+            time.sleep(0.35)
+    text = buf.getvalue()
+    assert "16/40 detours verified" in text
+    assert all(f"step {n}/3" in text for n in (1, 2, 3))

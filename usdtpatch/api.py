@@ -281,7 +281,8 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
             phase("verify")
         return planned
 
-    planned = plan_verified(image, plan, jobs=jobs, expected=expected, wrap=wrap)
+    planned = plan_verified(image, plan, jobs=jobs, expected=expected, wrap=wrap,
+                            progress=options.get("progress"))
     method = getattr(given[0], "method", None) if given else None
     if method is None:  # verified in this process: each site's method known when planned
         return planned
@@ -337,8 +338,10 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     kernel), or the generation `kernel` names ("6.18" or "nop10-series"); the outcome's
     findings say which and why, and where the kernel optimizes nothing the file is left as it
     is (copied to `out`). `progress(done, total)` is called as the sites are decided, then
-    `phase(name)` as each later phase starts: "verify" (the emulator's check of the detours),
-    "build", "check" (the independent reader of the output), "write".
+    `phase(name)` as each later phase starts: "verify" (the proofs and the emulator's check
+    of the detours, in worker processes; `progress(done, total)` again as their answers come
+    back, counting detours), "build", "check" (the independent reader of the output),
+    "write".
     """
     o, data, origin = _rewritten(path, out, form=form, redzone_guard=redzone_guard,
                                  fork_guard=fork_guard, verify=verify, in_place=in_place,

@@ -162,6 +162,10 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 
+# the phases after the verification, each short: the bar counts them (api.rewrite's `phase`)
+LATE_PHASES = ("build", "check", "write")
+
+
 class FileProgress:
     """The progress of one file's rewrite: `sites(done, total)` while the sites are decided,
     `phase(name)` as each later phase starts (usdtpatch.api.rewrite's `progress` and `phase`
@@ -175,8 +179,8 @@ class FileProgress:
 @contextmanager
 def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[str], FileProgress]]:
     """A progress bar per file on a terminal, shown once the work has taken `after` seconds:
-    the sites decided (a count), then each later phase by name (verify, build, check, write)
-    with its own elapsed time, so the bar never sits still on a finished count.
+    the sites decided (a count), the detours verified (a count, as the workers answer), then
+    build, check and write as steps of a bar that fills, so no phase shows an empty bar.
 
     Yields `progress_for(label)`, the FileProgress of one file; off a terminal its callbacks
     do nothing.
@@ -202,13 +206,21 @@ def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[st
 
     def progress_for(label: str) -> FileProgress:
         task = bar.add_task(f"{label}: plan", total=None, count="")
+        unit = ["sites"]  # what `sites` counts: the sites planned, then the detours verified
 
         def sites(done: int, total: int) -> None:
             show()
-            bar.update(task, completed=done, total=total, count=f"{done}/{total} sites")
+            bar.update(task, completed=done, total=total, count=f"{done}/{total} {unit[0]}")
 
         def phase(name: str) -> None:
-            show()  # a phase of unknown length: a pulsing bar, its name, the time so far
+            show()
+            if name in LATE_PHASES:  # short steps: the bar counts them
+                step = LATE_PHASES.index(name)
+                bar.update(task, description=f"{label}: {name}", total=len(LATE_PHASES),
+                           completed=step, count=f"step {step + 1}/{len(LATE_PHASES)}")
+                return
+            # verify: pulsing until the workers' first answers come back, then counting them
+            unit[0] = "detours verified" if name == "verify" else "sites"
             bar.reset(task, total=None, description=f"{label}: {name}", count="")
 
         return FileProgress(sites, phase)

@@ -16,6 +16,7 @@ Deferred imports: findings (REWRITE_FAILURES), only for the rewrite page.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -231,10 +232,21 @@ def _pill(outcome: str, text: str | None = None) -> str:
     return f'<span class="pill {cls}">{_e(text or outcome)}</span>'
 
 
+# where a name may break across lines: after a scope, a colon, a parenthesis, a comma, a
+# plus, a double underscore (the cells wrap only there: overflow-wrap anywhere broke
+# `method__compile__begin` mid-word at 1,400 px)
+_NAME_BREAKS = re.compile(r"(::|__|[:(,+/])")
+
+
+def _name(text: str) -> str:
+    """A probe or function name, escaped, with <wbr> where it may break (not in a word)."""
+    return _NAME_BREAKS.sub(r"\1<wbr>", _e(text))
+
+
 def _probe_cells(s: dict[str, Any]) -> list[str]:
     """The first cells of a site's row, the same on both pages: the probe (provider:name)
     and its address (sorted by the number)."""
-    return [_cell("probe", f"<code>{_e(s['provider'])}:{_e(s['name'])}</code>"),
+    return [_cell("probe", f"<code>{_name(s['provider'] + ':' + s['name'])}</code>"),
             _cell("address", f"<code>{_hex(s['address'])}</code>", s["address"])]
 
 
@@ -352,7 +364,7 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
         _cell("outcome", _pill(s["outcome"]), OUTCOME_ORDER.index(s["outcome"])
               if s["outcome"] in OUTCOME_ORDER else 9),
         _cell("window", _e(wtext), wsort),
-        _cell("function", f"<code>{_e(s['function'] or '-')}</code>"),
+        _cell("function", f"<code>{_name(s['function'] or '-')}</code>"),
         _cell("findings", " ".join(f'<span class="tag">{_e(c)}</span>' for c in codes)
               or '<span class="muted">-</span>'),
     ]

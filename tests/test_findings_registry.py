@@ -247,3 +247,23 @@ def test_explain_names_every_severity_a_code_is_reported_with() -> None:
         F.PROCESS_CAN_FORK.finding("m", severity=Severity.INFO)
     with pytest.raises(AssertionError, match="not registered with severity warning"):
         F.FORK_GUARDED.finding("m", severity=Severity.WARNING)
+
+
+def test_every_finding_the_commands_emit_has_its_codes_hint() -> None:
+    """One source for what `explain` says and what the commands report (issue 34, item 8):
+    on every fixture, each finding of check and of a rewrite carries its code's registered
+    hint, or (a few codes: fork-unknown of a library, ...) one the code's section says."""
+    from usdtpatch.findings import SYSCALL_FORK_HINT
+
+    allowed = {SYSCALL_FORK_HINT}
+    for path in fixture_files():
+        for argv in (["check", "--json", "--fail-on", "never"],
+                     ["rewrite", "--dry-run", "--json", "--no-verify"]):
+            res = run_cli(*argv, path)
+            if not res.out:
+                continue
+            for f in json.loads(res.out)["files"]:
+                for fd in f["findings"] + [x for s in f.get("sites", [])
+                                           for x in s.get("findings", [])]:
+                    hint = fd.get("hint", "")
+                    assert hint == CODES[fd["code"]].hint or hint in allowed, (path.name, fd)

@@ -188,10 +188,10 @@ _BLOCK_HINT = ("the site stays on the int3 path; rebuild with a header that emit
 
 # -- from the notes (list and check) --
 NOTE_MALFORMED = _code("note-malformed", _E, "an SDT note cannot be parsed",
-                       "the section is damaged; the other notes are listed")
+                       "this note is skipped; the other notes are listed")
 NOTE_FOREIGN = _code("note-foreign", _I, "a note that is not an SDT note", "kept unchanged")
 NOTE_TRUNCATED = _code("note-truncated", _E, "the note section ends inside a note",
-                       "the notes before it are listed")
+                       "the section is damaged; the notes before it are listed")
 ARG_UNKNOWN_FORM = _code("arg-unknown-form", _W, "an argument operand no parser understands",
                          "kept as text; tracers may not read this argument")
 ARG_NO_SIZE = _code("arg-no-size", _I, "an argument without the N@ size prefix",

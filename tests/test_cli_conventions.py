@@ -2,7 +2,8 @@
 
 - a format switch (--json, --sarif, --html) never takes a value, so it cannot take a FILE for
   its output; a report goes to a file only through `--report FILE` (check, rewrite, post-link);
-- `--probe` is PROVIDER:NAME or NAME, shell patterns allowed, in list, show, plan and kcheck;
+- `--probe` is PROVIDER:NAME or NAME, shell patterns allowed, in list, check, show, plan,
+  verify and kcheck, and a pattern that selects nothing is one error (exit 2) in each;
 - every positional argument and every option has help text.
 """
 

@@ -233,14 +233,15 @@ def _pill(outcome: str, text: str | None = None) -> str:
 
 
 # where a name may break across lines: after a scope, a colon, a parenthesis, a comma, a
-# plus, a double underscore (the cells wrap only there: overflow-wrap anywhere broke
-# `method__compile__begin` mid-word at 1,400 px)
-_NAME_BREAKS = re.compile(r"(::|__|[:(,+/])")
+# plus, a slash or underscores, and where a capital follows a small letter (the cells wrap
+# only there and at spaces: overflow-wrap anywhere broke libjvm.so's names mid-word at
+# 1,400 px; tests/test_report_html_browser.py measures it)
+_NAME_BREAKS = re.compile(r"(::|_+|[:(,+/])(?!<wbr>)|(?<=[a-z])(?=[A-Z])")
 
 
 def _name(text: str) -> str:
-    """A probe or function name, escaped, with <wbr> where it may break (not in a word)."""
-    return _NAME_BREAKS.sub(r"\1<wbr>", _e(text))
+    """A probe or function name, escaped, with <wbr> where it may break (between parts)."""
+    return _NAME_BREAKS.sub(lambda m: f"{m.group(1) or ''}<wbr>", _e(text))
 
 
 def _probe_cells(s: dict[str, Any]) -> list[str]:

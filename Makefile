@@ -38,7 +38,7 @@ DEB_DATA := libpython3.11-testsuite:python3.11 openjdk-17-jdk-headless:openjdk-1
 	libvirt0:libc6 php8.2-cli:libc6
 DEB_CACHE := build/cache
 
-.PHONY: demo test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz clean
+.PHONY: demo wheel test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz clean
 
 # The development install links the source tree by a plain path in a .pth file (setuptools'
 # "compat" editable mode), as an installed package is found: the default editable mode adds an
@@ -54,6 +54,11 @@ $(BIN)/.runtime: pyproject.toml
 	  fi; $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install $(PIP_EDITABLE) .
 	touch $@
+
+# What examples/README.md builds the examples with, from a checkout: the venv (usdtpatch on
+# PATH once it is activated) and usdtpatch's wheel, for pip's isolated builds (--find-links).
+wheel: $(BIN)/.runtime
+	$(BIN)/python -m pip wheel -q --disable-pip-version-check --no-deps -w build/wheels .
 
 $(BIN)/.test: pyproject.toml $(BIN)/.runtime
 	$(BIN)/python -m pip install $(PIP_EDITABLE) '.[test]'

@@ -224,12 +224,19 @@ def pinned_to_cpu0() -> None:
     os.sched_setaffinity(0, {0})
 
 
+SIGNALS_SENT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the ones tests send
+
+
 def default_sigint() -> None:
-    """preexec_fn for a program a test interrupts with SIGINT: it starts with SIGINT's default
-    action whatever the test run's is. A shell without job control starts a background job
-    (`make test &`, `pytest ... &`) with SIGINT ignored, an ignored signal stays ignored across
-    exec, and Python installs no KeyboardInterrupt handler for a signal it starts ignoring."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """preexec_fn for a program a test interrupts with SIGINT, SIGTERM or SIGHUP: it starts
+    with their default actions whatever the test run's are. A shell without job control
+    starts a background job (`make test &`, `pytest ... &`) with SIGINT ignored, `nohup make
+    test` runs it with SIGHUP ignored; an ignored signal stays ignored across exec, and
+    Python installs no KeyboardInterrupt handler for a signal it starts ignoring (nor does
+    usdtpatch its SIGTERM/SIGHUP handler: cli._terminating leaves an ignored signal
+    ignored)."""
+    for sig in SIGNALS_SENT:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def cpu0_reason() -> str | None:

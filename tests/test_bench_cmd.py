@@ -171,3 +171,31 @@ def test_rows_are_medians_of_per_round_ratios() -> None:
     assert rows["other"].ratio_untraced == pytest.approx(1.0)  # rounds: 0.5, 2.0, 1.0
     assert rows["other"].untraced_ns_per_pass == pytest.approx(1.0)  # median 10 ns / 10 passes
     assert rows["other"].traced_ns_per_hit == pytest.approx(0.5e9 / 1000)
+
+
+def test_a_ratio_within_the_noise_says_so() -> None:
+    """Item 9 of issue 34: hdr-nop5 was below stap-nop1 in median hits/s while its ratio
+    column read 1.65, with no word; a ratio whose rounds reach both sides of 1, or that the
+    medians contradict, now reads `noise`, and a line says what that means."""
+    import io
+
+    from usdtpatch.report.bench import NOISE_NOTE, is_noise, print_bench
+
+    def row(name: str, rate: float, ratio: float, lo: float, hi: float) -> runner.Row:
+        return runner.Row(name, name, "90", 3, 1000, rate, ratio, 1.0, 1.0, 1.0, (lo, hi))
+
+    ref = row("stap-nop1", 2e6, 1.0, 1.0, 1.0)
+    clear = row("usdtpatch-nop5", 9e6, 4.5, 4.1, 5.0)
+    spread = row("wide", 3e6, 1.5, 0.6, 2.9)
+    against = row("hdr-nop5", 1.8e6, 1.65, 1.2, 2.0)  # below the reference, ratio above 1
+    assert not is_noise(ref, ref) and not is_noise(clear, ref)
+    assert is_noise(spread, ref) and is_noise(against, ref)
+    rep = runner.BenchReport("6.18", "cpu", 10, 0, 3, [ref, clear, spread, against], [], 1.0,
+                             [])
+    out = io.StringIO()
+    print_bench(rep, out)
+    lines = {ln.split()[0]: ln for ln in out.getvalue().splitlines() if ln.strip()}
+    assert "1.65 (1.20-2.00) noise " in lines["hdr-nop5"]
+    assert "(0.60-2.90) noise " in lines["wide"]
+    assert "noise" not in lines["usdtpatch-nop5"] and "noise" not in lines["stap-nop1"]
+    assert NOISE_NOTE in out.getvalue()

@@ -58,6 +58,31 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return env, wheels
 
 
+def readme_command(folder: str, env: Path, wheels: Path, copy: Path) -> list[str | Path]:
+    """examples/README.md's build command of `folder`, as written there, run in the test's
+    venv: its pip, the wheelhouse the test built in place of the checkout's build/wheels
+    (`make wheel`, checked below), the example's copy (and -v, for the build's log)."""
+    table = (EXAMPLES / "README.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith(f"| `{folder}/` |"))
+    words = row.split("|")[2].strip().strip("`").split()
+    assert words[:2] == ["pip", "install"], row
+    subst: dict[str, str | Path] = {"pip": env / "bin" / "pip", "build/wheels": wheels,
+                                    f"examples/{folder}": copy}
+    return [*[subst.get(w, w) for w in words[:2]], "-v", *[subst.get(w, w) for w in words[2:]]]
+
+
+def test_readme_commands_from_a_checkout() -> None:
+    """pip install examples/setuptools failed from a checkout (usdtpatch is on no package
+    index): the README builds the wheel with `make wheel` and points pip at it."""
+    readme = (EXAMPLES / "README.md").read_text()
+    assert "make wheel" in readme
+    for folder in ("setuptools", "scikit-build"):
+        cmd = readme_command(folder, Path("/env"), Path("/wheels"), Path("/copy"))
+        assert "--find-links" in cmd and Path("/wheels") in cmd and Path("/copy") in cmd
+    dry = run(["make", "-n", "-C", ROOT, "wheel"], ROOT).stdout
+    assert "pip wheel" in dry and "-w build/wheels ." in dry
+
+
 def test_wheel_carries_the_build_files(venv: tuple[Path, Path]) -> None:
     env, wheels = venv
     (wheel,) = wheels.glob("usdtpatch-*.whl")
@@ -181,8 +206,7 @@ def test_scikit_build_core_finds_usdtpatch_with_no_flag(venv: tuple[Path, Path],
     env, wheels = venv
     example = tmp_path / "skb"
     shutil.copytree(EXAMPLES / "scikit-build", example, ignore=_IGNORE_BUILT)
-    proc = run([env / "bin" / "pip", "install", "-v", "--find-links", wheels, example],
-               tmp_path)
+    proc = run(readme_command("scikit-build", env, wheels, example), tmp_path)
     log = proc.stdout + proc.stderr
     code = [line for line in (example / "CMakeLists.txt").read_text().splitlines()
             if not line.lstrip().startswith("#")]
@@ -195,3 +219,15 @@ def test_scikit_build_core_finds_usdtpatch_with_no_flag(venv: tuple[Path, Path],
                "from probedemo_cmake import _probes; print(_probes.checksum(b'x' * 9000))"],
               tmp_path).stdout
     assert int(out) > 0
+
+
+def test_the_setuptools_example_builds_with_its_readme_command(venv: tuple[Path, Path],
+                                                               tmp_path: Path) -> None:
+    env, wheels = venv
+    example = tmp_path / "probedemo"
+    shutil.copytree(EXAMPLES / "setuptools", example, ignore=_IGNORE_BUILT)
+    proc = run(readme_command("setuptools", env, wheels, example), tmp_path)
+    log = proc.stdout + proc.stderr
+    assert "4 optimized by a 6.18 kernel; rewritten" in log
+    (module,) = (env / "lib").glob("python3*/site-packages/probedemo/_probes*.so")
+    assert is_rewritten(module) and sites_not_optimized(module) == []

@@ -185,9 +185,9 @@ def test_show_json_marks_probe_targets_and_bounds(name: str, probe: str, shape: 
 
 def test_show_unknown_probe() -> None:
     res = run_cli("show", fixture("pie"), "--probe", "nope:nothing")
-    assert res.rc == EXIT_UNUSABLE and "no probe nope:nothing" in res.err
+    assert res.rc == EXIT_UNUSABLE and "no probe matches nope:nothing" in res.err
     res = run_cli("show", fixture("pie"), "--probe", "no-colon")  # a NAME in any provider
-    assert res.rc == EXIT_UNUSABLE and "no probe no-colon" in res.err
+    assert res.rc == EXIT_UNUSABLE and "no probe matches no-colon" in res.err
 
 
 def test_check_and_render_for_the_demo() -> None:

@@ -231,3 +231,35 @@ def test_built_triggers(code: str, built: dict[str, Path]) -> None:  # noqa: F81
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_fixture_gives_no_finding(name: str) -> None:
     assert _codes_of(fixture(name)) == {}
+
+
+def test_hints_say_what_the_tool_does(tmp_path: Path) -> None:
+    """Advice that contradicted the tool (issue 34, item 12): arg-uses-rip said the rewrite
+    must re-express the argument while the rewritten note keeps `sym(%rip)` as written (a
+    tracer reads the symbol's address: right wherever the probe is); fork-unknown advised
+    --fork-guard always where the default had added the guard, which covers fork(), not a
+    fork through syscall()."""
+    import json as _json
+
+    from tests.helpers import run_cli
+    from usdtpatch import findings as F
+
+    doc = _json.loads(run_cli("check", "--json", "--fail-on", "never",
+                              fixture("args-O2")).out)
+    rip = {s["name"] for s in doc["files"][0]["sites"] for f in s["findings"]
+           if f["code"] == "arg-uses-rip" and "nothing to do" in f["hint"]}
+    assert rip == {"f_rip", "mem"}
+
+    def args(path: Path) -> dict[str, list[str]]:
+        listed = _json.loads(run_cli("list", "--json", path).out)["files"][0]["probes"]
+        return {p["name"]: [a["raw"] for a in p["arguments"]] for p in listed}
+
+    out = tmp_path / "out"
+    res = run_cli("rewrite", "--json", "--no-verify", fixture("args-O2"), "-o", out)
+    moved = {s["name"] for s in _json.loads(res.out)["files"][0]["sites"]
+             if s["action"] in ("detour", "moved")}
+    assert rip <= moved
+    before, after = args(fixture("args-O2")), args(out)
+    assert all(before[n] == after[n] and any("(%rip)" in a for a in after[n]) for n in rip)
+    assert "always" not in F.FORK_UNKNOWN.hint and "--fork-guard auto" in F.FORK_UNKNOWN.hint
+    assert "always" not in F.SYSCALL_FORK_HINT and "syscall()" in F.SYSCALL_FORK_HINT

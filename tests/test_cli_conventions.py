@@ -2,7 +2,8 @@
 
 - a format switch (--json, --sarif, --html) never takes a value, so it cannot take a FILE for
   its output; a report goes to a file only through `--report FILE` (check, rewrite, post-link);
-- `--probe` is PROVIDER:NAME or NAME, shell patterns allowed, in list, show, plan and kcheck;
+- `--probe` is PROVIDER:NAME or NAME, shell patterns allowed, in list, check, show, plan,
+  verify and kcheck, and a pattern that selects nothing is one error (exit 2) in each;
 - every positional argument and every option has help text.
 """
 
@@ -103,7 +104,6 @@ def test_list_probe_is_a_pattern() -> None:
     assert _listed("--probe", "re*") == ["demo:reply", "demo:request"]
     assert _listed("--probe", "demo:parse") == ["demo:parse"]
     assert _listed("--probe", "parse") == ["demo:parse"]
-    assert _listed("--probe", "nope:*") == []
     assert _listed("--provider", "d?mo", "--probe", "idle") == ["demo:idle"]
 
 
@@ -195,7 +195,7 @@ def test_explain_prints_every_codes_documentation() -> None:
         assert "- meaning:" in doc and "- hint:" in doc, code
         assert "triggered by" not in doc, code  # the project's test inputs stay in docs/
         res = run_cli("explain", code)
-        assert res.rc == EXIT_OK and res.out.startswith(f"{code} ({entry.severity.value}): ")
+        assert res.rc == EXIT_OK and res.out.startswith(f"{code} ({entry.severity_text}): ")
         assert doc in res.out
 
 
@@ -379,3 +379,100 @@ def test_an_indexed_red_zone_access_is_one_verdict_too(tmp_path: Path) -> None:
     assert [f["code"] for f in plan["sites"][0]["findings"]] == [RED_ZONE_CLOBBER]
     verify = json.loads(run_cli("verify", "--json", exe).out)
     assert [h["code"] for h in verify["sites"][0]["hazards"]] == [RED_ZONE_CLOBBER]
+
+
+# --- one behaviour per option (issue 34, item 6) ----------------------------------------------
+
+DEMO_PROBES = "(probes: demo:idle, demo:parse, demo:reply, demo:request)"
+
+
+@pytest.mark.parametrize("argv", [
+    ["list", "--probe", "nope"], ["list", "--provider", "nope"], ["show", "--probe", "nope"],
+    ["plan", "--probe", "nope"], ["verify", "--probe", "nope"], ["check", "--probe", "nope"],
+    ["check", "--json", "--probe", "nope"], ["list", "--json", "--probe", "nope:*"]],
+    ids="-".join)
+def test_a_pattern_selecting_nothing_is_one_error_everywhere(argv: list[str]) -> None:
+    """exit 2, nothing on stdout, one line naming the pattern and the probes there are (list
+    and plan exited 0 with an empty table; check and verify took no --probe)."""
+    res = run_cli(argv[0], fixture("demo"), *argv[1:])
+    assert res.rc == EXIT_UNUSABLE
+    assert res.out == "" or argv[0] == "check"  # check prints its (empty) document
+    assert res.err.count("\n") == 1, res.err
+    assert "no probe matches" in res.err and DEMO_PROBES in res.err
+    assert argv[-1] in res.err
+
+
+def test_check_and_verify_take_probe() -> None:
+    doc = json.loads(run_cli("check", "--json", fixture("demo"), "--probe", "re*").out)
+    assert [s["name"] for s in doc["files"][0]["sites"]] == ["reply", "request"]
+    res = run_cli("verify", "--json", fixture("demo"), "--probe", "idle", "--probe", "parse")
+    assert res.rc == EXIT_OK, res.err
+    assert sorted(s["probe"] for s in json.loads(res.out)["sites"]) == ["demo:idle",
+                                                                        "demo:parse"]
+
+
+def test_a_pattern_matching_one_of_several_files_is_no_error() -> None:
+    res = run_cli("check", "--json", fixture("demo"), fixture("nop5"), "--probe", "demo:*")
+    assert res.rc == EXIT_OK, res.err
+    doc = json.loads(res.out)
+    assert [len(f["sites"]) for f in doc["files"]] == [4, 0]
+
+
+def test_plan_and_verify_name_the_kernel_not_a_form() -> None:
+    """--form is a site form in rewrite and check; plan and verify take --kernel (rewrite's
+    generations), the old --form spelling warns and still works."""
+    for cmd in ("plan", "verify"):
+        opts = {o for a in _subparsers()[cmd]._actions for o in a.option_strings}
+        assert "--kernel" in opts
+    new = run_cli("plan", "--json", fixture("pie"), "--kernel", "nop10-series")
+    old = run_cli("plan", "--json", fixture("pie"), "--form", "nop10")
+    assert new.rc == old.rc == EXIT_OK and new.err == ""
+    assert new.out == old.out and '"nop10"' in new.out
+    assert "deprecated" in old.err and "--kernel nop10-series" in old.err
+    assert old.err.count("\n") == 1
+    default = run_cli("plan", "--json", fixture("pie"))
+    assert default.out == run_cli("plan", "--json", fixture("pie"), "--kernel", "6.18").out
+    bad = run_cli("plan", fixture("pie"), "--form", "nop5", "--kernel", "nop10-series")
+    assert bad.rc == EXIT_UNUSABLE
+
+
+def test_the_apis_form_error_lists_auto() -> None:
+    from usdtpatch import api
+
+    for call in (api.check, api.rewrite):
+        with pytest.raises(ValueError, match=r"expected one of auto, nop5, combo5, combo10"):
+            call(fixture("demo"), form="bogus")
+
+
+# --- a file without probes (issue 34, item 7) -------------------------------------------------
+
+LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+
+
+@pytest.mark.skipif(not LIBC.exists(), reason=f"{LIBC} not installed")
+def test_a_file_without_probes_is_one_line_and_never_written(tmp_path: Path) -> None:
+    """rewrite printed an empty table and `0 site(s)`, wrote a byte-identical copy and
+    exited 0; now one line, nothing written: with -o exit 2 (the output asked for does not
+    exist), with --dry-run or --in-place exit 0 (the file as it is is the answer)."""
+    import shutil
+
+    libc = tmp_path / "libc.so.6"
+    shutil.copyfile(LIBC, libc)
+    for bare in (libc, fixture("noprobes")):
+        res = run_cli("rewrite", bare, "-o", tmp_path / "x")
+        assert res.rc == EXIT_UNUSABLE and res.out == ""
+        assert res.err.count("\n") == 1 and "no USDT probes" in res.err
+        assert not (tmp_path / "x").exists()
+    dry = run_cli("rewrite", "--dry-run", libc)
+    assert dry.rc == EXIT_OK and dry.out == f"{libc}: no USDT probes: nothing to rewrite, " \
+                                            f"nothing written\n"
+    before = libc.read_bytes()
+    inplace = run_cli("rewrite", "--in-place", libc)
+    assert inplace.rc == EXIT_OK and inplace.out.count("\n") == 1 and libc.read_bytes() == before
+    # several files: the others are written, the one without probes is not
+    out = tmp_path / "out"
+    out.mkdir()
+    res = run_cli("rewrite", "--no-verify", libc, fixture("demo"), "-o", out)
+    assert res.rc == EXIT_UNUSABLE and res.err.count("\n") == 1 and "no USDT probes" in res.err
+    assert sorted(p.name for p in out.iterdir()) == ["demo"]
+    assert "libc" not in res.out

@@ -37,3 +37,25 @@ def test_same_as_cxxfilt_on_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_without_cxxfilt_names_stay(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     assert dm.demangle(["_Z1fv"]) == {}
+
+
+def test_without_cxxfilt_the_commands_say_names_stay_mangled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Demangling runs binutils' c++filt, not a Python dependency: without it, names stay
+    mangled and `list` and `check` say so in one line (issue 34, item 10)."""
+    from tests.helpers import fixture, run_cli
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    for argv in (["list"], ["check", "--fail-on", "never"]):
+        res = run_cli(*argv, fixture("cxx-throw"))
+        assert res.rc == 0
+        assert res.err.count("c++filt (binutils) is not on PATH") == 1, res.err
+    assert run_cli("list", fixture("demo")).err == ""  # no C++ name: nothing to say
+
+
+def test_dir_shows_the_public_api() -> None:
+    import usdtpatch
+
+    names = dir(usdtpatch)
+    assert {"load", "check", "rewrite", "restore", "plan", "verify"} <= set(names)
+    assert not {"TYPE_CHECKING", "annotations", "import_module"} & set(names)

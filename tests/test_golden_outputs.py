@@ -99,7 +99,7 @@ def _sha(data: bytes) -> str:
 def test_list(tmp_path: Path) -> None:
     check_golden("out-list.txt", _run(tmp_path, "list", *FIXTURES))
     check_golden("out-list-filtered.txt",
-                 _run(tmp_path, "list", "--provider", "f*", "--probe", "*:n*", *FIXTURES))
+                 _run(tmp_path, "list", "--provider", "f*", "--probe", "*:e*", *FIXTURES))
     res = run_cli("list", "--json", *FIXTURES)
     check_golden("out-list.json", _norm(f"rc {res.rc}\n{_json_lines(res.out)}"))
 
@@ -135,7 +135,7 @@ def test_show(tmp_path: Path, fmt: str) -> None:
 def test_plan(tmp_path: Path, fmt: str) -> None:
     flags = ["--json"] if fmt == "json" else []
     text = _each(tmp_path, NAMES, "plan", *flags)
-    text += _run(tmp_path, "plan", fixture("pie"), "--form", "nop10", "--trampoline",
+    text += _run(tmp_path, "plan", fixture("pie"), "--kernel", "nop10-series", "--trampoline",
                  "0x7f0000000000", "--load-base", "0x7f1000000000", "--probe", "*:c*", *flags)
     check_golden(f"out-plan-{fmt}.txt", text)
 

@@ -157,7 +157,7 @@ def test_probe_filter_and_options_after_file(built: dict[str, Path]) -> None:
     assert [s["probe"] for s in proc["sites"]] == ["forms:loop"]
     assert proc["sites"][0]["optimized"] and proc["sites"][0]["restored"]
     text = _refusal([str(binary), "--probe", "nothing:*", "--", str(binary)])
-    assert "no USDT probe sites matching nothing:*" in text
+    assert "no probe matches nothing:*" in text
 
 
 @pytest.mark.live

@@ -175,7 +175,8 @@ def test_escapes_everything(tmp_path: Path) -> None:
     doc["files"][0]["sites"][0]["provider"] = "</script><script>alert(2)"
     page = html_page(doc)
     assert "<img src=x" not in page and "<script>alert" not in page
-    assert "&lt;img src=x onerror=alert(1)&gt;" in page and 'a&quot;&amp;&lt;b&gt;' in page
+    text = page.replace("<wbr>", "")  # a name's break points (report/html.py, _name)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text and 'a&quot;&amp;&lt;b&gt;' in page
     assert _parse(page).scripts == 1
 
 
@@ -312,3 +313,34 @@ def test_both_pages_start_a_site_row_with_the_same_cells(tmp_path: Path) -> None
     assert len(in_check) == len(in_rewrite) == len(re.findall(r'<details class="site"',
                                                               check_page)) > 3
     assert sorted(in_check) == sorted(in_rewrite)
+
+
+def test_check_page_says_what_rewrite_will_do(tmp_path: Path) -> None:
+    """check's page said forward/backward where rewrite's says detour for the same sites, and
+    a re-laid window read "re laid" (issue 34, item 8)."""
+    page = run_cli("check", "--html", "--fail-on", "never", fixture("demo")).out
+    assert "detour, forward " in page
+    from usdtpatch.report.html import html_page
+
+    doc = json.loads(run_cli("check", "--json", "--fail-on", "never", fixture("demo")).out)
+    site = doc["files"][0]["sites"][0]
+    site["window"] = {**site["window"], "shape": "re-laid", "start": 0x10, "end": 0x1b}
+    row = html_page(doc, None)
+    assert "re-laid, 11 B" in row and "re laid" not in row
+
+
+def test_names_break_between_their_parts_only() -> None:
+    from usdtpatch.report.html import html_page
+
+    """The page broke names mid-word (overflow-wrap: anywhere) at 1,400 px: a cell now
+    breaks a probe or function name only where <wbr> marks a part's end."""
+    from usdtpatch.report.html_assets import CSS
+
+    page = run_cli("check", "--html", "--fail-on", "never", fixture("cxx-throw")).out
+    assert "anywhere" not in CSS and ".cell{min-width:0;overflow-wrap:break-word}" in CSS
+    assert "cxx:<wbr>in_<wbr>try" in page
+    assert "guarded(<wbr>int)" in page  # a function's parameters start a part
+    doc = json.loads(run_cli("check", "--json", "--fail-on", "never", fixture("demo")).out)
+    doc["files"][0]["sites"][0]["function"] = "ReleaseArray__entry::f(a,b)"
+    assert "<code>Release<wbr>Array__<wbr>entry::<wbr>f(<wbr>a,<wbr>b)</code>" in \
+        html_page(doc, None)

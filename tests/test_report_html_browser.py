@@ -523,3 +523,50 @@ def test_real_binaries_in_one_page(browser: Browser, tmp_path: Path) -> None:
     finally:
         browser.call("Emulation.setDeviceMetricsOverride", session=True, width=1400,
                      height=1000, deviceScaleFactor=1, mobile=False)
+
+
+# every text node of the probe and function cells that the layout breaks across lines
+BROKEN_WORDS = """
+(() => {
+  const out = [];
+  for (const cell of document.querySelectorAll('.cell[data-col="probe"] code, '
+                                               + '.cell[data-col="function"] code')) {
+    if (!cell.getClientRects().length) continue;  // in a closed or filtered part
+    for (const node of cell.childNodes) {
+      if (node.nodeType !== Node.TEXT_NODE || !node.textContent.trim()) continue;
+      const r = document.createRange();
+      r.selectNodeContents(node);
+      if (new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top))).size < 2)
+        continue;
+      // a node on several lines: each line must start after a space (a break between words)
+      const text = node.textContent;
+      let top = null;
+      for (let i = 0; i < text.length; i++) {
+        r.setStart(node, i);
+        r.setEnd(node, i + 1);
+        const rect = r.getClientRects()[0];
+        if (!rect) continue;
+        const t = Math.round(rect.top);
+        if (top !== null && t > top && text[i - 1] !== " " && text[i] !== " ")
+          out.push(cell.textContent);
+        top = t;
+      }
+    }
+  }
+  return [document.querySelectorAll('.cell[data-col="probe"] code').length, out];
+})()
+"""
+
+
+def test_names_break_only_between_their_parts(browser: Browser, tmp_path: Path) -> None:
+    """At 1,400 px the page broke 4 of libjvm.so's names mid-word (overflow-wrap: anywhere):
+    now a probe or function name wraps only at a space or the <wbr> after one of its parts
+    (issue 34, item 8)."""
+    path = REAL_BINARIES["libjvm"]
+    if not path.is_file():
+        pytest.skip(f"{path} is not installed")
+    page, _ = _check(tmp_path, path)
+    browser.open(page)
+    cells, broken = browser.js(BROKEN_WORDS)
+    assert cells > 500
+    assert broken == [], broken

@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import REAL_BINARIES, fixture_files, run_cli
-from usdtpatch.report.plain import check_text, list_text, plain_output, table, wrap_words
+from usdtpatch.report.plain import (
+    BELOW_UNDER,
+    check_text,
+    list_text,
+    plain_output,
+    table,
+    wrap_words,
+)
 from usdtpatch.report.render import make_console, render_check, render_list
 
 FILES = [*fixture_files(), *(p for p in REAL_BINARIES.values() if p.exists())]
@@ -97,11 +104,20 @@ def test_narrow_pages_wrap_between_words_only(rows: list[tuple[str, str, str]],
         assert all(len(line.rstrip()) <= width for line in lines)
     # every cell is there whole: the names on the row's first line, the words in order
     at = lines[0].index("findings")
+    # a findings column wider than BELOW_UNDER left fewer columns goes below each row
+    below = (natural > width and widths[2] > BELOW_UNDER
+             and width - (widths[0] + widths[1] + 4) < BELOW_UNDER)
     starts = [i for i, line in enumerate(lines) if not line.startswith(" ")]
     assert len(starts) == len(rows) + 1
     for (probe, function, findings), i, end in zip(rows, starts[1:], [*starts[2:], len(lines)],
                                                    strict=True):
         assert lines[i][:at].split() == [probe, function]
+        if below:
+            assert not lines[i][at:].strip()
+            assert all(line.startswith("    ") and (len(line) <= width or " " not in line[4:])
+                       for line in lines[i + 1:end])
+            assert [w for line in lines[i + 1:end] for w in line.split()] == findings.split()
+            continue
         assert [w for line in lines[i:end] for w in line[at:].split()] == findings.split()
         assert all(not line[:at].strip() for line in lines[i + 1:end])
 

@@ -7,8 +7,8 @@ The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `r
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from usdtpatch.errors import (
     ElfFormatError,
@@ -19,7 +19,7 @@ from usdtpatch.errors import (
 )
 from usdtpatch.version import __version__
 
-if TYPE_CHECKING:  # the names of api.__all__, for type checkers
+if _TYPE_CHECKING:  # the names of api.__all__, for type checkers
     from usdtpatch.api import *  # noqa: F403
 
 # ruff: noqa: F405 (the API's names below are those of the star import above)
@@ -58,7 +58,13 @@ _API_NAMES = frozenset(__all__) - {"ElfFormatError", "InputError", "OutputError"
 def __getattr__(name: str) -> object:
     """Bind the API's names on first use (PEP 562)."""
     if name in _API_NAMES:
-        value = getattr(import_module("usdtpatch.api"), name)
+        value = getattr(_import_module("usdtpatch.api"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'usdtpatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API (`dir(usdtpatch)`, completion): load, check, rewrite, ... whether or not
+    they are bound yet, without the module's helpers."""
+    return sorted(__all__)

@@ -281,7 +281,8 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
             phase("verify")
         return planned
 
-    planned = plan_verified(image, plan, jobs=jobs, expected=expected, wrap=wrap)
+    planned = plan_verified(image, plan, jobs=jobs, expected=expected, wrap=wrap,
+                            progress=options.get("progress"))
     method = getattr(given[0], "method", None) if given else None
     if method is None:  # verified in this process: each site's method known when planned
         return planned
@@ -304,6 +305,9 @@ def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
     from usdtpatch.kernelfacts import Kernel
     from usdtpatch.rewriter.kernel import AUTO, choose_form
 
+    if form != AUTO and not isinstance(form, Form) and form not in {f.value for f in Form}:
+        raise ValueError(f"form={form!r}: expected one of {AUTO}, "
+                         f"{', '.join(f.value for f in Form)}")  # "auto", rewrite's default
     return choose_form(form if form == AUTO else _enum(Form, form, "form"),
                        None if kernel is None else _enum(Kernel, kernel, "kernel"))
 
@@ -335,8 +339,10 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     kernel), or the generation `kernel` names ("6.18" or "nop10-series"); the outcome's
     findings say which and why, and where the kernel optimizes nothing the file is left as it
     is (copied to `out`). `progress(done, total)` is called as the sites are decided, then
-    `phase(name)` as each later phase starts: "verify" (the emulator's check of the detours),
-    "build", "check" (the independent reader of the output), "write".
+    `phase(name)` as each later phase starts: "verify" (the proofs and the emulator's check
+    of the detours, in worker processes; `progress(done, total)` again as their answers come
+    back, counting detours), "build", "check" (the independent reader of the output),
+    "write".
     The output gets a build-id of its own, derived from the original's (which the marker
     keeps), unless `keep_build_id` (docs/rewrite.md, "Debugging information").
     """

@@ -54,6 +54,19 @@ class Code:
     title: str
     hint: str
     kinds: frozenset[Kind]
+    # the other severities a finding of this code may have (process-can-fork: a warning
+    # where no site is optimized as it is); `explain` and the documentation name them all
+    also: tuple[Severity, ...] = ()
+
+    @property
+    def severities(self) -> tuple[Severity, ...]:
+        """Every severity a finding of this code may have, the registered one first."""
+        return (self.severity, *self.also)
+
+    @property
+    def severity_text(self) -> str:
+        """The severities as `explain` and docs/findings.md write them ("error or warning")."""
+        return " or ".join(s.value for s in self.severities)
 
     @property
     def anchor(self) -> str:
@@ -65,7 +78,12 @@ class Code:
 
     def finding(self, message: str, where: str = "", hint: str | None = None,
                 severity: Severity | None = None) -> Finding:
-        """A Finding of this code: the registered severity and hint unless given."""
+        """A Finding of this code: the registered severity and hint unless given (a
+        severity the code is not registered with is a programming error: one source for
+        what `explain` says and what the commands report)."""
+        if severity is not None and severity not in self.severities:
+            raise AssertionError(f"finding code {self.code!r} is not registered with severity "
+                                 f"{severity.value} ({self.severity_text})")
         return Finding(self.code, self.severity if severity is None else severity, message,
                        self.hint if hint is None else hint, where)
 
@@ -74,11 +92,12 @@ _REGISTRY: dict[str, Code] = {}
 
 
 def _code(code: str, severity: Severity, title: str, hint: str = "",
-          kinds: Kind | tuple[Kind, ...] = Kind.FINDING) -> Code:
+          kinds: Kind | tuple[Kind, ...] = Kind.FINDING, also: tuple[Severity, ...] = ()
+          ) -> Code:
     if code in _REGISTRY:
         raise AssertionError(f"finding code {code!r} registered twice")
     entry = Code(code, severity, title, hint,
-                 frozenset(kinds if isinstance(kinds, tuple) else (kinds,)))
+                 frozenset(kinds if isinstance(kinds, tuple) else (kinds,)), also)
     _REGISTRY[code] = entry
     return entry
 
@@ -169,10 +188,10 @@ _BLOCK_HINT = ("the site stays on the int3 path; rebuild with a header that emit
 
 # -- from the notes (list and check) --
 NOTE_MALFORMED = _code("note-malformed", _E, "an SDT note cannot be parsed",
-                       "the section is damaged; the other notes are listed")
+                       "this note is skipped; the other notes are listed")
 NOTE_FOREIGN = _code("note-foreign", _I, "a note that is not an SDT note", "kept unchanged")
 NOTE_TRUNCATED = _code("note-truncated", _E, "the note section ends inside a note",
-                       "the notes before it are listed")
+                       "the section is damaged; the notes before it are listed")
 ARG_UNKNOWN_FORM = _code("arg-unknown-form", _W, "an argument operand no parser understands",
                          "kept as text; tracers may not read this argument")
 ARG_NO_SIZE = _code("arg-no-size", _I, "an argument without the N@ size prefix",
@@ -297,18 +316,25 @@ RED_ZONE_REWRITE = _code("red-zone-rewrite", _W,
 ARG_USES_RSP = _code("arg-uses-rsp", _I, "an argument addressed through %rsp",
                      "the rewrite must add 128 to its displacement")
 ARG_USES_RIP = _code("arg-uses-rip", _I, "a rip-relative argument of a site that moves",
-                     "the rewrite must re-express it for the probe's new address")
+                     "nothing to do: the rewrite keeps the note's operand as written; a "
+                     "tracer reads the symbol's address, which does not depend on where the "
+                     "probe is (a numeric rip-relative operand would: arg-rip-relative)")
 PROCESS_CAN_FORK = _code("process-can-fork", _E, "the file can fork while sites are optimized",
                          "usdtpatch rewrite adds a fork guard (--fork-guard auto, the "
                          "default), and usdtpatch's sys/sdt.h builds one in "
                          "(USDTPATCH_FORK_GUARD); without one, keep these probes on the int3 "
-                         "path in processes that fork")
+                         "path in processes that fork", also=(_W,))
 FORK_UNKNOWN = _code("fork-unknown", _W,
                      "no symbol names a fork and the code cannot tell whether it forks",
-                     "if the process forks, rewrite with --fork-guard always (the guard, or a "
-                     "refusal saying why it cannot be added), or keep its probes on the int3 "
-                     "path in processes that fork",
+                     "rewrite (--fork-guard auto, the default) adds the fork guard where it "
+                     "can cover these calls and refuses the file where it cannot "
+                     "(fork-guard-unavailable); --fork-guard never takes the risk",
                      (_F,))
+# fork-unknown's hint for a library that may fork through syscall(): what the guard covers
+SYSCALL_FORK_HINT = ("nothing to do with the default: the fork guard rewrite adds covers fork() "
+                     "and its family, and interposes the library's GOT slot of syscall(), "
+                     "re-arming a child forked through it; a syscall instruction of the "
+                     "library's own code is not covered")
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
 DETOUR_SYMBOLS_LEFT_OUT = _code(

@@ -87,6 +87,7 @@ from usdtpatch.findings import (
     SITE_HINT_NOP,
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
+    SYSCALL_FORK_HINT,
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
@@ -256,12 +257,11 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
         shared = "" if copying else (" (each of these runs the child in the parent's address "
                                      "space until exec: exposed only if the child reaches a "
                                      "site before exec)")
-        out.append(Finding(
-            PROCESS_CAN_FORK.code, Severity.ERROR if now and copying else Severity.WARNING,
+        out.append(PROCESS_CAN_FORK.finding(
             f"the file uses {', '.join(forks)}{shared}: a child forked while a site is optimized "
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
             f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
-            PROCESS_CAN_FORK.hint, ""))
+            severity=Severity.ERROR if now and copying else Severity.WARNING))
     return out
 
 
@@ -535,7 +535,7 @@ def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
         f"the library may fork through syscall(): {what}{f' at {at:#x}' if at else ''}{more}; "
         f"the fork guard's atfork handler does not run for such a fork, and its child dies "
         f"with SIGSEGV at an optimized site (usdtpatch rewrite's guard covers fork() and "
-        f"interposes the library's GOT slot of syscall())")]
+        f"interposes the library's GOT slot of syscall())", hint=SYSCALL_FORK_HINT)]
 
 
 def model_refusal(ctx: CodeContext, address: int, bounds: FunctionBounds | None
@@ -626,10 +626,9 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
         if not isinstance(op, MemOperand):
             continue
         if op.base == "rip" and moved:
-            findings.append(Finding(ARG_USES_RIP.code, Severity.INFO,
-                                    f"argument {a.raw} is rip-relative: in a detour %rip differs",
-                                    "the rewrite must re-express it for the probe's new address",
-                                    where))
+            findings.append(ARG_USES_RIP.finding(
+                f"argument {a.raw} is rip-relative by symbol and the site moves to a detour, "
+                f"where %rip differs", where))
         if op.base == "rsp" and rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
             findings.append(Finding(ARG_USES_RSP.code, Severity.INFO,
                                     f"argument {a.raw} is addressed through %rsp: the "

@@ -8,6 +8,7 @@ nonzero semaphore address.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from usdtpatch.elf.args import SdtArg, UnknownOperand, parse_args
@@ -99,6 +100,16 @@ def not_linked_message(elf_type: int) -> str:
     return f"not linked (ELF type {elf_type}: {what}): its note addresses are not final"
 
 
+def no_match(path: str, patterns: Sequence[str], probes: Iterable[str]) -> str:
+    """The one line of every command whose --probe (or list's --provider) pattern selects
+    nothing: exit 2, naming the patterns and the probes there are (`provider:name`, the
+    first ten), so a typo in a build or CI step fails instead of passing on nothing."""
+    known = sorted(set(probes))
+    shown = ", ".join(known[:10]) + (f", ... ({len(known)} in all)" if len(known) > 10 else "")
+    return (f"{path}: no probe matches {' or '.join(patterns)} "
+            f"(probes: {shown or 'none, the file has no USDT probes'})")
+
+
 def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet:
     """Every SDT probe of `image`, with findings for what is odd about the file or a note."""
     findings: list[Finding] = []
@@ -114,11 +125,9 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         if isinstance(raw, RawNote):
             findings.append(_raw_note_finding(raw))
     if notes.trailer:
-        findings.append(Finding(NOTE_TRUNCATED.code, Severity.ERROR,
-                                f"{notes.trailer_reason}; the rest of the section "
-                                f"({len(notes.trailer)} bytes) holds no readable note",
-                                "the section is damaged; the notes before it are listed",
-                                f"{NOTE_SECTION}+{sec.size - len(notes.trailer):#x}"))
+        findings.append(NOTE_TRUNCATED.finding(
+            f"{notes.trailer_reason}; the rest of the section ({len(notes.trailer)} bytes) "
+            f"holds no readable note", f"{NOTE_SECTION}+{sec.size - len(notes.trailer):#x}"))
     x86 = is_x86(image)
     if not x86:
         findings.append(Finding(UNSUPPORTED_ARCH.code, Severity.INFO,
@@ -146,10 +155,9 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         where = f"{note.probe_id}"
         adjust = base_addr - note.base if (base_addr and note.base) else 0
         if adjust and i == 0:
-            findings.append(Finding(NOTE_BASE_MOVED.code, Severity.INFO,
-                                    f"note base {note.base:#x} differs from {BASE_SECTION} at "
-                                    f"{base_addr:#x}: addresses moved by {adjust:+#x} (prelinked "
-                                    f"or relocated file)", "", where))
+            findings.append(NOTE_BASE_MOVED.finding(
+                f"note base {note.base:#x} differs from {BASE_SECTION} at {base_addr:#x}: "
+                f"addresses moved by {adjust:+#x} (prelinked or relocated file)", where))
         address = (note.pc + adjust) & ((1 << (8 * image.word_size)) - 1)
         offset = image.vaddr_to_offset(address)
         code = image.read_vaddr(address, SITE_WINDOW)
@@ -195,5 +203,4 @@ def _raw_note_finding(raw: RawNote) -> Finding:
         return Finding(NOTE_FOREIGN.code, Severity.INFO,
                        f"a note that is not an SDT note ({len(raw.data)} bytes) sits in "
                        f"{NOTE_SECTION}", "kept unchanged", where)
-    return Finding(NOTE_MALFORMED.code, Severity.ERROR, raw.reason,
-                   "this note is skipped; the other notes are listed", where)
+    return NOTE_MALFORMED.finding(raw.reason, where)

@@ -1,5 +1,6 @@
 """`usdtpatch check FILE... [--json | --sarif | --html] [--report FILE] [--fail-on LEVEL]
-[--summary] [--form F] [--kernel K] [--redzone-guard G] [--fork-guard G] [--calls C]`.
+[--summary] [--form F] [--kernel K] [--redzone-guard G] [--fork-guard G] [--calls C]
+[--probe PATTERN]`.
 
 The outcomes predict what `rewrite` decides with the same --form, --kernel, --redzone-guard,
 --fork-guard and --calls (rewrite's choices and meanings; check's --form defaults to nop5, a
@@ -27,12 +28,14 @@ from typing import IO, Any
 from usdtpatch import api
 from usdtpatch.analysis.calls import CALL_CHOICES
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
+from usdtpatch.analysis.probes import no_match
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
-from usdtpatch.elf.demangle import demangle
+from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import check_output, umask_mode, write_atomic
 from usdtpatch.kernelfacts import Kernel
 from usdtpatch.report.checkjson import check_document, document_findings, reaches, result_json
+from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 
 FAIL_LEVELS = ("info", "warning", "error", "never")
 
@@ -56,8 +59,10 @@ def register(sub: Any) -> None:
                    help="exit 1 when a finding has this severity or worse (default: error)")
     p.add_argument("--summary", action="store_true", help="only the summary line per file")
     p.add_argument("--form", choices=["auto", *(f.value for f in Form)], default="nop5",
-                   help="predict rewrite --form F (default nop5: a Linux 6.18 target; auto: "
-                        "the running kernel's, as rewrite)")
+                   help="predict rewrite --form F (default nop5, a fixed Linux 6.18 target, "
+                        "not rewrite's auto: a check in CI must not depend on the runner's "
+                        "kernel, and auto refuses to check on a kernel that optimizes "
+                        "nothing; auto: the running kernel's, as rewrite)")
     p.add_argument("--kernel", choices=[k.value for k in Kernel], default=None,
                    help="with --form auto: the kernel generation the binary will run on")
     p.add_argument("--redzone-guard", choices=[g.value for g in Guard],
@@ -66,6 +71,10 @@ def register(sub: Any) -> None:
                    default=ForkGuard.AUTO.value, help="predict rewrite --fork-guard G")
     p.add_argument("--calls", choices=list(CALL_CHOICES), default="auto",
                    help="predict rewrite --calls C")
+    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
+                   help=f"only these probes' sites (the file's own findings stay): "
+                        f"{PROBE_PATTERN_HELP} (repeatable; patterns that select no probe "
+                        f"of any FILE are an error, exit 2)")
     p.set_defaults(func=run)
 
 
@@ -78,11 +87,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def build_document(paths: list[str], err: IO[str] | None = None,
                    fail_on: str = "error",
                    views: list[list[dict[str, Any]]] | None = None,
-                   options: dict[str, Any] | None = None) -> dict[str, Any]:
+                   options: dict[str, Any] | None = None,
+                   probes: list[str] | None = None) -> dict[str, Any]:
     """The check document of `paths`; unusable inputs go to its `errors` (and to `err`).
     `views`, when given, receives the `show` documents of every site of each file (for the
     HTML page), in the order of the document's files. `options`: api.check's rewrite
-    options."""
+    options; `probes`: --probe's patterns (_selected)."""
     results: list[api.CheckResult] = []
     errors: list[dict[str, str]] = []
     for path in paths:
@@ -92,8 +102,13 @@ def build_document(paths: list[str], err: IO[str] | None = None,
             errors.append({"path": path, "error": str(exc)})
             if err is not None:
                 error_line(path, exc, err)
-    names = demangle([s.probe.function for r in results for s in r.report.sites
-                      if s.probe.function])
+    if probes:
+        results = _selected(results, probes, errors, err)
+    functions = [s.probe.function for r in results for s in r.report.sites
+                 if s.probe.function]
+    names = demangle(functions)
+    if err is not None and unavailable(functions):
+        print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     if views is not None:
         from usdtpatch.report.show import site_views
 
@@ -103,6 +118,26 @@ def build_document(paths: list[str], err: IO[str] | None = None,
             except UsdtpatchError:  # the page then shows each window's data without it
                 views.append([])
     return check_document([result_json(r, names) for r in results], errors, fail_on)
+
+
+def _selected(results: list[api.CheckResult], probes: list[str],
+              errors: list[dict[str, str]], err: IO[str] | None) -> list[api.CheckResult]:
+    """The results with only the sites `probes` select; when they select none in any file,
+    each file is an error (its line names the patterns and the probes there are)."""
+    import dataclasses
+
+    kept = [dataclasses.replace(r, report=dataclasses.replace(r.report, sites=tuple(
+        s for s in r.report.sites
+        if any(probe_matches(p, s.probe.provider, s.probe.name) for p in probes))))
+        for r in results]
+    if any(r.report.sites for r in kept):
+        return kept
+    for r in results:
+        line = no_match(r.path, probes, (s.probe.probe_id for s in r.report.sites))
+        errors.append({"path": r.path, "error": line})
+        if err is not None:
+            print(printable(f"usdtpatch: {line}"), file=err)
+    return []
 
 
 def exit_status(doc: dict[str, Any], fail_on: str) -> int:
@@ -152,7 +187,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return EXIT_UNUSABLE
     target = "-" if report is None else report
     views: list[list[dict[str, Any]]] | None = [] if fmt == "html" else None
-    doc = build_document(args.files, err, args.fail_on, views, _options(args))
+    doc = build_document(args.files, err, args.fail_on, views, _options(args), args.probe)
     if fmt == "json":
         import json  # here: the table form does not pay for importing it
 

@@ -1,6 +1,8 @@
 """`usdtpatch list FILE... [--json] [--provider P] [--probe [PROVIDER:]NAME]`.
 
-Filtered, the heading of each file counts the probes shown and the file's total.
+Filtered, the heading of each file counts the probes shown and the file's total; patterns
+that select no probe of any file are an error (exit 2, a line per file naming them and the
+probes there are), as --probe is in every command.
 
 Deferred imports: report/text.py, only for the table (not for --json).
 """
@@ -11,9 +13,9 @@ import argparse
 import json
 from typing import IO, Any
 
-from usdtpatch.analysis.probes import Probe
-from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load
-from usdtpatch.elf.demangle import demangle
+from usdtpatch.analysis.probes import Probe, no_match
+from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load, printable
+from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.listing import (
     PROBE_PATTERN_HELP,
@@ -45,6 +47,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
     docs: list[dict[str, Any]] = []
     shown: list[list[Probe]] = []
     errors: list[dict[str, str]] = []
+    ids: dict[str, list[str]] = {}  # the probes of each file, for a pattern that selects none
     for path in files:
         try:
             ps = load(path)
@@ -54,8 +57,19 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
             continue
         docs.append(file_json(path, ps, {}, provider, probe))
         shown.append(selected(ps, provider, probe))
+        ids[path] = [p.probe_id for p in ps.probes]
         del ps  # the last reference to the file's mapping
-    names = demangle([p.function for probes in shown for p in probes if p.function])
+    if (provider is not None or probe is not None) and docs and not any(shown):
+        for d in docs:  # the patterns selected nothing in any file: as in every command
+            pattern = " ".join([f"--provider {provider}"] * (provider is not None)
+                               + [f"--probe {probe}"] * (probe is not None))
+            line = no_match(d["path"], [pattern], ids[d["path"]])
+            print(printable(f"usdtpatch: {line}"), file=err)
+        return EXIT_UNUSABLE
+    functions = [p.function for probes in shown for p in probes if p.function]
+    names = demangle(functions)
+    if unavailable(functions):
+        print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     for doc, probes in zip(docs, shown, strict=True):
         relabel(doc, probes, names)
     doc = list_document(docs, errors)

@@ -1,6 +1,7 @@
 """`usdtpatch plan FILE [--trampoline ADDR | --maps FILE | --pid PID] [--load-base ADDR]
-[--form nop5|nop10] [--probe PATTERN] [--json]`: the kernel's write sequences for every probe
-site (or those --probe selects).
+[--kernel 6.18|nop10-series] [--probe PATTERN] [--json]`: the kernel's write sequences for
+every probe site (or those --probe selects; a pattern that selects none is an error, exit 2,
+as in every command). --form nop5|nop10 is the deprecated spelling of --kernel.
 
 Deferred imports: kernelfacts.py and sequences/trampoline.py (PAGE, TASK_SIZE), only when
 --trampoline is given (verify shares these options).
@@ -11,14 +12,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from usdtpatch import api
+from usdtpatch.analysis.probes import no_match
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
-from usdtpatch.errors import UsdtpatchError
+from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.report.plan import plan_json, plan_text
 from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10
+
+if TYPE_CHECKING:
+    from usdtpatch.sequences.plan import Plan
 
 
 def _addr(text: str) -> int:
@@ -58,37 +63,71 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-base", type=_addr, metavar="ADDR",
                    help="where the file is loaded (default: from the maps, else "
                         "0x555555554000 for PIE, 0 for non-PIE)")
-    p.add_argument("--form", choices=(PROTOCOL_NOP5, PROTOCOL_NOP10), default=PROTOCOL_NOP5,
-                   help="kernel protocol: nop5 (Linux 6.18) or nop10 (EXPERIMENTAL: queued "
-                        "upstream series)")
+    p.add_argument("--kernel", choices=list(KERNEL_PROTOCOL), default=None,
+                   help="the kernel generation whose write protocol is planned, as rewrite's "
+                        "--kernel: 6.18 (Linux 6.18 to 7.2: the nop5 protocol; default) or "
+                        "nop10-series (EXPERIMENTAL: the queued upstream series)")
+    p.add_argument("--form", choices=list(FORM_ALIAS), default=None,
+                   help="deprecated spelling of --kernel (nop5: 6.18, nop10: nop10-series): "
+                        "--form names a site form in rewrite and check")
+
+
+# --kernel's generation -> the write protocol planned (Kernel's values, written out: the
+# plan's parser does not import kernelfacts) and the deprecated --form's spellings of it
+KERNEL_PROTOCOL = {"6.18": PROTOCOL_NOP5, "nop10-series": PROTOCOL_NOP10}
+FORM_ALIAS = {PROTOCOL_NOP5: "6.18", PROTOCOL_NOP10: "nop10-series"}
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="the kernel's write sequences for every probe site")
     p.add_argument("file", metavar="FILE", help="the ELF file whose sites are planned")
     add_placement_args(p)
-    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
-                   help=f"only these probes' sites: {PROBE_PATTERN_HELP} (repeatable)")
+    add_probe_arg(p, "planned")
     p.add_argument("--json", action="store_true", help="print the versioned plan document")
     p.set_defaults(func=run)
 
 
-def placement(args: argparse.Namespace) -> dict[str, Any]:
-    """The placement options of plan and verify, as keyword arguments of usdtpatch.api."""
-    return {"form": args.form, "load_base": args.load_base, "trampoline": args.trampoline,
-            "maps": args.maps, "pid": args.pid}
+def placement(args: argparse.Namespace, err: IO[str] | None = None) -> dict[str, Any]:
+    """The placement options of plan and verify, as keyword arguments of usdtpatch.api
+    (the deprecated --form says so on `err`, once)."""
+    kernel = args.kernel
+    if args.form is not None:
+        if err is not None:
+            print(f"usdtpatch: {args.command}: --form {args.form} is deprecated here, give "
+                  f"--kernel {FORM_ALIAS[args.form]} (--form names a site form in rewrite and "
+                  f"check)", file=err)
+        if kernel is not None and kernel != FORM_ALIAS[args.form]:
+            raise InputError(f"--form {args.form} contradicts --kernel {kernel}")
+        kernel = FORM_ALIAS[args.form]
+    return {"form": KERNEL_PROTOCOL[kernel or "6.18"], "load_base": args.load_base,
+            "trampoline": args.trampoline, "maps": args.maps, "pid": args.pid}
+
+
+def add_probe_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--probe, as every command has it (repeatable here)."""
+    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
+                   help=f"only these probes' sites {what}: {PROBE_PATTERN_HELP} (repeatable; "
+                        f"a pattern that selects no probe is an error, exit 2)")
+
+
+def select_sites(plan: Plan, path: str, patterns: list[str]) -> Plan:
+    """`plan` with only the sites of the probes `patterns` select (all without patterns);
+    InputError naming the patterns and the probes there are when they select none."""
+    if not patterns:
+        return plan
+    sites = tuple(s for s in plan.sites
+                  if any(probe_matches(p, *s.probe.split(":", 1)) for p in patterns))
+    if not sites:
+        raise InputError(no_match(path, patterns, (s.probe for s in plan.sites)))
+    return dataclasses.replace(plan, sites=sites)
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     try:
-        plan = api.plan(args.file, **placement(args))
+        plan = select_sites(api.plan(args.file, **placement(args, err)), args.file, args.probe)
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE
-    if args.probe:
-        plan = dataclasses.replace(plan, sites=tuple(
-            s for s in plan.sites
-            if any(probe_matches(p, *s.probe.split(":", 1)) for p in args.probe)))
     if args.json:
         json.dump(plan_json(plan), out, indent=2)
         out.write("\n")

@@ -7,7 +7,9 @@ anything is read. Output is written atomically with the input's permission bits.
 is verified before the file is written, proved where the prover can and in the emulator
 otherwise (--no-prove: the emulator only; --no-verify skips it and says so); a site that
 fails stays as it was and the exit status is 1. --dry-run prints the decisions
-without building a file.
+without building a file. A file without USDT probes is one line, never written: with -o
+an input error (exit 2: the output asked for does not exist), with --in-place or --dry-run
+a line of the report (exit 0: the file as it is is the answer).
 
 Deferred imports: report/render.py (rich: the progress bar), report/text.py (the table,
 not for --json), report/show.py (only for a --report page).
@@ -30,8 +32,15 @@ from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
-from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
-from usdtpatch.errors import UsdtpatchError
+from usdtpatch.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_UNUSABLE,
+    error_line,
+    load,
+    printable,
+)
+from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.io import WRITTEN, check_output
 from usdtpatch.kernelfacts import Kernel
 from usdtpatch.lifetime import die_with_parent
@@ -41,6 +50,7 @@ from usdtpatch.report.rewrite import (
     report_fields,
     report_kind,
     restore_line,
+    result_json,
     rewrite_document,
     write_report,
 )
@@ -195,6 +205,15 @@ class _Results:
         self.extras.append(_report_extra(entry, seconds, size_before))
         self.failed = self.failed or failed
 
+    def in_order(self, paths: list[str]) -> None:
+        """The entries and errors in the order of `paths` (the inputs)."""
+        rank = {p: i for i, p in reversed(list(enumerate(paths)))}
+        both = sorted(zip(self.entries, self.extras, strict=True),
+                      key=lambda e: rank.get(e[0]["path"], len(paths)))
+        self.entries = [e for e, _ in both]
+        self.extras = [x for _, x in both]
+        self.errors.sort(key=lambda e: rank.get(e["path"], len(paths)))
+
     def refuse(self, path: str, exc: UsdtpatchError, err: IO[str]) -> None:
         self.errors.append({"path": path, "error": str(exc)})
         error_line(path, exc, err)
@@ -300,11 +319,22 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                "prove": prove, "keep_build_id": keep_build_id}
     res = _Results()
     started = time.monotonic()
+    bare = [(p, t) for p, t in todo if _no_probes(p)]
+    for p, t in bare:  # nothing to rewrite: one line, nothing written (docs/rewrite.md)
+        if t is not None:  # the output asked for will not exist: an input error, exit 2
+            res.refuse(p, InputError(f"{p}: {NO_PROBES}; {t} not written"), err)
+        else:
+            res.entries.append(result_json(p, None, form, guard, verify, False, (), (),
+                                           note=NO_PROBES))
+            res.extras.append(_report_extra(res.entries[-1], 0.0, None))
+    rest = [x for x in todo if x not in bare]
     if jobs > 1 and several:
-        sizes = {p: _size(p) for p, _ in todo} if report is not None else {}
-        _in_workers(todo, jobs, options, sizes, res, err)
+        sizes = {p: _size(p) for p, _ in rest} if report is not None else {}
+        _in_workers(rest, jobs, options, sizes, res, err)
     else:
-        _one_by_one(todo, options, report is not None, res, err)
+        _one_by_one(rest, options, report is not None, res, err)
+    if bare:
+        res.in_order([p for p, _ in todo])
     doc = rewrite_document(res.entries, res.errors, time.monotonic() - started)
     if as_json:
         out.write(json.dumps(doc) + "\n")
@@ -322,6 +352,18 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
     if res.errors:
         return EXIT_UNUSABLE
     return EXIT_FAIL if res.failed else EXIT_OK
+
+
+NO_PROBES = "no USDT probes: nothing to rewrite, nothing written"
+
+
+def _no_probes(path: str) -> bool:
+    """Whether `path` is an ELF file without a USDT probe (read mapped, as `list` reads it;
+    a file that cannot be read is left to api.rewrite, which says why)."""
+    try:
+        return not load(path).probes
+    except UsdtpatchError:
+        return False
 
 
 def _size(path: str) -> int | None:

@@ -11,6 +11,7 @@ import json
 from typing import IO, Any
 
 from usdtpatch import api
+from usdtpatch.analysis.probes import no_match
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
@@ -52,8 +53,8 @@ def _site_docs(args: argparse.Namespace) -> list[dict[str, Any]]:
     sites = [s for s in report.sites
              if probe_matches(args.probe, s.probe.provider, s.probe.name)]
     if not sites:
-        known = ", ".join(sorted({s.probe.probe_id for s in report.sites})[:10]) or "none"
-        raise InputError(f"{args.file}: no probe {args.probe} (probes: {known})")
+        raise InputError(no_match(args.file, [args.probe],
+                                  (s.probe.probe_id for s in report.sites)))
     return site_views(args.file, report, sites, args.context)
 
 

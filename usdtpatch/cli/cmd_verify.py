@@ -1,4 +1,5 @@
-"""`usdtpatch verify FILE [--plan PLAN.json | --protocol PROTOCOL.toml] [--json]`: run every
+"""`usdtpatch verify FILE [--plan PLAN.json | --protocol PROTOCOL.toml] [--probe PATTERN]
+[--json]`: run every
 torn state of every write sequence in the bundled emulator; a verdict per site, exit 1 if any
 site fails.
 
@@ -14,7 +15,7 @@ import json
 from typing import IO, TYPE_CHECKING, Any
 
 from usdtpatch import api
-from usdtpatch.cli.cmd_plan import add_placement_args, placement
+from usdtpatch.cli.cmd_plan import add_placement_args, add_probe_arg, placement, select_sites
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.verify import demo_text, verify_json, verify_text
@@ -34,8 +35,9 @@ def register(sub: Any) -> None:
     p.add_argument("--protocol", metavar="PROTOCOL.toml",
                    help="run this write protocol (a protocol file: usdtpatch/sequences/protocols/"
                         "nop5.toml is the kernel's) on every site instead of the plan's "
-                        "sequences; its model replaces --form")
+                        "sequences; its model replaces --kernel")
     add_placement_args(p)
+    add_probe_arg(p, "verified")
     p.add_argument("--json", action="store_true", help="print a versioned JSON document")
     p.set_defaults(func=run)
 
@@ -63,14 +65,18 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if proto is not None:
             from usdtpatch.sequences.protocols import ProtocolError, apply_protocol
 
-            model_plan = api.plan(args.file, **{**placement(args), "form": proto.model})
+            model_plan = api.plan(args.file, **{**placement(args, err), "form": proto.model})
             try:
                 plan = apply_protocol(model_plan, proto)
             except ProtocolError as exc:
                 error_line(args.protocol, exc, err)
                 return EXIT_UNUSABLE
+        if plan is None and args.probe:
+            plan = api.plan(args.file, **placement(args, err))
+        if plan is not None:
+            plan = select_sites(plan, args.file, args.probe)
         rep = (api.verify(args.file, plan=plan) if plan is not None
-               else api.verify(args.file, **placement(args)))
+               else api.verify(args.file, **placement(args, err)))
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return EXIT_UNUSABLE

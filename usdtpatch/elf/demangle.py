@@ -59,6 +59,16 @@ def _run(tool: str, names: list[str]) -> list[str] | None:
             os.close(w)
 
 
+NOT_FOUND = ("c++filt (binutils) is not on PATH: C++ function names are shown mangled "
+             "(install binutils to demangle them)")
+
+
+def unavailable(names: list[str]) -> bool:
+    """Whether some of `names` is mangled and c++filt is not there to demangle it (the
+    commands say so in one line: demangling is not a Python dependency, binutils is)."""
+    return any(n.startswith("_Z") for n in names) and _which("c++filt") is None
+
+
 def demangle(names: list[str]) -> dict[str, str]:
     """Map each mangled name in `names` to its demangled form."""
     mangled = sorted({n for n in names if n.startswith("_Z") and "\n" not in n

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from usdtpatch.analysis.probes import ProbeSet, read_probes
+from usdtpatch.analysis.probes import ProbeSet, no_match, read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.errors import InputError, UnsupportedError, UsdtpatchError
 from usdtpatch.io import read_elf
@@ -216,9 +216,10 @@ def site_specs(ps: ProbeSet, path: str, probes: Sequence[str] = ()) -> list[Site
         why = "" if s.sequences is not None else (
             s.findings[0].message if s.findings else "the kernel cannot probe this site")
         out.append(SiteSpec(s.probe, s.index, s.file_offset, length, sems.get(s.index, 0), why))
+    if probes and not any(fnmatch.fnmatchcase(s.probe, p) for s in plan.sites for p in probes):
+        raise InputError(no_match(path, probes, (s.probe for s in plan.sites)))
     if not out:
-        what = f" matching {', '.join(probes)}" if probes else ""
-        raise InputError(f"{path}: no USDT probe sites{what} to attach to")
+        raise InputError(f"{path}: no USDT probe sites to attach to")
     return out
 
 

@@ -38,6 +38,25 @@ def bench_json(rep: BenchReport) -> dict[str, Any]:
             "seconds": round(rep.seconds, 2), "notes": rep.notes}
 
 
+NOISE = "noise"
+NOISE_NOTE = ("noise: the ratio is not a difference from the reference: its rounds' ratios "
+              "reach both sides of 1, or the medians of hits/s order the two the other way "
+              "than the ratio")
+
+
+def is_noise(r: Row, ref: Row | None) -> bool:
+    """Whether a row's traced ratio says nothing: the rounds' ratios reach both sides of 1
+    (the spread is wider than the effect), or the row's median hits/s and the reference's
+    order them against the ratio (hdr-nop5 below stap-nop1 while its ratio read 1.65)."""
+    if ref is None or r is ref:
+        return False
+    lo, hi = r.ratio_traced_range
+    if lo <= 1.0 <= hi:
+        return True
+    faster = r.traced_hits_per_s > ref.traced_hits_per_s
+    return (r.ratio_traced > 1.0) != faster
+
+
 def _table(title: str, rows: list[Row], jvm: bool, out: IO[str]) -> None:
     from usdtpatch.report.render import render_table  # rich, for a terminal
 
@@ -47,10 +66,12 @@ def _table(title: str, rows: list[Row], jvm: bool, out: IO[str]) -> None:
     columns: list[tuple[str, Literal["left", "right"]]] = [
         (n, "left" if n in ("variant", "site bytes") else "right") for n in names]
     cells: list[list[str]] = []
+    ref = next((r for r in rows if r.name in (REFERENCE, JVM_REFERENCE)), None)
     for r in rows:
         lo, hi = r.ratio_traced_range
+        word = f" {NOISE}" if is_noise(r, ref) else ""
         row = [r.name, r.site, str(r.hits), f"{r.traced_hits_per_s / 1e6:.3f}",
-               f"{r.ratio_traced:.2f} ({lo:.2f}-{hi:.2f})"]
+               f"{r.ratio_traced:.2f} ({lo:.2f}-{hi:.2f}){word}"]
         if jvm:
             row += [f"{r.traced_wall_s or 0:.2f}", f"{r.untraced_wall_s or 0:.2f}",
                     f"{r.ratio_untraced:.2f}"]
@@ -72,6 +93,12 @@ def print_bench(rep: BenchReport, out: IO[str]) -> None:
     if rep.jvm:
         _table(f"OpenJDK 17, Bench.java, {rep.jvm_calls} calls per run (x ref: against "
                f"{JVM_REFERENCE})", rep.jvm, True, out)
+    rows = [*rep.trigger, *rep.jvm]
+    refs = {REFERENCE: None, JVM_REFERENCE: None} | {r.name: r for r in rows
+                                                     if r.name in (REFERENCE, JVM_REFERENCE)}
+    if any(is_noise(r, refs[REFERENCE]) for r in rep.trigger) or \
+            any(is_noise(r, refs[JVM_REFERENCE]) for r in rep.jvm):
+        out.write(f"{NOISE_NOTE}\n")
     for n in rep.notes:
         out.write(f"note: {n}\n")
 

@@ -10,7 +10,8 @@ from usdtpatch.findings import CODES, RENAMED, documentation, lookup
 def codes_text() -> str:
     """Every registered code, its severity and its title, one line each."""
     width = max(map(len, CODES))
-    return "".join(f"{c.code:<{width}}  {c.severity.value:<7}  {c.title}\n"
+    sev = max(len(c.severity_text) for c in CODES.values())
+    return "".join(f"{c.code:<{width}}  {c.severity_text:<{sev}}  {c.title}\n"
                    for c in sorted(CODES.values(), key=lambda c: c.code))
 
 
@@ -23,7 +24,7 @@ def explanation(code: str) -> str:
         code = renamed
     entry = lookup(code)
     doc = documentation(code)
-    text += f"{code} ({entry.severity.value}): {entry.title}\n\n"
+    text += f"{code} ({entry.severity_text}): {entry.title}\n\n"
     if doc:
         return text + doc + "\n"
     return text + f"- hint: {entry.hint or 'none'}\n"  # the page is not shipped with it

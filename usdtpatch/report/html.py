@@ -16,6 +16,7 @@ Deferred imports: findings (REWRITE_FAILURES), only for the rewrite page.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -231,10 +232,22 @@ def _pill(outcome: str, text: str | None = None) -> str:
     return f'<span class="pill {cls}">{_e(text or outcome)}</span>'
 
 
+# where a name may break across lines: after a scope, a colon, a parenthesis, a comma, a
+# plus, a slash or underscores, and where a capital follows a small letter (the cells wrap
+# only there and at spaces: overflow-wrap anywhere broke libjvm.so's names mid-word at
+# 1,400 px; tests/test_report_html_browser.py measures it)
+_NAME_BREAKS = re.compile(r"(::|_+|[:(,+/])(?!<wbr>)|(?<=[a-z])(?=[A-Z])")
+
+
+def _name(text: str) -> str:
+    """A probe or function name, escaped, with <wbr> where it may break (between parts)."""
+    return _NAME_BREAKS.sub(lambda m: f"{m.group(1) or ''}<wbr>", _e(text))
+
+
 def _probe_cells(s: dict[str, Any]) -> list[str]:
     """The first cells of a site's row, the same on both pages: the probe (provider:name)
     and its address (sorted by the number)."""
-    return [_cell("probe", f"<code>{_e(s['provider'])}:{_e(s['name'])}</code>"),
+    return [_cell("probe", f"<code>{_name(s['provider'] + ':' + s['name'])}</code>"),
             _cell("address", f"<code>{_hex(s['address'])}</code>", s["address"])]
 
 
@@ -333,9 +346,11 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
     if s["blocked"] is not None:
         wtext, wsort = s["blocked"]["code"], -1
     elif w is not None and w["shape"] in ("in-place", "re-laid"):
-        wtext, wsort = f"{w['shape'].replace('-', ' ')}, {w['end'] - w['start']} B", 0
+        shape = "in place" if w["shape"] == "in-place" else w["shape"]  # "re-laid" stays
+        wtext, wsort = f"{shape}, {w['end'] - w['start']} B", 0
     elif w is not None:
-        wtext = (f"{w['shape']} {w['relocated_bytes']} B"
+        # rewrite's word for what it will do (its page's action: detour), then the window
+        wtext = (f"detour, {w['shape']} {w['relocated_bytes']} B"
                  + (f", +{w['extra_jumps']} jmp" if w["extra_jumps"] else ""))
         wsort = w["relocated_bytes"]
     else:
@@ -350,7 +365,7 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
         _cell("outcome", _pill(s["outcome"]), OUTCOME_ORDER.index(s["outcome"])
               if s["outcome"] in OUTCOME_ORDER else 9),
         _cell("window", _e(wtext), wsort),
-        _cell("function", f"<code>{_e(s['function'] or '-')}</code>"),
+        _cell("function", f"<code>{_name(s['function'] or '-')}</code>"),
         _cell("findings", " ".join(f'<span class="tag">{_e(c)}</span>' for c in codes)
               or '<span class="muted">-</span>'),
     ]

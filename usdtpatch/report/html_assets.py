@@ -85,7 +85,7 @@ margin:0 .25em .15em 0;font-size:.85em;background:#fff;white-space:nowrap}
 .tag.guard-on{border-color:var(--optimizable);color:var(--optimizable)}
 .tag.guard-off{border-color:var(--error);color:var(--error)}
 .none{color:var(--muted);font-style:italic}
-.sites .cell .tag{white-space:normal;overflow-wrap:anywhere}
+.sites .cell .tag{white-space:normal;overflow-wrap:break-word}
 .filters{display:flex;flex-wrap:wrap;align-items:center;gap:.5em 1em;margin:.6em 0;
 padding:.5em .7em;background:var(--soft);border:1px solid var(--line);border-radius:6px}
 .filters label{display:flex;gap:.35em;align-items:center;color:var(--muted)}
@@ -110,7 +110,7 @@ color:var(--muted)}
 details.site[open]>summary::before{content:"\\25BE"}
 details.site>summary:hover{background:#f3f7fd}
 details.site[open]>summary{background:#eef4fc}
-.cell{min-width:0;overflow-wrap:anywhere}
+.cell{min-width:0;overflow-wrap:break-word}
 .pill{display:inline-block;border-radius:10px;padding:0 .55em;color:#fff;font-size:.86em;
 font-weight:600;white-space:nowrap}
 .pill.n-a{background:var(--na)}

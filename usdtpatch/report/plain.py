@@ -6,12 +6,18 @@ a file, the tables carry no colour, so this module lays them out itself, in rich
 (no box, one space of padding between columns, none at the edges) but with rules made for
 text that is read by grep and awk as much as by people:
 
-- the page is `COLUMNS` wide when that is set, else unlimited (a pipe has no width): a row
-  stays on one line whenever the page allows it;
+- the page is `COLUMNS` wide when that is set, else unlimited (a pipe has no width); on a
+  terminal it is the terminal's width (report/text.py: a terminal gets these same rules, so
+  no value is cut and no column dropped there either): a row stays on one line whenever the
+  page allows it;
 - when a table is wider than the page, only the columns of space-separated words (check's
   findings, list's arguments) shrink, never below their longest word or heading, and their
   cells wrap between words: a name (probe, function, finding code, argument) is never cut or
   broken across lines, and a table that cannot fit runs past the page instead;
+- when that last column of words, wider than BELOW_UNDER, would be left fewer, it goes below
+  its row instead: the row's other cells on one line, its words on the indented lines under
+  it, wrapped between words at the page's width (a row starts at the line's first column, its
+  continuation lines with spaces, in both layouts);
 - the lines around the tables (file headings, findings, summaries, errors) are one line each.
 
 What these rules do not cover (non-ASCII or control characters, whose width on a page is not
@@ -39,6 +45,14 @@ def page_width() -> int | None:
     except ValueError:
         return None
     return columns if columns > 0 else None
+
+
+# the `width` of list_text, check_text and rewrite_lines when none is given: page_width()
+FROM_ENV = -1
+
+
+def _width(width: int | None) -> int | None:
+    return page_width() if width == FROM_ENV else width
 
 
 def _hex(v: int | None) -> str:
@@ -194,6 +208,11 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Seq
         raise _Unsupported
     pads = [(0 if i == 0 else 1) + (0 if i == ncols - 1 else 1) for i in range(ncols)]
     widths = [max(*map(len, col), 1) + pad for col, pad in zip(columns, pads, strict=True)]
+    if (max_width is not None and sum(widths) > max_width and fold[-1]
+            and not any(fold[:-1])
+            and widths[-1] > BELOW_UNDER and max_width - sum(widths[:-1]) < BELOW_UNDER):
+        del columns
+        return _below(headers, rows, widths, max_width)
     if max_width is not None and sum(widths) > max_width:
         # a column of words: no narrower than its heading or its longest word
         minimum = [max(len(col[0]), max((len(x) for c in col[1:] for x in c.split()), default=1))
@@ -220,6 +239,31 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Seq
     return lines()
 
 
+# a last column of words that would be narrower than this on the page goes below its row
+BELOW_UNDER = 30
+BELOW_INDENT = "    "
+
+
+def _below(headers: Sequence[str], rows: Sequence[Sequence[str]], widths: list[int],
+           max_width: int) -> Iterator[str]:
+    """A table whose last column of words would be squeezed to a few words a line (rewrite's
+    detail on libjvm.so at 120 columns: five lines a row): each row's other cells on one
+    line, at their widths, and its last cell on the lines below, indented, wrapped between
+    words at the page's width (a "-" or empty cell, nothing to say, adds no line)."""
+    line_format = "".join(("{:<%d}" if i == 0 else " {:<%d}") % max(1, w - (1 if i else 0))
+                          for i, w in enumerate(widths[:-1]))
+
+    def lines() -> Iterator[str]:
+        yield line_format.format(*headers[:-1]) + " " + headers[-1]
+        for row in rows:
+            yield line_format.format(*row[:-1]).rstrip()
+            if row[-1] not in ("", "-"):
+                for part in wrap_words(row[-1], max_width - len(BELOW_INDENT)):
+                    yield BELOW_INDENT + part
+
+    return lines()
+
+
 def _printable(text: str) -> bool:
     return text.isascii() and (text.isprintable() or not text)
 
@@ -233,15 +277,16 @@ def _page_lines(text: str) -> list[str]:
 # The two reports
 
 
-def list_text(doc: dict[str, Any]) -> str | None:
-    """`list`'s table report as text, or None when rich must lay it out."""
+def list_text(doc: dict[str, Any], width: int | None = FROM_ENV) -> str | None:
+    """`list`'s table report as text on a page of `width` columns (None: unlimited; by
+    default page_width()), or None when rich must lay it out."""
     try:
         out: list[str] = []
         for f in doc["files"]:
             out += _page_lines(list_heading(f))
             if f["probes"]:
                 out += table(LIST_HEADERS, [list_cells(p) for p in f["probes"]],
-                             (False,) * 6 + (True,), page_width())
+                             (False,) * 6 + (True,), _width(width))
             out += [_plain(finding_line(fd)) for fd in f["findings"]]
         return "".join(line + "\n" for line in out)
     except _Unsupported:
@@ -284,8 +329,10 @@ def check_summary_line(f: dict[str, Any]) -> str:
     return line
 
 
-def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
-    """`check`'s table report as text, or None when rich must lay it out. The document's
+def check_text(doc: dict[str, Any], summary_only: bool = False,
+               width: int | None = FROM_ENV) -> str | None:
+    """`check`'s table report as text on a page of `width` columns (as list_text), or None
+    when rich must lay it out. The document's
     unusable inputs are not in it: their one line is on stderr (cmd_check.build_document)."""
     try:
         out: list[str] = []
@@ -295,7 +342,7 @@ def check_text(doc: dict[str, Any], summary_only: bool = False) -> str | None:
                                f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)")
             if f["sites"] and not summary_only:
                 out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]],
-                             (False,) * 7 + (True,), page_width())
+                             (False,) * 7 + (True,), _width(width))
             if not summary_only:
                 out += [_plain(finding_line(fd)) for fd in f["findings"]]
                 out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]]
@@ -312,11 +359,12 @@ def rewrite_text(doc: dict[str, Any]) -> str | None:
     return None if lines is None else "".join(line + "\n" for line in lines)
 
 
-def rewrite_lines(doc: dict[str, Any]) -> Iterator[str] | None:
-    """`rewrite_text`'s lines as they are made, or None when rich must lay the report out
-    (every table's cells and every other line are checked before the first line)."""
+def rewrite_lines(doc: dict[str, Any], width: int | None = FROM_ENV) -> Iterator[str] | None:
+    """`rewrite_text`'s lines as they are made (on a page of `width` columns, as list_text),
+    or None when rich must lay the report out (every table's cells and every other line are
+    checked before the first line)."""
     try:
-        parts = [_rewrite_file(f) for f in doc["files"]]
+        parts = [_rewrite_file(f, _width(width)) for f in doc["files"]]
     except _Unsupported:
         return None
 
@@ -329,15 +377,18 @@ def rewrite_lines(doc: dict[str, Any]) -> Iterator[str] | None:
     return lines()
 
 
-def _rewrite_file(f: dict[str, Any]) -> tuple[list[str], Iterator[str], list[str]]:
+def _rewrite_file(f: dict[str, Any], width: int | None
+                  ) -> tuple[list[str], Iterator[str], list[str]]:
     """One file of the rewrite report: its lines before the table, the table's lines (made
     when read), the lines after it."""
+    if f.get("note") and f["output"] is None:  # a file with nothing to rewrite: one line
+        return _page_lines(f"{f['path']}: {f['note']}"), iter(()), []
     dest = f["output"] or "(dry run: nothing written)"
     head = _page_lines(f"{f['path']} -> {dest}")
     if f.get("note"):
         return head + _page_lines(f"  {f['note']}"), iter(()), []
     rows = table_lines(REWRITE_HEADERS, [rewrite_cells(s) for s in f["sites"]],
-                       (False,) * 7 + (True,), page_width())
+                       (False,) * 7 + (True,), width)
     line, chosen = rewrite_summary_line(f)
     after = _page_lines(line)
     for c in chosen:

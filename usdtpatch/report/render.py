@@ -8,6 +8,7 @@ Deferred imports: rich.progress and time, only for the progress bar.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, Literal
@@ -35,12 +36,20 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 PIPE_WIDTH = 160  # width when the output is not a terminal and $COLUMNS is unset (rich: 80)
 
 
+def colour_allowed() -> bool:
+    """Whether escapes of colour and style may be written at all: not with NO_COLOR set to
+    anything but the empty string (no-color.org), nor on TERM=dumb."""
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 def make_console(file: IO[str] | None = None, width: int | None = None,
                  color: bool | None = None) -> Console:
     """A console for `file`; to a pipe or file it is $COLUMNS wide (else PIPE_WIDTH) and has
-    no colour."""
+    no colour; nor with NO_COLOR or TERM=dumb (colour_allowed), anywhere (its progress bar
+    too: no colour, bold or dim, only the bar's characters)."""
+    plain = color is False or not colour_allowed()
     console = Console(file=file, width=width, highlight=False, soft_wrap=False,
-                      color_system=None if color is False else "auto", no_color=color is False)
+                      color_system=None if plain else "auto", no_color=plain)
     if width is None and not console.is_terminal:
         console.width = page_width() or PIPE_WIDTH
     return console
@@ -131,6 +140,9 @@ def render_show(console: Console, doc: dict[str, Any]) -> None:
 def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
     """The rewrite report: a table of sites per file and a summary line."""
     for f in doc["files"]:
+        if f.get("note") and f["output"] is None:  # a file with nothing to rewrite: one line
+            console.print(Text(f"{f['path']}: {f['note']}"))
+            continue
         dest = f["output"] or "(dry run: nothing written)"
         console.print(Text(f"{f['path']} -> {dest}", style="bold"))
         if f.get("note"):
@@ -150,6 +162,10 @@ def render_rewrite(console: Console, doc: dict[str, Any]) -> None:
         render_findings(console, [x for x in f["findings"] if x["severity"] != "info"])
 
 
+# the phases after the verification, each short: the bar counts them (api.rewrite's `phase`)
+LATE_PHASES = ("build", "check", "write")
+
+
 class FileProgress:
     """The progress of one file's rewrite: `sites(done, total)` while the sites are decided,
     `phase(name)` as each later phase starts (usdtpatch.api.rewrite's `progress` and `phase`
@@ -163,8 +179,8 @@ class FileProgress:
 @contextmanager
 def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[str], FileProgress]]:
     """A progress bar per file on a terminal, shown once the work has taken `after` seconds:
-    the sites decided (a count), then each later phase by name (verify, build, check, write)
-    with its own elapsed time, so the bar never sits still on a finished count.
+    the sites decided (a count), the detours verified (a count, as the workers answer), then
+    build, check and write as steps of a bar that fills, so no phase shows an empty bar.
 
     Yields `progress_for(label)`, the FileProgress of one file; off a terminal its callbacks
     do nothing.
@@ -173,7 +189,7 @@ def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[st
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    if not console.is_terminal:
+    if not console.is_terminal or console.is_dumb_terminal:  # TERM=dumb: no cursor moves
         yield lambda _label: FileProgress(lambda _done, _total: None, lambda _name: None)
         return
     bar = Progress("[progress.description]{task.description}", BarColumn(),
@@ -190,13 +206,21 @@ def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[st
 
     def progress_for(label: str) -> FileProgress:
         task = bar.add_task(f"{label}: plan", total=None, count="")
+        unit = ["sites"]  # what `sites` counts: the sites planned, then the detours verified
 
         def sites(done: int, total: int) -> None:
             show()
-            bar.update(task, completed=done, total=total, count=f"{done}/{total} sites")
+            bar.update(task, completed=done, total=total, count=f"{done}/{total} {unit[0]}")
 
         def phase(name: str) -> None:
-            show()  # a phase of unknown length: a pulsing bar, its name, the time so far
+            show()
+            if name in LATE_PHASES:  # short steps: the bar counts them
+                step = LATE_PHASES.index(name)
+                bar.update(task, description=f"{label}: {name}", total=len(LATE_PHASES),
+                           completed=step, count=f"step {step + 1}/{len(LATE_PHASES)}")
+                return
+            # verify: pulsing until the workers' first answers come back, then counting them
+            unit[0] = "detours verified" if name == "verify" else "sites"
             bar.reset(task, total=None, description=f"{label}: {name}", count="")
 
         return FileProgress(sites, phase)
@@ -228,4 +252,4 @@ def render_table(out: IO[str], title: str, columns: list[tuple[str, Literal["lef
         t.add_column(name, justify=justify)
     for cells in rows:
         t.add_row(*cells)
-    Console(file=out, width=width, no_color=True).print(t)
+    make_console(out, width=width, color=False).print(t)

@@ -1,14 +1,19 @@
-"""The table reports (`list`, `check`, `rewrite`) printed: plain text to a file or pipe
-(report/plain.py, no rich), rich to a terminal (report/render.py, imported only then).
+"""The table reports (`list`, `check`, `rewrite`) printed: plain text (report/plain.py, no
+rich) to a file, a pipe and a terminal alike, under one rule (no value cut, no column
+dropped, rows wrapped only between the words of a word column): a pipe's page is $COLUMNS
+wide (else unlimited), a terminal's is $COLUMNS or the terminal's width. rich
+(report/render.py) lays out only what plain.py does not reproduce (non-ASCII or control
+characters), on a page no row is cut at.
 
 The one module that chooses between the two, so that neither imports the other's way back:
 render.py takes its cells from plain.py, and plain.py imports nothing of report/.
 
-Deferred imports: report/render.py (rich), only for a terminal.
+Deferred imports: report/render.py (rich), only for text plain.py leaves to it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import IO, Any
 
 from usdtpatch.report.plain import (
@@ -31,13 +36,26 @@ _UNLIMITED = 1 << 16
 
 
 def rich_width(out: IO[str]) -> int | None:
-    """The width rich lays a table out at: the terminal's (None) or the plain page's."""
-    return (page_width() or _UNLIMITED) if plain_output(out) else None
+    """The width rich lays a table out at: the plain page's in a pipe; on a terminal a page
+    no row is wider than (rich folds a column inside words, and drops columns, to fit a
+    narrower one; the terminal wraps what is wider)."""
+    return (page_width() or _UNLIMITED) if plain_output(out) else _UNLIMITED
+
+
+def terminal_width(out: IO[str]) -> int | None:
+    """The page of a report on `out`: $COLUMNS, else a terminal's width, else unlimited."""
+    columns = page_width()
+    if columns is not None or plain_output(out):
+        return columns
+    try:
+        return os.get_terminal_size(out.fileno()).columns or None
+    except (AttributeError, ValueError, OSError):  # no descriptor (a test's buffer)
+        return None
 
 
 def print_list(out: IO[str], doc: dict[str, Any]) -> None:
-    """Print `list`'s table report: plain text to a file or pipe, rich to a terminal."""
-    text = list_text(doc) if plain_output(out) else None
+    """Print `list`'s table report: plain text (rich for what plain.py leaves to it)."""
+    text = list_text(doc, terminal_width(out))
     if text is not None:
         out.write(text)
         return
@@ -48,9 +66,9 @@ def print_list(out: IO[str], doc: dict[str, Any]) -> None:
 
 def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False,
                 forms_line: bool = False) -> None:
-    """Print `check`'s table report: plain text to a file or pipe, rich to a terminal; with
+    """Print `check`'s table report: plain text (rich for what plain.py leaves to it); with
     `forms_line`, FORMS_LINE after it when a file has sites."""
-    text = check_text(doc, summary_only) if plain_output(out) else None
+    text = check_text(doc, summary_only, terminal_width(out))
     if text is not None:
         out.write(text)
     else:
@@ -62,8 +80,8 @@ def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False,
 
 
 def print_rewrite(out: IO[str], doc: dict[str, Any]) -> None:
-    """Print `rewrite`'s table report: plain text to a file or pipe, rich to a terminal."""
-    lines = rewrite_lines(doc) if plain_output(out) else None
+    """Print `rewrite`'s table report: plain text (rich for what plain.py leaves to it)."""
+    lines = rewrite_lines(doc, terminal_width(out))
     if lines is not None:
         for line in lines:  # written as made: no joined report of every site
             out.write(line + "\n")

@@ -51,7 +51,7 @@ import random
 import signal
 import struct
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -708,8 +708,9 @@ class _Memo:
 
     CHUNK = 8
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, progress: Callable[[int, int], None] | None = None) -> None:
         self.pool = pool
+        self.progress = progress  # (detours verified, detours asked) as answers come back
         self.answers: dict[_Key, tuple[str | None, str]] = {}
         self.asked: dict[_Key, _Job] = {}
         self.batch: list[_Key] = []
@@ -751,10 +752,17 @@ class _Memo:
         if not self.sent:
             return False
         changed = False
-        for keys, pending in self.sent:
+        total = sum(len(keys) for keys, _ in self.sent)
+        done = 0
+        chunks = {pending: keys for keys, pending in self.sent}
+        for pending in as_completed(chunks):  # counted as they come back
+            keys = chunks[pending]
             for key, answer in zip(keys, pending.result(), strict=True):
                 self.answers[key] = answer
                 changed = changed or answer[0] is not None
+            done += len(keys)
+            if self.progress is not None:
+                self.progress(done, total)
         self.sent.clear()
         self.asked.clear()
         return changed
@@ -789,7 +797,8 @@ def _worker_run(jobs: list[_Job]) -> list[tuple[str | None, str]]:
 
 def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int | None = None,
                   runs: int = RUNS, seed: int = 1, expected: int = 0,
-                  wrap: Callable[[Verifier], Verifier] | None = None) -> _T:
+                  wrap: Callable[[Verifier], Verifier] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> _T:
     """`plan(verifier)` with every detour it keeps verified, `jobs` worker processes (default:
     the CPUs this process may use) verifying in parallel. `expected` (the number of probes)
     decides whether a pool is worth starting; with one job, or in a daemonic process, the
@@ -800,7 +809,9 @@ def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int 
     alone (the prover's, usdtpatch.prove.verifier: proofs first, the emulator for the rest).
     With workers, `plan` is given a memo whose `last_method` may be PENDING while a detour's
     answer is not back; its `method(detour)` says how each detour of the run `plan`
-    returned from was verified."""
+    returned from was verified. `progress(done, total)`: the detours the workers have
+    verified of those asked, as their answers come back (none without workers: the planner's
+    own progress covers a verification done as it plans)."""
     if jobs is None:
         affinity = getattr(os, "sched_getaffinity", None)
         n = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
@@ -816,7 +827,7 @@ def plan_verified(image: ElfImage, plan: Callable[[Verifier], _T], *, jobs: int 
         # the first job forks every worker: make one now, before the planner's analysis
         # grows this process (a forked worker's memory starts as a copy of it)
         pool.submit(int)
-        memo = _Memo(pool)
+        memo = _Memo(pool, progress)
         while True:
             result = plan(memo)
             if not memo.settle():

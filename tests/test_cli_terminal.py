@@ -1,0 +1,194 @@
+"""A terminal gets the pipe's rule (issue 34, items 1 and 2): `list`, `check` and `rewrite`
+run under a pseudo-terminal print what they print to a pipe at the same $COLUMNS (no value
+cut, no column dropped, rows wrapped only between words), libjvm.so's rewrite table takes
+about two lines a site at 120 columns, and NO_COLOR or TERM=dumb turn every escape of colour
+and style off, the progress bar's too."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import pty
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, fixture
+
+LIBJVM = Path("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so")
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour and style
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # any control sequence
+
+
+def _env(columns: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "LINES")}
+    env.update({"PYTHONPATH": str(ROOT), "COLUMNS": str(columns), "TERM": "xterm-256color",
+                **extra})
+    return env
+
+
+def on_terminal(argv: list[str], columns: int, **extra: str) -> tuple[str, int]:
+    """`usdtpatch argv` with stdout and stderr on a pseudo-terminal `columns` wide: what it
+    printed (raw: escapes kept, "\\r\\n" line ends) and its exit status."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "usdtpatch", *argv], stdin=slave,
+                            stdout=slave, stderr=slave, env=_env(columns, **extra), cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: the child closed its side
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        rc = proc.wait(timeout=300)
+    return b"".join(chunks).decode(), rc
+
+
+def in_pipe(argv: list[str], columns: int) -> str:
+    res = subprocess.run([sys.executable, "-m", "usdtpatch", *argv], capture_output=True,
+                         text=True, env=_env(columns), cwd=ROOT, timeout=300, check=False)
+    return res.stdout
+
+
+def _text(raw: str) -> str:
+    return ESCAPE.sub("", raw).replace("\r\n", "\n")
+
+
+CASES = [("list", "demo"), ("list", "args-O2"), ("check", "args-O2"), ("check", "demo"),
+         ("check", "cxx-throw"), ("rewrite", "args-O2"), ("rewrite", "cxx-throw")]
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+@pytest.mark.parametrize(("command", "name"), CASES, ids=[f"{c}-{n}" for c, n in CASES])
+def test_a_terminal_gets_the_pipes_layout(command: str, name: str, columns: int) -> None:
+    argv = [command, str(fixture(name))]
+    argv += {"check": ["--fail-on", "never"], "rewrite": ["--dry-run"]}.get(command, [])
+    raw, rc = on_terminal(argv, columns)
+    assert rc == 0, raw
+    piped = in_pipe(argv, columns)
+    assert _text(raw) == piped
+    # and the pipe's rule holds: every name whole, on the first line of its row
+    doc = __import__("json").loads(in_pipe([*argv, "--json"], columns))
+    for f in doc["files"]:
+        for row in f.get("probes") or f.get("sites") or []:
+            first = next(line for line in piped.splitlines()
+                         if line.startswith(f"{row['provider']}:{row['name']} "))
+            assert f"{row['address']:#x}" in first.split()
+            if row.get("function"):
+                assert f" {row['function']} " in f"{first} "
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LIBJVM.exists(), reason=f"{LIBJVM} not installed")
+def test_libjvm_rewrite_table_on_a_terminal(tmp_path: Path) -> None:
+    """At 120 columns the detail of each of libjvm.so's 531 sites went over five lines a row
+    (rich folded it into the space left); now its row and one line of detail below it, the
+    progress bar without colour under NO_COLOR."""
+    lib = tmp_path / "libjvm.so"
+    shutil.copyfile(LIBJVM, lib)
+    raw, rc = on_terminal(["rewrite", "--dry-run", str(lib)], 120, NO_COLOR="1")
+    assert rc == 0
+    assert not SGR.search(raw)
+    lines = _text(raw).splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("probe "))
+    end = next(i for i, x in enumerate(lines) if x.startswith("  531 site(s)"))
+    table = lines[head + 1:end]
+    rows = [line for line in table if not line.startswith(" ")]
+    assert len(rows) == 531
+    assert len(table) < 2.2 * len(rows)  # 3,540 lines before
+    assert all(len(line) <= 120 for line in table)
+
+
+def test_no_color_and_dumb_terminals_get_no_escapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress bar of rewrite on a terminal, with NO_COLOR and with TERM=dumb."""
+    from usdtpatch.report.render import make_console, site_progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    def bar() -> str:
+        buf = Tty()
+        with site_progress(make_console(buf), after=0) as progress_for:
+            shown = progress_for("prog")
+            shown.sites(5, 10)
+            shown.phase("verify")
+        return buf.getvalue()
+
+    for k in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert SGR.search(bar())  # a colour terminal: colour (the test can fail)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not SGR.search(bar())
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not ESCAPE.search(bar())
+
+
+@pytest.mark.parametrize("extra", [{"NO_COLOR": "1"}, {"TERM": "dumb"}])
+def test_commands_on_a_terminal_honour_no_color(extra: dict[str, str]) -> None:
+    for argv in (["list", str(fixture("demo"))], ["show", str(fixture("demo")), "-p", "parse"],
+                 ["check", str(fixture("demo")), "--fail-on", "never"]):
+        raw, _ = on_terminal(argv, 100, **extra)
+        assert not SGR.search(raw), argv
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is missing")
+def test_the_verification_is_counted(tmp_path: Path) -> None:
+    """Item 3: the verification (workers proving and emulating the detours) showed an empty
+    bar and a clock; now `progress` counts the detours verified after phase "verify", and
+    build, check and write fill the bar step by step."""
+    from usdtpatch import api
+    from usdtpatch.report.render import LATE_PHASES, make_console, site_progress
+
+    src = tmp_path / "many.c"
+    subprocess.run([sys.executable, str(ROOT / "fixtures" / "gen_synthetic.py"), "--probes",
+                    "40", "--style", "lite", "-o", str(src)], check=True)
+    prog = tmp_path / "many"
+    subprocess.run(["gcc", "-O2", "-o", str(prog), str(src)], check=True)
+    events: list[tuple[str, int, int]] = []
+    state = ["plan"]
+
+    def phase(name: str) -> None:
+        state[0] = name
+        events.append((name, 0, 0))
+
+    api.rewrite(prog, tmp_path / "out", jobs=2, phase=phase,
+                progress=lambda d, t: events.append((f"{state[0]}-count", d, t)))
+    counted = [(d, t) for e, d, t in events if e == "verify-count"]
+    assert counted and counted[-1][0] == counted[-1][1] >= 24
+    assert [d for d, _ in counted] == sorted(d for d, _ in counted)
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    buf = Tty()
+    with site_progress(make_console(buf, width=120), after=0) as progress_for:
+        shown = progress_for("many")
+        shown.phase("verify")
+        shown.sites(16, 40)
+        time.sleep(0.35)  # the bar is drawn by rich's refresh thread, 10 times a second
+        for name in LATE_PHASES:
+            shown.phase(name)
+            time.sleep(0.35)
+    text = buf.getvalue()
+    assert "16/40 detours verified" in text
+    assert all(f"step {n}/3" in text for n in (1, 2, 3))

@@ -105,8 +105,10 @@ def test_narrow_pages_wrap_between_words_only(rows: list[tuple[str, str, str]],
     # every cell is there whole: the names on the row's first line, the words in order
     at = lines[0].index("findings")
     # a findings column wider than BELOW_UNDER left fewer columns goes below each row
-    below = (natural > width and widths[2] > BELOW_UNDER
-             and width - (widths[0] + widths[1] + 4) < BELOW_UNDER)
+    # (the widths as the table counts them: each with its gap, one space on each side of an
+    # inner column and one before the last: +1, +2, +1)
+    below = (natural > width and widths[2] + 1 > BELOW_UNDER
+             and width - (widths[0] + 1 + widths[1] + 2) < BELOW_UNDER)
     starts = [i for i, line in enumerate(lines) if not line.startswith(" ")]
     assert len(starts) == len(rows) + 1
     for (probe, function, findings), i, end in zip(rows, starts[1:], [*starts[2:], len(lines)],

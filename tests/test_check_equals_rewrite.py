@@ -114,10 +114,14 @@ def test_check_predicts_the_fork_guard_refusal_on_fixtures(fork_guard: str) -> N
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_BINARIES))
 def test_check_predicts_rewrite_on_real_binaries(name: str) -> None:
+    assert _mismatches(_real(name)) == []
+
+
+def _real(name: str) -> Path:
     path = REAL_BINARIES[name]
     if not path.exists():
         pytest.skip(f"{path} is not installed")
-    assert _mismatches(path) == []
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -170,10 +174,7 @@ def test_check_site_text_summary_and_json_agree(path: Path, guard: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_BINARIES))
 def test_check_site_text_summary_and_json_agree_on_real_binaries(name: str) -> None:
-    path = REAL_BINARIES[name]
-    if not path.exists():
-        pytest.skip(f"{path} is not installed")
-    _agree(path, "auto")
+    _agree(_real(name), "auto")
 
 
 def _agree(path: Path, guard: str) -> None:

@@ -186,13 +186,9 @@ def calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None
     a call with a landing pad (a catch, a destructor), or one the table leaves out (which ends
     in std::terminate, as in a noexcept function), would behave differently.
     """
-    fde = cfi.lookup(win.start)
-    if fde is None or fde.lsda is None:
-        return None
-    try:
-        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
-    except CfiError as exc:
-        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
+    lsda = _function_lsda(image, cfi, win)
+    if not isinstance(lsda, Lsda):
+        return lsda
     calls = set(win.calls)
     for ins in win.insns:
         if ins.address not in calls:
@@ -205,6 +201,17 @@ def calls_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None
             return (f"the call at {ins.address:#x} has a landing pad at "
                     f"{entry.landing_pad or 0:#x} in the function's LSDA")
     return None
+
+
+def _function_lsda(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> Lsda | str | None:
+    """The LSDA of the window's function, None where it has none, or why it does not parse."""
+    fde = cfi.lookup(win.start)
+    if fde is None or fde.lsda is None:
+        return None
+    try:
+        return parse_lsda(image, fde.lsda, fde.pc_begin)
+    except CfiError as exc:
+        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
 
 
 def call_site_at(lsda: Lsda, at: int) -> CallSite | None:
@@ -228,13 +235,9 @@ def faults_unwind(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | Non
     delivered at any other pc is not something C++ defines (gcc covers only the trapping
     instructions of -fnon-call-exceptions code, and leaves the others out of its tables).
     """
-    fde = cfi.lookup(win.start)
-    if fde is None or fde.lsda is None:
-        return None
-    try:
-        lsda = parse_lsda(image, fde.lsda, fde.pc_begin)
-    except CfiError as exc:
-        return f"the function's LSDA at {fde.lsda:#x} does not parse: {exc}"
+    lsda = _function_lsda(image, cfi, win)
+    if not isinstance(lsda, Lsda):
+        return lsda
     for ins in win.insns:
         if not may_fault(ins):
             continue

@@ -14,10 +14,10 @@ extension (.json, .sarif, .html), the convention of `rewrite --report` and `post
 Exit status: 0 when no finding reaches --fail-on (default: error), 1 when one does, 2 when an
 input is unusable (not ELF, unreadable) or the usage is wrong.
 
-Deferred imports: json (not for the table), report/sarif.py, report/html.py and
-report/show.py (only for their format), report/rewrite.py (report_kind, only with --report),
-report/text.py (only for the table), errors (OutputError, only for a --report without a
-format).
+Deferred imports: json (not for the table), dataclasses (only to keep the sites --probe
+selects), report/sarif.py, report/html.py and report/show.py (only for their format),
+report/rewrite.py (report_kind, only with --report), report/text.py (only for the table),
+errors (OutputError, only for a --report without a format).
 """
 
 from __future__ import annotations

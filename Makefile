@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 # cmake, meson and ninja build the examples/ projects of the build-integration tests;
 # chromium opens the HTML reports headless in tests/test_report_html*.py; ruby runs a
 # rewritten libruby; elfutils' eu-strip and linux-perf's perf read rewritten files; the JRE
-# and libpython3.11 are real binaries the tests copy and rewrite).
+# and libpython3.11 are real binaries the tests copy and rewrite; rustc builds the Rust program
+# whose fork routes tests/test_fork_routes.py traces, musl-tools' musl-gcc the musl ones).
 # Installed with apt-get when missing, and only when that upgrades no installed package.
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
 	cmake meson ninja-build chromium ruby elfutils linux-perf openjdk-17-jre-headless \

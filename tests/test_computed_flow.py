@@ -20,7 +20,8 @@ tests/data/computed.c built by gcc and clang, PIE and not:
   tail call after them is not computed by the arithmetic before the jump (before: every
   function of the file was all-targets, libruby's 40 sites refused);
 - distance: another function takes its address less a register (a reach check): a distance,
-  not an address (the assumption code-differences): not poisoned, rewritten;
+  not an address (the assumption code-differences): not poisoned, rewritten; subconst: the
+  address less a register set to a constant in the line is an address: poisoned;
 - plain, and leaplain (its address is taken and stored as it is, no arithmetic): no way in
   from elsewhere (rewritten: the detour is used).
 
@@ -57,7 +58,7 @@ BUILDS = {f"{cc}-{kind}": (cc, [*flags, *_INCLUDE]) for cc in ("gcc", "clang")
 TABLES = ("arith", "far", "cut", "taken")  # a bounded table's entry: window-branch-target
 POISONED = {"fnbase": "arithmetic on the address of code", "leaadd": "computes the target",
             "unbound": "has no bounds check", "otherreg": "has no bounds check",
-            "fellbe": "has no bounds check"}
+            "fellbe": "has no bounds check", "subconst": "arithmetic on the address of code"}
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")]

@@ -98,6 +98,13 @@ asm(".text\n"
     FUNC("distance_other") ".cfi_startproc\n"
     "\tlea distance(%rip), %rcx\n\tsub %rdi, %rcx\n\tmov %rcx, distance_slot(%rip)\n"
     "\tmov %rdi, %rax\n\tadd $100, %rax\n\tret\n.cfi_endproc\n" END("distance_other")
+    /* subconst: the address less a register set to a constant just before: an address
+       (a constant offset back), stored: poisoned, unlike distance */
+    PROBED("subconst", ".Lsc_after", "27")
+    FUNC("subconst_other") ".cfi_startproc\n"
+    "\tlea subconst(%rip), %rcx\n\tmov $-4, %rdx\n\tsub %rdx, %rcx\n"
+    "\tmov %rcx, distance_slot(%rip)\n"
+    "\tmov %rdi, %rax\n\tadd $100, %rax\n\tret\n.cfi_endproc\n" END("subconst_other")
     CN_BASE
     ".section .rodata\n.p2align 2\n"
     /* each table's entry that lands after a probe has a symbol (NAME_entry) */

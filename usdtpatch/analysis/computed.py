@@ -155,7 +155,8 @@ def _arithmetic_after(code: bytes, at: int, target: int) -> str | None:
     straight line after the `lea`: a computed value that is jumped to, called, stored,
     pushed, passed on (a call, the end of the line) or still held when the line ends counts;
     one that is only compared, tested, or shifted right by 32 or more (no longer an address)
-    and then dropped does not, nor the address less a register, taken for a distance
+    and then dropped does not, nor the address less a register (not one set to an immediate
+    in the line: that is a constant offset), taken for a distance
     (`code-differences` in prove/assumptions.py: libruby's rel32 reach check `(fn - x +
     2^31) >> 32`)."""
     insns = sweep(code, at, True).insns
@@ -165,6 +166,7 @@ def _arithmetic_after(code: bytes, at: int, target: int) -> str | None:
     lea = insns[0]
     holders = {alias(lea.operands[-1])}
     derived: dict[str, CodeInsn] = {}  # register -> the arithmetic that made its value
+    consts: set[str] = set()  # registers set to an immediate in the line
     for ins in insns[1:_FOLLOW]:
         mn, ops = ins.base_mnemonic, ins.operands
         arith = mn.startswith(_ARITHMETIC) and not (mn.startswith("lea") and ins.rip_target)
@@ -181,7 +183,7 @@ def _arithmetic_after(code: bytes, at: int, target: int) -> str | None:
         if mn.startswith(("cmp", "test", "bt")):
             pass  # read, nothing written
         elif mn.startswith("sub") and len(ops) == 2 and ops[0].startswith("%") and \
-                dest in holders and alias(ops[0]) not in holders | set(derived):
+                dest in holders and alias(ops[0]) not in holders | set(derived) | consts:
             holders.discard(dest)  # the address less a register: a distance (assumed)
         elif mn.startswith(("shr", "sar")) and dest in derived and _shift(ops) >= 32:
             derived.pop(dest)  # no longer an address
@@ -205,6 +207,11 @@ def _arithmetic_after(code: bytes, at: int, target: int) -> str | None:
         elif dest is not None:
             holders.discard(dest)
             derived.pop(dest, None)
+        if dest is not None:  # a register set to an immediate subtracts a constant
+            if mn.startswith("mov") and len(ops) == 2 and ops[0].startswith("$"):
+                consts.add(dest)
+            else:
+                consts.discard(dest)
         if ins.flow is not Flow.NONE:
             break
         if not holders and not derived:

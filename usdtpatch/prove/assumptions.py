@@ -59,8 +59,8 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
          "function")),
     Assumption(
         "code-differences",
-        "a code address less a register's value is a distance (a reach check, an offset), not "
-        "an address of code",
+        "a code address less a register's value (not one set to an immediate just before) is a "
+        "distance (a reach check, an offset), not an address of code",
         ("tests/test_computed_flow.py::test_what_the_file_wide_pass_finds",
          "tests/test_rewrite_real_debs.py::test_ruby_runs_with_the_rewritten_libruby")),
     Assumption(

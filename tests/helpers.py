@@ -33,6 +33,14 @@ DEB_CACHE = ROOT / "build" / "cache"
 PYTHON_STDLIB = Path("/usr/lib/python3.11")
 
 
+# Python source that evaluates to this process's peak resident memory in KiB. Not
+# getrusage's ru_maxrss: Linux carries that across execve, so a child spawned by a large
+# process (a pytest worker holding a gigabyte) reports its parent's peak as its own.
+# VmHWM belongs to the process's current address space only.
+PEAK_RSS_KIB = ("int(next(line.split()[1] for line in open('/proc/self/status')"
+                " if line.startswith('VmHWM:')))")
+
+
 def deb_data(package: str) -> tuple[Path, str] | None:
     """(the unpacked tree, its version) of a data package fetched by `make test-data`."""
     d = DEB_CACHE / package

@@ -158,6 +158,26 @@ def document_makers(package: Path, home: str) -> list[str]:
     return out
 
 
+def finding_makers(package: Path, home: str) -> list[str]:
+    """"module:line" of every construction of a Finding outside `home` (the registry's module)
+    that bypasses the registry: a call of `Finding(...)` itself, or a `replace(..., hint=...)`
+    / `replace(..., severity=...)` that changes what the registry gave."""
+    out = []
+    for name, path in modules(package).items():
+        if name == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            called = fn.id if isinstance(fn, ast.Name) else \
+                fn.attr if isinstance(fn, ast.Attribute) else ""
+            if called == "Finding" or (called == "replace" and any(
+                    k.arg in ("hint", "severity") for k in node.keywords)):
+                out.append(f"{name}:{node.lineno}")
+    return out
+
+
 # ------------------------------------------------------------------------ the names a page gives
 
 _CODE = re.compile(r"`([^`\s]+)`")

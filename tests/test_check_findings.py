@@ -262,4 +262,3 @@ def test_hints_say_what_the_tool_does(tmp_path: Path) -> None:
     before, after = args(fixture("args-O2")), args(out)
     assert all(before[n] == after[n] and any("(%rip)" in a for a in after[n]) for n in rip)
     assert "always" not in F.FORK_UNKNOWN.hint and "--fork-guard auto" in F.FORK_UNKNOWN.hint
-    assert "always" not in F.SYSCALL_FORK_HINT and "syscall()" in F.SYSCALL_FORK_HINT

@@ -110,7 +110,12 @@ def test_every_registered_code_is_documented_with_severity_meaning_and_hint() ->
         assert sev is not None, f"{code}: no severity line"
         assert sev.group(1) == entry.severity.value, (code, sev.group(1), entry.severity)
         assert re.search(r"^- meaning: \S", body, re.M), f"{code}: no meaning"
-        assert re.search(r"^- hint: \S", body, re.M), f"{code}: no hint"
+        hint = re.search(r"^- hint: (\S.*(?:\n  .*)*)", body, re.M)
+        assert hint is not None, f"{code}: no hint"
+        # the page's hint is the registry's (issue 35): `explain` shows the page, the report
+        # the registry, and SARIF's rule help the page; one text for all three
+        written = " ".join(hint.group(1).split()).rstrip(".")
+        assert written == (entry.hint or "none").rstrip("."), (code, written, entry.hint)
 
 
 def test_every_documented_code_is_registered() -> None:
@@ -162,8 +167,8 @@ def test_code_helpers_use_the_registered_severity_and_hint() -> None:
     f = F.SITE_CROSSES_PAGE.finding("the nop5 at 0xffe crosses a page", "p:n")
     assert (f.code, f.severity, f.hint, f.where) == (
         "site-crosses-page", Severity.WARNING, F.SITE_CROSSES_PAGE.hint, "p:n")
-    g = F.PROCESS_CAN_FORK.finding("m", severity=Severity.WARNING, hint="h")
-    assert (g.severity, g.hint) == (Severity.WARNING, "h")
+    g = F.PROCESS_CAN_FORK.finding("m", severity=Severity.WARNING)
+    assert (g.severity, g.hint) == (Severity.WARNING, F.PROCESS_CAN_FORK.hint)
 
 
 def test_rewrite_failures_are_registered_skip_codes() -> None:
@@ -252,10 +257,7 @@ def test_explain_names_every_severity_a_code_is_reported_with() -> None:
 def test_every_finding_the_commands_emit_has_its_codes_hint() -> None:
     """One source for what `explain` says and what the commands report (issue 34, item 8):
     on every fixture, each finding of check and of a rewrite carries its code's registered
-    hint, or (a few codes: fork-unknown of a library, ...) one the code's section says."""
-    from usdtpatch.findings import SYSCALL_FORK_HINT
-
-    allowed = {SYSCALL_FORK_HINT}
+    hint (issue 35: the registry's hint is the only one a finding can carry)."""
     for path in fixture_files():
         for argv in (["check", "--json", "--fail-on", "never"],
                      ["rewrite", "--dry-run", "--json", "--no-verify"]):
@@ -266,4 +268,4 @@ def test_every_finding_the_commands_emit_has_its_codes_hint() -> None:
                 for fd in f["findings"] + [x for s in f.get("sites", [])
                                            for x in s.get("findings", [])]:
                     hint = fd.get("hint", "")
-                    assert hint == CODES[fd["code"]].hint or hint in allowed, (path.name, fd)
+                    assert hint == CODES[fd["code"]].hint, (path.name, fd)

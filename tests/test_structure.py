@@ -133,6 +133,45 @@ def test_a_document_made_elsewhere_is_found(tmp_path: Path) -> None:
     assert st.document_makers(pkg, "pkg.report") == ["pkg.live.k:2", "pkg.live.s:1"]
 
 
+# What docs/architecture.md says the two lowest folders import from the rest of the package.
+LOWEST_IMPORTS = {"elf": {"usdtpatch.errors", "usdtpatch.jsondoc", "usdtpatch.kernelfacts"},
+                  "x86": {"usdtpatch.kernelfacts"}}
+
+
+def test_the_lowest_folders_import_what_the_page_says() -> None:
+    for name, allowed in LOWEST_IMPORTS.items():
+        home = f"usdtpatch.{name}"
+        beyond = {i.target for i in IMPORTS if (i.source == home or i.source.startswith(
+            home + ".")) and not (i.target == home or i.target.startswith(home + "."))}
+        assert beyond <= allowed, (name, sorted(beyond - allowed))
+    said = ("`errors.py`, `jsondoc.py` and `kernelfacts.py`, and `x86/` nothing outside `x86/` "
+            "but `kernelfacts.py`")
+    assert said in " ".join(PAGE.read_text().split())
+
+
+# A plan file's findings are read back as the file wrote them (their codes registered, their
+# messages and hints the writer's): reading one is not making one.
+FINDINGS_READ_BACK = {"usdtpatch.sequences.plan"}
+
+
+def test_findings_are_made_from_the_registry_only() -> None:
+    """Issue 35, item 2: a finding is made only by its registered code's `finding`, which
+    gives the registry's hint (and its severity, or another it is registered with)."""
+    made = st.finding_makers(PACKAGE, "usdtpatch.findings")
+    assert [m for m in made if m.split(":")[0] not in FINDINGS_READ_BACK] == []
+
+
+def test_a_finding_made_by_hand_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/findings.py": "def Finding(*a): ...\n",
+        "pkg/a.py": "from pkg.findings import Finding\nX = Finding('c', 's', 'm', 'h')\n",
+        "pkg/b.py": "from dataclasses import replace\n"
+                    "def f(x):\n    return replace(x, hint='mine'), replace(x, where='w')\n",
+        "pkg/c.py": "def f(code):\n    return code.finding('m', 'w')\n",
+    })
+    assert st.finding_makers(pkg, "pkg.findings") == ["pkg.a:2", "pkg.b:3"]
+
+
 def test_every_module_the_architecture_page_names_exists() -> None:
     assert st.missing_names(PAGE.read_text(), PACKAGE) == []
 

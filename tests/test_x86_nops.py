@@ -63,3 +63,54 @@ def test_page_rule_measured_on_618(offset: int, crosses: bool) -> None:
     from usdtpatch.x86.nops import crosses_page
 
     assert crosses_page(0x7000 + offset, 5) is crosses
+
+
+# --- a site form's facts, held once (issue 35) ---------------------------------------------
+
+def test_every_form_has_its_facts_and_classify_agrees_with_them() -> None:
+    from usdtpatch.x86.nops import COMBO5, COMBO10, FORMS, NOP5, NOP10
+
+    assert set(FORMS) == set(SiteForm)
+    for code, form in ((NOP5, SiteForm.NOP5), (COMBO5, SiteForm.COMBO5),
+                       (NOP10, SiteForm.NOP10), (COMBO10, SiteForm.COMBO10)):
+        got = classify_site(code + bytes(16))
+        facts = FORMS[form]
+        assert (got.form, got.length) == (form, facts.length)
+        # the NOP a kernel optimizes is where the facts say, and as long
+        assert decode_nop(code[facts.nop_at:]) is not None
+        nop = decode_nop(code[facts.nop_at:])
+        assert nop is not None and nop.length == facts.nop_length
+
+
+def test_what_a_rewrite_keeps_is_read_from_the_facts_of_a_form_made_here() -> None:
+    """A form the package does not have (an 8-byte NOP a kernel would optimize): the
+    predicates answer from its facts alone, so a new form is a row, not edits in modules."""
+    from usdtpatch.analysis.forms import Form, kept_as_is
+    from usdtpatch.kernelfacts import Kernel
+    from usdtpatch.x86.nops import FormFacts
+
+    made = FormFacts(length=9, insns=2, nop_at=1, nop_length=8,
+                     kept_by=frozenset({Kernel.NOP10_SERIES}))
+    assert kept_as_is(made, Form.COMBO10) and not kept_as_is(made, Form.NOP5)
+    assert made.nop5_at == 0  # no nop5 in it: the 6.18 rule looks at pc
+    wider = FormFacts(9, 2, 1, 5, frozenset({Kernel.K618}))
+    assert kept_as_is(wider, Form.NOP5) and wider.nop5_at == 1
+
+
+def test_the_forms_are_named_in_x86_nops_only() -> None:
+    """Every other module reads a form's facts (FORMS[form].nop_at, ...) rather than testing
+    which form it is: adding a form touches x86/nops.py and what emits it."""
+    import ast
+
+    from tests.helpers import ROOT
+
+    named = {"NOP1", "NOP5", "NOP5_ALT", "COMBO5", "COMBO10", "NOP10", "PADDED"}
+    found = []
+    for path in sorted((ROOT / "usdtpatch").rglob("*.py")):
+        if path.relative_to(ROOT).as_posix() == "usdtpatch/x86/nops.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in named and \
+                    isinstance(node.value, ast.Name) and node.value.id == "SiteForm":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

@@ -76,16 +76,17 @@ class Code:
     def __str__(self) -> str:
         return self.code
 
-    def finding(self, message: str, where: str = "", hint: str | None = None,
-                severity: Severity | None = None) -> Finding:
-        """A Finding of this code: the registered severity and hint unless given (a
-        severity the code is not registered with is a programming error: one source for
-        what `explain` says and what the commands report)."""
+    def finding(self, message: str, where: str = "", severity: Severity | None = None
+                ) -> Finding:
+        """A Finding of this code, with the registered hint and, unless given, the registered
+        severity (one the code is not registered with is a programming error). The hint is
+        always the registry's: what `explain`, SARIF's rule help and the report say of a code
+        is one text; what differs between two findings of a code is in their messages."""
         if severity is not None and severity not in self.severities:
             raise AssertionError(f"finding code {self.code!r} is not registered with severity "
                                  f"{severity.value} ({self.severity_text})")
         return Finding(self.code, self.severity if severity is None else severity, message,
-                       self.hint if hint is None else hint, where)
+                       self.hint, where)
 
 
 _REGISTRY: dict[str, Code] = {}
@@ -202,7 +203,8 @@ PC_OUTSIDE_SEGMENTS = _code("pc-outside-segments", _E, "the probe address maps t
                             "the note or the file is damaged", (_F, _S))
 UNSUPPORTED_ARCH = _code("unsupported-arch", _I, "not x86 code",
                          "usdtpatch rewrites x86-64 only")
-BIG_ENDIAN = _code("big-endian", _E, "a big-endian x86 ELF file")
+BIG_ENDIAN = _code("big-endian", _E, "a big-endian x86 ELF file",
+                   "probes are listed; usdtpatch rewrites little-endian x86-64 only")
 NOT_LINKED = _code("not-linked", _E, "not a linked file (ET_EXEC or ET_DYN)",
                    "rewrite the linked file")
 NO_STAPSDT_BASE = _code("no-stapsdt-base", _I, "no .stapsdt.base section",
@@ -225,12 +227,13 @@ SITE_HINT_NOP = _code("site-hint-nop", _W, "a hint NOP: single-stepped, not opti
 SITE_ELF32 = _code("site-elf32", _I, "a 32-bit process: never optimized",
                    "only 64-bit processes get optimized uprobes", (_F, _S))
 SITE_NOT_NOP5 = _code("site-not-nop5", _I, "not a 5-byte NOP the 6.18 kernel optimizes",
-                      _INT3_PATH, (_F, _V))
+                      f"{_INT3_PATH}; `usdtpatch rewrite` can make room for a nop5", (_F, _V))
 SITE_NOT_NOP10 = _code("site-not-nop10", _I, "not the nop10 the queued series optimizes",
                        _INT3_PATH, (_F, _V))
 NO_TRAMPOLINE_REACH = _code("no-trampoline-reach", _W,
                             "no trampoline page within +/-2 GiB of the site",
-                            "the file spans more than 2 GiB", (_F, _S))
+                            f"{_INT3_PATH}: a file or its neighbours span more than 2 GiB "
+                            "around it", (_F, _S))
 SITE_COMBO5_PC1 = _code("site-combo5-pc1", _I, "nop; nop5: optimized only when attached at pc+1",
                         "only libbpf 1.7+ attaches at pc + 1; a note rewrite that moves pc "
                         "onto the nop5 serves every tracer")
@@ -299,7 +302,8 @@ PROBE_NOT_CODE = _code("probe-not-code", _W,
 WINDOW_NO_FUNCTION_BOUNDS = _code("window-no-function-bounds", _W,
                                   "no FDE and no symbol covers the site", _BLOCK_HINT, (_F, _S))
 SITE_IN_RSEQ_CS = _code("site-in-rseq-cs", _W, "the site is inside an rseq critical section",
-                        _BLOCK_HINT, (_F, _S))
+                        "keep this probe untraced, or move it out of the critical section in "
+                        "the source: code inside one is never moved", (_F, _S))
 CFI_MALFORMED = _code("cfi-malformed", _W, "call frame information cannot be read",
                       "function bounds come from symbols only")
 
@@ -331,10 +335,6 @@ FORK_UNKNOWN = _code("fork-unknown", _W,
                      "(fork-guard-unavailable); --fork-guard never takes the risk",
                      (_F,))
 # fork-unknown's hint for a library that may fork through syscall(): what the guard covers
-SYSCALL_FORK_HINT = ("nothing to do with the default: the fork guard rewrite adds covers fork() "
-                     "and its family, and interposes the library's GOT slot of syscall(), "
-                     "re-arming a child forked through it; a syscall instruction of the "
-                     "library's own code is not covered")
 FORK_GUARDED = _code("fork-guarded", _I, "a forked child's optimized sites are re-armed",
                      "nothing to do: the fork guard puts the child's sites back on the int3 path")
 DETOUR_SYMBOLS_LEFT_OUT = _code(
@@ -369,14 +369,15 @@ SITE_TRUNCATED = _code("site-truncated", _E, "the site's bytes end before the in
                        "nothing to plan for this probe")
 OPTIMIZED_CALL_CLOBBERS_RED_ZONE = _code(
     "optimized-call-clobbers-red-zone", _W, "the optimized call writes below rsp on every hit",
-    "safe only if the function keeps nothing live below rsp here; guard the site or build "
-    "with -mno-red-zone")
+    "safe only if the function keeps nothing live below rsp here; guard the site (rewrite "
+    "--redzone-guard: lea -0x80(%rsp),%rsp around it) or build with -mno-red-zone")
 
 # -- verify: findings, and the reasons it rejects a plan's sequences --
 PLAN_FILE_MISMATCH = _code("plan-file-mismatch", _E, "the plan was made for another file",
                            "verify the plan against the file it was made for")
 MACHINE_ERROR = _code("machine-error", _E, "the emulator cannot load the file",
-                      "the load base puts the file outside user space")
+                      "verify cannot run this file's sites (the message says why); list and "
+                      "check still read it")
 ADDRESS_MISMATCH = _code(
     "address-mismatch", _E,
     "the site's addresses do not add up",

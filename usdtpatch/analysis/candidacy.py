@@ -14,7 +14,7 @@ from usdtpatch.analysis.probes import Probe, is_x86
 from usdtpatch.analysis.rules import Outcome, Verdict, rule_618, rule_nop10
 from usdtpatch.elf.image import ELFCLASS64, EM_X86_64, PT_LOAD, ElfImage
 from usdtpatch.kernelfacts import PAGE
-from usdtpatch.x86.nops import SiteForm, nop5_offset
+from usdtpatch.x86.nops import FORMS, SiteForm
 
 __all__ = ["KERNELS", "Candidacy", "Outcome", "Verdict", "site_candidacy",
            "trampoline_reachable"]
@@ -73,10 +73,10 @@ def site_candidacy(probe: Probe, image: ElfImage) -> Candidacy:
 
     code, pc, form = probe.code, probe.address, probe.site.form
     # libbpf 1.7 attaches at pc + 1 when the site is `nop; nop5` (and `nop; nop10`)
-    at = nop5_offset(form)
+    facts = FORMS[form]
+    at = facts.nop5_at
     v618 = rule_618(code[at:], pc + at, is64=is64, reach=reach, at_next=bool(at))
-    if form is SiteForm.COMBO10:
-        nop10 = rule_nop10(code[1:], pc + 1, is64=is64, reach=reach, at_next=True, v618=v618)
-    else:
-        nop10 = rule_nop10(code, pc, is64=is64, reach=reach, v618=v618)
+    at10 = facts.nop_at if facts.nop_length == 10 else 0
+    nop10 = rule_nop10(code[at10:], pc + at10, is64=is64, reach=reach, at_next=bool(at10),
+                       v618=v618)
     return Candidacy(v618, nop10)

@@ -30,6 +30,7 @@ from usdtpatch.analysis.forms import (
     Form,
     Guard,
     guard_args,
+    kept_as_is,
     site_bytes,
     uses_numeric_rip,
 )
@@ -87,7 +88,6 @@ from usdtpatch.findings import (
     SITE_HINT_NOP,
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
-    SYSCALL_FORK_HINT,
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
@@ -95,8 +95,9 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
+from usdtpatch.kernelfacts import Kernel
 from usdtpatch.x86.decode import CodeInsn
-from usdtpatch.x86.nops import SiteForm, nop5_offset
+from usdtpatch.x86.nops import FORMS, nop5_offset
 
 # Site outcomes, in the order the summary lists them.
 OPTIMIZABLE = "optimizable"
@@ -107,7 +108,6 @@ BLOCKED = "blocked"
 NOT_APPLICABLE = "n/a"
 OUTCOMES = (OPTIMIZABLE, IN_PLACE, FORWARD, BACKWARD, BLOCKED, NOT_APPLICABLE)
 
-_BLOCK_HINT = WINDOW_BRANCH_TARGET.hint
 # The kernel verdicts check reports as findings (with the registry's severity and hint).
 _KERNEL_FINDINGS = frozenset(c.code for c in (
     SITE_CROSSES_PAGE, SITE_SEGMENT_PREFIX, SITE_HINT_NOP, SITE_ELF32, NO_TRAMPOLINE_REACH,
@@ -182,9 +182,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     try:
         cfi = load_cfi(image)
     except CfiError as exc:
-        findings.append(Finding(CFI_MALFORMED.code, Severity.WARNING,
-                                f"call frame information unusable: {exc}",
-                                "function bounds come from symbols only", ".eh_frame_hdr"))
+        findings.append(CFI_MALFORMED.finding(f"call frame information unusable: {exc}",
+                                              ".eh_frame_hdr"))
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
@@ -396,9 +395,11 @@ def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
 
 
 def _in_target_form(sc: SiteCheck, form: Form) -> bool:
-    """Whether rewrite leaves the site as it is for `form` (rewriter/plan.py's
-    `_already_in_form`): a 10-byte NOP site for a nop10-series target (--form combo10)."""
-    return form is Form.COMBO10 and sc.probe.site.form in (SiteForm.COMBO10, SiteForm.NOP10) \
+    """Whether rewrite leaves the site as it is for `form` (analysis.forms.left_as_is, as
+    rewriter/plan.py asks) though 6.18's rules, which judged it, do not optimize it: a 10-byte
+    NOP site for a nop10-series target (--form combo10)."""
+    facts = FORMS[sc.probe.site.form]
+    return kept_as_is(facts, form) and Kernel.K618 not in facts.kept_by \
         and sc.outcome != NOT_APPLICABLE
 
 
@@ -502,11 +503,10 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
     counts = (f"{now} site(s) optimizable as they are, {len(exposed) - now} after rewrite")
     out: list[Finding] = []
     if ev.forks:
-        out.append(Finding(
-            PROCESS_CAN_FORK.code, Severity.ERROR if now else Severity.WARNING,
+        out.append(PROCESS_CAN_FORK.finding(
             f"no symbol names a fork, but {why}: a child forked while a site is optimized "
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at "
-            f"the site ({counts})", PROCESS_CAN_FORK.hint, ""))
+            f"the site ({counts})", severity=Severity.ERROR if now else Severity.WARNING))
     else:
         out.append(FORK_UNKNOWN.finding(
             f"no symbol names a fork and the code cannot tell whether the process forks "
@@ -535,7 +535,8 @@ def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
         f"the library may fork through syscall(): {what}{f' at {at:#x}' if at else ''}{more}; "
         f"the fork guard's atfork handler does not run for such a fork, and its child dies "
         f"with SIGSEGV at an optimized site (usdtpatch rewrite's guard covers fork() and "
-        f"interposes the library's GOT slot of syscall())", hint=SYSCALL_FORK_HINT)]
+        f"interposes the library's GOT slot of syscall(); a syscall instruction of the "
+        f"library's own code is not covered)")]
 
 
 def model_refusal(ctx: CodeContext, address: int, bounds: FunctionBounds | None
@@ -556,8 +557,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
     cand = site_candidacy(probe, image)
     v = cand.kernel_618
     findings: list[Finding] = []
-    for problem in semaphore_problems(probe, image):
-        findings.append(lookup(problem.code).finding(problem.message, where, problem.hint))
+    findings.extend(semaphore_problems(probe, image, where))
     if v.code in _KERNEL_FINDINGS:
         findings.append(lookup(v.code).finding(v.reason, where))
     if v.outcome is Outcome.NOT_APPLICABLE:
@@ -568,12 +568,10 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
     outcome = OPTIMIZABLE if v.outcome.optimized else BLOCKED
     cs = next((r for r in rseq if r.start <= probe.address < r.end), None)
     if cs is not None and outcome == OPTIMIZABLE:
-        findings.append(Finding(
-            SITE_IN_RSEQ_CS.code, Severity.WARNING,
+        findings.append(SITE_IN_RSEQ_CS.finding(
             f"the optimized site is inside the rseq critical section [{cs.start:#x}, "
             f"{cs.end:#x}): every hit makes the uprobe syscall there (a kernel built with "
-            "CONFIG_DEBUG_RSEQ kills a task that makes a syscall in a critical section)",
-            "keep this probe untraced, or move it out of the critical section", where))
+            "CONFIG_DEBUG_RSEQ kills a task that makes a syscall in a critical section)", where))
     blocked: str | None = None
     window: WindowResult | None = None
     if outcome != OPTIMIZABLE:
@@ -586,15 +584,14 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
             findings.append(replace(refusal, where=where))
         elif fc is None or bounds is None:
             blocked = WINDOW_NO_FUNCTION_BOUNDS.code
-            findings.append(Finding(blocked, Severity.WARNING,
-                                    f"no FDE and no symbol covers {probe.address:#x}: the "
-                                    "function's branch targets are unknown", _BLOCK_HINT, where))
+            findings.append(WINDOW_NO_FUNCTION_BOUNDS.finding(
+                f"no FDE and no symbol covers {probe.address:#x}: the function's branch targets "
+                "are unknown", where))
         elif cs is not None:
             blocked = SITE_IN_RSEQ_CS.code
-            findings.append(Finding(blocked, Severity.WARNING,
-                                    f"the site is inside the rseq critical section "
-                                    f"[{cs.start:#x}, {cs.end:#x}): its code must not move",
-                                    _BLOCK_HINT, where))
+            findings.append(SITE_IN_RSEQ_CS.finding(
+                f"the site is inside the rseq critical section [{cs.start:#x}, {cs.end:#x}): "
+                "its code must not move", where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
             window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start))
@@ -602,24 +599,19 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                 outcome = window.window.shape.value
             else:
                 blocked = window.code or WINDOW_BRANCH_TARGET.code
-                findings.append(Finding(blocked, Severity.WARNING,
-                                        f"no patch window: {window.reason}", _BLOCK_HINT,
-                                        where))
+                findings.append(lookup(blocked).finding(f"no patch window: {window.reason}",
+                                                        where))
         if blocked is not None:
             outcome = BLOCKED
     # Hazards that depend on the outcome.
     if rz.may_use and outcome == OPTIMIZABLE:
-        findings.append(Finding(
-            RED_ZONE_LIVE.code, Severity.ERROR,
+        findings.append(RED_ZONE_LIVE.finding(
             f"the site is optimized on 6.18 and its function may keep live data below %rsp: "
             f"{rz.reason}; every optimized hit overwrites the {CLOBBERED} bytes below %rsp",
-            RED_ZONE_LIVE.hint, where))
-    elif rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
-        findings.append(Finding(
-            RED_ZONE_REWRITE.code, Severity.WARNING,
-            f"the function may keep live data below %rsp: {rz.reason}",
-            "the rewrite must wrap the probe in lea -0x80(%rsp),%rsp / lea 0x80(%rsp),%rsp",
             where))
+    elif rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
+        findings.append(RED_ZONE_REWRITE.finding(
+            f"the function may keep live data below %rsp: {rz.reason}", where))
     moved = outcome in (FORWARD, BACKWARD)
     for a in probe.args:
         op = a.operand
@@ -630,8 +622,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                 f"argument {a.raw} is rip-relative by symbol and the site moves to a detour, "
                 f"where %rip differs", where))
         if op.base == "rsp" and rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):
-            findings.append(Finding(ARG_USES_RSP.code, Severity.INFO,
-                                    f"argument {a.raw} is addressed through %rsp: the "
-                                    "red-zone-safe detour lowers %rsp by 128 around the probe",
-                                    "the rewrite must add 128 to its displacement", where))
+            findings.append(ARG_USES_RSP.finding(
+                f"argument {a.raw} is addressed through %rsp: the red-zone-safe detour lowers "
+                "%rsp by 128 around the probe", where))
     return SiteCheck(probe, cand, outcome, blocked, window, rz, bounds, tuple(findings))

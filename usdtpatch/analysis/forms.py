@@ -12,13 +12,17 @@ from dataclasses import dataclass
 from enum import Enum
 
 from usdtpatch.elf.args import MemOperand, RegOperand, SdtArg
+from usdtpatch.kernelfacts import Kernel
 from usdtpatch.x86.nops import (
     COMBO5,
     COMBO10,
+    FORMS,
     GUARD_ENTER,
     GUARD_LEAVE,
     NOP5,
     RED_ZONE,
+    FormFacts,
+    SiteForm,
 )
 
 
@@ -39,6 +43,23 @@ class Form(Enum):
     @property
     def optimized_length(self) -> int:
         return 10 if self is Form.COMBO10 else 5
+
+    @property
+    def kernel(self) -> Kernel:
+        """The kernel generation the form is written for."""
+        return Kernel.NOP10_SERIES if self is Form.COMBO10 else Kernel.K618
+
+
+def kept_as_is(facts: FormFacts, form: Form) -> bool:
+    """Whether a rewrite to `form` leaves a site of these facts as it is: one the target
+    kernel already optimizes (a 5-byte NOP site always; a 10-byte one for a nop10-series
+    target). For a 6.18 target a 10-byte site is rewritten like any NOP run."""
+    return form.kernel in facts.kept_by
+
+
+def left_as_is(site: SiteForm, form: Form) -> bool:
+    """kept_as_is of a site form (rewriter/plan.py skips it; check calls it optimizable)."""
+    return kept_as_is(FORMS[site], form)
 
 
 class Guard(Enum):

@@ -262,42 +262,31 @@ def rseq_sections(ctx: CodeContext) -> tuple[RseqCs, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
-class SemaphoreProblem:
-    code: str
-    message: str
-    hint: str
-
-
-def semaphore_problems(probe: Probe, image: ElfImage) -> tuple[SemaphoreProblem, ...]:
+def semaphore_problems(probe: Probe, image: ElfImage, where: str) -> tuple[Finding, ...]:
     """What is wrong with a probe's semaphore (nothing when it has none)."""
     sem = probe.semaphore
     if sem is None:
         return ()
-    out: list[SemaphoreProblem] = []
+    out: list[Finding] = []
     seg = None
     for s in image.segments:
         if s.type == PT_LOAD and s.vaddr <= sem.address and sem.address + 2 <= s.vaddr + s.memsz:
             seg = s
             break
     if seg is None:
-        out.append(SemaphoreProblem(
-            SEMAPHORE_UNMAPPED.code, f"semaphore {sem.address:#x} is in no loadable segment",
-            "the note's semaphore address is wrong; tracers cannot enable this probe"))
+        out.append(SEMAPHORE_UNMAPPED.finding(
+            f"semaphore {sem.address:#x} is in no loadable segment", where))
     elif not seg.flags & PF_W:
-        out.append(SemaphoreProblem(
-            SEMAPHORE_NOT_WRITABLE.code,
+        out.append(SEMAPHORE_NOT_WRITABLE.finding(
             f"semaphore {sem.address:#x} is in a read-only segment (program header "
-            f"{seg.index})", "the kernel cannot increment it: put it in a writable section"))
+            f"{seg.index})", where))
     if sem.address % 2:
-        out.append(SemaphoreProblem(
-            SEMAPHORE_MISALIGNED.code, f"semaphore {sem.address:#x} is not 2-byte aligned",
-            "the counter is an unsigned short; align it to 2 bytes"))
+        out.append(SEMAPHORE_MISALIGNED.finding(
+            f"semaphore {sem.address:#x} is not 2-byte aligned", where))
     if seg is not None and sem.section != ".probes":
-        out.append(SemaphoreProblem(
-            SEMAPHORE_NOT_IN_PROBES.code,
+        out.append(SEMAPHORE_NOT_IN_PROBES.finding(
             f"semaphore {sem.address:#x} is in {sem.section or 'no section'}, not .probes",
-            "bcc and perf look semaphores up through .probes"))
+            where))
     return tuple(out)
 
 

@@ -38,7 +38,6 @@ from usdtpatch.findings import (
     TOO_MANY_ARGS,
     UNSUPPORTED_ARCH,
     Finding,
-    Severity,
 )
 from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site
 
@@ -117,9 +116,9 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
     if sec is None:
         return ProbeSet(image, None, (), ())
     if sec.type != SHT_NOTE:
-        findings.append(Finding(NOTE_SECTION_TYPE.code, Severity.WARNING,
-                                f"{NOTE_SECTION} has section type {sec.type}, expected "
-                                f"{SHT_NOTE} (SHT_NOTE)", "read anyway", NOTE_SECTION))
+        findings.append(NOTE_SECTION_TYPE.finding(
+            f"{NOTE_SECTION} has section type {sec.type}, expected {SHT_NOTE} (SHT_NOTE)",
+            NOTE_SECTION))
     notes = parse_notes(image.section_data(sec), image.word_size, image.byteorder)
     for raw in notes.notes:
         if isinstance(raw, RawNote):
@@ -130,13 +129,11 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
             f"holds no readable note", f"{NOTE_SECTION}+{sec.size - len(notes.trailer):#x}"))
     x86 = is_x86(image)
     if not x86:
-        findings.append(Finding(UNSUPPORTED_ARCH.code, Severity.INFO,
-                                f"{image.machine_name} code: probes are listed, their sites are "
-                                f"not classified", "usdtpatch rewrites x86-64 only", ""))
+        findings.append(UNSUPPORTED_ARCH.finding(
+            f"{image.machine_name} code: probes are listed, their sites are not classified"))
     elif not image.little_endian:
-        findings.append(Finding(BIG_ENDIAN.code, Severity.ERROR,
-                                "big-endian x86 ELF: probes are listed, nothing else is done", "",
-                                ""))
+        findings.append(BIG_ENDIAN.finding(
+            "big-endian x86 ELF: probes are listed, nothing else is done"))
     linked = image.type in (ET_EXEC, ET_DYN)
     if not linked and notes.sdt_notes:
         findings.append(NOT_LINKED.finding(not_linked_message(image.type)))
@@ -144,9 +141,8 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
     base_sec = image.section(BASE_SECTION)
     base_addr = base_sec.addr if base_sec is not None else 0
     if base_sec is None and notes.sdt_notes:
-        findings.append(Finding(NO_STAPSDT_BASE.code, Severity.INFO,
-                                f"no {BASE_SECTION} section: note addresses are used as they are",
-                                "", ""))
+        findings.append(NO_STAPSDT_BASE.finding(
+            f"no {BASE_SECTION} section: note addresses are used as they are"))
     if symbols is None:
         symbols = load_symbols(image)
 
@@ -166,9 +162,8 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         else:
             site = classify_site(code)
         if offset is None and linked:  # an object's pcs are section offsets: not-linked
-            findings.append(Finding(PC_OUTSIDE_SEGMENTS.code, Severity.ERROR,
-                                    f"probe address {address:#x} is in no loadable segment's "
-                                    f"file bytes", "the note or the file is damaged", where))
+            findings.append(PC_OUTSIDE_SEGMENTS.finding(
+                f"probe address {address:#x} is in no loadable segment's file bytes", where))
         sem = None
         if note.semaphore:
             sem_addr = (note.semaphore + adjust) & ((1 << (8 * image.word_size)) - 1)
@@ -177,19 +172,15 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
                             sem_sec.name if sem_sec is not None else None)
         args = parse_args(note.args, x86=x86)
         if len(args) > MAX_ARGS:
-            findings.append(Finding(TOO_MANY_ARGS.code, Severity.WARNING,
-                                    f"{len(args)} arguments; sys/sdt.h defines at most {MAX_ARGS}",
-                                    "tracers may ignore the arguments past the twelfth", where))
+            findings.append(TOO_MANY_ARGS.finding(
+                f"{len(args)} arguments; sys/sdt.h defines at most {MAX_ARGS}", where))
         for a in args:
             if x86 and a.size is None and not isinstance(a.operand, UnknownOperand):
-                findings.append(Finding(ARG_NO_SIZE.code, Severity.INFO,
-                                        f"argument {a.raw!r} has no N@ size prefix (old note "
-                                        f"style)", "tracers read it as an 8-byte value", where))
+                findings.append(ARG_NO_SIZE.finding(
+                    f"argument {a.raw!r} has no N@ size prefix (old note style)", where))
             if x86 and isinstance(a.operand, UnknownOperand):
-                findings.append(Finding(ARG_UNKNOWN_FORM.code, Severity.WARNING,
-                                        f"argument {a.raw!r}: {a.operand.reason}",
-                                        "kept as text; tracers may not read this argument",
-                                        where))
+                findings.append(ARG_UNKNOWN_FORM.finding(
+                    f"argument {a.raw!r}: {a.operand.reason}", where))
         fn = symbols.lookup(address)
         function, function_offset = (fn[0].name, fn[1]) if fn is not None else (None, 0)
         probes.append(Probe(i, note, address, offset, sem, args, site, code, function,
@@ -200,7 +191,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
 def _raw_note_finding(raw: RawNote) -> Finding:
     where = f"{NOTE_SECTION}+{raw.offset:#x}"
     if raw.foreign:
-        return Finding(NOTE_FOREIGN.code, Severity.INFO,
-                       f"a note that is not an SDT note ({len(raw.data)} bytes) sits in "
-                       f"{NOTE_SECTION}", "kept unchanged", where)
+        return NOTE_FOREIGN.finding(
+            f"a note that is not an SDT note ({len(raw.data)} bytes) sits in {NOTE_SECTION}",
+            where)
     return NOTE_MALFORMED.finding(raw.reason, where)

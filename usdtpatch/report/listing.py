@@ -9,7 +9,7 @@ from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
 from usdtpatch.report.envelope import envelope
 from usdtpatch.x86.describe import describe
-from usdtpatch.x86.nops import SiteForm
+from usdtpatch.x86.nops import FORMS, SiteForm
 
 LIST_SCHEMA = "usdtpatch/list"
 LIST_SCHEMA_VERSION = 1
@@ -42,8 +42,7 @@ def site_disassembly(probe: Probe, mode64: bool) -> str:
     form = probe.site.form
     if form in (SiteForm.UNMAPPED, SiteForm.UNSUPPORTED_ARCH):
         return ""
-    count = {SiteForm.COMBO5: 2, SiteForm.COMBO10: 2}.get(form, 1)
-    return describe(probe.code, probe.address, count, mode64)
+    return describe(probe.code, probe.address, FORMS[form].insns, mode64)
 
 
 def probe_json(probe: Probe, names: dict[str, str], mode64: bool) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from usdtpatch.analysis.check import SiteCheck
 from usdtpatch.analysis.forms import guard_args, uses_numeric_rip
 from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
-from usdtpatch.x86.nops import SiteForm
+from usdtpatch.x86.nops import FORMS
 
 
 def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
@@ -51,8 +51,6 @@ def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
         retargets=(*a.retargets, *(r for r in b.retargets if r not in a.retargets)))
 
 
-_FIVE_BYTE = frozenset({SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5, SiteForm.COMBO10,
-                        SiteForm.NOP10})
 
 
 def join_following(win: PatchWindow, order: Sequence[SiteCheck], n: int) -> PatchWindow:
@@ -64,8 +62,8 @@ def join_following(win: PatchWindow, order: Sequence[SiteCheck], n: int) -> Patc
         p = sc.probe
         if p.address >= win.start + MAX_WINDOW:
             break
-        if p.address < win.end or p.site.form in _FIVE_BYTE:
-            continue  # a member of `win` already, or not a site a window is made for
+        if p.address < win.end or FORMS[p.site.form].kept_by:
+            continue  # a member of `win` already, or a site some kernel optimizes as it is
         other = sc.window.base if sc.window is not None else None
         if other is None or uses_numeric_rip(p.args) is not None or \
                 guard_args(p.args)[1] is not None:

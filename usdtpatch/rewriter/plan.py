@@ -49,6 +49,7 @@ from usdtpatch.analysis.forms import (
     Guard,
     SiteBytes,
     guard_args,
+    left_as_is,
     site_bytes,
     uses_numeric_rip,
 )
@@ -106,7 +107,7 @@ from usdtpatch.findings import Finding
 from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.rewriter.merge import join_following
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import GUARD_ENTER, RED_ZONE, SiteForm, nop5_offset
+from usdtpatch.x86.nops import FORMS, GUARD_ENTER, RED_ZONE
 from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window
 
 INT3 = 0xCC
@@ -466,10 +467,11 @@ def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchW
     if wr is not None and wr.code in (findings.PROBE_NOT_CODE.code,
                                       findings.PROBE_NOT_DECODED.code):
         raise _Skip(wr.code, wr.reason)  # data in code, or not an instruction boundary
-    if p.site.form in (SiteForm.NOP5, SiteForm.NOP5_ALT) and \
+    facts = FORMS[p.site.form]
+    if facts.nop_length == 5 and facts.nop_at == 0 and \
             sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
         return _page_crossing_window(p)
-    if _already_in_form(p.site.form, form):
+    if left_as_is(p.site.form, form):
         raise _Skip(findings.SITE_ALREADY_5_BYTE.code, f"already a {p.site.form.value} site")
     if wr is None or wr.base is None:
         raise _Skip(sc.blocked or (wr.code if wr else None) or findings.NO_PATCH_WINDOW.code,
@@ -923,8 +925,8 @@ def existing_nop5_sites(image: ElfImage, sites: tuple[SiteDecision, ...]
     for s in sites:
         form = s.probe.site.form
         if s.action is Action.SKIPPED and s.code == findings.SITE_ALREADY_5_BYTE.code and \
-                form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
-            at = s.probe.address + nop5_offset(form)
+                FORMS[form].nop_length == 5:
+            at = s.probe.address + FORMS[form].nop_at
             out.append((at, bytes(image.read_vaddr(at, 5))))
     return out
 
@@ -1092,16 +1094,6 @@ class Relocations:
                 if rtype == R_X86_64_RELATIVE:
                     return addend, sec.addr + (entry - sec.offset) + 16  # r_addend's field
         return addend, None
-
-
-def _already_in_form(site: SiteForm, form: Form) -> bool:
-    """Whether a site of form `site` is left as it is for the target `form`: a 5-byte NOP
-    site (nop5, nop5-alt, combo5) always; a 10-byte one (nop10, combo10: only the queued
-    nop10 series optimizes it) only for a nop10-series target (--form combo10). For a 6.18
-    target it is rewritten like any NOP run: a nop5 in place, or guarded in a detour."""
-    if site in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
-        return True
-    return site in (SiteForm.COMBO10, SiteForm.NOP10) and form is Form.COMBO10
 
 
 def _page_crossing_window(p: Probe) -> PatchWindow:

@@ -66,13 +66,13 @@ from usdtpatch.sequences.trampoline import (
 )
 from usdtpatch.version import __version__
 from usdtpatch.x86.nops import (
+    FORMS,
     GUARD_ENTER,
     GUARD_LEAVE,
     NOP5,
     SiteForm,
     decode_nop,
     is_guarded_nop5,
-    nop5_offset,
 )
 
 PLAN_SCHEMA = "usdtpatch/plan"
@@ -130,14 +130,11 @@ def _kernel_site(form: SiteForm, code: bytes, before: bytes, protocol: str
     """
     if is_guarded_nop5(before, code):
         return 0, NOP5_LENGTH, True, "guarded-nop5 (lea -0x80(%rsp) before, lea 0x80 after)"
-    if protocol == PROTOCOL_NOP10:
-        if form == SiteForm.COMBO10:
-            return 1, NOP10_LENGTH, False, "combo10 (nop10 at pc+1)"
-        if form == SiteForm.NOP10:
-            return 0, NOP10_LENGTH, False, "nop10"
-    if form in (SiteForm.NOP5, SiteForm.NOP5_ALT, SiteForm.COMBO5):
-        at = nop5_offset(form)
-        return at, NOP5_LENGTH, False, f"{form.value} (nop5 at pc+{at})" if at else form.value
+    facts = FORMS[form]
+    wanted = NOP10_LENGTH if protocol == PROTOCOL_NOP10 else NOP5_LENGTH
+    if facts.nop_length in (wanted, NOP5_LENGTH):  # the nop10 series probes a nop5 as 6.18
+        at, n = facts.nop_at, facts.nop_length
+        return at, n, False, f"{form.value} (nop{n} at pc+{at})" if at else form.value
     insn = decode_nop(code[:15])
     length = insn.length if insn is not None else 1
     return 0, length, False, form.value
@@ -186,27 +183,24 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         tsource = "layout"
         layout = layout_from_load_base(image, load_base, path)
     if protocol == PROTOCOL_NOP10:
-        findings.append(Finding(EXPERIMENTAL_PROTOCOL.code, Severity.WARNING,
-                                "the nop10 protocol models a kernel series that is not in any "
-                                "release (queued upstream, July 2026)",
-                                "treat nop10 results as a preview", ""))
+        findings.append(EXPERIMENTAL_PROTOCOL.finding(
+            "the nop10 protocol models a kernel series that is not in any release (queued "
+            "upstream, July 2026)"))
     sites: list[SitePlan] = []
     order = sorted(ps.probes, key=lambda p: p.address)
     for probe in order:
         where = probe.probe_id
         if probe.offset is None or not probe.code:
-            findings.append(Finding(SITE_UNMAPPED.code, Severity.ERROR,
-                                    f"probe address {probe.address:#x} is in no loadable "
-                                    f"segment", "nothing to plan for this probe", where))
+            findings.append(SITE_UNMAPPED.finding(
+                f"probe address {probe.address:#x} is in no loadable segment", where))
             continue
         window = image.read_vaddr(probe.address, len(GUARDED_NOP5) + 16)
         before = image.read_vaddr(probe.address - len(GUARD_ENTER), len(GUARD_ENTER))
         off, length, guarded, desc = _kernel_site(probe.site.form, window, before, protocol)
         code = window[off:]
         if len(code) < length:
-            findings.append(Finding(SITE_TRUNCATED.code, Severity.ERROR,
-                                    f"only {len(code)} bytes of the site are in the file",
-                                    "nothing to plan for this probe", where))
+            findings.append(SITE_TRUNCATED.finding(
+                f"only {len(code)} bytes of the site are in the file", where))
             continue
         link = probe.address + off
         addr = link + load_base
@@ -247,13 +241,10 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                 red_zone = red_zone_users(ps)
             reason = red_zone.get(probe.index)
             if reason is not None:  # check's red-zone-live site
-                site_findings.append(Finding(
-                    OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code, Severity.WARNING,
+                site_findings.append(OPTIMIZED_CALL_CLOBBERS_RED_ZONE.finding(
                     "when optimized, the call and the trampoline's pushes write the 32 bytes "
                     f"below rsp on every hit (verify measures it), and the function may keep "
-                    f"live data there: {reason}",
-                    "guard the site (rewrite --redzone-guard) or build with -mno-red-zone",
-                    where))
+                    f"live data there: {reason}", where))
         sites.append(SitePlan(probe.probe_id, probe.index, link, addr, probe.offset + off, entry,
                               exit_, guarded, desc, seqs, tuple(site_findings)))
     return Plan(path, image.is64, image.type, protocol, load_base, load_base_source, tsource,

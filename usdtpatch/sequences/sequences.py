@@ -206,36 +206,32 @@ def refusal_finding(verdict: Verdict, address: int, length: int, original: bytes
         insn = decode_nop(original[:15])
         n = insn.length if insn is not None else len(original)
         return code.finding(f"the probe instruction {original[:n].hex(' ')} has a CS/DS "
-                            f"segment prefix: perf_event_open refuses it (errno 524)", where,
-                            "use a NOP without a 2e/3e prefix")
+                            f"segment prefix: perf_event_open refuses it (errno 524)", where)
     if code is SITE_ELF32:
-        return code.finding("32-bit (compat) processes are never optimized", where,
-                            "the site stays on the int3 path")
+        return code.finding("32-bit (compat) processes are never optimized", where)
     if code is SITE_NOT_NOP5:
         return code.finding(f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP "
-                            f"the 6.18 kernel optimizes", where, "the site stays on the int3 "
-                            "path; `usdtpatch rewrite` can make room for a nop5")
+                            f"the 6.18 kernel optimizes", where)
     if code is SITE_HINT_NOP:
         return code.finding(f"the probe instruction {original[:5].hex(' ')} is a hint NOP "
                             f"(0f 1f /r with ModRM.reg != 0): the kernel single-steps it", where)
     if code is SITE_NOT_NOP10:
         return code.finding(f"the probe instruction {original[:10].hex(' ')} is not the 10-byte "
-                            f"NOP the queued nop10 series optimizes",
-                            where, "the site stays on the int3 path")
+                            f"NOP the queued nop10 series optimizes", where)
     if code is SITE_CROSSES_PAGE:
         if length == NOP10_LENGTH:
-            return code.finding(f"the nop10 at {address:#x} crosses a page boundary", where,
-                                "the kernel would not optimize it; move the site")
+            return code.finding(f"the nop10 at {address:#x} crosses a page boundary: the "
+                                "series would not optimize it", where)
         return code.finding(f"the nop5 at {address:#x} crosses a page boundary "
-                            f"({address % PAGE:#x} > {PAGE - length:#x} into its page)",
-                            where, "the kernel never optimizes it; move the site")
+                            f"({address % PAGE:#x} > {PAGE - length:#x} into its page): the kernel "
+                            "never optimizes it", where)
     if code is NO_TRAMPOLINE_REACH:
         if trampoline is None:
             tail = " for the trampoline" if form == "nop5" else ""
             return code.finding(f"no free page within +/-2 GiB of {address + length:#x}{tail}",
-                                where, "the site stays on the int3 path")
+                                where)
         return code.finding(f"trampoline {trampoline:#x} is more than +/-2 GiB from "
-                            f"{address + length:#x}", where, "the site stays on the int3 path")
+                            f"{address + length:#x}", where)
     return code.finding(verdict.reason, where)
 
 

@@ -472,13 +472,9 @@ def _verdict(ctx: _Ctx, proto: str) -> SiteVerdict:
     hazards: list[Finding] = []
     rz = tuple(sorted(ctx.red_zone))
     if rz:
-        hazards.append(Finding(
-            OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code, Severity.WARNING,
+        hazards.append(OPTIMIZED_CALL_CLOBBERS_RED_ZONE.finding(
             f"on the optimized path the call and the trampoline's pushes write {len(rz)} bytes "
-            f"{_span(rz)} below rsp on every hit",
-            "safe only if the function keeps nothing live in its red zone here; guard the "
-            "site (lea -0x80(%rsp),%rsp around it) or build with -mno-red-zone",
-            ctx.site.probe))
+            f"{_span(rz)} below rsp on every hit", ctx.site.probe))
     status = FAIL if ctx.failures else PASS
     return SiteVerdict(ctx.site.probe, ctx.site.address, proto, status, tuple(ctx.failures),
                        tuple(hazards), ctx.runs, rz)
@@ -497,8 +493,7 @@ def verify_plan(plan: Plan, image: ElfImage,
     t0 = time.perf_counter()
     findings: list[Finding] = []
     for problem in check_plan_matches(plan, image):
-        findings.append(Finding(PLAN_FILE_MISMATCH.code, Severity.ERROR, problem,
-                                "verify the plan against the file it was made for", ""))
+        findings.append(PLAN_FILE_MISMATCH.finding(problem))
     code = trampoline_code(plan.protocol)
     load_base = 0 if image.type == ET_EXEC else plan.load_base
     # Map every trampoline the plan names that the machine can hold; sites naming another
@@ -511,11 +506,10 @@ def verify_plan(plan: Plan, image: ElfImage,
             try:
                 probe_machine = Machine(image, load_base, {})
             except MachineError as exc:
-                findings.append(Finding(MACHINE_ERROR.code, Severity.ERROR, str(exc),
-                                        "the load base puts the file outside user space", ""))
+                findings.append(MACHINE_ERROR.finding(
+                    f"the load base puts the file outside user space: {exc}"))
         except MachineError as exc:
-            findings.append(MACHINE_ERROR.finding(
-                str(exc), "", "the file is malformed; list and check still read it"))
+            findings.append(MACHINE_ERROR.finding(f"the file is malformed: {exc}"))
     for t in plan.trampolines:
         if probe_machine is None:
             break
@@ -529,7 +523,7 @@ def verify_plan(plan: Plan, image: ElfImage,
         try:
             machine = Machine(image, load_base, mapped)
         except MachineError as exc:
-            findings.append(Finding(MACHINE_ERROR.code, Severity.ERROR, str(exc), "", ""))
+            findings.append(MACHINE_ERROR.finding(str(exc)))
     verdicts = []
     for site in plan.sites:
         if machine is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from usdtpatch.kernelfacts import PAGE
+from usdtpatch.kernelfacts import PAGE, Kernel
 
 NOP1 = bytes([0x90])  # nop
 NOP5 = bytes([0x0F, 0x1F, 0x44, 0x00, 0x00])  # nopl 0x0(%rax,%rax,1)
@@ -64,10 +64,49 @@ class SiteForm(Enum):
     UNSUPPORTED_ARCH = "unsupported-arch"  # not x86: listed, not classified
 
 
+@dataclass(frozen=True, slots=True)
+class FormFacts:
+    """What a site form is, held once (issue 35): every module reads these attributes, none
+    names the forms again. A new form is a SiteForm member, its row in FORMS, and its bytes
+    in classify_site."""
+
+    length: int  # bytes of the probe instruction(s) at pc (0: unknown)
+    insns: int  # the instructions those bytes are (what a listing disassembles)
+    nop_at: int  # where the NOP a kernel optimizes starts, from pc (1: combo forms)
+    nop_length: int  # that NOP's length (5, 10); 0 when no kernel optimizes the form
+    kept_by: frozenset[Kernel]  # a rewrite for these kernels leaves the site as it is
+
+    @property
+    def nop5_at(self) -> int:
+        """Where a 6.18 kernel's nop5 starts from pc (0 for a form without one: the kernel's
+        rule then looks at pc and says why it does not optimize it)."""
+        return self.nop_at if self.nop_length == 5 else 0
+
+
+_BOTH = frozenset({Kernel.K618, Kernel.NOP10_SERIES})
+_NOP10_ONLY = frozenset({Kernel.NOP10_SERIES})
+FORMS: dict[SiteForm, FormFacts] = {
+    SiteForm.NOP1: FormFacts(1, 1, 0, 0, frozenset()),
+    SiteForm.NOP5: FormFacts(5, 1, 0, 5, _BOTH),
+    SiteForm.NOP5_ALT: FormFacts(5, 1, 0, 5, _BOTH),
+    SiteForm.COMBO5: FormFacts(6, 2, 1, 5, _BOTH),  # libbpf 1.7 attaches at pc + 1
+    SiteForm.COMBO10: FormFacts(11, 2, 1, 10, _NOP10_ONLY),
+    SiteForm.NOP10: FormFacts(10, 1, 0, 10, _NOP10_ONLY),
+    SiteForm.PADDED: FormFacts(1, 1, 0, 0, frozenset()),
+    SiteForm.OTHER: FormFacts(0, 1, 0, 0, frozenset()),
+    SiteForm.UNMAPPED: FormFacts(0, 0, 0, 0, frozenset()),
+    SiteForm.UNSUPPORTED_ARCH: FormFacts(0, 0, 0, 0, frozenset()),
+}
+
+
+def form_facts(form: SiteForm) -> FormFacts:
+    return FORMS[form]
+
+
 def nop5_offset(form: SiteForm) -> int:
     """How far past the note pc the 5-byte NOP a 6.18 kernel optimizes starts: 1 for combo5
     (`90` + nop5, where libbpf 1.7 attaches at pc + 1), 0 for every other form."""
-    return 1 if form is SiteForm.COMBO5 else 0
+    return FORMS[form].nop5_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,18 +192,21 @@ def classify_site(code: bytes) -> SiteClass:
     if not code:
         return SiteClass(SiteForm.UNMAPPED, 0, 0)
     room = nop_run_length(code)
+    form = _form_of(code, room)
+    return SiteClass(form, FORMS[form].length, room)
+
+
+def _form_of(code: bytes, room: int) -> SiteForm:
     if code.startswith(NOP1 + NOP10_PREFIX) and len(code) >= 11:
-        return SiteClass(SiteForm.COMBO10, 11, room)
+        return SiteForm.COMBO10
     if code.startswith(COMBO5):
-        return SiteClass(SiteForm.COMBO5, 6, room)
+        return SiteForm.COMBO5
     if code.startswith(NOP10_PREFIX) and len(code) >= 10:
-        return SiteClass(SiteForm.NOP10, 10, room)
+        return SiteForm.NOP10
     if code.startswith(NOP5):
-        return SiteClass(SiteForm.NOP5, 5, room)
+        return SiteForm.NOP5
     if kernel_optimizable_nop5(code):
-        return SiteClass(SiteForm.NOP5_ALT, 5, room)
+        return SiteForm.NOP5_ALT
     if code[0] == 0x90:
-        if room >= 5:
-            return SiteClass(SiteForm.PADDED, 1, room)
-        return SiteClass(SiteForm.NOP1, 1, room)
-    return SiteClass(SiteForm.OTHER, 0, room)
+        return SiteForm.PADDED if room >= 5 else SiteForm.NOP1
+    return SiteForm.OTHER

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_DYNAMIC, PT_INTERP, ElfImage
+from usdtpatch.elf.image import ET_DYN, ET_EXEC, PT_INTERP, ElfImage
 from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.model import (
     DF_1_PIE,
@@ -42,7 +42,7 @@ def object_kind(image: ElfImage) -> str:
         return "other"
     if any(s.type == PT_INTERP for s in image.segments):
         return "exe"
-    dyn = dynamic_entries(image) if any(s.type == PT_DYNAMIC for s in image.segments) else []
+    dyn = dynamic_entries(image)
     if not dyn:
         return "static"
     flags1 = next((v for t, v, _o in dyn if t == DT_FLAGS_1), 0)

@@ -60,7 +60,6 @@ from typing import TYPE_CHECKING
 from usdtpatch.elf.image import (
     PF_R,
     PF_X,
-    PT_DYNAMIC,
     PT_GNU_EH_FRAME,
     PT_INTERP,
     PT_LOAD,
@@ -72,7 +71,14 @@ from usdtpatch.elf.image import (
     ElfImage,
     Segment,
 )
-from usdtpatch.elf.model import DT_GNU_HASH, DT_HASH, PT_GNU_PROPERTY, SHT_GNU_HASH, SHT_HASH
+from usdtpatch.elf.model import (
+    DT_GNU_HASH,
+    DT_HASH,
+    PT_GNU_PROPERTY,
+    SHT_GNU_HASH,
+    SHT_HASH,
+    dynamic_entries,
+)
 from usdtpatch.elf.notes import parse_notes
 from usdtpatch.elf.symbols import (
     DETOUR_PREFIX,
@@ -352,20 +358,12 @@ def head_room(image: ElfImage) -> tuple[bool, HeadMove | None]:
 
 
 def _dynamic_entry(image: ElfImage, tag: int, value: int) -> int | None:
-    """File offset of the d_val of the `.dynamic` entry (tag, value), or None."""
-    dyn = next((sg for sg in image.segments if sg.type == PT_DYNAMIC), None)
-    if dyn is None:
+    """File offset of the d_val of the one `.dynamic` entry (tag, value), or None (none, or
+    the tag twice, or another value)."""
+    found = [(v, off) for t, v, off in dynamic_entries(image) if t == tag]
+    if len(found) != 1 or found[0][0] != value:
         return None
-    found = None
-    for at in range(dyn.offset, min(dyn.offset + dyn.filesz, len(image.data)) - 15, 16):
-        t, v = struct.unpack_from("<qQ", image.data, at)
-        if t == 0:
-            break
-        if t == tag:
-            if v != value or found is not None:
-                return None
-            found = at + 8
-    return found
+    return found[0][1] + 8
 
 
 def in_place_regions(image: ElfImage, layout: SegmentLayout) -> tuple[tuple[int, int], ...]:

@@ -154,7 +154,7 @@ class CheckReport:
     cfi_source: str
     cfi_fdes: int
     # the symbols, CFI and analysed functions check used: `show` and the HTML report reuse them
-    context: CodeContext | None = field(default=None, repr=False, compare=False)
+    context: CodeContext = field(repr=False, compare=False)
     options: CheckOptions = DEFAULT_OPTIONS  # the rewrite options the outcomes predict
 
     @property

@@ -11,11 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from usdtpatch.analysis.check import CheckReport, SiteCheck
-from usdtpatch.analysis.targets import CodeContext, FunctionCode
+from usdtpatch.analysis.targets import FunctionCode
 from usdtpatch.analysis.windows import PatchWindow, WindowShape
-from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.demangle import demangle
-from usdtpatch.elf.symbols import load_symbols
 from usdtpatch.report.checkjson import site_json
 from usdtpatch.report.envelope import envelope
 from usdtpatch.x86.describe import describe
@@ -91,14 +89,7 @@ def site_views(path: str, report: CheckReport, sites: Sequence[SiteCheck] | None
     ps = report.probeset
     if sites is None:
         sites = report.sites
-    ctx = report.context  # check's: its functions know the file-wide ways in
-    if ctx is None:
-        symbols = load_symbols(ps.image)
-        try:
-            cfi = load_cfi(ps.image)
-        except CfiError:
-            cfi = CfiIndex(ps.image, (), (), "none")
-        ctx = CodeContext(ps.image, cfi, symbols)
+    ctx = report.context  # check's: its functions know the file-wide ways in; none is made here
     names = demangle([s.probe.function for s in sites if s.probe.function])
     docs: list[dict[str, Any]] = []
     for s in sites:

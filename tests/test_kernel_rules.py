@@ -2,7 +2,7 @@
 get their verdict from it, so they agree on every site.
 
 - pure property test: for many byte patterns, addresses around page ends, both bitnesses and
-  reach or not, plan's refusals (poke.sequences / poke.nop10) name exactly the engine's code
+  reach or not, plan's refusals (sequences.sequences) name exactly the engine's code
   and accept exactly what the engine accepts;
 - end to end: fixtures with each pattern written at every probe's pc, then `check` (its
   verdict matrix) and `plan` (its per-site sequences and findings) side by side;

@@ -383,7 +383,7 @@ def test_cxx_include_inside_extern_c(tmp_path: Path) -> None:
 ])
 def test_check_of_a_default_build_has_no_red_zone_live(tmp_path: Path, opt: str,
                                                        srcs: list[str]) -> None:
-    """`usdtpatch check` (sites.check) flags live red-zone data at the unguarded nop5 sites
+    """`usdtpatch check` (analysis.check) flags live red-zone data at the unguarded nop5 sites
     (-DUSDTPATCH_REDZONE_GUARD=0), and none in the default build: its sites are guarded."""
     need_toolchain("gcc")
     from usdtpatch.analysis.check import check

@@ -237,7 +237,7 @@ GUARD_OUT = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(
 @pytest.mark.needs_cc
 @pytest.mark.parametrize("cfg", MATRIX, ids=[c.id for c in MATRIX])
 def test_every_site_is_an_optimizable_nop5(builds: dict[Config, Built], cfg: Config) -> None:
-    """The site rules directly, and `usdtpatch check`'s verdict (sites.check.check): every
+    """The site rules directly, and `usdtpatch check`'s verdict (analysis.check.check): every
     unguarded site is an optimizable nop5; in the default build every site is a guarded one
     (but the probes that cannot be guarded, which are systemtap's nop), and check reports no
     red-zone-live there."""

@@ -2,8 +2,8 @@
 
 A finding is not an exception: it goes into the report and the run goes on. Each has a
 stable kebab-case `code`, a severity, a message that shows the bad value, and a hint that says
-what to do about it. This module sits below every layer that emits findings (sites, poke,
-emulate, rewrite) and the one that renders them (report); it imports nothing of usdtpatch.
+what to do about it. This module sits below every layer that emits findings (analysis, sequences,
+verification, rewriter) and the one that renders them (report); it imports nothing of usdtpatch.
 
 Every code the program can emit is registered here once (`CODES`), with its severity, a
 title, a default hint and its anchor in docs/findings.md. Emitting code refers to the

@@ -488,7 +488,7 @@ def verify_plan(plan: Plan, image: ElfImage,
                 red_zone: Mapping[int, str] | None = None) -> VerifyReport:
     """Verify every site of `plan` against the file `image` in one emulator. The measured
     writes below rsp of an unguarded site are a hazard only where `check`'s red-zone rule
-    says the function may keep live data there (`red_zone`: poke.plan.red_zone_users of the
+    says the function may keep live data there (`red_zone`: sequences.plan.red_zone_users of the
     file, worked out here when not given): the same sites as check's red-zone-live."""
     t0 = time.perf_counter()
     findings: list[Finding] = []

@@ -145,7 +145,8 @@ def _function_stack(fc: FunctionCode) -> _FunctionStack:
     frame_at: int | None = None
     lowered = 0
     in_prologue = False
-    for ins in fc.insns:
+    graph: _Graph | None = None
+    for k, ins in enumerate(fc.insns):
         m = ins.mem
         op = ins.op_str
         if m is None and not in_prologue and not op.startswith("%rsp, %"):
@@ -157,7 +158,12 @@ def _function_stack(fc: FunctionCode) -> _FunctionStack:
                                                 f"{-m.disp} bytes below %{m.base}",
                                           ins.address), frame_at, lowered)
         if m is not None and (m.base == "rsp" or m.base in copies) and m.index is not None:
-            # a register index may be negative: nothing proves the access stays above %rsp
+            # a register index may be negative, unless every value reaching it here is known
+            # not to be (a loop counter counted up from zero, a zero-extended value, a mask)
+            graph = graph or _Graph(fc.insns, {a for a, t in fc.targets.items()
+                                               if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
+            if _nonnegative(graph, k, _regs_alias(m.index), frozenset()):
+                continue
             return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
                                                 f"%{m.base} plus the register %{m.index}, "
                                                 f"which may reach below it", ins.address),
@@ -188,6 +194,95 @@ def _function_stack(fc: FunctionCode) -> _FunctionStack:
                                   f"below the frame pointer, but only {lowered} bytes were "
                                   "reserved below it", ins.address), frame_at, lowered)
     return _FunctionStack(None, frame_at, lowered)
+
+
+# A value below this, scaled by 8 and added to a base, stays above the base (no wrap around
+# 2^64 into the 128 bytes below it). A register counted up by a small step from such a value
+# is taken to stay below it (`index-counters-bounded` in usdtpatch/prove/assumptions.py).
+_NONNEG_STEP = 1 << 16
+
+
+def _width(reg: str) -> int:
+    """The width in bits of a general register's name (rax 64, eax 32, ax 16, al 8)."""
+    r = reg.lstrip("%")
+    if r[0] == "r" and r[1:].isdigit():
+        return 64
+    if r[0] == "r" and r[-1] in "dwb":
+        return {"d": 32, "w": 16, "b": 8}[r[-1]]
+    if r.startswith("r"):
+        return 64
+    if r.startswith("e"):
+        return 32
+    return 8 if r[-1] in "lh" else 16
+
+
+def _nonnegative(g: _Graph, k: int, reg: str, assumed: frozenset[tuple[int, str]],
+                 depth: int = 0) -> bool:
+    """Whether every value of the 64-bit register `reg` that reaches instruction k is below
+    2^60 (so non-negative): each definition reaching it writes a 32-bit register (zero
+    extended), zero-extends a byte or word, masks with a non-negative immediate, shifts right,
+    copies such a register, or adds a small non-negative step to one (a loop counter: the
+    definitions around a loop are taken as proved while they are being proved). An argument,
+    a call's result, or any other definition: not known."""
+    if depth > 8:
+        return False
+    defs = _reaching_defs(g, k, reg)
+    if not defs:
+        return False
+    for kind, p in defs:
+        if kind != "def":
+            return False
+        ins = g.insns[p]
+        ops = ins.operands
+        base = ins.base_mnemonic
+        dest = ops[-1] if ops and ops[-1].startswith("%") else None
+        if dest is None or _regs_alias(dest) != reg or ins.flow is not Flow.NONE:
+            return False  # an implicit write (cqto, div, ...)
+        width = _width(dest)
+        if width == 32 and not base.startswith(("xchg", "cmpxchg", "xadd")):
+            continue  # a 32-bit write zero-extends: below 2^32
+        if width != 64:
+            return False  # a byte or word write keeps the upper bits
+        src = ops[0] if len(ops) == 2 else None
+        imm = _imm64(src)
+        if base.startswith("movz"):
+            continue  # movzbq, movzwq: below 2^16
+        if base.startswith("and") and imm is not None and 0 <= imm < 1 << 60:
+            continue
+        if base.startswith("shr") and imm is not None and imm >= 4:
+            continue
+        if base.startswith("mov") and not base.startswith("movs") and imm is not None and \
+                0 <= imm < 1 << 60:
+            continue  # mov $N
+        before: str | None = None
+        if base.startswith("mov") and not base.startswith(("movs", "movab")) and \
+                src is not None and src.startswith("%") and _width(src) == 64:
+            before = _regs_alias(src)  # a copy
+        elif (base.startswith("add") and imm is not None and 0 <= imm < _NONNEG_STEP) or \
+                (base.startswith("inc") and len(ops) == 1):
+            before = reg
+        elif base.startswith("lea") and ins.mem is not None and ins.mem.index is None and \
+                ins.mem.base not in (None, "rip") and 0 <= ins.mem.disp < _NONNEG_STEP:
+            before = _regs_alias(ins.mem.base)
+        if before is None:
+            return False
+        if (p, before) in assumed:
+            continue  # around a loop: holds if the other definitions hold
+        if not _nonnegative(g, p, before, assumed | {(p, before)}, depth + 1):
+            return False
+    return True
+
+
+def _imm64(op: str | None) -> int | None:
+    """An immediate operand's value as a signed 64-bit number, or None."""
+    if op is None or not op.startswith("$"):
+        return None
+    try:
+        v = int(op[1:], 0)
+    except ValueError:
+        return None
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >> 63 else v
 
 
 GUARD_IN_TEXT = "-0x80(%rsp), %rsp"  # 48 8d 64 24 80: lea -0x80(%rsp),%rsp

@@ -131,6 +131,14 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
          "tests/test_rewrite_buildid.py::"
          "test_gdb_takes_the_originals_debug_file_only_with_keep_build_id")),
     Assumption(
+        "index-counters-bounded",
+        "a register counted up by a step below 64 KiB from a value below 2^32 (a loop "
+        "counter) stays below 2^60, so a stack access indexed by it never wraps below %rsp: "
+        "the red-zone analysis takes such an index as non-negative",
+        ("tests/test_redzone_index.py::test_a_counted_index_is_not_red_zone_live_an_argument_is",
+         "tests/test_redzone_index.py::test_the_cleared_site_optimized_leaves_the_output_as_"
+         "it_was")),
+    Assumption(
         "kernel-as-measured",
         "the running kernel optimizes and restores sites as docs/kernel.md measured on 6.18",
         ("tests/test_live_kernel.py::test_live_nop5_site_matches_plan",)),

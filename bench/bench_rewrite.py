@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import USDTPATCH, machine_line, median_seconds
+from bench.common import USDTPATCH, machine_line, median_seconds, run_measured
 
 LIBJVM = Path("/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so")
 TARGET_NO_VERIFY = 5.0
@@ -71,22 +71,19 @@ int main(int argc, char **argv)
 """
 
 
-_PEAK = """
-import resource, subprocess, sys
-subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-"""
-
 # the verified rewrite with every detour verified in this one process (api jobs=1)
 _ONE_PROCESS = ("import sys; from usdtpatch import api; "
                 "api.rewrite(sys.argv[1], sys.argv[2], form='nop5', jobs=1)")
 
 
 def _peak_mib(argv: list[str]) -> float:
-    """Peak resident memory of `argv` and every process it waits for (the largest one)."""
-    done = subprocess.run([sys.executable, "-c", _PEAK, *argv], capture_output=True, text=True,
-                          check=True)
-    return int(done.stdout.strip()) / 1024
+    """Peak resident memory of `argv` and every process it waits for (the largest one), as
+    its own: spawned from a small fresh interpreter (bench.common.run_measured; ru_maxrss
+    survives execve, so a child of this process would start at this process's peak)."""
+    _wall, _cpu, peak_kib, code = run_measured(argv)
+    if code != 0:
+        raise SystemExit(f"bench_rewrite: {' '.join(argv)} exited {code}")
+    return peak_kib / 1024
 
 
 def _cpu_seconds(argv: list[str], runs: int) -> float:

@@ -416,11 +416,11 @@ def _made(rows: list[tuple[int, int, str, str]]) -> list[CodeInsn]:
                 continue
         elif flow in branch and op_str[:2] == "0x":
             try:
-                target = int(op_str, 16)
+                direct = int(op_str, 16)
             except ValueError:
                 pass
             else:
-                add(_new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, target, None,
+                add(_new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, direct, None,
                                          None, base)))
                 continue
         key = (mnemonic, op_str)

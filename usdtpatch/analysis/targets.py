@@ -212,9 +212,6 @@ def _index(starts: tuple[int, ...], address: int) -> int | None:
     return i if i < len(starts) and starts[i] == address else None
 
 
-FUNCTIONS_KEPT = 1024
-
-
 class CodeContext:
     """The shared, read-only inputs of the analysis and its memo of sweeps (one per run)."""
 
@@ -228,10 +225,7 @@ class CodeContext:
         # memos of the latest functions only (index.Recent: the sites come in address order;
         # `show` works out again what was forgotten); the bounds of every site are kept
         self._sweeps: dict[tuple[int, int], Sweep] = Recent()
-        # check asks for each site's function twice, in two walks over the sites (the site,
-        # then the sites together: the re-laid window); 1,024 holds a file of several hundred
-        # probed functions (libjvm.so: no second analysis, 0.4 s less) at the same peak
-        self._functions: dict[int, FunctionCode] = Recent(FUNCTIONS_KEPT)
+        self._functions: dict[int, FunctionCode] = Recent()
         self._parts: dict[tuple[int, int], PartScan] = Recent()
         self._bounds: dict[int, FunctionBounds | None] = {}
         self._reached: dict[int, tuple[PartScan, frozenset[int]]] = Recent()

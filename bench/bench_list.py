@@ -1,12 +1,13 @@
 """`usdtpatch list` (JSON and table) against `readelf -n` on OpenJDK 17's libjvm.so.
 
 Prints, from one run: the median wall time of `readelf -n`, `usdtpatch list --json` and
-`usdtpatch list` (the table, written to /dev/null) on libjvm.so (531 probes), each a fresh
-process, the commands taking turns in every round so that a busy machine slows all of them
-alike; then the ratios against readelf and the issue's targets (JSON <= 20x readelf, table no
-slower than JSON). `--synthetic N` adds probes/s on synthetic binaries with N and 10*N probes
-(built by fixtures/gen_synthetic.py), to show that the cost grows no faster than the probe
-count.
+`usdtpatch list` (the table, written to /dev/null) on libjvm.so (531 probes), and `bpftrace -l`
+of the file's USDT probes when bpftrace is installed, each a fresh process, the commands
+taking turns in every round so that a busy machine slows all of them alike; then the ratios
+against readelf and the issues' targets (JSON <= 20x readelf, table no slower than JSON, JSON
+no slower than `bpftrace -l`). `--synthetic N` adds probes/s on synthetic binaries with N and
+10*N probes (built by fixtures/gen_synthetic.py), to show that the cost grows no faster than
+the probe count.
 
     .venv/bin/python -m bench.bench_list [--runs 15] [--compare TREE] [--synthetic N] [FILE]
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"readelf -n": ["readelf", "-n", path],
                     "usdtpatch list --json": [*USDTPATCH, "list", "--json", path],
                     "usdtpatch list (table)": [*USDTPATCH, "list", path]}
+        bpftrace = shutil.which("bpftrace")
+        if bpftrace is not None:  # issue 38's reference: no slower than `bpftrace -l`
+            commands["bpftrace -l"] = [bpftrace, "-l", f"usdt:{path}:*"]
         envs: dict[str, dict[str, str] | None] = {}
         if args.compare is not None:
             commands["compared: list --json"] = commands["usdtpatch list --json"]
@@ -128,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if ok_json else 'MISSED'} ({js / ref:.1f}x)")
         print(f"target table no slower than JSON: {'met' if ok_table else 'MISSED'} "
               f"(table/json {table / js:.2f})")
+        if "bpftrace -l" in m:
+            bw, bc = m["bpftrace -l"], cpu["bpftrace -l"]
+            print(f"target list --json no slower than bpftrace -l: "
+                  f"{'met' if js <= bw else 'MISSED'} (wall {js / bw:.2f}x, CPU "
+                  f"{cpu['usdtpatch list --json'] / max(bc, 1e-4):.2f}x)")
         status = 0 if ok_json and ok_table else 1
     else:
         print(f"{args.file}: not present, skipped")

@@ -7,7 +7,8 @@ out as for a file); first on a file with one probe (the fixed cost: interpreter,
 then per size: the median wall time, the time per probe above the fixed cost, the ratio of
 that to the smallest size's (1.0 = linear; a quadratic step shows as ~10 per decade), the same
 for the child's CPU time (user + system: far less moved by other processes on the machine),
-and the child's peak RSS per probe. A run whose peak RSS, extrapolated from the command's
+and the child's peak RSS per probe (the child's own: bench.common.run_measured), whole and
+above the fixed run's. A run whose peak RSS, extrapolated from the command's
 previous size, would pass --max-rss-mb is skipped and said.
 
     .venv/bin/python -m bench.bench_scale [--sizes 1000,10000,100000,1000000] [--runs 3]
@@ -19,14 +20,11 @@ previous size, would pass --max-rss-mb is skipped and said.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from bench.common import USDTPATCH, machine_line
+from bench.common import USDTPATCH, machine_line, run_measured, spawner_floor_kib
 from bench.synthetic_asm import build
 
 COMMANDS = {
@@ -38,16 +36,13 @@ COMMANDS = {
 
 def _run(argv: list[str]) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, peak RSS in bytes) of one run of `argv` as a child
-    process (the CPU time, user + system, depends far less on a shared machine's load)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=tempfile.gettempdir())
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"bench_scale: {' '.join(argv)} exited {proc.returncode}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+    process (the CPU time, user + system, depends far less on a shared machine's load). The
+    child is spawned by a small fresh interpreter (bench.common.run_measured): spawned from
+    this process, which holds the generated files, its ru_maxrss would start at ours."""
+    wall, cpu, peak_kib, code = run_measured(argv, cwd=tempfile.gettempdir())
+    if code not in (0, 1):
+        raise SystemExit(f"bench_scale: {' '.join(argv)} exited {code}")
+    return wall, cpu, peak_kib * 1024
 
 
 def measure(path: Path, command: str, runs: int, out: Path) -> tuple[float, float, int]:
@@ -75,6 +70,8 @@ def main() -> None:
     args.dir.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(machine_line())
+    print(f"peak memory: the child's own, spawned from a fresh interpreter (floor "
+          f"{spawner_floor_kib() / 1024:.1f} MiB: what `true` reports)")
     out = args.dir / "out.so"
     cases = [(n, build(args.dir, n), False) for n in sizes]
     if args.shared_pc:
@@ -89,7 +86,8 @@ def main() -> None:
     base_cpu: dict[str, float] = {}
     per_probe: dict[str, float] = {}  # peak RSS above the fixed run's, per probe, last size
     print(f"{'probes':>9} {'command':8} {'seconds':>9} {'us/probe':>9} {'ratio':>6} "
-          f"{'CPU s':>8} {'CPU us/p':>8} {'ratio':>6} {'peak MB':>8} {'B/probe':>8}")
+          f"{'CPU s':>8} {'CPU us/p':>8} {'ratio':>6} {'peak MB':>8} {'B/probe':>8} "
+          f"{'B/p>fix':>8}")
     for n, path, shared in cases:
         runs = args.runs if n < 100_000 else 1
         chosen = COMMANDS if n < 1_000_000 else args.large_commands.split(",")
@@ -107,11 +105,12 @@ def main() -> None:
             if not shared:
                 base.setdefault(command, per)
                 base_cpu.setdefault(command, per_cpu)
-            ratio = per / base[command] if command in base else float("nan")
-            ratio_cpu = per_cpu / base_cpu[command] if command in base_cpu else float("nan")
+            ratio = per / base[command] if base.get(command) else float("nan")
+            ratio_cpu = per_cpu / base_cpu[command] if base_cpu.get(command) else float("nan")
             label = f"{n}{' one pc' if shared else ''}"
             print(f"{label:>9} {command:8} {wall:9.2f} {per:9.1f} {ratio:6.2f} {cpu:8.2f} "
-                  f"{per_cpu:8.1f} {ratio_cpu:6.2f} {rss / 2**20:8.0f} {rss / n:8.0f}",
+                  f"{per_cpu:8.1f} {ratio_cpu:6.2f} {rss / 2**20:8.0f} {rss / n:8.0f} "
+                  f"{per_probe[command]:8.0f}",
                   flush=True)
     out.unlink(missing_ok=True)
 

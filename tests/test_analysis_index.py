@@ -108,3 +108,25 @@ def test_check_and_the_plan_leave_no_reference_cycle(many_functions: Path) -> No
     finally:
         if was:
             gc.enable()
+
+
+def test_check_analyses_each_function_once_with_more_than_the_memo_keeps(
+        many_functions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check walks the sites in address order and decides each right after its own check
+    (analysis/check.py `_InOrder`), while the function memo still holds its function: the
+    branch start checked every site first, then walked them, and analysed each function that
+    the memo had forgotten a second time (issue 38)."""
+    from usdtpatch.analysis import targets
+    from usdtpatch.analysis.functions import FunctionBounds
+
+    made: list[int] = []
+    real = targets.analyze_function
+
+    def counted(ctx: targets.CodeContext, bounds: FunctionBounds) -> targets.FunctionCode:
+        made.append(bounds.start)
+        return real(ctx, bounds)
+
+    monkeypatch.setattr(targets, "analyze_function", counted)
+    rep = api.check(many_functions, fork_guard="never").report
+    assert len(rep.sites) == index.RECENT + 44
+    assert len(made) == len(set(made)) == len(rep.sites)

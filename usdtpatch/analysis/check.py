@@ -193,8 +193,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
-    sites = _together(ctx, tuple(_check_site(ctx, p, rseq, stacks) for p in probeset.probes),
-                      options)
+    sites = _together(ctx, _InOrder(probeset.probes,
+                                    lambda p: _check_site(ctx, p, rseq, stacks)), options)
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
@@ -294,7 +294,45 @@ def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
         f"accepts the risk)")]
 
 
-def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+class _InOrder:
+    """Each site's own check (`make`), made when the walk in address order first needs it:
+    the walk decides a site right after its function was analysed for the site's own check,
+    while the function memo still holds it (made all first, a file of more sites than the
+    memo keeps analysed every function twice). The checks do not depend on the order they
+    are made in (each is a function of the file and the site)."""
+
+    def __init__(self, probes: tuple[Probe, ...], make: Callable[[Probe], SiteCheck]) -> None:
+        self.probes = probes
+        self.order = sorted(probes, key=lambda p: p.address)  # stable: ties in note order
+        self.addresses = [p.address for p in self.order]
+        self.made: list[SiteCheck] = []
+        self.make = make
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def at(self, k: int) -> SiteCheck:
+        """The check of the k-th site in address order (and of every site before it)."""
+        while len(self.made) <= k:
+            self.made.append(self.make(self.order[len(self.made)]))
+        return self.made[k]
+
+    def between(self, lo: int, hi: int) -> list[SiteCheck]:
+        """The checks of the sites with lo <= address < hi, in address order."""
+        i, j = bisect_left(self.addresses, lo), bisect_left(self.addresses, hi)
+        if j > i:
+            self.at(j - 1)
+        return self.made[i:j]
+
+    def in_note_order(self) -> tuple[SiteCheck, ...]:
+        """Every site's check, in the order of the probes (the notes)."""
+        if self.order:
+            self.at(len(self.order) - 1)
+        by_index = {sc.probe.index: sc for sc in self.made}
+        return tuple(by_index[p.index] for p in self.probes)
+
+
+def _together(ctx: CodeContext, made: _InOrder,
               options: CheckOptions = DEFAULT_OPTIONS) -> tuple[SiteCheck, ...]:
     """The sites as rewrite (with `options`) decides them together, walking them in address
     order as usdtpatch.rewriter.plan does: a site already in the target's form is left as it
@@ -310,11 +348,10 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
     rewrite does not keep true (analysis/debuglines.py: `window-line-row`,
     `window-debug-entry`)."""
     shstk: list[bool] = []
-    by_address = sorted(sites, key=lambda s: s.probe.address)
-    addresses = [s.probe.address for s in by_address]
     decided: dict[int, SiteCheck] = {}
     claimed = Claims()  # overlap tests by bisection: a scan per site was quadratic
-    for sc in by_address:
+    for k in range(len(made)):
+        sc = made.at(k)
         if sc.probe.index in decided:
             continue
         if _in_target_form(sc, options.form):
@@ -324,10 +361,8 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
             continue
-        members = by_address[bisect_left(addresses, w.start):bisect_left(addresses, w.end)]
-        relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard,
-                               lambda lo, hi: by_address[bisect_left(addresses, lo):
-                                                         bisect_left(addresses, hi)])
+        members = made.between(w.start, w.end)
+        relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard, made.between)
         if relaid is not None and sc.window is not None:
             decided[sc.probe.index] = replace(
                 sc, outcome=IN_PLACE, blocked=None,
@@ -353,7 +388,7 @@ def _together(ctx: CodeContext, sites: tuple[SiteCheck, ...],
             decided[sc.probe.index] = replace(first, findings=(*first.findings, *said))
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
-    return tuple(decided.get(s.probe.index, s) for s in sites)
+    return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
 
 
 def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Claims,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import le
@@ -426,6 +427,9 @@ def parse_fde(image: ElfImage, address: int, cache: dict[int, Cie] | None = None
                         lambda a: parse_cie(image, a, cache))
 
 
+_RECENT_FDES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class CfiIndex:
     """The sorted FDE table of `.eh_frame_hdr` (or of a walk of `.eh_frame` without one)."""
@@ -435,12 +439,22 @@ class CfiIndex:
     fde_addresses: tuple[int, ...]  # the FDE for starts[i]
     source: str  # "eh_frame_hdr", "eh_frame" (walked) or "none"
     _cies: dict[int, Cie] = field(default_factory=dict, repr=False, compare=False)
+    # the latest FDEs parsed, by index (the analysis asks for a function's FDE several times
+    # in a row: bounds, padding, unwind rows); the oldest is forgotten past _RECENT_FDES
+    _fdes: OrderedDict[int, Fde] = field(default_factory=OrderedDict, repr=False,
+                                         compare=False)
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def fde_at(self, i: int) -> Fde:
-        return parse_fde(self.image, self.fde_addresses[i], self._cies)
+        got = self._fdes.get(i)
+        if got is None:
+            got = parse_fde(self.image, self.fde_addresses[i], self._cies)
+            self._fdes[i] = got
+            if len(self._fdes) > _RECENT_FDES:
+                self._fdes.popitem(last=False)
+        return got
 
     def lookup(self, address: int) -> Fde | None:
         """The FDE covering `address`, or None (binary search, one FDE parsed)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -143,10 +144,22 @@ def _lite_rows(code: bytes, address: int, mode64: bool) -> list[tuple[int, int, 
             return []
         return list(_capstone(mode64).disasm_lite(code, address))  # its CsError
     try:
-        return [(i.address, i.size, i.mnemonic.decode("ascii"), i.op_str.decode("ascii"))
-                for i in first[:count]]
+        # the array as bytes, unpacked by one struct (reading each field through ctypes costs
+        # several times more); the strings end at their first NUL
+        raw = ctypes.string_at(first, count * ctypes.sizeof(insn_type))
+        return [(a, n, m[:m.index(0)].decode("ascii"), o[:o.index(0)].decode("ascii"))
+                for a, n, m, o in _cs_rows(ctypes.sizeof(insn_type)).iter_unpack(raw)]
     finally:
         lib.cs_free(first, count)
+
+
+@cache
+def _cs_rows(size: int) -> struct.Struct:
+    """cs_insn as it is laid out on x86-64 (id, address, size, bytes[24], mnemonic[32],
+    op_str[160], detail): address, size, mnemonic and op_str."""
+    if size != 248:
+        raise ValueError(f"cs_insn of {size} bytes")
+    return struct.Struct("<8xQH24x32s160s14x")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +231,12 @@ class CodeInsn(NamedTuple):
     @property
     def operands(self) -> list[str]:
         """The AT&T operands, source first (split on ', ' outside parentheses)."""
-        return split_operands(self.op_str)
+        got = _OPERANDS.get(self.op_str)
+        if got is None:
+            got = split_operands(self.op_str)
+            if len(_OPERANDS) < _MAX_FACTS:
+                _OPERANDS[self.op_str] = got
+        return list(got)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,8 +320,7 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
     pos = 0
     end = len(code)
     while pos < end:
-        made = [_make(addr, size, mnemonic, op_str)
-                for addr, size, mnemonic, op_str in _lite_rows(code[pos:], address + pos, mode64)]
+        made = _made(_lite_rows(code[pos:], address + pos, mode64))
         if made:
             insns += made
             pos = made[-1].address - address + made[-1].size
@@ -332,6 +349,7 @@ def _by_length(code: bytes, address: int, mode64: bool) -> CodeInsn | None:
     return _make(address, size, mnemonic, op_str)
 
 
+_OPERANDS: dict[str, list[str]] = {}  # op_str -> split_operands(op_str), copied out
 _Facts = tuple[str, Flow, int | None, MemRef | None]
 _FACTS: dict[tuple[str, str], _Facts] = {}  # (mnemonic, op_str) -> what _facts says
 _MAX_FACTS = 1 << 16
@@ -371,3 +389,48 @@ def _make(addr: int, size: int, mnemonic: str, op_str: str) -> CodeInsn:
 
 
 _new_insn = tuple.__new__  # CodeInsn(...) without the generated __new__'s extra call
+
+_PLAIN: dict[str, tuple[str, Flow]] = {}  # mnemonic -> (base, flow)
+
+
+def _made(rows: list[tuple[int, int, str, str]]) -> list[CodeInsn]:
+    """`_make` of each row, inline: an instruction that passes control on to the next one
+    without a memory operand (its facts are its mnemonic's), a direct branch (its target its
+    operand), the rest through `_make`'s memo of facts."""
+    out: list[CodeInsn] = []
+    facts_get = _FACTS.get
+    add = out.append
+    plain = _PLAIN
+    branch = (Flow.JMP, Flow.JCC, Flow.CALL)
+    none = Flow.NONE
+    for addr, size, mnemonic, op_str in rows:
+        got = plain.get(mnemonic)
+        if got is None:
+            base = mnemonic.rsplit(maxsplit=1)[-1] if mnemonic else mnemonic
+            got = plain[mnemonic] = (base, _flow(base))
+        base, flow = got
+        if flow is none:
+            if "(" not in op_str and ":" not in op_str:
+                add(_new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, None, None, None,
+                                         base)))
+                continue
+        elif flow in branch and op_str[:2] == "0x":
+            try:
+                direct = int(op_str, 16)
+            except ValueError:
+                pass
+            else:
+                add(_new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, direct, None,
+                                         None, base)))
+                continue
+        key = (mnemonic, op_str)
+        facts = facts_get(key)
+        if facts is None:
+            facts = _facts(mnemonic, op_str)
+            if facts[2] is None and len(_FACTS) < _MAX_FACTS:
+                _FACTS[key] = facts
+        base, flow, target, mem = facts
+        add(_new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, target, mem,
+                                 addr + size + mem.disp if mem is not None and mem.base == "rip"
+                                 else None, base)))
+    return out

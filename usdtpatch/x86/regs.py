@@ -4,6 +4,8 @@ value (usdtpatch.analysis.targets and .hazards, usdtpatch.forkguard.dso)."""
 
 from __future__ import annotations
 
+from functools import cache
+
 ALIASES: dict[str, str] = {}
 for _r in ("ax", "bx", "cx", "dx"):
     for _n in (f"r{_r}", f"e{_r}", _r, f"{_r[0]}l", f"{_r[0]}h"):
@@ -30,8 +32,10 @@ def alias(name: str) -> str:
     return ALIASES.get(r, r)
 
 
+@cache
 def sized(*names: str) -> frozenset[str]:
-    """AT&T mnemonics with and without their size suffixes."""
+    """AT&T mnemonics with and without their size suffixes (memoized: the analysis asks for
+    the same few sets once per instruction it reads)."""
     return frozenset(n + sfx for n in names for sfx in ("", "b", "w", "l", "q"))
 
 

@@ -26,6 +26,7 @@ from usdtpatch.elf.dwarf import (
     compressed,
     picked_statements,
 )
+from usdtpatch.elf.dynsym import grow_dynsym
 from usdtpatch.elf.ehframe import (
     Personality,
     build_cie,
@@ -362,6 +363,13 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
             unwind_tail.append(debug_frame)
         if image.section(".eh_frame_hdr") is not None:
             renames = {".eh_frame_hdr": ".eh_frame_hdr.orig"}
+    grown: tuple[tuple[str, int], ...] = ()
+    dyn = grow_dynsym(image, list(plan.symbols.dynamic), text_section_index(image),
+                      max(a.vaddr + len(a.data) for a in alloc))
+    if dyn is not None:  # the detours' names in `.dynsym` (a stripped file's)
+        alloc += dyn.alloc
+        patches += dyn.patches
+        grown = dyn.grown
     symbols = _symtab(image, plan.symbols)
     names = {a: n for n, a, _s in plan.symbols.symbols}
     tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *unwind_tail, *symbols,
@@ -369,7 +377,7 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
             TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
                         marker_note(_marker(plan, patches, symbols, alloc)), 4)]
     out = write(image, Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail),
-                               renames, hdr_addr))
+                               renames, hdr_addr, grown))
     if moved_bid is not None and bid is not None:
         placed = _build_id_place(parse_elf(out))
         if placed is None or placed[1] != bid[1]:

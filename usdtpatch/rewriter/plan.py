@@ -75,6 +75,7 @@ from usdtpatch.analysis.windows import (
 )
 from usdtpatch.elf.cfi import CfiIndex, Lsda, eh_frame_unindexed, load_cfi
 from usdtpatch.elf.dwarf import DwarfToExtend, read_for_detours
+from usdtpatch.elf.dynsym import dynsym_left_out, exported_functions
 from usdtpatch.elf.ehframe import (
     RSP,
     LsdaRow,
@@ -100,7 +101,7 @@ from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.model import R_X86_64_RELATIVE
 from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
-from usdtpatch.elf.writer import SegmentLayout, plan_segment
+from usdtpatch.elf.writer import SegmentLayout, added_sections_index, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
 from usdtpatch.rewriter.marker import AlreadyRewritten
@@ -727,7 +728,8 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     place_at = (seg.text_addr + len(seg.text) + 15) & ~15  # the fork guard's place
     fork, refusal = _fork_guard(image, base.form, base.sites, base.fork_guard, place_at)
     symbols = _symbols(image, detour_symbols(base.sites)
-                       + list(fork.symbols if fork is not None else ()), layout)
+                       + list(fork.symbols if fork is not None else ()), layout,
+                       dynamic_symbols(image, base.sites))
     said = [*base.findings]
     if symbols.left_out is not None:
         said.append(symbols.left_out)
@@ -825,8 +827,9 @@ def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
 
 
 def text_section_index(image: ElfImage) -> int:
-    """The section index of `.usdtpatch.text` in the output: the first section it adds."""
-    return len(image.sections)
+    """The section index of `.usdtpatch.text` in the output: the first section it adds
+    (usdtpatch.elf.writer.added_sections_index: after the last allocated original)."""
+    return added_sections_index(image)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -838,6 +841,8 @@ class DetourSymbols:
     symbols: tuple[tuple[str, int, int], ...]
     in_place: SymtabInPlace | None = None
     left_out: Finding | None = None
+    # the detours' `.dynsym` entries (name, address, size: dynamic_symbols)
+    dynamic: tuple[tuple[str, int, int], ...] = ()
 
 
 def detour_symbols(sites: tuple[SiteDecision, ...]) -> list[tuple[str, int, int]]:
@@ -860,8 +865,29 @@ def detour_symbols(sites: tuple[SiteDecision, ...]) -> list[tuple[str, int, int]
     return out
 
 
-def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentLayout
-             ) -> DetourSymbols:
+def dynamic_symbols(image: ElfImage, sites: tuple[SiteDecision, ...]
+                    ) -> list[tuple[str, int, int]]:
+    """(name, address, size) of the `.dynsym` entry of each detour whose window lies in a
+    function `.dynsym` names (usdtpatch.elf.dynsym: a stripped file names the frame by it):
+    `<that name>.usdtpatch.N`, as detour_symbols names it; none in a file whose `.dynsym`
+    cannot grow (dynsym_left_out)."""
+    detours = [o for o in sites if o.action is Action.DETOUR and o.detour is not None]
+    if not detours or dynsym_left_out(image) is not None:
+        return []
+    out = []
+    count: dict[str, int] = {}
+    names = exported_functions(image, [o.probe.address for o in detours])
+    for o, fn in zip(detours, names, strict=True):
+        assert o.detour is not None
+        if fn is not None:
+            out.append((f"{fn}.usdtpatch.{count.get(fn, 0)}", o.detour.address,
+                        len(o.detour.code)))
+            count[fn] = count.get(fn, 0) + 1
+    return out
+
+
+def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentLayout,
+             dynamic: list[tuple[str, int, int]]) -> DetourSymbols:
     """Where the added symbols go: `.symtab` grown in place when it can be
     (usdtpatch.elf.symbols.symtab_in_place: names must end before the new segment; past the
     `cut` of the input, usdtpatch.elf.writer.plan_segment, the table grows in the writer's copy
@@ -875,8 +901,9 @@ def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentL
             for at, data in ((grown.symtab_offset, grown.prefix), (grown.names_at, grown.names))):
         grown = None  # it would straddle the cut
     if grown is not None:
-        return DetourSymbols(symbols=tuple(syms), in_place=grown)
-    return DetourSymbols(symbols=tuple(syms), left_out=_symtab_copy_refused(image))
+        return DetourSymbols(symbols=tuple(syms), in_place=grown, dynamic=tuple(dynamic))
+    return DetourSymbols(symbols=tuple(syms), left_out=_symtab_copy_refused(image),
+                         dynamic=tuple(dynamic))
 
 
 SYMTAB_COPY_FLOOR = 64 << 10  # a table this small is copied whatever the file's size

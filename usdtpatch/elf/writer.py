@@ -445,10 +445,10 @@ class AllocSection:
     vaddr: int
     data: bytes
     align: int = 16
-    # an original allocated section of this name this one takes over (its header, index and
-    # links kept, pointed here: `.dynsym` with entries added, usdtpatch.elf.dynsym); the
-    # original's bytes keep a header of their own named `old_name` (SHT_PROGBITS), or none
-    # when a grown section covers them (None)
+    # an original section of this name this one takes over (its header, index and links
+    # kept, pointed here, allocated: `.dynsym` with entries added, usdtpatch.elf.dynsym; an
+    # input's `.debug_frame` with the detours' FDEs); the original's bytes keep a header of
+    # their own named `old_name` (SHT_PROGBITS), or none when a grown section covers them
     replaces: bool = False
     old_name: str | None = None
 
@@ -783,11 +783,13 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
             added.append(_Header(a.name, (a.type, a.flags | SHF_ALLOC, a.vaddr,
                                           lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align,
                                           0)))
-    for a in rw.alloc:
-        sec = image.section(a.name)
-        if a.replaces and a.old_name is not None and sec is not None:
-            added.append(_Header(a.old_name, (SHT_PROGBITS, sec.flags, sec.addr, sec.offset,
-                                              sec.size, 0, 0, sec.addralign, sec.entsize)))
+    olds = [(a, sec) for a in rw.alloc if a.replaces and a.old_name is not None
+            and (sec := image.section(a.name)) is not None]
+    for a, sec in sorted(olds, key=lambda p: not p[1].flags & SHF_ALLOC):  # loaded first
+        assert a.old_name is not None
+        added.append(_Header(a.old_name, (SHT_PROGBITS, sec.flags, sec.addr,
+                                          tail.copied(sec.offset), sec.size, 0, 0,
+                                          sec.addralign, sec.entsize)))
 
     def index(i: int) -> int:  # an original's index in the output
         return i + len(added) if i >= at and i else i
@@ -804,9 +806,10 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
             info = t.info if t.info else info
             if t.flags is not None:
                 flags, align = t.flags, t.align
-        elif sec.name in takes and sec.flags & SHF_ALLOC:
+        elif sec.name in takes:  # a non-allocated one (.debug_frame) becomes allocated
             a = takes[sec.name]
             addr, off, size = a.vaddr, lay.offset_of(a.vaddr), len(a.data)
+            flags |= SHF_ALLOC
         elif sec.type != SHT_NOBITS and sec.size:
             off = tail.copied(sec.offset)
         size = grown.get(sec.name, size)

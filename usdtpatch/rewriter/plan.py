@@ -73,7 +73,7 @@ from usdtpatch.analysis.windows import (
     Retarget,
     WindowShape,
 )
-from usdtpatch.elf.cfi import CfiIndex, Lsda, eh_frame_unindexed, load_cfi
+from usdtpatch.elf.cfi import CfiIndex, Lsda, debug_frame_fde, eh_frame_unindexed, load_cfi
 from usdtpatch.elf.dwarf import DwarfToExtend, read_for_detours
 from usdtpatch.elf.dynsym import dynsym_left_out, exported_functions
 from usdtpatch.elf.ehframe import (
@@ -1148,7 +1148,7 @@ def _page_crossing_window(p: Probe) -> PatchWindow:
 def _detour_rows(cfi: CfiIndex, win: PatchWindow, detour: Detour,
                  guarded: bool, emulated: frozenset[int] = frozenset()
                  ) -> list[tuple[int, Row]] | str:
-    fde = cfi.lookup(win.start)
+    fde = cfi.lookup(win.start) or debug_frame_fde(cfi.image, win.start)
     if fde is None:
         return f"no FDE covers the window at {win.start:#x}"
     try:

@@ -764,6 +764,7 @@ def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...], hooked: bool
     if not detours and not hooked and not any(d.action is Action.IN_PLACE for d in sites):
         return None, []
     said = [f for f in (detour_unwind_left_out(image),) if f is not None] if detours else []
+    said += debug_file_stale(image)
     got = read_for_detours(image)
     if isinstance(got, str):
         if detours:
@@ -771,6 +772,25 @@ def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...], hooked: bool
                 f"the detours get no DWARF (no compile unit, no line rows): {got}"))
         return None, said
     return got, said
+
+
+def debug_file_stale(image: ElfImage) -> list[Finding]:
+    """`debug-file-stale` for a file whose code the rewrite changes and whose debug
+    information was split off before (no `.debug_info`, a `.gnu_debuglink`: gdb finds that
+    file by its name and CRC whatever the build-id): it describes the original code, so a
+    line row inside a rewritten window, which the rewrite cannot see there, makes gdb's
+    `break FILE:LINE` put an int3 inside the moved code (SIGILL), and the detours have no
+    lines (docs/rewrite.md, "Debugging information")."""
+    link = image.section(".gnu_debuglink")
+    if link is None or image.section(".debug_info") is not None:
+        return []
+    raw = image.section_data(link)
+    name = raw[: raw.find(b"\0")] if b"\0" in raw else raw
+    return [findings.DEBUG_FILE_STALE.finding(
+        f"its debug information is in a separate file ({name.decode('utf-8', 'replace')}, "
+        f"named by .gnu_debuglink) that describes the original code: where gdb finds it for "
+        f"the output (by that link, whatever the build-id), its line rows inside the "
+        f"rewritten windows are wrong and the detours have none")]
 
 
 def _unwind_tables(image: ElfImage, unwind: list[DetourUnwind]) -> UnwindTables | None:

@@ -730,10 +730,13 @@ def added_sections_index(image: ElfImage) -> int:
     every allocated section's index (a `.dynsym` entry in the new segment names its section
     after strip too, usdtpatch.elf.dynsym). At the end of the table where a symbol names a
     section past the last allocated one (its index would change)."""
+    got = image.derived.get("added_sections_index")
+    if isinstance(got, int):
+        return got
     last = max((s.index for s in image.sections if s.flags & SHF_ALLOC), default=0)
-    if symbols_past(image, last):
-        return len(image.sections)
-    return last + 1
+    got = len(image.sections) if symbols_past(image, last) else last + 1
+    image.derived["added_sections_index"] = got
+    return got
 
 
 def symbols_past(image: ElfImage, index: int) -> bool:

@@ -492,6 +492,11 @@ DETOUR_UNWIND_LEFT_OUT = _code(
 DETOUR_DWARF_LEFT_OUT = _code(
     "detour-dwarf-left-out", _I, "the detours get no DWARF: the input's cannot be extended",
     "nothing to do for the program; gdb shows the detours by their symbols, without lines")
+DEBUG_FILE_STALE = _code(
+    "debug-file-stale", _W,
+    "the input's debug information is in a separate file, which describes the original code",
+    "split the debug information from the rewritten file (objcopy --only-keep-debug OUTPUT), "
+    "not before: gdb's break FILE:LINE can put an int3 inside a moved window")
 FORM_CHOSEN = _code("form-chosen", _I, "the site form --form auto chose, and why",
                     "rewrite for another machine's kernel with --kernel 6.18|nop10-series, "
                     "or name the form with --form")

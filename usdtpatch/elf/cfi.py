@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import le
 
-from usdtpatch.elf.image import PT_GNU_EH_FRAME, ElfImage
+from usdtpatch.elf.image import PT_GNU_EH_FRAME, SHF_COMPRESSED, SHT_PROGBITS, ElfImage
 from usdtpatch.elf.model import (
     EH_PE_APPLICATIONS,
     DW_EH_PE_absptr,
@@ -642,3 +642,80 @@ def parse_lsda(image: ElfImage, address: int, func_start: int) -> Lsda:
         if len(sites) > MAX_CALL_SITES:
             raise CfiError(f"LSDA at {address:#x}: call-site table does not end")
     return Lsda(address, lp_start, tuple(sites), tt_enc, tt_base, table_end)
+
+
+# ---------------------------------------------------------------------------------------
+# `.debug_frame` (DWARF 4, section 6.4), read for what `.eh_frame` does not cover
+
+
+def debug_frame_fde(image: ElfImage, address: int) -> Fde | None:
+    """The `.debug_frame` FDE covering `address`, or None (no such section, no such FDE, or
+    one this reader does not read: 64-bit DWARF, a segment selector, an address size other
+    than the file's word). A function compiled with -fno-asynchronous-unwind-tables has its
+    rows there only; the detour of a window in it repeats them (rewriter/plan's rows).
+    Addresses of entries are offsets in the section; pc_begin is an absolute address."""
+    fdes = image.derived.get("debug_frame")
+    if not isinstance(fdes, list):
+        fdes = _walk_debug_frame(image)
+        image.derived["debug_frame"] = fdes
+    i = bisect_right([f.pc_begin for f in fdes], address) - 1
+    return fdes[i] if i >= 0 and fdes[i].contains(address) else None
+
+
+def _walk_debug_frame(image: ElfImage) -> list[Fde]:
+    sec = image.section(".debug_frame")
+    if sec is None or sec.flags & SHF_COMPRESSED or sec.type != SHT_PROGBITS:
+        return []
+    buf = EhBytes(image.section_data(sec), 0, image.word_size, image.byteorder)
+    cies: dict[int, Cie] = {}
+    out: list[Fde] = []
+    pos = 0
+    try:
+        while pos + 4 <= buf.end:
+            length = buf.fixed(pos, "I", buf.end, ".debug_frame length")
+            if length == 0xFFFFFFFF or length < 4 or pos + 4 + length > buf.end:
+                break  # 64-bit DWARF or a broken entry: what was read stays
+            end = pos + 4 + length
+            cie_id = buf.fixed(pos + 4, "I", end, ".debug_frame CIE id")
+            if cie_id == 0xFFFFFFFF:
+                cie = _debug_frame_cie(buf, pos, end)
+                if cie is not None:
+                    cies[pos] = cie
+            elif cie_id in cies:
+                cie = cies[cie_id]
+                word = "Q" if image.is64 else "I"
+                size = struct.calcsize(word)
+                pc_begin = buf.fixed(pos + 8, word, end, ".debug_frame FDE pc_begin")
+                pc_range = buf.fixed(pos + 8 + size, word, end, ".debug_frame FDE pc_range")
+                body = pos + 8 + 2 * size
+                out.append(Fde(pos, cie, pc_begin, pc_begin + pc_range, None,
+                               bytes(buf.data[body:end]), pos + 8, None, end))
+            pos = end
+    except CfiError:
+        pass
+    return sorted(out, key=lambda f: f.pc_begin)
+
+
+def _debug_frame_cie(buf: EhBytes, at: int, end: int) -> Cie | None:
+    """A `.debug_frame` CIE (version 1, 3 or 4), as an `.eh_frame` one without augmentation
+    data (understood only when its augmentation string is empty)."""
+    pos = at + 8
+    version = buf.byte(pos, end, "CIE version")
+    if version not in (1, 3, 4):
+        return None
+    raw_aug, pos = buf.cstring(pos + 1, end, "CIE augmentation string")
+    if version == 4:
+        if buf.byte(pos, end, "CIE address size") != buf.word or \
+                buf.byte(pos + 1, end, "CIE segment selector size"):
+            return None
+        pos += 2
+    code_align, pos = read_uleb(buf, pos, end, "CIE code alignment")
+    data_align, pos = read_sleb(buf, pos, end, "CIE data alignment")
+    if version == 1:
+        ra = buf.byte(pos, end, "CIE return register")
+        pos += 1
+    else:
+        ra, pos = read_uleb(buf, pos, end, "CIE return register")
+    aug = raw_aug.decode("ascii", "replace")
+    return Cie(at, version, aug, code_align, data_align, ra, DW_EH_PE_absptr, DW_EH_PE_omit,
+               None, bytes(buf.data[pos:end]), end=end, understood=aug == "")

@@ -66,8 +66,13 @@ from usdtpatch.elf.image import (
     PT_NOTE,
     PT_PHDR,
     SHF_ALLOC,
+    SHT_DYNSYM,
     SHT_NOBITS,
     SHT_NOTE,
+    SHT_PROGBITS,
+    SHT_REL,
+    SHT_RELA,
+    SHT_SYMTAB,
     ElfImage,
     Segment,
 )
@@ -438,6 +443,12 @@ class AllocSection:
     vaddr: int
     data: bytes
     align: int = 16
+    # an original section of this name this one takes over (its header, index and links
+    # kept, pointed here, allocated: `.dynsym` with entries added, usdtpatch.elf.dynsym; an
+    # input's `.debug_frame` with the detours' FDEs); the original's bytes keep a header of
+    # their own named `old_name` (SHT_PROGBITS), or none when a grown section covers them
+    replaces: bool = False
+    old_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,6 +482,8 @@ class Rewrite:
     tail: tuple[TailSection, ...]  # a tail section named like an original replaces it
     renames: dict[str, str] = field(default_factory=dict)  # original section -> new name
     eh_frame_hdr: int | None = None  # vaddr of the new .eh_frame_hdr (PT_GNU_EH_FRAME)
+    # original allocated sections grown in place (the bytes written by a patch): name, size
+    grown: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -707,70 +720,142 @@ def _place_tail(image: ElfImage, rw: Rewrite, tail: _Tail) -> list[tuple[TailSec
     return placed
 
 
-def _section_names(image: ElfImage, rw: Rewrite, new_tail: Sequence[TailSection]
-                   ) -> tuple[list[str], bytes, dict[str, int], dict[str, int]]:
-    """(the originals' names after renames, the new .shstrtab, each name's offset in it,
-    each name's first section index)."""
-    names = [rw.renames.get(s.name, s.name) for s in image.sections]
-    all_names = names + [a.name for a in rw.alloc] + [t.name for t in new_tail]
-    shstr = bytearray(b"\0")
-    name_off: dict[str, int] = {}
-    for n in all_names:
-        if n not in name_off:
-            name_off[n] = len(shstr) if n else 0
-            if n:
-                shstr += n.encode() + b"\0"
-    index_of: dict[str, int] = {}
-    for i, n in enumerate(all_names):
-        index_of.setdefault(n, i)
-    return names, bytes(shstr), name_off, index_of
+def added_sections_index(image: ElfImage) -> int:
+    """The section index of the first section a rewrite adds to the new segment
+    (`.usdtpatch.text`): right after the input's last allocated section, the non-allocated
+    ones after them, so that strip, which drops non-allocated sections (`.symtab`, `.debug_*`)
+    and renumbers the ones after them but leaves the st_shndx of `.dynsym` as it is, keeps
+    every allocated section's index (a `.dynsym` entry in the new segment names its section
+    after strip too, usdtpatch.elf.dynsym). At the end of the table where a symbol names a
+    section past the last allocated one (its index would change)."""
+    got = image.derived.get("added_sections_index")
+    if isinstance(got, int):
+        return got
+    last = max((s.index for s in image.sections if s.flags & SHF_ALLOC), default=0)
+    got = len(image.sections) if symbols_past(image, last) else last + 1
+    image.derived["added_sections_index"] = got
+    return got
+
+
+def symbols_past(image: ElfImage, index: int) -> bool:
+    """Whether a symbol of `.symtab` or `.dynsym` names a section past `index`."""
+    for sec in image.sections:
+        if sec.type not in (SHT_SYMTAB, SHT_DYNSYM) or sec.entsize != SYM64_SIZE:
+            continue
+        data = image.section_data(sec)
+        for at in range(6, len(data) - SYM64_SIZE + 7, SYM64_SIZE):
+            (ndx,) = struct.unpack_from("<H", data, at)
+            if index < ndx < SHN_LORESERVE:
+                return True
+    return False
+
+
+SHN_LORESERVE = 0xFF00
+SHF_INFO_LINK = 0x40
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    """One section header of the output, before its name is an offset."""
+
+    name: str
+    fields: tuple[int, ...]  # sh_type .. sh_entsize, as _SHDR packs them after sh_name
 
 
 def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
-                     placed: list[tuple[TailSection, int]]) -> tuple[bytes, int]:
+                     placed: list[tuple[TailSection, int]]) -> tuple[bytes, int, int]:
     """The new .shstrtab and section header table appended to `tail`: the originals
-    (renamed, repointed), then the new sections. Returns (the table, its file offset)."""
+    (renamed, repointed), the new segment's sections right after the last allocated
+    original (`added_sections_index`; the later originals' indices and the links to them
+    moved up), then the new non-allocated sections. Returns (the table, its file offset,
+    the index of `.shstrtab`)."""
     lay, mv = rw.layout, rw.layout.moved
     originals = {s.name for s in image.sections}
     new_tail = [(t, off) for t, off in placed if t.name not in originals]
     replaced = {t.name: (t, off, t.place[1] if t.place is not None else len(t.data))
                 for t, off in placed if t.name in originals}
-    names, shstr, name_off, index_of = _section_names(image, rw, [t for t, _ in new_tail])
+    takes = {a.name: a for a in rw.alloc if a.replaces}
+    grown = dict(rw.grown)
     shstrndx = _shstrndx(image)
-    shstr_off = tail.append(shstr, 8)
-    headers: list[bytes] = []
-    for sec, n in zip(image.sections, names, strict=True):
+    at = added_sections_index(image)
+    added: list[_Header] = []
+    for a in rw.alloc:
+        if not a.replaces:
+            added.append(_Header(a.name, (a.type, a.flags | SHF_ALLOC, a.vaddr,
+                                          lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align,
+                                          0)))
+    olds = [(a, sec) for a in rw.alloc if a.replaces and a.old_name is not None
+            and (sec := image.section(a.name)) is not None]
+    for a, sec in sorted(olds, key=lambda p: not p[1].flags & SHF_ALLOC):  # loaded first
+        assert a.old_name is not None
+        added.append(_Header(a.old_name, (SHT_PROGBITS, sec.flags, sec.addr,
+                                          tail.copied(sec.offset), sec.size, 0, 0,
+                                          sec.addralign, sec.entsize)))
+
+    def index(i: int) -> int:  # an original's index in the output
+        return i + len(added) if i >= at and i else i
+
+    headers: list[_Header] = []
+    for sec in image.sections:
+        n = rw.renames.get(sec.name, sec.name)
         off, size, info, addr, flags = sec.offset, sec.size, sec.info, sec.addr, sec.flags
-        align = sec.addralign
+        align, link = sec.addralign, index(sec.link)
+        if sec.type in (SHT_REL, SHT_RELA) or sec.flags & SHF_INFO_LINK:
+            info = index(info)
         if sec.name in replaced:
             t, off, size = replaced[sec.name]
-            info = t.info if t.info else sec.info
+            info = t.info if t.info else info
             if t.flags is not None:
                 flags, align = t.flags, t.align
+        elif sec.name in takes:  # a non-allocated one (.debug_frame) becomes allocated
+            a = takes[sec.name]
+            addr, off, size = a.vaddr, lay.offset_of(a.vaddr), len(a.data)
+            flags |= SHF_ALLOC
         elif sec.type != SHT_NOBITS and sec.size:
             off = tail.copied(sec.offset)
+        size = grown.get(sec.name, size)
         if sec.index == shstrndx:
-            off, size = shstr_off, len(shstr)
+            off = -1  # written below, once the names are known
         if sec.size and sec.type != SHT_NOBITS and mv is not None and \
                 mv.lo <= sec.offset < mv.hi:
             addr = sec.addr + lay.moved_vaddr - mv.vaddr
             off = lay.offset_of(addr)
-        headers.append(_SHDR.pack(name_off[n], sec.type, flags, addr, off, size,
-                                  sec.link, info, align, sec.entsize))
-    for a in rw.alloc:
-        headers.append(_SHDR.pack(name_off[a.name], a.type, a.flags | SHF_ALLOC, a.vaddr,
-                                  lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align, 0))
+        headers.append(_Header(n, (sec.type, flags, addr, off, size, link, info, align,
+                                   sec.entsize)))
+    headers[at:at] = added
     for t, off in new_tail:
-        link = index_of.get(t.link_name, 0) if t.link_name else 0
         size = t.place[1] if t.place is not None else len(t.data)
-        headers.append(_SHDR.pack(name_off[t.name], t.type, 0, 0, off, size, link,
-                                  t.info, t.align, t.entsize))
-    table = b"".join(headers)
-    return table, tail.append(table, 8)
+        headers.append(_Header(t.name, (t.type, 0, 0, off, size, 0, t.info, t.align,
+                                        t.entsize)))
+    index_of: dict[str, int] = {}
+    for i, h in enumerate(headers):
+        index_of.setdefault(h.name, i)
+    for t, _off in new_tail:
+        if t.link_name:
+            i = len(headers) - len(new_tail) + new_tail.index((t, _off))
+            f = list(headers[i].fields)
+            f[5] = index_of.get(t.link_name, 0)
+            headers[i] = _Header(t.name, tuple(f))
+    shstr = bytearray(b"\0")
+    name_off: dict[str, int] = {}
+    for h in headers:
+        if h.name not in name_off:
+            name_off[h.name] = len(shstr) if h.name else 0
+            if h.name:
+                shstr += h.name.encode() + b"\0"
+    shstr_off = tail.append(bytes(shstr), 8)
+    out = []
+    for h in headers:
+        f = list(h.fields)
+        if f[3] == -1:
+            f[3], f[4] = shstr_off, len(shstr)
+        out.append(_SHDR.pack(name_off[h.name], *f))
+    table = b"".join(out)
+    return table, tail.append(table, 8), index(shstrndx)
 
 
 def _elf_header(image: ElfImage, lay: SegmentLayout, phnum: int, shnum: int,
-                shoff: int) -> bytes:
+                shoff: int, shstrndx: int) -> bytes:
     """The input's ELF header with the tables moved and the counts grown."""
     if phnum >= 0xFFFF or shnum >= 0xFF00:
         raise UnsupportedError("too many program or section headers for the ELF header")
@@ -779,7 +864,7 @@ def _elf_header(image: ElfImage, lay: SegmentLayout, phnum: int, shnum: int,
     struct.pack_into("<Q", ehdr, 0x28, shoff)  # e_shoff
     struct.pack_into("<H", ehdr, 0x38, phnum)
     struct.pack_into("<H", ehdr, 0x3C, shnum)
-    struct.pack_into("<H", ehdr, 0x3E, _shstrndx(image))
+    struct.pack_into("<H", ehdr, 0x3E, shstrndx)
     return bytes(ehdr)
 
 
@@ -797,8 +882,8 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     head, gap_at = _head(image, lay, edits)
     tail = _segment_and_copy(image, rw, seg, in_copy, gap_at)
     placed = _place_tail(image, rw, tail)
-    table, shoff = _section_headers(image, rw, tail, placed)
-    ehdr = _elf_header(image, lay, len(phdrs), len(table) // _SHDR.size, shoff)
+    table, shoff, shstrndx = _section_headers(image, rw, tail, placed)
+    ehdr = _elf_header(image, lay, len(phdrs), len(table) // _SHDR.size, shoff, shstrndx)
     return b"".join([ehdr, *head, *tail.pieces()])
 
 

@@ -26,6 +26,7 @@ from usdtpatch.elf.dwarf import (
     compressed,
     picked_statements,
 )
+from usdtpatch.elf.dynsym import grow_dynsym
 from usdtpatch.elf.ehframe import (
     Personality,
     build_cie,
@@ -71,17 +72,18 @@ EH_FRAME_SECTION = ".usdtpatch.eh_frame"  # the detours' CIE and FDEs
 
 
 def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
-                   ) -> tuple[int, list[AllocSection], TailSection | None]:
+                   ) -> tuple[int, list[AllocSection]]:
     """The detours' unwind tables, as the plan places them (`where`), from `end` on: (vaddr
-    of the new `.eh_frame_hdr`, the sections of the new segment, the `.debug_frame` appended
-    to the input's, or None).
+    of the new `.eh_frame_hdr`, the sections of the new segment).
 
     The original `.eh_frame` is left where it is; the new header's table holds its FDEs (from
     the original header's table) and the detours' (docs/rewrite.md, "What each consumer needs").
-    Where the input has no `.debug_frame`, the detours' FDEs go to an allocated one in the new
-    segment: gdb and elfutils (eu-stack, perf) read `.eh_frame` by name and merge
-    `.debug_frame`, and strip, `strip --strip-debug` and eu-strip keep an allocated section
-    (binutils marks only non-allocated `.debug*` sections as debugging, issue 33)."""
+    The detours' FDEs go to an allocated `.debug_frame` in the new segment too: gdb and
+    elfutils (eu-stack, perf) read `.eh_frame` by name and merge `.debug_frame`, and strip,
+    `strip --strip-debug` and eu-strip keep an allocated section (binutils marks only
+    non-allocated `.debug*` sections as debugging, issue 33). Where the input has a
+    `.debug_frame` of its own, that one is copied there with them (two sections of one name
+    are read differently: gdb takes the last, elfutils the first)."""
     image = plan.image
     blob_addr = (end + 7) & ~7
     blob = bytearray(build_cie())
@@ -107,17 +109,16 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
     alloc = [AllocSection(EH_FRAME_SECTION, SHT_PROGBITS, SHF_ALLOC, blob_addr, bytes(blob), 8),
              AllocSection(".eh_frame_hdr", SHT_PROGBITS, SHF_ALLOC, hdr_addr, hdr, 4)]
     old = image.section(".debug_frame")
-    debug_frame = None
     if where.debug_frame:
         existing = image.section_data(old) if old is not None else b""
         data = build_debug_frame(existing, [(du.detour.address, du.detour.end, list(du.rows))
                                             for du in plan.unwind])
-        if old is None:
-            at = (hdr_addr + len(hdr) + 7) & ~7
-            alloc.append(AllocSection(".debug_frame", SHT_PROGBITS, SHF_ALLOC, at, data, 8))
-        else:
-            debug_frame = TailSection(".debug_frame", SHT_PROGBITS, data, 8)
-    return hdr_addr, alloc, debug_frame
+        at = (hdr_addr + len(hdr) + 7) & ~7
+        # the input's own (its functions' rows with the detours') takes its header over;
+        # its bytes stay as `.debug_frame.orig`, which strip removes
+        alloc.append(AllocSection(".debug_frame", SHT_PROGBITS, SHF_ALLOC, at, data, 8,
+                                  old is not None, ".debug_frame.orig"))
+    return hdr_addr, alloc
 
 
 BUILD_ID_SECTION = ".note.gnu.build-id"
@@ -353,23 +354,26 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
             patches.append((at, new_id))  # in place: the marker keeps the original bytes
     renames: dict[str, str] = {}
     hdr_addr: int | None = None
-    unwind_tail: list[TailSection] = []
     if plan.unwind_tables is not None:
-        hdr_addr, blobs, debug_frame = _unwind_tables(plan, plan.unwind_tables,
-                                                      text_addr + len(text))
+        hdr_addr, blobs = _unwind_tables(plan, plan.unwind_tables, text_addr + len(text))
         alloc += blobs
-        if debug_frame is not None:
-            unwind_tail.append(debug_frame)
         if image.section(".eh_frame_hdr") is not None:
             renames = {".eh_frame_hdr": ".eh_frame_hdr.orig"}
+    grown: tuple[tuple[str, int], ...] = ()
+    dyn = grow_dynsym(image, list(plan.symbols.dynamic), text_section_index(image),
+                      max(a.vaddr + len(a.data) for a in alloc))
+    if dyn is not None:  # the detours' names in `.dynsym` (a stripped file's)
+        alloc += dyn.alloc
+        patches += dyn.patches
+        grown = dyn.grown
     symbols = _symtab(image, plan.symbols)
     names = {a: n for n, a, _s in plan.symbols.symbols}
-    tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *unwind_tail, *symbols,
+    tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *symbols,
             *_debug_info(plan, names, text_addr, text_addr + len(text)),
             TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
                         marker_note(_marker(plan, patches, symbols, alloc)), 4)]
     out = write(image, Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail),
-                               renames, hdr_addr))
+                               renames, hdr_addr, grown))
     if moved_bid is not None and bid is not None:
         placed = _build_id_place(parse_elf(out))
         if placed is None or placed[1] != bid[1]:

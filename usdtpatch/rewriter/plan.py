@@ -74,8 +74,9 @@ from usdtpatch.analysis.windows import (
     Retarget,
     WindowShape,
 )
-from usdtpatch.elf.cfi import CfiIndex, Lsda, eh_frame_unindexed, load_cfi
+from usdtpatch.elf.cfi import CfiIndex, Lsda, debug_frame_fde, eh_frame_unindexed, load_cfi
 from usdtpatch.elf.dwarf import DwarfToExtend, read_for_detours
+from usdtpatch.elf.dynsym import dynsym_left_out, exported_functions
 from usdtpatch.elf.ehframe import (
     RSP,
     LsdaRow,
@@ -101,7 +102,7 @@ from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.model import R_X86_64_RELATIVE
 from usdtpatch.elf.relocs import RelaTable
 from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
-from usdtpatch.elf.writer import SegmentLayout, plan_segment
+from usdtpatch.elf.writer import SegmentLayout, added_sections_index, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
 from usdtpatch.rewriter.marker import AlreadyRewritten
@@ -729,7 +730,8 @@ def _whole_file(base: RewritePlan, seg: _Segment) -> RewritePlan:
     place_at = (seg.text_addr + len(seg.text) + 15) & ~15  # the fork guard's place
     fork, refusal = _fork_guard(image, base.form, base.sites, base.fork_guard, place_at)
     symbols = _symbols(image, detour_symbols(base.sites)
-                       + list(fork.symbols if fork is not None else ()), layout)
+                       + list(fork.symbols if fork is not None else ()), layout,
+                       dynamic_symbols(image, base.sites))
     said = [*base.findings]
     if symbols.left_out is not None:
         said.append(symbols.left_out)
@@ -764,6 +766,7 @@ def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...], hooked: bool
     if not detours and not hooked and not any(d.action is Action.IN_PLACE for d in sites):
         return None, []
     said = [f for f in (detour_unwind_left_out(image),) if f is not None] if detours else []
+    said += debug_file_stale(image)
     got = read_for_detours(image)
     if isinstance(got, str):
         if detours:
@@ -771,6 +774,25 @@ def _detour_debug(image: ElfImage, sites: tuple[SiteDecision, ...], hooked: bool
                 f"the detours get no DWARF (no compile unit, no line rows): {got}"))
         return None, said
     return got, said
+
+
+def debug_file_stale(image: ElfImage) -> list[Finding]:
+    """`debug-file-stale` for a file whose code the rewrite changes and whose debug
+    information was split off before (no `.debug_info`, a `.gnu_debuglink`: gdb finds that
+    file by its name and CRC whatever the build-id): it describes the original code, so a
+    line row inside a rewritten window, which the rewrite cannot see there, makes gdb's
+    `break FILE:LINE` put an int3 inside the moved code (SIGILL), and the detours have no
+    lines (docs/rewrite.md, "Debugging information")."""
+    link = image.section(".gnu_debuglink")
+    if link is None or image.section(".debug_info") is not None:
+        return []
+    raw = image.section_data(link)
+    name = raw[: raw.find(b"\0")] if b"\0" in raw else raw
+    return [findings.DEBUG_FILE_STALE.finding(
+        f"its debug information is in a separate file ({name.decode('utf-8', 'replace')}, "
+        f"named by .gnu_debuglink) that describes the original code: where gdb finds it for "
+        f"the output (by that link, whatever the build-id), its line rows inside the "
+        f"rewritten windows are wrong and the detours have none")]
 
 
 def _unwind_tables(image: ElfImage, unwind: list[DetourUnwind]) -> UnwindTables | None:
@@ -827,8 +849,9 @@ def _fork_guard(image: ElfImage, form: Form, sites: tuple[SiteDecision, ...],
 
 
 def text_section_index(image: ElfImage) -> int:
-    """The section index of `.usdtpatch.text` in the output: the first section it adds."""
-    return len(image.sections)
+    """The section index of `.usdtpatch.text` in the output: the first section it adds
+    (usdtpatch.elf.writer.added_sections_index: after the last allocated original)."""
+    return added_sections_index(image)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -840,6 +863,8 @@ class DetourSymbols:
     symbols: tuple[tuple[str, int, int], ...]
     in_place: SymtabInPlace | None = None
     left_out: Finding | None = None
+    # the detours' `.dynsym` entries (name, address, size: dynamic_symbols)
+    dynamic: tuple[tuple[str, int, int], ...] = ()
 
 
 def detour_symbols(sites: tuple[SiteDecision, ...]) -> list[tuple[str, int, int]]:
@@ -862,8 +887,29 @@ def detour_symbols(sites: tuple[SiteDecision, ...]) -> list[tuple[str, int, int]
     return out
 
 
-def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentLayout
-             ) -> DetourSymbols:
+def dynamic_symbols(image: ElfImage, sites: tuple[SiteDecision, ...]
+                    ) -> list[tuple[str, int, int]]:
+    """(name, address, size) of the `.dynsym` entry of each detour whose window lies in a
+    function `.dynsym` names (usdtpatch.elf.dynsym: a stripped file names the frame by it):
+    `<that name>.usdtpatch.N`, as detour_symbols names it; none in a file whose `.dynsym`
+    cannot grow (dynsym_left_out)."""
+    detours = [o for o in sites if o.action is Action.DETOUR and o.detour is not None]
+    if not detours or dynsym_left_out(image) is not None:
+        return []
+    out = []
+    count: dict[str, int] = {}
+    names = exported_functions(image, [o.probe.address for o in detours])
+    for o, fn in zip(detours, names, strict=True):
+        assert o.detour is not None
+        if fn is not None:
+            out.append((f"{fn}.usdtpatch.{count.get(fn, 0)}", o.detour.address,
+                        len(o.detour.code)))
+            count[fn] = count.get(fn, 0) + 1
+    return out
+
+
+def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentLayout,
+             dynamic: list[tuple[str, int, int]]) -> DetourSymbols:
     """Where the added symbols go: `.symtab` grown in place when it can be
     (usdtpatch.elf.symbols.symtab_in_place: names must end before the new segment; past the
     `cut` of the input, usdtpatch.elf.writer.plan_segment, the table grows in the writer's copy
@@ -877,8 +923,9 @@ def _symbols(image: ElfImage, syms: list[tuple[str, int, int]], layout: SegmentL
             for at, data in ((grown.symtab_offset, grown.prefix), (grown.names_at, grown.names))):
         grown = None  # it would straddle the cut
     if grown is not None:
-        return DetourSymbols(symbols=tuple(syms), in_place=grown)
-    return DetourSymbols(symbols=tuple(syms), left_out=_symtab_copy_refused(image))
+        return DetourSymbols(symbols=tuple(syms), in_place=grown, dynamic=tuple(dynamic))
+    return DetourSymbols(symbols=tuple(syms), left_out=_symtab_copy_refused(image),
+                         dynamic=tuple(dynamic))
 
 
 SYMTAB_COPY_FLOOR = 64 << 10  # a table this small is copied whatever the file's size
@@ -1113,7 +1160,7 @@ def _page_crossing_window(p: Probe) -> PatchWindow:
 def _detour_rows(cfi: CfiIndex, win: PatchWindow, detour: Detour,
                  guarded: bool, emulated: frozenset[int] = frozenset()
                  ) -> list[tuple[int, Row]] | str:
-    fde = cfi.lookup(win.start)
+    fde = cfi.lookup(win.start) or debug_frame_fde(cfi.image, win.start)
     if fde is None:
         return f"no FDE covers the window at {win.start:#x}"
     try:

@@ -50,7 +50,7 @@ def test_what_does_not_bound_an_index_is_rejected() -> None:
     """The rule on instructions made here: each definition that does not keep the register
     non-negative (a sign extension, a subtraction, a byte write, a call's result, an
     argument, a large step) leaves the store below %rsp possible."""
-    from usdtpatch.analysis.hazards import _nonnegative
+    from usdtpatch.analysis.hazards import nonnegative
     from usdtpatch.analysis.targets import _Graph
     from usdtpatch.x86.decode import sweep
 
@@ -74,22 +74,22 @@ def test_what_does_not_bound_an_index_is_rejected() -> None:
         code = bytes.fromhex(prefix + store)
         insns = sweep(code, 0x1000).insns
         g = _Graph(insns, {0x1000})
-        assert _nonnegative(g, len(insns) - 1, "rcx", frozenset()) is nonneg, prefix
+        assert nonnegative(g, len(insns) - 1, "rcx", frozenset()) is nonneg, prefix
 
 
 def test_a_loop_counter_is_followed_around_its_loop() -> None:
-    from usdtpatch.analysis.hazards import _nonnegative
+    from usdtpatch.analysis.hazards import nonnegative
     from usdtpatch.analysis.targets import _Graph
     from usdtpatch.x86.decode import sweep
 
     # xor %ecx,%ecx; L: mov %rdx,(%rsp,%rcx,8); add $1,%rcx; cmp $16,%rcx; jne L; ret
     ok = bytes.fromhex("31c9" "488914cc" "4883c101" "4883f910" "75f2" "c3")
     insns = sweep(ok, 0x1000).insns
-    assert _nonnegative(_Graph(insns, {0x1000}), 1, "rcx", frozenset())
+    assert nonnegative(_Graph(insns, {0x1000}), 1, "rcx", frozenset())
     # the same loop entered with %rcx as the caller left it: not known
     bad = bytes.fromhex("488914cc" "4883c101" "4883f910" "75f4" "c3")
     insns = sweep(bad, 0x1000).insns
-    assert not _nonnegative(_Graph(insns, {0x1000}), 0, "rcx", frozenset())
+    assert not nonnegative(_Graph(insns, {0x1000}), 0, "rcx", frozenset())
 
 
 def _run(exe: Path) -> str:

@@ -162,7 +162,7 @@ def _function_stack(fc: FunctionCode) -> _FunctionStack:
             # not to be (a loop counter counted up from zero, a zero-extended value, a mask)
             graph = graph or _Graph(fc.insns, {a for a, t in fc.targets.items()
                                                if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
-            if _nonnegative(graph, k, _regs_alias(m.index), frozenset()):
+            if nonnegative(graph, k, _regs_alias(m.index), frozenset()):
                 continue
             return _FunctionStack(RedZone(True, f"{ins.text} at {ins.address:#x} addresses "
                                                 f"%{m.base} plus the register %{m.index}, "
@@ -216,7 +216,7 @@ def _width(reg: str) -> int:
     return 8 if r[-1] in "lh" else 16
 
 
-def _nonnegative(g: _Graph, k: int, reg: str, assumed: frozenset[tuple[int, str]],
+def nonnegative(g: _Graph, k: int, reg: str, assumed: frozenset[tuple[int, str]],
                  depth: int = 0) -> bool:
     """Whether every value of the 64-bit register `reg` that reaches instruction k is below
     2^60 (so non-negative): each definition reaching it writes a 32-bit register (zero
@@ -268,7 +268,7 @@ def _nonnegative(g: _Graph, k: int, reg: str, assumed: frozenset[tuple[int, str]
             return False
         if (p, before) in assumed:
             continue  # around a loop: holds if the other definitions hold
-        if not _nonnegative(g, p, before, assumed | {(p, before)}, depth + 1):
+        if not nonnegative(g, p, before, assumed | {(p, before)}, depth + 1):
             return False
     return True
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -103,7 +104,9 @@ def test_traced_clone_vm_and_fork(clonevm: tuple[Path, Path]) -> None:
 
 # route -> whether its child gets a copy of the address space (the guard's business)
 ROUTES = {"fork": True, "_Fork": True, "clone": True, "sysfork": True, "sysclone": True,
-          "sysclone3": True, "pointer": True, "vfork": False, "spawn": False, "clonevm": False}
+          "sysclone3": True, "pointer": True, "vfork": False, "spawn": False, "clonevm": False,
+          "dlfork": True, "dlsyscall": True, "dlclone": True, "dldlsym": True, "dlvsym": True,
+          "preinit": True}
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +149,13 @@ def _site(path: Path) -> int:
 # how the program is linked: PIE with lazy binding (Debian's default), non-PIE (the canonical
 # PLT addresses), immediate binding with no PLT (`call *slot(%rip)`, Rust's way), static
 LINKS = {"dynamic": (), "nopie": ("-no-pie",), "noplt": ("-fno-plt", "-Wl,-z,now"),
-         "static": ("-static",), "musl": ()}
-# musl has no _Fork before 1.2.4 (the program's route needs glibc's)
-MUSL_ROUTES = [r for r in ROUTES if r != "_Fork"]
+         "static": ("-static", "-DNO_DLSYM"), "musl": ()}
+# musl has no _Fork before 1.2.4 (the program's route needs glibc's), nor dlvsym
+# (nor does it run .preinit_array functions)
+MUSL_ROUTES = [r for r in ROUTES if r not in ("_Fork", "dlvsym", "preinit")]
 CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")] + \
     [(link, r) for link in ("nopie", "noplt")
-     for r in ("_Fork", "clone", "sysclone3", "pointer")] + \
+     for r in ("_Fork", "clone", "sysclone3", "pointer", "dlfork", "dlsyscall", "preinit")] + \
     [("musl", r) for r in MUSL_ROUTES]
 
 
@@ -176,6 +180,59 @@ def test_every_route_traced(routes: Callable[[str], dict[str, Path]], link: str,
         bare = routes(link)["never"]
         run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
         assert run.line.startswith("child-status 11 "), run  # SIGSEGV: the guard is the fix
+
+
+# routes whose child hits the probe (7 times); a vfork child exits at once, a spawned one execs
+HITTING = [r for r in ROUTES if r not in ("vfork", "spawn")]
+
+
+@pytest.mark.live
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+@pytest.mark.parametrize("link", ["dynamic", "nopie", "noplt", "musl"])
+def test_every_route_under_bpftrace(routes: Callable[[str], dict[str, Path]], link: str) -> None:
+    """One system-wide bpftrace (a usdt probe on the rewritten file's path, no -p or -c: a
+    forked child is traced as its parent is) counts the probe's hits per pid while the
+    program runs once per route: every parent's 5, and for each route whose child hits it
+    a pid of its own with exactly 7 (the child survived its hits, which bpftrace saw); every
+    child exits 0. Before the dlsym and preinit routes were covered, their children died of
+    SIGSEGV and no pid of theirs was counted."""
+    from tests.conftest import runtime_address, started
+    from tests.test_fork_support import need_kernel
+    from usdtpatch.live.procfs import read_mem
+
+    need_kernel()
+    path = routes(link)["auto"]
+    todo = MUSL_ROUTES if link == "musl" else [r for r in ROUTES if r != "clonevm"] \
+        if link != "dynamic" else list(ROUTES)
+    site = _site(path)
+    program = (f"usdt:{path}:routes:site {{ @[pid] = count(); }} "
+               'BEGIN { printf("attached\\n"); }')
+    parents: dict[int, str] = {}
+    lines: dict[str, str] = {}
+    with started(["bpftrace", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True) as tracer:
+        seen: list[str | None] = []
+        while not seen or "attached" not in (seen[-1] or ""):  # warnings, "Attaching 1 probe"
+            seen.append(tracer.line(60))
+            assert seen[-1] is not None and len(seen) < 20, f"bpftrace did not attach: {seen}"
+        for route in todo:
+            with started([str(path), route], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True) as proc:
+                assert proc.line(60) == "ready", route
+                code = read_mem(proc.pid, runtime_address(proc.pid, path, site), 5)
+                assert code[0] == 0xE8, (route, code.hex())  # optimized before the fork
+                proc.say("go\n")
+                lines[route] = proc.line(60) or ""
+                proc.finish("", timeout=60)
+                assert proc.proc.returncode == 0, (route, proc.proc.returncode)
+                parents[proc.pid] = route
+        tracer.signal(signal.SIGINT)
+        out = tracer.finish(timeout=60)
+    assert all(v == "child-status 0 canary intact" for v in lines.values()), lines
+    counts = {int(m[0]): int(m[1]) for m in re.findall(r"@\[(\d+)\]: (\d+)", out)}
+    assert {pid: counts.get(pid) for pid in parents} == dict.fromkeys(parents, 5), out
+    children = [n for pid, n in counts.items() if pid not in parents]
+    assert children == [7] * len([r for r in todo if r in HITTING]), (out, todo)
 
 
 # --- a Rust program (class 1) ----------------------------------------------------------------

@@ -292,8 +292,13 @@ struct ipo {
   s32 stub;  /* the guard's stub, written into the GOT slot */
   s32 name;  /* the symbol's name */
   s32 prot;  /* the GOT page's protection after the write when /proc is not there */
-  s32 pad;
+  s32 flags; /* IPO_RESOLVER: the entry of dlsym, whose real function finds what the link
+                map does not give (musl) */
 };
+
+#define IPO_RESOLVER 1
+
+typedef void *(*dlsym_fn)(void *, const char *);
 
 /* Writes the word `v` at `at`: through /proc/self/mem (`fd`), else mprotect around a store. */
 __attribute__((section(".usdtpatch_interpose"), used, noinline))
@@ -311,13 +316,17 @@ static int poke(long fd, u64 at, u64 v, long prot_after) {
 
 /* Called once when the executable loads, after its relocations (from its init hook): for
    each entry, the real function is looked up as the dynamic linker would (the first object of
-   the link map that defines it; the value in the slot when none does), stored where the stub
-   reads it, and the stub's address written into the slot, so that a call through the PLT, a
-   `call *slot(%rip)` and an address read from the slot all go through the stub.  Returns the
-   number of slots interposed, or a negative number. */
+   the link map that defines it; the value in the slot when none does; else what dlsym, when
+   its entry came first, returns for the name), stored where the stub reads it, and the stub's
+   address written into the slot, so that a call through the PLT, a `call *slot(%rip)` and an
+   address read from the slot all go through the stub.  An entry without a slot (got 0) only
+   fills the real function's word: its stub is reached through the interposed dlsym, which
+   hands it out in place of the real function.  Returns the number of entries done, or a
+   negative number. */
 __attribute__((section(".usdtpatch_interpose"), used, noinline))
 int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end) {
   const struct link_map *map = 0;
+  dlsym_fn resolver = 0;
   u64 base = at_base(envp);
   if (base) {
     const u8 *eh = (const u8 *)base;
@@ -336,18 +345,25 @@ int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end)
   long fd = sys3(SYS_open, (long)mem_path, O_RDWR | O_CLOEXEC, 0);
   int done = 0;
   for (; t < end; t++) {
-    u64 got = (u64)t + (u64)(s64)t->got;
+    u64 got = t->got ? (u64)t + (u64)(s64)t->got : 0;
     u64 stub = (u64)t + (u64)(s64)t->stub;
+    const char *name = (const char *)t + t->name;
     u64 real = 0;
     for (const struct link_map *m = map; m && !real; m = m->l_next)
-      real = lookup(m->l_addr, m->l_ld, (const char *)t + t->name);
-    if (!real)
+      real = lookup(m->l_addr, m->l_ld, name);
+    if (!real && got)
       real = *(volatile const u64 *)got;
-    if (real == stub)
+    if (!real && resolver)
+      real = (u64)resolver(0, name); /* RTLD_DEFAULT */
+    if (!real || real == stub)
       continue;
-    if (poke(fd, (u64)t + (u64)(s64)t->real, real, PROT_RX) == 0 &&
-        poke(fd, got, stub, t->prot) == 0)
-      done++;
+    if (poke(fd, (u64)t + (u64)(s64)t->real, real, PROT_RX) != 0)
+      continue;
+    if (got && poke(fd, got, stub, t->prot) != 0)
+      continue;
+    if (t->flags & IPO_RESOLVER)
+      resolver = (dlsym_fn)real;
+    done++;
   }
   if (fd >= 0)
     sys3(SYS_close, fd, 0, 0);

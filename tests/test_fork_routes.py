@@ -371,3 +371,47 @@ def test_a_librarys_syscall_fork_traced(forklib: dict[str, Path], route: str) ->
         assert run.line.startswith(want), (guard, run)
         if guard == "auto":
             assert run.after == 7, run
+
+
+# --- two rewritten objects in one process -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """guard -> a folder with the rewritten libforklib.so and the rewritten program with a
+    probe of its own that loads it (tests/data/forklib-two.c)."""
+    d = tmp_path_factory.mktemp("two")
+    lib = _gcc(DATA / "forklib.c", d / "libforklib.so", "-shared", "-fPIC")
+    exe = d / "two"
+    subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
+                    str(DATA / "forklib-two.c"), f"-L{d}", "-lforklib", "-Wl,-rpath,$ORIGIN",
+                    "-o", str(exe)], check=True)
+    out: dict[str, Path] = {}
+    for guard in ("auto", "never"):
+        folder = d / guard
+        folder.mkdir()
+        for path in (lib, exe):
+            res = run_cli("rewrite", path, "-o", folder / path.name, "--fork-guard", guard)
+            assert res.rc == 0, res.err
+        out[guard] = folder
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("route", ["exe", "lib"])
+def test_a_child_of_one_objects_stub_rearms_every_object(two: dict[str, Path],
+                                                         route: str) -> None:
+    """A rewritten program and a rewritten library, both with optimized sites, and a child
+    made through one object's syscall() stub (a fork that runs no atfork handler): the child
+    hits both objects' probes, 7 each, and survives (the stub re-arms every rewritten object
+    the link map lists, each found by the mark before its init stub). Before, only the
+    stub's own object was re-armed and the child died of SIGSEGV at the other's site."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    for guard, want in (("auto", "child-status 0 "), ("never", "child-status 11 ")):
+        folder = two[guard]
+        exe, lib = folder / "two", folder / "libforklib.so"
+        run = run_under_uprobes([str(exe), route], [(exe, _site(exe), 0), (lib, _site(lib), 0)])
+        assert run.line.startswith(want), (guard, run)
+        if guard == "auto":
+            assert run.after == 14, run

@@ -102,6 +102,9 @@ if TYPE_CHECKING:
 CHILD_STUB = 0
 INIT_STUB = 32
 CODE_AT = 80
+# right before the init stub: how another rewritten object's child re-arms this one's sites
+# (rearm.c, usdtpatch_rearm_all, finds it at the object's hooked init function; never run)
+GUARD_MARK = b"\xeb\x08USDTguar"  # jmp .+10; "USDTguar"
 
 
 
@@ -506,6 +509,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
 
     text = bytearray(b"\xcc" * (table_end - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
+    assert len(stub_child) <= INIT_STUB - len(GUARD_MARK)
+    text[INIT_STUB - len(GUARD_MARK): INIT_STUB] = GUARD_MARK
     text[INIT_STUB: INIT_STUB + len(stub_init)] = stub_init
     text[CODE_AT: CODE_AT + len(block)] = block
     _write_table(text, place_at, table, todo)
@@ -629,10 +634,19 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
     t.lea("rsi", t.pc)  # fixed below
     lea_end = len(t.code)
     t.lea("rdx", t.pc)
+    lea_rd = len(t.code)
+    t.lea("rcx", t.pc)
     t.call(code + _code.INTERPOSE)
     t.raw(POP_ARGS)
     t.jmp(target)
     tail_end = t.pc
+    # a child made through a stub re-arms the sites of every rewritten object the link map
+    # lists (usdtpatch_rearm_all), this one's included
+    child_all = t.pc
+    lea_rd_all = len(t.code)
+    t.lea("rdi", t.pc)  # fixed below
+    t.lea("rsi", child)
+    t.jmp(code + _code.REARM_ALL)
     # the stubs, each reading the real function from its word (placed after them)
     stubs: dict[str, int] = {}
     real_reads: list[tuple[str, int]] = []  # (name, offset of the rel32 of a *real(%rip))
@@ -688,7 +702,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
             begin = t.pc
             t.code[lea_start + 3:lea_start + 7] = _rel32(t.address + lea_start + 7, begin)
             t.raw(b"\x57")  # push %rdi
-            t.call(child)
+            t.call(child_all)
             t.raw(b"\x5f")  # pop %rdi
             t.raw(b"\x48\x8b\x07")  # mov (%rdi),%rax
             t.raw(b"\x48\x8b\x7f\x08")  # mov 8(%rdi),%rdi
@@ -699,7 +713,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
         via_real(name, b"\xff\x15")  # call *real(%rip)
         t.raw(b"\x48\x85\xc0")  # test %rax,%rax
         j.jcc(_JNE, "done")
-        t.call(child)
+        t.call(child_all)
         t.raw(b"\x31\xc0")  # xor %eax,%eax
         j.place("done")
         t.raw(b"\x48\x83\xc4\x08\xc3")  # add $8,%rsp; ret
@@ -732,6 +746,10 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
     for name in routes:
         real[name] = t.pc
         t.raw(b"\0" * 8)
+    rd_word = t.pc  # _r_debug's address, written by usdtpatch_interpose
+    t.raw(b"\0" * 8)
+    for at in (lea_rd, lea_rd_all):
+        t.code[at + 3:at + 7] = _rel32(t.address + at + 7, rd_word)
     for name, end in real_reads:
         t.code[end - 4:end] = _rel32(t.address + end, real[name])
     table = t.pc
@@ -754,6 +772,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
     t.code[lea_table + 3:lea_table + 7] = _rel32(t.address + lea_table + 7, table)
     t.code[lea_end + 3:lea_end + 7] = _rel32(t.address + lea_end + 7, names_at)
     syms = [("__usdtpatch_fork_init_tail", start, tail_end - start),
+            ("__usdtpatch_fork_child_all", child_all, 19),
             ("__usdtpatch_fork_interpose", code + _code.INTERPOSE,
              len(_code.CODE) - _code.INTERPOSE)]  # (poke() is before it)
     syms += [(f"__usdtpatch_fork_{n.strip('_').lower()}_stub", a, 0) for n, a in stubs.items()]

@@ -415,3 +415,32 @@ def test_a_child_of_one_objects_stub_rearms_every_object(two: dict[str, Path],
         assert run.line.startswith(want), (guard, run)
         if guard == "auto":
             assert run.after == 14, run
+
+
+# --- a program whose only route to a child is dlsym --------------------------------------------
+
+@pytest.mark.live
+@pytest.mark.parametrize("name", ["_Fork", "syscall"])
+def test_a_looked_up_fork_is_guarded(tmp_path: Path, name: str) -> None:
+    """A program that imports no fork and loads no library but the C library, and forks
+    through a function dlsym returns: rewrite under the defaults adds the guard with dlsym
+    interposed (check predicts no refusal; the output's check says fork-guarded), and
+    traced, the child survives with its 7 hits counted. Before, the file was taken as one
+    that cannot fork: no guard, and the child died of SIGSEGV."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+    from usdtpatch import api
+
+    exe = _gcc(DATA / "lookupfork.c", tmp_path / "lookupfork")
+    assert refusal_mismatch(exe) is None
+    out = tmp_path / "out"
+    res = run_cli("rewrite", exe, "-o", out, "--json")
+    assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "dlsym() interposed" in said.get("fork-guarded", ""), said
+    assert "fork-guarded" in {f.code for f in api.check(out).findings}
+    need_kernel()
+    run = run_under_uprobes([str(out), name], [(out, _site(out), 0)])
+    assert run.site[0] == 0xE8
+    assert run.line == "child-status 0 canary intact", run
+    assert run.after == 7, run

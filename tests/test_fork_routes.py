@@ -444,3 +444,43 @@ def test_a_looked_up_fork_is_guarded(tmp_path: Path, name: str) -> None:
     assert run.site[0] == 0xE8
     assert run.line == "child-status 0 canary intact", run
     assert run.after == 7, run
+
+
+# --- a fork in another object's initializer that calls back into the program ---------------
+
+@pytest.fixture(scope="module")
+def libctor(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """guard -> the rewritten forkroutes program (-DWITH_LIBCTOR) in a folder with the
+    library whose constructor calls back into it (not rewritten: it has no probe)."""
+    d = tmp_path_factory.mktemp("libctor")
+    _gcc(DATA / "forkctor-lib.c", d / "libforkctor.so", "-shared", "-fPIC")
+    exe = d / "exe"
+    subprocess.run(["gcc", "-O2", "-DWITH_LIBCTOR", "-rdynamic", "-I",
+                    str(ROOT / "fixtures" / "src"), str(DATA / "forkroutes.c"), f"-L{d}",
+                    "-Wl,--no-as-needed", "-lforkctor", "-Wl,-rpath,$ORIGIN", "-o", str(exe)],
+                   check=True)
+    out: dict[str, Path] = {}
+    for guard in ("auto", "never"):
+        out[guard] = d / f"libctor-{guard}"
+        res = run_cli("rewrite", exe, "-o", out[guard], "--fork-guard", guard)
+        assert res.rc == 0, res.err
+    return out
+
+
+@pytest.mark.live
+def test_a_fork_in_a_librarys_constructor_is_guarded(libctor: dict[str, Path]) -> None:
+    """A library's constructor (run before the program's own initializers) calls back into
+    the rewritten program, which hits its probe and forks while traced: the guard, hooked at
+    the program's first preinit function, is registered by then, and the child survives with
+    its 7 hits counted. Before, it was hooked at DT_INIT_ARRAY[0], which glibc runs after the
+    libraries' constructors: the child died of SIGSEGV (as unguarded here)."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    path = libctor["auto"]
+    run = run_under_uprobes([str(path), "libctor"], [(path, _site(path), 0)])
+    assert run.line == "child-status 0 canary intact", run
+    assert run.after == 7, run
+    bare = libctor["never"]
+    run = run_under_uprobes([str(bare), "libctor"], [(bare, _site(bare), 0)])
+    assert run.line.startswith("child-status 11 "), run

@@ -7,7 +7,10 @@
  * dlsyscall (syscall(SYS_fork)), dlclone (clone, SIGCHLD), dldlsym (dlsym looked up by dlsym,
  * then _Fork / fork through it), dlvsym (glibc: dlvsym of syscall@GLIBC_2.2.5, SYS_fork);
  * preinit: the whole exchange, fork() included, in a .preinit_array function (glibc runs it
- * before every other initializer of the process; musl runs none: the route is glibc's).
+ * before every other initializer of the process; musl runs none: the route is glibc's);
+ * libctor (built with -DWITH_LIBCTOR -rdynamic, linked with -Wl,--no-as-needed to
+ * tests/data/forkctor-lib.c's library): the same exchange in that library's constructor, which calls back into this
+ * program (routes_from_ctor) before this program's own initializers.
  * It hits the probe 5 times, prints "ready", waits for a line, creates the child (which hits
  * the probe 7 times and exits 0), prints the child's status, then waits for stdin to close.
  * Build: gcc -O2 [-static] -I fixtures/src tests/data/forkroutes.c -o forkroutes
@@ -88,11 +91,8 @@ static void say(const char *s)
     if (write(1, s, strlen(s)) < 0)
         _exit(4);
 }
-static void early(int argc, char **argv, char **envp)
+static void exchange(void)
 {
-    (void)envp;
-    if (argc < 2 || strcmp(argv[1], "preinit"))
-        return;
     hits(5);
     say("ready\n");
     char c;
@@ -111,13 +111,25 @@ static void early(int argc, char **argv, char **envp)
     snprintf(line, sizeof line, "child-status %d canary intact\n", st);
     say(line);
 }
+static void early(int argc, char **argv, char **envp)
+{
+    (void)envp;
+    if (argc > 1 && !strcmp(argv[1], "preinit"))
+        exchange();
+}
+#ifdef WITH_LIBCTOR
+void routes_from_ctor(void)
+{
+    exchange();
+}
+#endif
 __attribute__((section(".preinit_array"), used)) static void (*early_entry)(int, char **,
                                                                           char **) = early;
 int main(int argc, char **argv)
 {
     const char *route = argc > 1 ? argv[1] : "fork";
     char line[64];
-    if (strcmp(route, "preinit")) {
+    if (strcmp(route, "preinit") && strcmp(route, "libctor")) {
         hits(5);
         printf("ready\n");
         fflush(stdout);
@@ -125,7 +137,7 @@ int main(int argc, char **argv)
             return 3;
     }
     pid_t pid = -1;
-    if (!strcmp(route, "preinit")) {
+    if (!strcmp(route, "preinit") || !strcmp(route, "libctor")) {
         while (fgets(line, sizeof line, stdin))
             ;
         return 0;

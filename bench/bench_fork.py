@@ -16,9 +16,13 @@ it prints medians and the guarded/unguarded ratio of:
 - the routes the guard interposes in a dynamically linked executable's GOT (issue 31): a
   program (ROUTES_SRC) forks N children by `_Fork()`, `syscall(SYS_fork)` and `clone(fn,
   stack, SIGCHLD)`, and calls `syscall(SYS_getpid)` M times (the stub's number check on a
-  call that is no fork), rewritten with `--fork-guard auto` (the stubs) and `never`.
+  call that is no fork) and `dlsym(RTLD_DEFAULT, "syscall")` M/10 times (the interposed
+  lookup: the real dlsym, then its result compared with the stubbed functions; the program
+  imports dlsym, so every route's child re-arms through the link map walk), rewritten with
+  `--fork-guard auto` (the stubs) and `never`.
 
     .venv/bin/python -m bench.bench_fork [--forks 2000] [--passes 20000000] [--runs 7]
+                                         [--routes-only]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ SRC = ROOT / "fixtures" / "src" / "forkserver.c"
 # the interposed routes, timed by the program's own clock (ns per call, one line per route)
 ROUTES_SRC = r"""
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -75,6 +80,10 @@ int main(int argc, char **argv)
             sum += syscall(SYS_getpid);
             continue;
         }
+        if (!strcmp(route, "dlsym")) {
+            sum += (long)dlsym(RTLD_DEFAULT, "syscall") & 1;
+            continue;
+        }
         if (!strcmp(route, "_Fork"))
             pid = _Fork();
         else if (!strcmp(route, "sysfork"))
@@ -89,7 +98,8 @@ int main(int argc, char **argv)
     return 0;
 }
 """
-ROUTES = ("_Fork", "sysfork", "clone", "getpid")
+ROUTES = ("_Fork", "sysfork", "clone", "getpid", "dlsym")
+CALLS = {"getpid": 1000, "dlsym": 100}  # calls a run per fork of the other routes
 SDT = ROOT / "sdt_headers"
 
 
@@ -200,7 +210,7 @@ def routes_bench(d: Path, forks: int, runs: int) -> None:
         rewrite(exe, out, fork_guard=g)
     print("interposed routes (dynamically linked, GOT stubs), untraced, medians:")
     for route in ROUTES:
-        n = forks * 1000 if route == "getpid" else forks
+        n = forks * CALLS.get(route, 1)
         def one(p: str, r: str = route, k: int = n) -> float:
             return route_ns(Path(p), r, k)
 
@@ -216,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--cpu", type=int, default=(os.cpu_count() or 1) - 1,
                     help="CPU to run the servers on (-1: any)")
+    ap.add_argument("--routes-only", action="store_true",
+                    help="only the interposed routes (no server, no probe passes)")
     args = ap.parse_args(argv)
     if args.cpu >= 0:
         PIN.add(args.cpu)
@@ -224,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(machine_line() + (f"; servers pinned to CPU {args.cpu}" if PIN else ""))
     why_not = can_trace()
+    if args.routes_only:
+        with tempfile.TemporaryDirectory(prefix="bench-fork-") as tmp:
+            routes_bench(Path(tmp), args.forks, args.runs)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-fork-") as tmp:
         bins = build(Path(tmp))
         n: int = args.forks

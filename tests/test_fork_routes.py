@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -103,7 +104,9 @@ def test_traced_clone_vm_and_fork(clonevm: tuple[Path, Path]) -> None:
 
 # route -> whether its child gets a copy of the address space (the guard's business)
 ROUTES = {"fork": True, "_Fork": True, "clone": True, "sysfork": True, "sysclone": True,
-          "sysclone3": True, "pointer": True, "vfork": False, "spawn": False, "clonevm": False}
+          "sysclone3": True, "pointer": True, "vfork": False, "spawn": False, "clonevm": False,
+          "dlfork": True, "dlsyscall": True, "dlclone": True, "dldlsym": True, "dlvsym": True,
+          "preinit": True}
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +149,13 @@ def _site(path: Path) -> int:
 # how the program is linked: PIE with lazy binding (Debian's default), non-PIE (the canonical
 # PLT addresses), immediate binding with no PLT (`call *slot(%rip)`, Rust's way), static
 LINKS = {"dynamic": (), "nopie": ("-no-pie",), "noplt": ("-fno-plt", "-Wl,-z,now"),
-         "static": ("-static",), "musl": ()}
-# musl has no _Fork before 1.2.4 (the program's route needs glibc's)
-MUSL_ROUTES = [r for r in ROUTES if r != "_Fork"]
+         "static": ("-static", "-DNO_DLSYM"), "musl": ()}
+# musl has no _Fork before 1.2.4 (the program's route needs glibc's), nor dlvsym
+# (nor does it run .preinit_array functions)
+MUSL_ROUTES = [r for r in ROUTES if r not in ("_Fork", "dlvsym", "preinit")]
 CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")] + \
     [(link, r) for link in ("nopie", "noplt")
-     for r in ("_Fork", "clone", "sysclone3", "pointer")] + \
+     for r in ("_Fork", "clone", "sysclone3", "pointer", "dlfork", "dlsyscall", "preinit")] + \
     [("musl", r) for r in MUSL_ROUTES]
 
 
@@ -176,6 +180,59 @@ def test_every_route_traced(routes: Callable[[str], dict[str, Path]], link: str,
         bare = routes(link)["never"]
         run = run_under_uprobes([str(bare), route], [(bare, _site(bare), 0)])
         assert run.line.startswith("child-status 11 "), run  # SIGSEGV: the guard is the fix
+
+
+# routes whose child hits the probe (7 times); a vfork child exits at once, a spawned one execs
+HITTING = [r for r in ROUTES if r not in ("vfork", "spawn")]
+
+
+@pytest.mark.live
+@pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
+@pytest.mark.parametrize("link", ["dynamic", "nopie", "noplt", "musl"])
+def test_every_route_under_bpftrace(routes: Callable[[str], dict[str, Path]], link: str) -> None:
+    """One system-wide bpftrace (a usdt probe on the rewritten file's path, no -p or -c: a
+    forked child is traced as its parent is) counts the probe's hits per pid while the
+    program runs once per route: every parent's 5, and for each route whose child hits it
+    a pid of its own with exactly 7 (the child survived its hits, which bpftrace saw); every
+    child exits 0. Before the dlsym and preinit routes were covered, their children died of
+    SIGSEGV and no pid of theirs was counted."""
+    from tests.conftest import runtime_address, started
+    from tests.test_fork_support import need_kernel
+    from usdtpatch.live.procfs import read_mem
+
+    need_kernel()
+    path = routes(link)["auto"]
+    todo = MUSL_ROUTES if link == "musl" else [r for r in ROUTES if r != "clonevm"] \
+        if link != "dynamic" else list(ROUTES)
+    site = _site(path)
+    program = (f"usdt:{path}:routes:site {{ @[pid] = count(); }} "
+               'BEGIN { printf("attached\\n"); }')
+    parents: dict[int, str] = {}
+    lines: dict[str, str] = {}
+    with started(["bpftrace", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True) as tracer:
+        seen: list[str | None] = []
+        while not seen or "attached" not in (seen[-1] or ""):  # warnings, "Attaching 1 probe"
+            seen.append(tracer.line(60))
+            assert seen[-1] is not None and len(seen) < 20, f"bpftrace did not attach: {seen}"
+        for route in todo:
+            with started([str(path), route], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True) as proc:
+                assert proc.line(60) == "ready", route
+                code = read_mem(proc.pid, runtime_address(proc.pid, path, site), 5)
+                assert code[0] == 0xE8, (route, code.hex())  # optimized before the fork
+                proc.say("go\n")
+                lines[route] = proc.line(60) or ""
+                proc.finish("", timeout=60)
+                assert proc.proc.returncode == 0, (route, proc.proc.returncode)
+                parents[proc.pid] = route
+        tracer.signal(signal.SIGINT)
+        out = tracer.finish(timeout=60)
+    assert all(v == "child-status 0 canary intact" for v in lines.values()), lines
+    counts = {int(m[0]): int(m[1]) for m in re.findall(r"@\[(\d+)\]: (\d+)", out)}
+    assert {pid: counts.get(pid) for pid in parents} == dict.fromkeys(parents, 5), out
+    children = [n for pid, n in counts.items() if pid not in parents]
+    assert children == [7] * len([r for r in todo if r in HITTING]), (out, todo)
 
 
 # --- a Rust program (class 1) ----------------------------------------------------------------
@@ -314,3 +371,116 @@ def test_a_librarys_syscall_fork_traced(forklib: dict[str, Path], route: str) ->
         assert run.line.startswith(want), (guard, run)
         if guard == "auto":
             assert run.after == 7, run
+
+
+# --- two rewritten objects in one process -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """guard -> a folder with the rewritten libforklib.so and the rewritten program with a
+    probe of its own that loads it (tests/data/forklib-two.c)."""
+    d = tmp_path_factory.mktemp("two")
+    lib = _gcc(DATA / "forklib.c", d / "libforklib.so", "-shared", "-fPIC")
+    exe = d / "two"
+    subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
+                    str(DATA / "forklib-two.c"), f"-L{d}", "-lforklib", "-Wl,-rpath,$ORIGIN",
+                    "-o", str(exe)], check=True)
+    out: dict[str, Path] = {}
+    for guard in ("auto", "never"):
+        folder = d / guard
+        folder.mkdir()
+        for path in (lib, exe):
+            res = run_cli("rewrite", path, "-o", folder / path.name, "--fork-guard", guard)
+            assert res.rc == 0, res.err
+        out[guard] = folder
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("route", ["exe", "lib"])
+def test_a_child_of_one_objects_stub_rearms_every_object(two: dict[str, Path],
+                                                         route: str) -> None:
+    """A rewritten program and a rewritten library, both with optimized sites, and a child
+    made through one object's syscall() stub (a fork that runs no atfork handler): the child
+    hits both objects' probes, 7 each, and survives (the stub re-arms every rewritten object
+    the link map lists, each found by the mark before its init stub). Before, only the
+    stub's own object was re-armed and the child died of SIGSEGV at the other's site."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    for guard, want in (("auto", "child-status 0 "), ("never", "child-status 11 ")):
+        folder = two[guard]
+        exe, lib = folder / "two", folder / "libforklib.so"
+        run = run_under_uprobes([str(exe), route], [(exe, _site(exe), 0), (lib, _site(lib), 0)])
+        assert run.line.startswith(want), (guard, run)
+        if guard == "auto":
+            assert run.after == 14, run
+
+
+# --- a program whose only route to a child is dlsym --------------------------------------------
+
+@pytest.mark.live
+@pytest.mark.parametrize("name", ["_Fork", "syscall"])
+def test_a_looked_up_fork_is_guarded(tmp_path: Path, name: str) -> None:
+    """A program that imports no fork and loads no library but the C library, and forks
+    through a function dlsym returns: rewrite under the defaults adds the guard with dlsym
+    interposed (check predicts no refusal; the output's check says fork-guarded), and
+    traced, the child survives with its 7 hits counted. Before, the file was taken as one
+    that cannot fork: no guard, and the child died of SIGSEGV."""
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+    from usdtpatch import api
+
+    exe = _gcc(DATA / "lookupfork.c", tmp_path / "lookupfork")
+    assert refusal_mismatch(exe) is None
+    out = tmp_path / "out"
+    res = run_cli("rewrite", exe, "-o", out, "--json")
+    assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "dlsym() interposed" in said.get("fork-guarded", ""), said
+    assert "fork-guarded" in {f.code for f in api.check(out).findings}
+    need_kernel()
+    run = run_under_uprobes([str(out), name], [(out, _site(out), 0)])
+    assert run.site[0] == 0xE8
+    assert run.line == "child-status 0 canary intact", run
+    assert run.after == 7, run
+
+
+# --- a fork in another object's initializer that calls back into the program ---------------
+
+@pytest.fixture(scope="module")
+def libctor(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """guard -> the rewritten forkroutes program (-DWITH_LIBCTOR) in a folder with the
+    library whose constructor calls back into it (not rewritten: it has no probe)."""
+    d = tmp_path_factory.mktemp("libctor")
+    _gcc(DATA / "forkctor-lib.c", d / "libforkctor.so", "-shared", "-fPIC")
+    exe = d / "exe"
+    subprocess.run(["gcc", "-O2", "-DWITH_LIBCTOR", "-rdynamic", "-I",
+                    str(ROOT / "fixtures" / "src"), str(DATA / "forkroutes.c"), f"-L{d}",
+                    "-Wl,--no-as-needed", "-lforkctor", "-Wl,-rpath,$ORIGIN", "-o", str(exe)],
+                   check=True)
+    out: dict[str, Path] = {}
+    for guard in ("auto", "never"):
+        out[guard] = d / f"libctor-{guard}"
+        res = run_cli("rewrite", exe, "-o", out[guard], "--fork-guard", guard)
+        assert res.rc == 0, res.err
+    return out
+
+
+@pytest.mark.live
+def test_a_fork_in_a_librarys_constructor_is_guarded(libctor: dict[str, Path]) -> None:
+    """A library's constructor (run before the program's own initializers) calls back into
+    the rewritten program, which hits its probe and forks while traced: the guard, hooked at
+    the program's first preinit function, is registered by then, and the child survives with
+    its 7 hits counted. Before, it was hooked at DT_INIT_ARRAY[0], which glibc runs after the
+    libraries' constructors: the child died of SIGSEGV (as unguarded here)."""
+    from tests.test_fork_support import need_kernel, run_under_uprobes
+
+    need_kernel()
+    path = libctor["auto"]
+    run = run_under_uprobes([str(path), "libctor"], [(path, _site(path), 0)])
+    assert run.line == "child-status 0 canary intact", run
+    assert run.after == 7, run
+    bare = libctor["never"]
+    run = run_under_uprobes([str(bare), "libctor"], [(bare, _site(bare), 0)])
+    assert run.line.startswith("child-status 11 "), run

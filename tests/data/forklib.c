@@ -2,7 +2,8 @@
  * a number its caller gives (issue 31: a library's route that skips the atfork handlers, as
  * Ruby's Kernel#syscall): lib_hits(n) hits the probe n times, lib_child(nr) makes the system
  * call nr (SYS_fork or SYS_clone with SIGCHLD) through syscall(); its child hits the probe 7
- * times and exits 0.
+ * times and exits 0; lib_syscall(nr) makes the system call nr (as lib_child) and returns its
+ * result to the caller, in the child too (tests/data/forklib-two.c).
  * Build: gcc -O2 -shared -fPIC -I fixtures/src tests/data/forklib.c -o libforklib.so */
 #include <signal.h>
 #include <unistd.h>
@@ -28,4 +29,8 @@ long lib_child(long nr)
         _exit(0);
     }
     return pid;
+}
+long lib_syscall(long nr)
+{
+    return syscall(nr, nr == SYS_clone ? SIGCHLD : 0, 0, 0, 0, 0);
 }

@@ -69,6 +69,8 @@ from usdtpatch.elf.model import (
     DT_INIT,
     DT_INIT_ARRAY,
     DT_INIT_ARRAYSZ,
+    DT_PREINIT_ARRAY,
+    DT_PREINIT_ARRAYSZ,
     DT_RELA,
     DT_RELAENT,
     DT_RELASZ,
@@ -100,6 +102,9 @@ if TYPE_CHECKING:
 CHILD_STUB = 0
 INIT_STUB = 32
 CODE_AT = 80
+# right before the init stub: how another rewritten object's child re-arms this one's sites
+# (rearm.c, usdtpatch_rearm_all, finds it at the object's hooked init function; never run)
+GUARD_MARK = b"\xeb\x08USDTguar"  # jmp .+10; "USDTguar"
 
 
 
@@ -162,6 +167,9 @@ def fork_exposure(image: ElfImage) -> str | None:
     libraries = _libraries_that_may_fork(image)
     if libraries is not None:
         return libraries
+    looks = sorted(n for n in LOOKUPS if import_slots(image, n))
+    if looks and _kind(image) == "exe":
+        return f"it calls {looks[0]}: a function it looks up may fork the process"
     if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
         # no symbol names a fork (a stripped static executable, a raw system call): the code
         ev = _evidence(image, True)
@@ -301,53 +309,70 @@ def _dso_handle(image: ElfImage, relas: RelaTable) -> int:
 
 
 def _find_hook(image: ElfImage, dyn_entries: list[tuple[int, int, int]],
-               relas: RelaTable) -> tuple[int, str, list[tuple[int, int]]]:
+               relas: RelaTable, preinit: bool = False
+               ) -> tuple[int, str, list[tuple[int, int]]]:
     """(original init function, description, [(file offset, width)] to receive the stub's
-    address) for the object's first init function."""
+    address) for the object's first init function: with `preinit` (a glibc executable) its
+    DT_PREINIT_ARRAY[0] when it has one (glibc runs an executable's preinit functions before
+    every other initializer of the process: its DT_INIT, its init array, the constructors of
+    the libraries it loads), else DT_INIT_ARRAY[0], else DT_INIT."""
     dyn = {t: v for t, v, _o in dyn_entries}
-    arr, arrsz = dyn.get(DT_INIT_ARRAY), dyn.get(DT_INIT_ARRAYSZ, 0)
-    if arr is not None and arrsz >= 8:
-        slot_off = _offset(image, arr, 8, "DT_INIT_ARRAY")
-        (slot,) = struct.unpack_from("<Q", image.data, slot_off)
-        rels = relas.at(arr)
-        if len(rels) > 1:
-            raise GuardUnsupported(f"DT_INIT_ARRAY[0] at {arr:#x} has {len(rels)} relocations")
-        if rels:
-            roff, rtype, addend = rels[0]
-            if rtype != R_X86_64_RELATIVE:
-                raise GuardUnsupported(f"DT_INIT_ARRAY[0] at {arr:#x} is filled by relocation "
-                                       f"type {rtype}, not R_X86_64_RELATIVE")
-            target = addend
-            where = [(roff + 16, 8)]
-            if slot == addend and slot:
-                where.append((slot_off, 8))
-            how = f"DT_INIT_ARRAY[0] (R_X86_64_RELATIVE addend at {arr:#x})"
-        elif image.type == ET_DYN and _relr_covers(image, dyn, arr):
-            target, where = slot, [(slot_off, 8)]
-            how = f"DT_INIT_ARRAY[0] (the DT_RELR-relocated word at {arr:#x})"
-        elif image.type == ET_DYN and slot:
-            raise GuardUnsupported(f"DT_INIT_ARRAY[0] at {arr:#x} has no relative relocation")
-        else:
-            target, where = slot, [(slot_off, 8)]
-            how = f"DT_INIT_ARRAY[0] (the pointer at {arr:#x})"
-        if target in (0, 0xFFFFFFFFFFFFFFFF, -1):
-            raise GuardUnsupported(f"DT_INIT_ARRAY[0] at {arr:#x} holds {target:#x}")
-        return target, how, where
+    arrays = [(DT_INIT_ARRAY, DT_INIT_ARRAYSZ, "DT_INIT_ARRAY")]
+    if preinit:
+        arrays.insert(0, (DT_PREINIT_ARRAY, DT_PREINIT_ARRAYSZ, "DT_PREINIT_ARRAY"))
+    for tag, sz_tag, label in arrays:
+        arr, arrsz = dyn.get(tag), dyn.get(sz_tag, 0)
+        if arr is not None and arrsz >= 8:
+            return _array_hook(image, dyn, relas, arr, label)
     init = next(((v, o) for t, v, o in dyn_entries if t == DT_INIT), None)
     if init is not None and init[0]:
         return init[0], "DT_INIT", [(init[1] + 8, 8)]
     raise GuardUnsupported("the file has neither DT_INIT_ARRAY nor DT_INIT to hook")
 
 
+def _array_hook(image: ElfImage, dyn: dict[int, int], relas: RelaTable, arr: int, label: str
+                ) -> tuple[int, str, list[tuple[int, int]]]:
+    """_find_hook's answer for the first word of the init (or preinit) array at `arr`."""
+    slot_off = _offset(image, arr, 8, label)
+    (slot,) = struct.unpack_from("<Q", image.data, slot_off)
+    rels = relas.at(arr)
+    if len(rels) > 1:
+        raise GuardUnsupported(f"{label}[0] at {arr:#x} has {len(rels)} relocations")
+    if rels:
+        roff, rtype, addend = rels[0]
+        if rtype != R_X86_64_RELATIVE:
+            raise GuardUnsupported(f"{label}[0] at {arr:#x} is filled by relocation "
+                                   f"type {rtype}, not R_X86_64_RELATIVE")
+        target = addend
+        where = [(roff + 16, 8)]
+        if slot == addend and slot:
+            where.append((slot_off, 8))
+        how = f"{label}[0] (R_X86_64_RELATIVE addend at {arr:#x})"
+    elif image.type == ET_DYN and _relr_covers(image, dyn, arr):
+        target, where = slot, [(slot_off, 8)]
+        how = f"{label}[0] (the DT_RELR-relocated word at {arr:#x})"
+    elif image.type == ET_DYN and slot:
+        raise GuardUnsupported(f"{label}[0] at {arr:#x} has no relative relocation")
+    else:
+        target, where = slot, [(slot_off, 8)]
+        how = f"{label}[0] (the pointer at {arr:#x})"
+    if target in (0, 0xFFFFFFFFFFFFFFFF, -1):
+        raise GuardUnsupported(f"{label}[0] at {arr:#x} holds {target:#x}")
+    return target, how, where
+
+
 def _static_init(image: ElfImage) -> tuple[int, str, list[tuple[int, int]]]:
-    """The hook of a static (non-PIE) executable: its .init_array's first pointer."""
-    sec = image.section(".init_array")
-    if sec is None or sec.size < 8:
-        raise GuardUnsupported("static executable without .init_array to hook")
-    (target,) = struct.unpack_from("<Q", image.data, sec.offset)
-    if target in (0, 0xFFFFFFFFFFFFFFFF):
-        raise GuardUnsupported(f".init_array[0] holds {target:#x}")
-    return target, f".init_array[0] (the pointer at {sec.addr:#x})", [(sec.offset, 8)]
+    """The hook of a static (non-PIE) glibc executable: its .preinit_array's first pointer
+    when it has one (run first: before _init and .init_array), else its .init_array's."""
+    for name in (".preinit_array", ".init_array"):
+        sec = image.section(name)
+        if sec is None or sec.size < 8:
+            continue
+        (target,) = struct.unpack_from("<Q", image.data, sec.offset)
+        if target in (0, 0xFFFFFFFFFFFFFFFF):
+            raise GuardUnsupported(f"{name}[0] holds {target:#x}")
+        return target, f"{name}[0] (the pointer at {sec.addr:#x})", [(sec.offset, 8)]
+    raise GuardUnsupported("static executable without .init_array to hook")
 
 
 # --- code ----------------------------------------------------------------------------------
@@ -429,7 +454,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     if libc == "musl":
         _musl_problem(image, kind)
     interposed = interposed_routes(image, libc, kind) if dyn_entries else {}
-    if "syscall" in interposed:
+    if interposed.get("syscall"):
         # a call of syscall() (or its address read) goes through its GOT slot: the stub
         bypass = [(pc, what) for pc, what in bypass if _is_syscall_insn(image, pc)]
     if kind != "static" and bypass:
@@ -439,7 +464,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
             f"its code may fork without the C library's fork(), whose atfork handlers the "
             f"guard registers with: {what}{f' at {at:#x}' if at else ''}{more}")
     if dyn_entries:
-        target, how, where = _find_hook(image, dyn_entries, relas)
+        target, how, where = _find_hook(image, dyn_entries, relas,
+                                        preinit=libc == "glibc" and kind != "shared")
     else:
         target, how, where = _static_init(image)
     dso: int | None = None
@@ -483,6 +509,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
 
     text = bytearray(b"\xcc" * (table_end - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
+    assert len(stub_child) <= INIT_STUB - len(GUARD_MARK)
+    text[INIT_STUB - len(GUARD_MARK): INIT_STUB] = GUARD_MARK
     text[INIT_STUB: INIT_STUB + len(stub_init)] = stub_init
     text[CODE_AT: CODE_AT + len(block)] = block
     _write_table(text, place_at, table, todo)
@@ -499,8 +527,12 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                ("__usdtpatch_fork_register", code + _code.REGISTER,
                 _code.BASE_END - _code.REGISTER), *extra)
     if interposed:
-        how += "; the GOT slots of " + ", ".join(f"{n}()" for n in interposed) + \
-            " interposed (a child that does not share the address space re-arms its sites)"
+        how += "; the GOT slots of " + ", ".join(f"{n}()" for n, v in interposed.items() if v) \
+            + " interposed (a child that does not share the address space re-arms its sites)"
+        looked = [n for n, v in interposed.items() if n not in LOOKUPS]
+        if any(n in interposed for n in LOOKUPS):
+            how += "; what they return for " + ", ".join(f"{n}()" for n in looked) + \
+                " is the guard's stub"
     # the syscall() stub compares the number with the fork ones at run time: what check
     # reported as `fork-unknown` (a call of syscall() not fixed in the code) is covered
     return GuardBuild(place_at, bytes(text), patches, tuple(a for a, _ in todo), table,
@@ -514,7 +546,11 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
 # clone / clone3 without CLONE_VM). fork() runs the handlers; vfork, posix_spawn, system and
 # popen share the address space until exec.
 INTERPOSED = ("_Fork", "clone", "syscall")
+# the run-time lookups, interposed when the file imports them: a pointer they return to one of
+# the interposed functions (or to themselves) is replaced by the guard's stub
+LOOKUPS = ("dlsym", "dlvsym")
 IPO_SIZE = 24
+IPO_RESOLVER = 1  # rearm.c: the entry of dlsym, which finds what the link map does not give
 
 
 def interposed_routes(image: ElfImage, libc: str = "glibc", kind: str = "exe"
@@ -524,17 +560,28 @@ def interposed_routes(image: ElfImage, libc: str = "glibc", kind: str = "exe"
     runs no handler the guard can register, fork too). syscall() only where a reference to
     it may fork (usdtpatch.analysis.hazards.fork_evidence: a call with a fork number or one
     not fixed in the code, or its address taken): a file whose every call names a number
-    that is no fork (libstdc++'s futex calls) keeps its direct calls."""
+    that is no fork (libstdc++'s futex calls) keeps its direct calls.
+
+    When the file imports dlsym or dlvsym (LOOKUPS), their slots come first and every
+    interposed function is listed, with an empty list where the file has no slot of it: its
+    stub is reached only through the interposed lookup, which returns it in place of the real
+    function (`dlsym(RTLD_DEFAULT, "_Fork")`)."""
+    names = (*INTERPOSED, "fork") if libc == "musl" else INTERPOSED
     out: dict[str, list[int]] = {}
-    for name in (*INTERPOSED, "fork") if libc == "musl" else INTERPOSED:
+    for name in LOOKUPS:
         slots = import_slots(image, name)
-        if not slots:
-            continue
-        if name == "syscall":
+        if slots:
+            out[name] = slots
+    for name in names:
+        slots = import_slots(image, name)
+        if slots and name == "syscall":
             ev = _evidence(image, kind != "shared")
             if not any(not _is_syscall_insn(image, pc) for pc, _w in (*ev.forks, *ev.unknown)):
-                continue
-        out[name] = slots
+                slots = []
+        if slots or out:
+            out[name] = slots
+    if not any(out.values()):
+        return {}
     return out
 
 
@@ -577,8 +624,9 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
                    target: int, code: int) -> list[tuple[str, int, int]]:
     """At t.pc: the init tail (usdtpatch_interpose(envp, table, end), then the original init
     function), one stub per route, the words the real functions go in, the interposition
-    table and the names. Returns the symbols."""
-    n_slots = sum(len(v) for v in routes.values())
+    table and the names. Returns the symbols. A route without a slot (reached through an
+    interposed lookup only) has one table entry whose slot is 0."""
+    n_slots = sum(max(1, len(v)) for v in routes.values())
     start = t.pc
     t.raw(PUSH_ARGS)
     t.raw(MOV_RDX_RDI)
@@ -586,19 +634,29 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
     t.lea("rsi", t.pc)  # fixed below
     lea_end = len(t.code)
     t.lea("rdx", t.pc)
+    lea_rd = len(t.code)
+    t.lea("rcx", t.pc)
     t.call(code + _code.INTERPOSE)
     t.raw(POP_ARGS)
     t.jmp(target)
     tail_end = t.pc
+    # a child made through a stub re-arms the sites of every rewritten object the link map
+    # lists (usdtpatch_rearm_all), this one's included
+    child_all = t.pc
+    lea_rd_all = len(t.code)
+    t.lea("rdi", t.pc)  # fixed below
+    t.lea("rsi", child)
+    t.jmp(code + _code.REARM_ALL)
     # the stubs, each reading the real function from its word (placed after them)
     stubs: dict[str, int] = {}
     real_reads: list[tuple[str, int]] = []  # (name, offset of the rel32 of a *real(%rip))
+    stub_fixes: list[tuple[int, str]] = []  # (address of a lea stub(%rip),%rax, its route)
 
     def via_real(name: str, op: bytes) -> None:
         t.raw(op + b"\0\0\0\0")
         real_reads.append((name, len(t.code)))
 
-    for name in routes:
+    for name in [n for n in routes if n not in LOOKUPS]:
         while t.pc % 16:
             t.raw(b"\xcc")
         stubs[name] = t.pc
@@ -644,7 +702,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
             begin = t.pc
             t.code[lea_start + 3:lea_start + 7] = _rel32(t.address + lea_start + 7, begin)
             t.raw(b"\x57")  # push %rdi
-            t.call(child)
+            t.call(child_all)
             t.raw(b"\x5f")  # pop %rdi
             t.raw(b"\x48\x8b\x07")  # mov (%rdi),%rax
             t.raw(b"\x48\x8b\x7f\x08")  # mov 8(%rdi),%rdi
@@ -655,16 +713,43 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
         via_real(name, b"\xff\x15")  # call *real(%rip)
         t.raw(b"\x48\x85\xc0")  # test %rax,%rax
         j.jcc(_JNE, "done")
-        t.call(child)
+        t.call(child_all)
         t.raw(b"\x31\xc0")  # xor %eax,%eax
         j.place("done")
         t.raw(b"\x48\x83\xc4\x08\xc3")  # add $8,%rsp; ret
+    for name in [n for n in routes if n in LOOKUPS]:
+        # dlsym / dlvsym: the real lookup (called, so that it sees this file as its caller),
+        # then a result that is one of the interposed functions becomes its stub
+        while t.pc % 16:
+            t.raw(b"\xcc")
+        stubs[name] = t.pc
+        t.raw(b"\x48\x83\xec\x08")  # sub $8,%rsp
+        via_real(name, b"\xff\x15")  # call *real(%rip)
+        t.raw(b"\x48\x83\xc4\x08")  # add $8,%rsp
+        t.raw(b"\x48\x85\xc0")  # test %rax,%rax
+        assert 17 * len(routes) < 128
+        t.raw(b"\x74" + bytes([17 * len(routes)]))  # je (the ret at the end)
+        for other in routes:
+            via_real(other, b"\x48\x3b\x05")  # cmp real(%rip),%rax
+            t.raw(b"\x75\x08")  # jne (the next cmp)
+            lea = t.pc
+            t.raw(b"\x48\x8d\x05" + b"\0\0\0\0")  # lea stub(%rip),%rax
+            stub_fixes.append((lea, other))
+            t.raw(b"\xc3")  # ret
+        t.raw(b"\xc3")  # ret
+    for lea, other in stub_fixes:
+        at = lea - t.address
+        t.code[at + 3:at + 7] = _rel32(lea + 7, stubs[other])
     while t.pc % 8:
         t.raw(b"\xcc")
     real: dict[str, int] = {}
     for name in routes:
         real[name] = t.pc
         t.raw(b"\0" * 8)
+    rd_word = t.pc  # _r_debug's address, written by usdtpatch_interpose
+    t.raw(b"\0" * 8)
+    for at in (lea_rd, lea_rd_all):
+        t.code[at + 3:at + 7] = _rel32(t.address + at + 7, rd_word)
     for name, end in real_reads:
         t.code[end - 4:end] = _rel32(t.address + end, real[name])
     table = t.pc
@@ -675,16 +760,19 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
         names[name] = at
         at += len(name) + 1
     for name, slots in routes.items():
-        for slot in slots:
+        entries: list[int | None] = [*slots] or [None]  # None: the real word only, no slot
+        for slot in entries:
             e = t.pc
-            prot = _PROT_R if _relro(image, slot) else _PROT_RW
-            t.raw(struct.pack("<iiiiii", slot - e, real[name] - e, stubs[name] - e,
-                              names[name] - e, prot, 0))
+            prot = _PROT_R if slot is not None and _relro(image, slot) else _PROT_RW
+            t.raw(struct.pack("<iiiiii", 0 if slot is None else slot - e, real[name] - e,
+                              stubs[name] - e, names[name] - e, prot,
+                              IPO_RESOLVER if name == "dlsym" else 0))
     for name in routes:
         t.raw(name.encode() + b"\0")
     t.code[lea_table + 3:lea_table + 7] = _rel32(t.address + lea_table + 7, table)
     t.code[lea_end + 3:lea_end + 7] = _rel32(t.address + lea_end + 7, names_at)
     syms = [("__usdtpatch_fork_init_tail", start, tail_end - start),
+            ("__usdtpatch_fork_child_all", child_all, 19),
             ("__usdtpatch_fork_interpose", code + _code.INTERPOSE,
              len(_code.CODE) - _code.INTERPOSE)]  # (poke() is before it)
     syms += [(f"__usdtpatch_fork_{n.strip('_').lower()}_stub", a, 0) for n, a in stubs.items()]

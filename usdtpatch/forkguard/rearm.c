@@ -8,8 +8,9 @@
  *   offset 0                  usdtpatch_rearm(table, table_end)
  *   [0, rearm_end)            everything usdtpatch_rearm needs (code and its string)
  *   offset register           usdtpatch_register(envp, child, dso_handle)
- *   offset interpose          usdtpatch_interpose(envp, table, table_end), last: a guard
- *                             without interposition leaves [interpose, end) out
+ *   offset interpose          usdtpatch_interpose(envp, table, table_end, rd_word), then
+ *                             usdtpatch_rearm_all(rd_word, self), last: a guard without
+ *                             interposition leaves [interpose_at, end) out
  *
  * The site table is an array of 12-byte entries, position independent (no relocation):
  *   int32  rel      site address - address of this entry (0: an empty entry, skipped)
@@ -292,8 +293,13 @@ struct ipo {
   s32 stub;  /* the guard's stub, written into the GOT slot */
   s32 name;  /* the symbol's name */
   s32 prot;  /* the GOT page's protection after the write when /proc is not there */
-  s32 pad;
+  s32 flags; /* IPO_RESOLVER: the entry of dlsym, whose real function finds what the link
+                map does not give (musl) */
 };
+
+#define IPO_RESOLVER 1
+
+typedef void *(*dlsym_fn)(void *, const char *);
 
 /* Writes the word `v` at `at`: through /proc/self/mem (`fd`), else mprotect around a store. */
 __attribute__((section(".usdtpatch_interpose"), used, noinline))
@@ -311,13 +317,19 @@ static int poke(long fd, u64 at, u64 v, long prot_after) {
 
 /* Called once when the executable loads, after its relocations (from its init hook): for
    each entry, the real function is looked up as the dynamic linker would (the first object of
-   the link map that defines it; the value in the slot when none does), stored where the stub
-   reads it, and the stub's address written into the slot, so that a call through the PLT, a
-   `call *slot(%rip)` and an address read from the slot all go through the stub.  Returns the
-   number of slots interposed, or a negative number. */
+   the link map that defines it; the value in the slot when none does; else what dlsym, when
+   its entry came first, returns for the name), stored where the stub reads it, and the stub's
+   address written into the slot, so that a call through the PLT, a `call *slot(%rip)` and an
+   address read from the slot all go through the stub.  An entry without a slot (got 0) only
+   fills the real function's word: its stub is reached through the interposed dlsym, which
+   hands it out in place of the real function.  Returns the number of entries done, or a
+   negative number. */
 __attribute__((section(".usdtpatch_interpose"), used, noinline))
-int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end) {
+int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end,
+                        u64 *rd_word) {
   const struct link_map *map = 0;
+  const struct r_debug *rd = 0;
+  dlsym_fn resolver = 0;
   u64 base = at_base(envp);
   if (base) {
     const u8 *eh = (const u8 *)base;
@@ -329,27 +341,100 @@ int usdtpatch_interpose(char **envp, const struct ipo *t, const struct ipo *end)
       if (*(const u32 *)ph == PT_DYNAMIC)
         ldyn = (const struct dyn *)(base + *(const u64 *)(ph + 16));
     }
-    const struct r_debug *rd = (const struct r_debug *)lookup(base, ldyn, r_debug_name);
+    rd = (const struct r_debug *)lookup(base, ldyn, r_debug_name);
     if (rd)
       map = rd->r_map;
   }
   long fd = sys3(SYS_open, (long)mem_path, O_RDWR | O_CLOEXEC, 0);
   int done = 0;
+  if (rd)
+    poke(fd, (u64)rd_word, (u64)rd, PROT_RX);
   for (; t < end; t++) {
-    u64 got = (u64)t + (u64)(s64)t->got;
+    u64 got = t->got ? (u64)t + (u64)(s64)t->got : 0;
     u64 stub = (u64)t + (u64)(s64)t->stub;
+    const char *name = (const char *)t + t->name;
     u64 real = 0;
     for (const struct link_map *m = map; m && !real; m = m->l_next)
-      real = lookup(m->l_addr, m->l_ld, (const char *)t + t->name);
-    if (!real)
+      real = lookup(m->l_addr, m->l_ld, name);
+    if (!real && got)
       real = *(volatile const u64 *)got;
-    if (real == stub)
+    if (!real && resolver)
+      real = (u64)resolver(0, name); /* RTLD_DEFAULT */
+    if (!real || real == stub)
       continue;
-    if (poke(fd, (u64)t + (u64)(s64)t->real, real, PROT_RX) == 0 &&
-        poke(fd, got, stub, t->prot) == 0)
-      done++;
+    if (poke(fd, (u64)t + (u64)(s64)t->real, real, PROT_RX) != 0)
+      continue;
+    if (got && poke(fd, got, stub, t->prot) != 0)
+      continue;
+    if (t->flags & IPO_RESOLVER)
+      resolver = (dlsym_fn)real;
+    done++;
   }
   if (fd >= 0)
     sys3(SYS_close, fd, 0, 0);
   return done;
+}
+
+/* The mark a rewritten object's guard carries in the 10 bytes before its init stub (the
+   function its hooked DT_PREINIT_ARRAY[0], DT_INIT_ARRAY[0] or DT_INIT points at), whose
+   child stub is 32 bytes before it: `jmp .+10` (never run) and "USDTguar". */
+#define DT_INIT 12
+#define DT_INIT_ARRAY 25
+#define DT_INIT_ARRAYSZ 27
+#define DT_PREINIT_ARRAY 32
+#define DT_PREINIT_ARRAYSZ 33
+#define GUARD_MARK 0x7261756754445355UL /* "USDTguar" */
+#define CHILD_BEFORE_INIT 32
+
+typedef void (*stub_fn)(void);
+
+/* Whether the init function at p is a rewritten object's init stub (its mark before it). */
+INLINE int guard_init(u64 p) {
+  u8 vec;
+  /* the mark's first byte on the page before p's: read it only when that page is mapped */
+  if ((p & (PAGE - 1)) < 10 &&
+      sys3(SYS_mincore, (long)((p - 10) & ~(PAGE - 1)), (long)PAGE, (long)&vec) == -ENOMEM)
+    return 0;
+  const volatile u8 *c = (const volatile u8 *)(p - 10);
+  return c[0] == 0xeb && c[1] == 0x08 && *(const volatile u64 *)(p - 8) == GUARD_MARK;
+}
+
+/* Called in a child that a route skipping the atfork handlers created through this object's
+   stub (a fork, _Fork, clone or syscall() of a fork): re-arms the sites of every rewritten
+   object the link map lists (each found by its init hook's mark, its child stub called), not
+   only this one's; `self` (this object's child stub) is called when the walk did not find
+   it (no link map: musl). */
+__attribute__((section(".usdtpatch_interpose"), used, noinline))
+void usdtpatch_rearm_all(const u64 *rd_word, u64 self) {
+  const struct r_debug *rd = (const struct r_debug *)*(volatile const u64 *)rd_word;
+  int seen = 0;
+  for (const struct link_map *m = rd ? rd->r_map : 0; m; m = m->l_next) {
+    u64 pre = 0, presz = 0, arr = 0, arrsz = 0, init = 0;
+    for (const struct dyn *d = m->l_ld; d && d->tag != DT_NULL; d++) {
+      if (d->tag == DT_PREINIT_ARRAY)
+        pre = dyn_ptr(m->l_addr, d->val);
+      else if (d->tag == DT_PREINIT_ARRAYSZ)
+        presz = d->val;
+      else if (d->tag == DT_INIT_ARRAY)
+        arr = dyn_ptr(m->l_addr, d->val);
+      else if (d->tag == DT_INIT_ARRAYSZ)
+        arrsz = d->val;
+      else if (d->tag == DT_INIT)
+        init = dyn_ptr(m->l_addr, d->val);
+    }
+    u64 cand[3];
+    cand[0] = pre && presz >= 8 ? *(volatile const u64 *)pre : 0;
+    cand[1] = arr && arrsz >= 8 ? *(volatile const u64 *)arr : 0;
+    cand[2] = init;
+    for (int i = 0; i < 3; i++) {
+      if (cand[i] && guard_init(cand[i])) {
+        u64 child = cand[i] - CHILD_BEFORE_INIT;
+        ((stub_fn)child)();
+        seen |= child == self;
+        break;
+      }
+    }
+  }
+  if (!seen)
+    ((stub_fn)self)();
 }

@@ -33,7 +33,7 @@ CFLAGS = ("-Os", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protecto
           "-mgeneral-regs-only", "-nostdlib", "-static", "-Wl,--build-id=none",
           "-Wl,-z,noexecstack")
 SYMBOLS = ("usdtpatch_rearm", "usdtpatch_rearm_end", "usdtpatch_register", "usdtpatch_interpose",
-           "usdtpatch_interpose_at", "usdtpatch_code_end")
+           "usdtpatch_interpose_at", "usdtpatch_rearm_all", "usdtpatch_code_end")
 
 
 class RecipeError(Exception):
@@ -48,6 +48,7 @@ class Built:
     register: int
     interpose: int
     interpose_at: int
+    rearm_all: int
     compiler: str
 
 
@@ -86,7 +87,8 @@ def build(cc: str = "gcc") -> Built:
             raise RecipeError(f"unexpected layout: {len(code)} bytes, symbols {syms}")
         return Built(code, syms["usdtpatch_rearm"], syms["usdtpatch_rearm_end"],
                      syms["usdtpatch_register"], syms["usdtpatch_interpose"],
-                     syms["usdtpatch_interpose_at"], compiler_version(cc))
+                     syms["usdtpatch_interpose_at"], syms["usdtpatch_rearm_all"],
+                     compiler_version(cc))
 
 
 def render(b: Built) -> str:
@@ -100,8 +102,9 @@ def render(b: Built) -> str:
         f"REARM = {b.rearm:#x}  # usdtpatch_rearm(table, table_end)\n"
         f"REARM_END = {b.rearm_end:#x}  # end of what usdtpatch_rearm needs\n"
         f"REGISTER = {b.register:#x}  # usdtpatch_register(envp, child, dso_handle)\n"
-        f"INTERPOSE = {b.interpose:#x}  # usdtpatch_interpose(envp, table, table_end)\n"
+        f"INTERPOSE = {b.interpose:#x}  # usdtpatch_interpose(envp, table, table_end, rd_word)\n"
         f"BASE_END = {b.interpose_at:#x}  # [0, BASE_END): all but the interposition\n"
+        f"REARM_ALL = {b.rearm_all:#x}  # usdtpatch_rearm_all(rd_word, self)\n"
         "CODE = bytes.fromhex(\n"
         f"{body}\n"
         ")\n"

@@ -1,0 +1,172 @@
+"""`usdtpatch rewrite --tree DIR` (usdtpatch/integrate/tree.py, docs/distributions.md): every ELF
+file with probes under an install root, in place, in parallel; files without probes untouched
+(bytes and mtime); symbolic links never followed; hard links rewritten once; the same bytes run
+after run; a second run changes nothing; a tree that cannot be written is refused whole."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fixture, run_cli
+from usdtpatch import api
+from usdtpatch.x86.nops import SiteForm
+
+
+def state(root: Path) -> dict[str, tuple[str, int, int]]:
+    """sha256, mtime (ns) and inode of every regular file under `root` (links not followed)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            out[str(p.relative_to(root))] = (hashlib.sha256(p.read_bytes()).hexdigest(),
+                                             st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def forms(path: Path) -> set[SiteForm]:
+    return {p.site.form for p in api.load(path).probes}
+
+
+def build_id_of(path: Path) -> str | None:
+    from usdtpatch.elf.image import parse_elf
+    from usdtpatch.elf.notes import build_id
+
+    image = parse_elf(path.read_bytes())
+    sec = image.section(".note.gnu.build-id")
+    return None if sec is None else build_id(image.section_data(sec))
+
+
+def staged(tmp: Path, name: str = "tree") -> Path:
+    """An install root: two files with probes (one with a second hard link), a file that
+    already has 5-byte sites, an ELF file without probes, a text file, and symbolic links
+    (to a file in the tree, and to a file with probes outside it)."""
+    root = tmp / name
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/lib").mkdir(parents=True)
+    shutil.copy2(fixture("demo"), root / "usr/bin/demo")
+    os.link(root / "usr/bin/demo", root / "usr/lib/demo-again")
+    shutil.copy2(fixture("libprobes.so"), root / "usr/lib/libprobes.so")
+    shutil.copy2(fixture("nop5"), root / "usr/bin/nop5")
+    shutil.copy2(fixture("noprobes"), root / "usr/bin/noprobes")
+    (root / "usr/README").write_text("not ELF\n")
+    (root / "usr/bin/demo-link").symlink_to("demo")
+    outside = tmp / f"{name}-outside"
+    shutil.copy2(fixture("demo"), outside)
+    (root / "usr/bin/outside").symlink_to(outside)
+    (root / "usr/lib/dirlink").symlink_to(tmp / f"{name}-outdir")
+    (tmp / f"{name}-outdir").mkdir()
+    shutil.copy2(fixture("demo"), tmp / f"{name}-outdir" / "demo")
+    return root
+
+
+def test_tree_rewrites_the_files_with_probes_and_nothing_else(tmp_path: Path) -> None:
+    root = staged(tmp_path)
+    before = state(root)
+    outside = {p: state(p.parent)[p.name] for p in (tmp_path / "tree-outside",
+                                                    tmp_path / "tree-outdir" / "demo")}
+    res = run_cli("rewrite", "--tree", root, "-j", "2")
+    assert res.rc == 0, res.err
+    after = state(root)
+    changed = {k for k in before if before[k][:2] != after[k][:2]}
+    assert changed == {"usr/bin/demo", "usr/lib/demo-again", "usr/lib/libprobes.so"}
+    for name in ("usr/bin/demo", "usr/lib/libprobes.so"):
+        assert forms(root / name) == {SiteForm.NOP5}, name
+    # the hard links are still one file, rewritten once
+    assert after["usr/bin/demo"][2] == after["usr/lib/demo-again"][2]
+    assert "also its hard links" in res.out and str(root / "usr/lib/demo-again") in res.out
+    # untouched: the links out of the tree and what they point to
+    assert {p: state(p.parent)[p.name] for p in outside} == outside
+    assert (root / "usr/bin/demo-link").is_symlink()
+    assert "5 regular files, 4 ELF, 3 with probes: 2 rewritten, 1 unchanged" in res.out
+    assert "--form auto for --kernel 6.18" in res.out
+    # the rewritten program runs as the original
+    ran = [subprocess.run([p], capture_output=True, timeout=30, check=False)
+           for p in (fixture("demo"), root / "usr/bin/demo")]
+    assert (ran[0].returncode, ran[0].stdout) == (ran[1].returncode, ran[1].stdout)
+
+
+def test_tree_is_the_same_run_after_run_and_a_second_run_changes_nothing(
+        tmp_path: Path) -> None:
+    one, two = staged(tmp_path, "one"), staged(tmp_path, "two")
+    assert run_cli("rewrite", "--tree", one, "-j", "2").rc == 0
+    assert run_cli("rewrite", "--tree", two).rc == 0
+    a, b = state(one), state(two)
+    assert {k: v[0] for k, v in a.items()} == {k: v[0] for k, v in b.items()}
+    assert a["usr/bin/demo"][0] != hashlib.sha256(fixture("demo").read_bytes()).hexdigest()
+    # the build-id is derived from the original's: the same in both, not the original's
+    ids = {build_id_of(r / "usr/bin/demo") for r in (one, two)}
+    assert len(ids) == 1 and None not in ids and build_id_of(fixture("demo")) not in ids
+    again = run_cli("rewrite", "--tree", one, "-j", "2")
+    assert again.rc == 0, again.err
+    assert state(one) == a
+    assert "0 rewritten, 1 unchanged, 0 refused (kept as they are), 2 rewritten before" \
+        in again.out
+
+
+def test_tree_form_is_fixed_not_the_build_hosts(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build host whose kernel optimizes no uprobe still gets the 6.18 form (and a named
+    --kernel is kept)."""
+    import errno
+
+    from usdtpatch.rewriter import kernel
+
+    monkeypatch.setattr(kernel, "uprobe_syscall_errno", lambda: errno.ENOSYS)
+    root = staged(tmp_path)
+    assert run_cli("rewrite", "--tree", root).rc == 0
+    assert forms(root / "usr/bin/demo") == {SiteForm.NOP5}
+    other = staged(tmp_path, "other")
+    res = run_cli("rewrite", "--tree", other, "--kernel", "nop10-series")
+    assert res.rc == 0, res.err
+    assert forms(other / "usr/bin/demo") == {SiteForm.COMBO10}
+
+
+def test_tree_dry_run_writes_nothing(tmp_path: Path) -> None:
+    root = staged(tmp_path)
+    before = state(root)
+    res = run_cli("rewrite", "--tree", root, "--dry-run")
+    assert res.rc == 0, res.err
+    assert "2 to rewrite" in res.out
+    assert state(root) == before
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_tree_refuses_what_is_not_a_folder(tmp_path: Path, make: str) -> None:
+    target = tmp_path / "x"
+    if make == "file":
+        target.write_text("")
+    res = run_cli("rewrite", "--tree", target)
+    assert res.rc == 2 and res.out == ""
+    assert res.err.count("\n") == 1 and str(target) in res.err
+
+
+def test_tree_refuses_files_and_output(tmp_path: Path) -> None:
+    root = staged(tmp_path)
+    for extra in ([str(fixture("demo"))], ["-o", str(tmp_path)]):
+        res = run_cli("rewrite", "--tree", root, *extra)
+        assert res.rc == 2 and "--tree" in res.err
+    assert run_cli("rewrite", str(fixture("demo"))).rc == 2  # no -o, --in-place, --dry-run
+
+
+def test_tree_with_an_unwritable_folder_rewrites_nothing(tmp_path: Path) -> None:
+    """A folder root cannot write (immutable): one line, exit 2, and no file of the tree is
+    rewritten, not even the ones in writable folders."""
+    root = staged(tmp_path)
+    lib = root / "usr/lib"
+    if subprocess.run(["chattr", "+i", lib], capture_output=True, check=False).returncode:
+        pytest.skip("chattr +i is not possible here (needs root and ext4-like attributes)")
+    try:
+        before = state(root)
+        res = run_cli("rewrite", "--tree", root)
+        after = state(root)
+    finally:
+        subprocess.run(["chattr", "-i", lib], check=True)
+    assert res.rc == 2 and res.out == ""
+    assert "libprobes.so: cannot write: its folder" in res.err
+    assert after == before

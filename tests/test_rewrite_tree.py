@@ -149,7 +149,8 @@ def test_tree_refuses_what_is_not_a_folder(tmp_path: Path, make: str) -> None:
 
 def test_tree_refuses_files_and_output(tmp_path: Path) -> None:
     root = staged(tmp_path)
-    for extra in ([str(fixture("demo"))], ["-o", str(tmp_path)]):
+    for extra in ([str(fixture("demo"))], ["-o", str(tmp_path)],
+                  ["--report", str(tmp_path / "r.json")]):
         res = run_cli("rewrite", "--tree", root, *extra)
         assert res.rc == 2 and "--tree" in res.err
     assert run_cli("rewrite", str(fixture("demo"))).rc == 2  # no -o, --in-place, --dry-run
@@ -171,3 +172,34 @@ def test_tree_with_an_unwritable_folder_rewrites_nothing(tmp_path: Path) -> None
     assert res.rc == 2 and res.out == ""
     assert "libprobes.so: cannot write: its folder" in res.err
     assert after == before
+
+
+def test_tree_json_counts(tmp_path: Path) -> None:
+    import json
+
+    root = staged(tmp_path)
+    res = run_cli("rewrite", "--tree", root, "--json")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert doc["schema"] == "usdtpatch/rewrite"
+    assert doc["tree"] == {"root": str(root), "regular": 5, "elf": 4, "with_probes": 3,
+                           "rewritten": 2, "unchanged": 1, "refused": 0,
+                           "rewritten_before": 0, "no_probes": 1, "unreadable": 0}
+    assert sorted(e["path"] for e in doc["files"]) == sorted(
+        str(root / p) for p in ("usr/bin/demo", "usr/bin/nop5", "usr/lib/libprobes.so"))
+
+
+def test_tree_keeps_a_refused_file_and_goes_on(tmp_path: Path) -> None:
+    """A file whose rewrite is refused (32-bit code) is kept as it is, its line says why, and
+    the rest of the tree is rewritten: exit 0 (a package is built with it unchanged)."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    shutil.copy2(fixture("i386"), root / "i386")
+    shutil.copy2(fixture("demo"), root / "demo")
+    before = state(root)
+    res = run_cli("rewrite", "--tree", root)
+    assert res.rc == 0, res.err
+    assert f"{root / 'i386'}: refused, kept as it is: rewriting needs x86-64" in res.out
+    assert "1 rewritten, 0 unchanged, 1 refused (kept as they are)" in res.out
+    after = state(root)
+    assert after["i386"] == before["i386"] and after["demo"] != before["demo"]

@@ -396,9 +396,9 @@ def _report_extra(entry: dict[str, Any], seconds: float, before: int | None = No
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if args.tree is not None:
-        if args.files or args.output is not None:
-            print("usdtpatch: rewrite: --tree rewrites the files of DIR in place: name no FILE "
-                  "and no -o", file=err)
+        if args.files or args.output is not None or args.report is not None:
+            print("usdtpatch: rewrite: --tree rewrites the files of DIR in place: name no FILE, "
+                  "no -o and no --report (--json prints the whole run's document)", file=err)
             return EXIT_UNUSABLE
         return rewrite_tree(args.tree, out, err, dry_run=args.dry_run, form=args.form,
                             kernel=args.kernel, guard=args.redzone_guard,

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "data" / "distro" / "hello-usdt"
 BINARY = "usr/bin/hello-usdt"
 
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cc]
+
 
 def deb_env(**extra: str) -> dict[str, str]:
     """A build's environment: dh_usdtpatch and its addon found through --debhelper-dir, and

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "distro"
 BINARY = "usr/bin/hello-usdt"
 
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cc]
+
 
 @dataclass(frozen=True)
 class Build:

@@ -59,10 +59,20 @@ class Build:
         return dest
 
 
-def build(where: Path, **env: str) -> Build:
+def build(where: Path, sequence_dependency: bool = False, **env: str) -> Build:
+    """`sequence_dependency`: the addon named by a Build-Depends on dh-sequence-usdtpatch, not
+    by --with (no package provides it here: dpkg-buildpackage -d leaves the check out)."""
     src = where / "hello-usdt"
     shutil.copytree(SOURCE, src)
-    proc = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src,
+    flags = []
+    if sequence_dependency:
+        control, rules = src / "debian" / "control", src / "debian" / "rules"
+        control.write_text(control.read_text().replace(
+            "systemtap-sdt-dev\n", "systemtap-sdt-dev, dh-sequence-usdtpatch\n"))
+        rules.write_text(rules.read_text().replace("dh $@ --with usdtpatch", "dh $@"))
+        assert "dh-sequence-usdtpatch" in control.read_text()
+        flags = ["-d"]
+    proc = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b", *flags], cwd=src,
                           env=deb_env(**env), capture_output=True, text=True, timeout=600,
                           check=False)
     log = proc.stdout + proc.stderr
@@ -78,8 +88,10 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
         pytest.skip(f"not installed: {', '.join(missing)} (Debian's debhelper, dpkg-dev)")
     if system_sdt_h() is None:
         pytest.skip("systemtap's sys/sdt.h is not installed (Debian systemtap-sdt-dev)")
-    return {name: build(tmp_path_factory.mktemp(name), **env) for name, env in (
+    done = {name: build(tmp_path_factory.mktemp(name), **env) for name, env in (
         ("one", {}), ("two", {}), ("off", {"DEB_BUILD_OPTIONS": "nousdtpatch"}))}
+    done["sequence"] = build(tmp_path_factory.mktemp("sequence"), sequence_dependency=True)
+    return done
 
 
 def forms(path: Path) -> set[SiteForm]:
@@ -114,6 +126,11 @@ def test_build_log_says_what_was_rewritten(builds: dict[str, Build]) -> None:
                                     "dh_strip")]
     assert order == sorted(order), ran
     assert "nousdtpatch" in builds["off"].log and "rewrite --tree" not in builds["off"].log
+
+
+def test_build_dependency_on_dh_sequence_usdtpatch_runs_it(builds: dict[str, Build]) -> None:
+    assert "   dh_usdtpatch" in builds["sequence"].log
+    assert forms(builds["sequence"].unpacked("hello-usdt") / BINARY) == {SiteForm.NOP5}
 
 
 def test_dbgsym_resolves_in_gdb_for_the_rewritten_binary(builds: dict[str, Build]) -> None:

@@ -138,6 +138,7 @@ def test_dbgsym_resolves_in_gdb_for_the_rewritten_binary(builds: dict[str, Build
         pytest.skip("not installed: gdb")
     binary = builds["one"].unpacked("hello-usdt") / BINARY
     debug = builds["one"].unpacked("hello-usdt-dbgsym") / "usr" / "lib" / "debug"
+    assert forms(binary) == {SiteForm.NOP5}  # the dbgsym of the rewritten binary
 
     def info_line(debug_dir: Path) -> str:
         return subprocess.run(

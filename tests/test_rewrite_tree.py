@@ -203,3 +203,15 @@ def test_tree_keeps_a_refused_file_and_goes_on(tmp_path: Path) -> None:
     assert "1 rewritten, 0 unchanged, 1 refused (kept as they are)" in res.out
     after = state(root)
     assert after["i386"] == before["i386"] and after["demo"] != before["demo"]
+
+
+def test_in_place_rewrite_where_nothing_changes_writes_nothing(tmp_path: Path) -> None:
+    """`rewrite --in-place` of a file whose sites are 5-byte already (nothing converts) leaves
+    the file itself: bytes, mtime and inode (before, the same bytes were written again)."""
+    f = tmp_path / "nop5"
+    shutil.copy2(fixture("nop5"), f)
+    os.utime(f, ns=(1_000_000_000, 1_000_000_000))
+    before = state(tmp_path)
+    res = run_cli("rewrite", "--in-place", "--kernel", "6.18", f)
+    assert res.rc == 0, res.err
+    assert state(tmp_path) == before

@@ -9,7 +9,9 @@ otherwise (--no-prove: the emulator only; --no-verify skips it and says so); a s
 fails stays as it was and the exit status is 1. --dry-run prints the decisions
 without building a file. A file without USDT probes is one line, never written: with -o
 an input error (exit 2: the output asked for does not exist), with --in-place or --dry-run
-a line of the report (exit 0: the file as it is is the answer).
+a line of the report (exit 0: the file as it is is the answer); --in-place writes no file that
+does not change. `rewrite --tree DIR`: every ELF file with probes under DIR, in place
+(rewrite_tree; usdtpatch.integrate.tree finds them).
 
 Deferred imports: report/render.py (rich: the progress bar), report/text.py (the table,
 not for --json), report/show.py (only for a --report page).

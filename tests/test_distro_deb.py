@@ -59,7 +59,7 @@ class Build:
         return dest
 
 
-def build(where: Path, sequence_dependency: bool = False, **env: str) -> Build:
+def build(where: Path, env: dict[str, str], sequence_dependency: bool = False) -> Build:
     """`sequence_dependency`: the addon named by a Build-Depends on dh-sequence-usdtpatch, not
     by --with (no package provides it here: dpkg-buildpackage -d leaves the check out)."""
     src = where / "hello-usdt"
@@ -88,9 +88,9 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
         pytest.skip(f"not installed: {', '.join(missing)} (Debian's debhelper, dpkg-dev)")
     if system_sdt_h() is None:
         pytest.skip("systemtap's sys/sdt.h is not installed (Debian systemtap-sdt-dev)")
-    done = {name: build(tmp_path_factory.mktemp(name), **env) for name, env in (
+    done = {name: build(tmp_path_factory.mktemp(name), env) for name, env in (
         ("one", {}), ("two", {}), ("off", {"DEB_BUILD_OPTIONS": "nousdtpatch"}))}
-    done["sequence"] = build(tmp_path_factory.mktemp("sequence"), sequence_dependency=True)
+    done["sequence"] = build(tmp_path_factory.mktemp("sequence"), {}, sequence_dependency=True)
     return done
 
 

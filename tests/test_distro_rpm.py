@@ -132,8 +132,8 @@ def test_debuginfo_resolves_in_gdb(builds: dict[str, Build]) -> None:
 
 
 def test_two_builds_give_the_same_files(builds: dict[str, Build]) -> None:
-    for b in ("one", "two"):
-        assert forms(builds[b].unpacked("hello-usdt") / BINARY) == {SiteForm.NOP5}
+    for which in ("one", "two"):
+        assert forms(builds[which].unpacked("hello-usdt") / BINARY) == {SiteForm.NOP5}
     for name in ("hello-usdt", "hello-usdt-debuginfo"):
         a, b = builds["one"].unpacked(name), builds["two"].unpacked(name)
         files = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())

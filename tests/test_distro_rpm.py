@@ -2,7 +2,8 @@
 docs/distributions.md): tests/data/distro/hello-usdt.spec built with `rpmbuild -bb --load`.
 The packaged binary (rpm2cpio | cpio) has 5-byte sites and runs as the build without the
 rewrite does; the -debuginfo package (extracted after the rewrite) resolves in gdb; two builds
-give the same files; `--without usdtpatch` and `_usdtpatch_disable` opt out."""
+give the same files and the same .rpm files; `--without usdtpatch` and `_usdtpatch_disable`
+opt out."""
 
 from __future__ import annotations
 
@@ -54,8 +55,13 @@ def rpmbuild(top: Path, *flags: str) -> Build:
     env = build_env()
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["SOURCE_DATE_EPOCH"] = "1796126400"
+    # rpm's own reproducibility settings: the header's build time and host, file mtimes
+    same = ["--define", "use_source_date_epoch_as_buildtime 1",
+            "--define", "clamp_mtime_to_source_date_epoch 1",
+            "--define", "_buildhost reproducible"]
     proc = subprocess.run(["rpmbuild", "-bb", "--nodeps", "--load", macros,
-                           "--define", f"_topdir {top}", *flags, DATA / "hello-usdt.spec"],
+                           "--define", f"_topdir {top}", *same, *flags,
+                           DATA / "hello-usdt.spec"],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -141,6 +147,9 @@ def test_two_builds_give_the_same_files(builds: dict[str, Build]) -> None:
         assert files
         for f in files:
             assert sha(a / f) == sha(b / f), f
+        rpms = [t / "RPMS" / "x86_64" / f"{name}-1.0-1.x86_64.rpm"
+                for t in (builds["one"].top, builds["two"].top)]
+        assert sha(rpms[0]) == sha(rpms[1]), name
 
 
 def test_opting_out_and_options(builds: dict[str, Build]) -> None:

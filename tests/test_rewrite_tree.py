@@ -215,3 +215,45 @@ def test_in_place_rewrite_where_nothing_changes_writes_nothing(tmp_path: Path) -
     res = run_cli("rewrite", "--in-place", "--kernel", "6.18", f)
     assert res.rc == 0, res.err
     assert state(tmp_path) == before
+
+
+def _chattr(flag: str, path: Path) -> None:
+    if subprocess.run(["chattr", flag, path], capture_output=True, check=False).returncode:
+        pytest.skip("chattr is not possible here (needs root and ext4-like attributes)")
+
+
+def test_tree_with_an_immutable_file_rewrites_nothing(tmp_path: Path) -> None:
+    root = staged(tmp_path)
+    lib = root / "usr/lib/libprobes.so"
+    _chattr("+i", lib)
+    try:
+        before = state(root)
+        res = run_cli("rewrite", "--tree", root)
+        after = state(root)
+    finally:
+        subprocess.run(["chattr", "-i", lib], check=True)
+    assert res.rc == 2 and res.out == ""
+    assert res.err == f"usdtpatch: rewrite --tree: {lib}: cannot write: the file is " \
+                      f"immutable (chattr); nothing was rewritten\n"
+    assert after == before
+
+
+def test_tree_write_that_fails_after_the_check_is_exit_2(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file the check let through whose write fails all the same (here: the check is
+    skipped, the file immutable) is left whole, and the run exits 2, not 0 as a refusal."""
+    from usdtpatch.integrate import tree
+
+    monkeypatch.setattr(tree, "unwritable", lambda files: [])
+    root = staged(tmp_path)
+    lib = root / "usr/lib/libprobes.so"
+    _chattr("+i", lib)
+    try:
+        before = state(root)["usr/lib/libprobes.so"]
+        res = run_cli("rewrite", "--tree", root)
+        after = state(root)["usr/lib/libprobes.so"]
+    finally:
+        subprocess.run(["chattr", "-i", lib], check=True)
+    assert res.rc == 2, res.out + res.err
+    assert after == before
+    assert f"{lib}: refused, kept as it is:" in res.out

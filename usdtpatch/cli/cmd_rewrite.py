@@ -42,7 +42,7 @@ from usdtpatch.cli.common import (
     load,
     printable,
 )
-from usdtpatch.errors import InputError, UsdtpatchError
+from usdtpatch.errors import InputError, OutputError, UsdtpatchError
 from usdtpatch.integrate.tree import TREE_KERNEL
 from usdtpatch.io import WRITTEN, check_output
 from usdtpatch.kernelfacts import Kernel
@@ -206,6 +206,7 @@ class _Results:
     errors: list[dict[str, str]] = field(default_factory=list)
     extras: list[dict[str, Any]] = field(default_factory=list)
     failed: bool = False
+    unwritten: set[str] = field(default_factory=set)  # refused because the write failed
 
     def add(self, entry: dict[str, Any], failed: bool, seconds: float,
             size_before: int | None) -> None:
@@ -224,6 +225,8 @@ class _Results:
 
     def refuse(self, path: str, exc: UsdtpatchError, err: IO[str]) -> None:
         self.errors.append({"path": path, "error": str(exc)})
+        if isinstance(exc, OutputError):
+            self.unwritten.add(path)
         error_line(path, exc, err)
 
 
@@ -442,9 +445,10 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
                  calls: str = "auto", prove: bool = True, keep_build_id: bool = False) -> int:
     """`rewrite --tree DIR`: every ELF file with probes under `root`, in place (or a dry run),
     `jobs` at once; a line per file and the counts (usdtpatch.integrate.tree says what is
-    looked at). Exit 2 for a tree that cannot be used (nothing rewritten), 1 when a site
-    failed its verification, else 0: a file whose rewrite is refused is kept as it is, and
-    its line says why."""
+    looked at). Exit 2 for a tree that cannot be used (nothing rewritten) or a file that
+    could not be written after all (left whole as it was), 1 when a site failed its
+    verification, else 0: a file whose rewrite is refused is kept as it is, and its line says
+    why."""
     from usdtpatch.integrate.tree import rewrite_linked, scan_tree, unwritable
 
     if form == "auto" and kernel is None:
@@ -482,6 +486,7 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
             continue
         res.add(outcome_json(o), o.failed, time.monotonic() - t0, None)
     res.in_order([f.path for f in scan.todo])
+    unwritten = [e for e in res.errors if e["path"] in res.unwritten]
     seconds = time.monotonic() - started
     doc = rewrite_document(res.entries, res.errors, seconds)
     counts = _tree_counts(scan, res)
@@ -498,6 +503,8 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
               f"are), {counts['rewritten_before']} rewritten before; {counts['no_probes']} "
               f"ELF without probes and {counts['unreadable']} unreadable left untouched "
               f"({what}, -j {jobs}, {seconds:.1f} s)", file=out)
+    if unwritten:  # the file is whole as it was, but the tree is not what was asked
+        return EXIT_UNUSABLE
     return EXIT_FAIL if res.failed else EXIT_OK
 
 

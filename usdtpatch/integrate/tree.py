@@ -11,8 +11,10 @@ place, in parallel (-j), with the same per-file step as `rewrite --in-place`.
   and given back to every one of its names in the tree (`rewrite_linked`).
 - A file without probes, a file that is not ELF, and a file that carries usdtpatch's marker
   (rewritten before) are never written: content and mtime stay as they are.
-- Before anything is rewritten, every file to rewrite is checked to be writable (its folder,
-  for the rename): one line for each one that is not, and nothing is rewritten.
+- Before anything is rewritten, every file to rewrite is checked to be replaceable (its folder
+  writable, for the rename; the file neither immutable nor append-only): one line for each one
+  that is not, and nothing is rewritten. A write that fails all the same (the disk full, a
+  race) is an exit status 2 too, with that file left whole as it was.
 
 Deferred imports: the ELF reader and the probe reader, when a tree is scanned.
 """
@@ -123,9 +125,35 @@ def scan_tree(root: str) -> TreeScan:
     return scan
 
 
+# linux/fs.h: FS_IOC_GETFLAGS, and the attributes that forbid replacing a file even for root
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IMMUTABLE_FL = 0x10
+_FS_APPEND_FL = 0x20
+
+
+def _pinned(path: str) -> str | None:
+    """"immutable" or "append-only" when the file has that attribute (chattr +i, +a): no
+    rename may replace it; None otherwise, or where the file system has no such flags."""
+    import fcntl
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        flags = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 4))[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return "immutable" if flags & _FS_IMMUTABLE_FL else \
+        "append-only" if flags & _FS_APPEND_FL else None
+
+
 def unwritable(files: list[TreeFile]) -> list[str]:
-    """A line for each file that cannot be replaced (its folder, or a link's, is not
-    writable for this process)."""
+    """A line for each file that cannot be replaced: its folder (or a link's) is not
+    writable for this process, or the file is immutable or append-only."""
     lines = []
     for f in files:
         for p in (f.path, *f.links):
@@ -133,6 +161,9 @@ def unwritable(files: list[TreeFile]) -> list[str]:
             if not os.access(folder, os.W_OK | os.X_OK, effective_ids=True):
                 lines.append(f"{p}: cannot write: its folder {folder} is not writable; "
                              f"nothing was rewritten")
+            elif (attr := _pinned(p)) is not None:
+                lines.append(f"{p}: cannot write: the file is {attr} (chattr); nothing was "
+                             f"rewritten")
     return lines
 
 

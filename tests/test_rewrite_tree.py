@@ -257,3 +257,19 @@ def test_tree_write_that_fails_after_the_check_is_exit_2(tmp_path: Path,
     assert res.rc == 2, res.out + res.err
     assert after == before
     assert f"{lib}: refused, kept as it is:" in res.out
+
+
+def test_tree_file_hard_linked_from_outside(tmp_path: Path) -> None:
+    """A file of the tree with another name outside it is rewritten in the tree; the name
+    outside keeps the original (the rename never writes through to it)."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    shutil.copy2(fixture("demo"), root / "demo")
+    os.link(root / "demo", tmp_path / "outside")
+    original = (tmp_path / "outside").read_bytes()
+    res = run_cli("rewrite", "--tree", root)
+    assert res.rc == 0, res.err
+    assert "1 name(s) outside the tree keep the original" in res.out
+    assert forms(root / "demo") == {SiteForm.NOP5}
+    assert (tmp_path / "outside").read_bytes() == original
+    assert os.stat(tmp_path / "outside").st_nlink == 1

@@ -470,13 +470,16 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
                                "kernel": kernel, "prove": prove,
                                "keep_build_id": keep_build_id}
     res = _Results()
-    single: list[tuple[str, str | None]] = [(f.path, None) for f in scan.todo if not f.links]
+    # a file with other names (in the tree or out of it) is rewritten once and renamed into
+    # place at each of its names in the tree (rewrite_linked): --in-place refuses hard links
+    single: list[tuple[str, str | None]] = [(f.path, None) for f in scan.todo
+                                            if not f.links and not f.outside]
     if jobs > 1 and len(single) > 1:
         _in_workers(single, jobs, options, {}, res, err)
     else:
         _one_by_one(single, options, False, res, err)
     linked_opts = {k: v for k, v in options.items() if k != "in_place"}
-    for f in (f for f in scan.todo if f.links):
+    for f in (f for f in scan.todo if f.links or f.outside):
         try:
             t0 = time.monotonic()
             o = api.rewrite(f.path, None, **linked_opts) if dry_run \

@@ -17,10 +17,17 @@ DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace
 # own with it (as the postgres user the package creates). Its service is never started: the
 # install runs under a policy-rc.d that forbids every start (removed after, if we made it).
 DEB_PACKAGES += postgresql-15
+# Distribution builds (tests/test_distro_*.py, docs/distributions.md): debhelper (with
+# dpkg-dev's dpkg-buildpackage) builds a source package with dh_usdtpatch; rpm's rpmbuild a
+# spec with usdtpatch's macros, rpm2cpio and cpio unpack the .rpm (rpm's find-debuginfo needs
+# cpio too).
+DEB_PACKAGES += debhelper rpm cpio
 # Installed without their recommended packages: chromium's would upgrade systemd and perl
 # (its simulated install then refused it and the 55 browser tests skipped); postgresql-15's
-# (sysstat) are not needed. Without them neither upgrades an installed package.
-DEB_NO_RECOMMENDS := chromium postgresql-15
+# (sysstat) are not needed. Without them neither upgrades an installed package. debhelper,
+# rpm and cpio recommend nothing in bookworm (only suggest): listed so that a later version's
+# recommends cannot pull in more than the distribution-build tests use.
+DEB_NO_RECOMMENDS := chromium postgresql-15 debhelper rpm cpio
 # Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
 # never installed: installing them pins their companion to the same version, so apt would
 # upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless

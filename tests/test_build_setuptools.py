@@ -89,8 +89,13 @@ def test_wheel_carries_the_build_files(venv: tuple[Path, Path]) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in ("usdtpatch/integrate/cmake/usdtpatchConfig.cmake",
               "usdtpatch/integrate/cmake/usdtpatchConfigVersion.cmake",
-              "usdtpatch/integrate/make/usdtpatch.mk", "usdtpatch/integrate/include/sys/sdt.h"):
+              "usdtpatch/integrate/make/usdtpatch.mk", "usdtpatch/integrate/include/sys/sdt.h",
+              "usdtpatch/integrate/debhelper/dh_usdtpatch",
+              "usdtpatch/integrate/debhelper/Debian/Debhelper/Sequence/usdtpatch.pm",
+              "usdtpatch/integrate/rpm/macros.usdtpatch"):
         assert f in names
+    dh = zipfile.ZipFile(wheel).getinfo("usdtpatch/integrate/debhelper/dh_usdtpatch")
+    assert (dh.external_attr >> 16) & 0o111, "dh_usdtpatch must stay executable (dh runs it)"
     py = env / "bin" / "python"
     script = ("import json; from importlib.metadata import entry_points\n"
               "(ep,) = entry_points(group='cmake.root', name='usdtpatch')\n"
@@ -98,7 +103,8 @@ def test_wheel_carries_the_build_files(venv: tuple[Path, Path]) -> None:
     value, folder = json.loads(run([py, "-c", script], env).stdout)
     assert value == "usdtpatch.integrate"
     assert (Path(folder) / "cmake" / "usdtpatchConfig.cmake").is_file()
-    for flag, name in (("--cmake-dir", "usdtpatchConfig.cmake"), ("--make-include", "")):
+    for flag, name in (("--cmake-dir", "usdtpatchConfig.cmake"), ("--make-include", ""),
+                       ("--debhelper-dir", "dh_usdtpatch")):
         where = Path(run([env / "bin" / "usdtpatch", flag], env).stdout.strip())
         assert where.is_relative_to(env) and (where / name).is_file()
     inc = Path(run([env / "bin" / "usdtpatch", "--include-dir"], env).stdout.strip())

@@ -329,7 +329,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     detour against the original first (proved equivalent where the prover can, with `prove`
     on, else in the emulator; each site's `verification` says which); a site that fails
     stays as it was and the outcome says `failed`. An input rewritten before is an outcome
-    with `note` set, copied to `out` unchanged. Raises UsdtpatchError when the file cannot be
+    with `note` set, copied to `out` unchanged; in place, a file where nothing changes is
+    not written (its mtime stays). Raises UsdtpatchError when the file cannot be
     used or the output cannot be written (an output that is the input, or not a regular
     file).
     `calls` (auto | move | emulate): how calls inside a patch window go along
@@ -350,7 +351,8 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
                                  fork_guard=fork_guard, verify=verify, in_place=in_place,
                                  progress=progress, calls=calls, jobs=jobs, kernel=kernel,
                                  prove=prove, phase=phase, keep_build_id=keep_build_id)
-    if o.output is not None and data is not None:
+    if o.output is not None and data is not None and (o.changed or not in_place):
+        # in place and unchanged (no site converts): the file is left as it is, mtime too
         if phase is not None:
             phase("write")
         write_atomic(o.output, data, origin=origin, in_place=in_place)

@@ -11,7 +11,8 @@ rendering from usdtpatch/report/.
 
 Deferred imports: each command's module (only the one run: `list` must not pay for
 unicorn), io.py in `main` (the record of outputs written), integrate/ (only for
---cmake-dir, --include-dir, --make-include), signal (only while a command runs).
+--cmake-dir, --include-dir, --make-include, --debhelper-dir, --rpm-macros), signal (only
+while a command runs).
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     paths.add_argument("--make-include", action="store_true",
                        help="print the GNU make include file (usdtpatch_rewrite, "
                             "usdtpatch_check)")
+    paths.add_argument("--debhelper-dir", action="store_true",
+                       help="print the folder of dh_usdtpatch and its dh sequence addon "
+                            "(for PATH and PERL5LIB: dh $@ --with usdtpatch)")
+    paths.add_argument("--rpm-macros", action="store_true",
+                       help="print the RPM macros that rewrite the buildroot before strip "
+                            "and debuginfo (rpmbuild --load FILE)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _modules_for(argv):
         importlib.import_module(f"usdtpatch.cli.{name}").register(sub)
@@ -202,11 +209,17 @@ def _parse_and_run(argv: list[str] | None, out: IO[str], err: IO[str], early: bo
         return EXIT_UNUSABLE if exc.code not in (0, None) else EXIT_OK
     if early and args.command not in _NO_CYCLE_COLLECTION:  # not the command guessed
         gc.enable()
-    if args.cmake_dir or args.include_dir or args.make_include:
+    if args.rpm_macros:
+        from usdtpatch import integrate
+
+        out.write(integrate.rpm_macros().read_text())
+        return EXIT_OK
+    if args.cmake_dir or args.include_dir or args.make_include or args.debhelper_dir:
         from usdtpatch import integrate
 
         where = (integrate.cmake_dir() if args.cmake_dir else
-                 integrate.include_dir() if args.include_dir else integrate.make_include())
+                 integrate.include_dir() if args.include_dir else
+                 integrate.debhelper_dir() if args.debhelper_dir else integrate.make_include())
         print(where, file=out)
         return EXIT_OK
     if args.command is None:

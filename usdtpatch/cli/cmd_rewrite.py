@@ -9,7 +9,9 @@ otherwise (--no-prove: the emulator only; --no-verify skips it and says so); a s
 fails stays as it was and the exit status is 1. --dry-run prints the decisions
 without building a file. A file without USDT probes is one line, never written: with -o
 an input error (exit 2: the output asked for does not exist), with --in-place or --dry-run
-a line of the report (exit 0: the file as it is is the answer).
+a line of the report (exit 0: the file as it is is the answer); --in-place writes no file that
+does not change. `rewrite --tree DIR`: every ELF file with probes under DIR, in place
+(rewrite_tree; usdtpatch.integrate.tree finds them).
 
 Deferred imports: report/render.py (rich: the progress bar), report/text.py (the table,
 not for --json), report/show.py (only for a --report page).
@@ -40,7 +42,8 @@ from usdtpatch.cli.common import (
     load,
     printable,
 )
-from usdtpatch.errors import InputError, UsdtpatchError
+from usdtpatch.errors import InputError, OutputError, UsdtpatchError
+from usdtpatch.integrate.tree import TREE_KERNEL
 from usdtpatch.io import WRITTEN, check_output
 from usdtpatch.kernelfacts import Kernel
 from usdtpatch.lifetime import die_with_parent
@@ -69,15 +72,20 @@ def _jobs(text: str) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("rewrite", help="turn 1-byte probe sites into 5-byte NOP sites")
-    p.add_argument("files", nargs="+", metavar="FILE",
+    p.add_argument("files", nargs="*", metavar="FILE",
                    help="linked ELF files (executables, shared libraries), never changed "
                         "unless --in-place")
-    where = p.add_mutually_exclusive_group(required=True)
+    where = p.add_mutually_exclusive_group()
     where.add_argument("-o", "--output", metavar="OUT",
                        help="output file (one input) or existing directory (several)")
     where.add_argument("--in-place", action="store_true", help="replace each input")
     where.add_argument("--dry-run", action="store_true",
                        help="print the decisions, build and write nothing")
+    p.add_argument("--tree", metavar="DIR",
+                   help="every ELF file with probes under DIR (an install root: regular "
+                        "files, symbolic links never followed, hard links once), in place; "
+                        "one line per file and the counts; --form auto is for --kernel "
+                        f"{TREE_KERNEL} unless --kernel names another")
     p.add_argument("--form", choices=["auto", *(f.value for f in Form)], default="auto",
                    help="site form: auto (the one the kernel optimizes: nop5 on Linux 6.18 to "
                         "7.2, combo10 with the nop10 series; none, file left as it is, on a "
@@ -198,6 +206,7 @@ class _Results:
     errors: list[dict[str, str]] = field(default_factory=list)
     extras: list[dict[str, Any]] = field(default_factory=list)
     failed: bool = False
+    unwritten: set[str] = field(default_factory=set)  # refused because the write failed
 
     def add(self, entry: dict[str, Any], failed: bool, seconds: float,
             size_before: int | None) -> None:
@@ -216,6 +225,8 @@ class _Results:
 
     def refuse(self, path: str, exc: UsdtpatchError, err: IO[str]) -> None:
         self.errors.append({"path": path, "error": str(exc)})
+        if isinstance(exc, OutputError):
+            self.unwritten.add(path)
         error_line(path, exc, err)
 
 
@@ -389,6 +400,20 @@ def _report_extra(entry: dict[str, Any], seconds: float, before: int | None = No
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    if args.tree is not None:
+        if args.files or args.output is not None or args.report is not None:
+            print("usdtpatch: rewrite: --tree rewrites the files of DIR in place: name no FILE, "
+                  "no -o and no --report (--json prints the whole run's document)", file=err)
+            return EXIT_UNUSABLE
+        return rewrite_tree(args.tree, out, err, dry_run=args.dry_run, form=args.form,
+                            kernel=args.kernel, guard=args.redzone_guard,
+                            fork_guard=args.fork_guard, verify=not args.no_verify,
+                            as_json=args.json, jobs=args.jobs, calls=args.calls,
+                            prove=not args.no_prove, keep_build_id=args.keep_build_id)
+    if not args.files or not (args.output or args.in_place or args.dry_run):
+        print("usdtpatch: rewrite: name FILE... and one of -o, --in-place, --dry-run "
+              "(or --tree DIR)", file=err)
+        return EXIT_UNUSABLE
     return rewrite_files(args.files, out, err, output=args.output, in_place=args.in_place,
                          form=args.form, kernel=args.kernel, guard=args.redzone_guard,
                          fork_guard=args.fork_guard,
@@ -411,3 +436,109 @@ def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,
 
 def run_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return restore_file(args.file, args.output, out, err, in_place=args.in_place)
+
+
+def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False,
+                 form: str = "auto", kernel: str | None = None,
+                 guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
+                 verify: bool = True, as_json: bool = False, jobs: int = 1,
+                 calls: str = "auto", prove: bool = True, keep_build_id: bool = False) -> int:
+    """`rewrite --tree DIR`: every ELF file with probes under `root`, in place (or a dry run),
+    `jobs` at once; a line per file and the counts (usdtpatch.integrate.tree says what is
+    looked at). Exit 2 for a tree that cannot be used (nothing rewritten) or a file that
+    could not be written after all (left whole as it was), 1 when a site failed its
+    verification, else 0: a file whose rewrite is refused is kept as it is, and its line says
+    why."""
+    from usdtpatch.integrate.tree import rewrite_linked, scan_tree, unwritable
+
+    if form == "auto" and kernel is None:
+        kernel = TREE_KERNEL  # a fixed form: never the build host's kernel
+    started = time.monotonic()
+    try:
+        scan = scan_tree(root)
+    except UsdtpatchError as exc:
+        print(printable(f"usdtpatch: rewrite --tree: {exc}"), file=err)
+        return EXIT_UNUSABLE
+    if not dry_run:
+        bad = unwritable(scan.todo)
+        for line in bad:
+            print(printable(f"usdtpatch: rewrite --tree: {line}"), file=err)
+        if bad:
+            return EXIT_UNUSABLE
+    options: dict[str, Any] = {"form": form, "redzone_guard": guard, "fork_guard": fork_guard,
+                               "verify": verify, "in_place": not dry_run, "calls": calls,
+                               "kernel": kernel, "prove": prove,
+                               "keep_build_id": keep_build_id}
+    res = _Results()
+    # a file with other names (in the tree or out of it) is rewritten once and renamed into
+    # place at each of its names in the tree (rewrite_linked): --in-place refuses hard links
+    single: list[tuple[str, str | None]] = [(f.path, None) for f in scan.todo
+                                            if not f.links and not f.outside]
+    if jobs > 1 and len(single) > 1:
+        _in_workers(single, jobs, options, {}, res, err)
+    else:
+        _one_by_one(single, options, False, res, err)
+    linked_opts = {k: v for k, v in options.items() if k != "in_place"}
+    for f in (f for f in scan.todo if f.links or f.outside):
+        try:
+            t0 = time.monotonic()
+            o = api.rewrite(f.path, None, **linked_opts) if dry_run \
+                else rewrite_linked(f, linked_opts)
+        except UsdtpatchError as exc:
+            res.refuse(f.path, exc, err)
+            continue
+        res.add(outcome_json(o), o.failed, time.monotonic() - t0, None)
+    res.in_order([f.path for f in scan.todo])
+    unwritten = [e for e in res.errors if e["path"] in res.unwritten]
+    seconds = time.monotonic() - started
+    doc = rewrite_document(res.entries, res.errors, seconds)
+    counts = _tree_counts(scan, res)
+    if as_json:
+        out.write(json.dumps({**doc, "tree": {"root": root, **counts}}) + "\n")
+    else:
+        for line in _tree_lines(scan, res, dry_run):
+            print(printable(line), file=out)
+        what = f"form {form}" if form != "auto" else f"--form auto for --kernel {kernel}"
+        print(f"usdtpatch: tree {printable(root)}: {counts['regular']} regular files, "
+              f"{counts['elf']} ELF, {counts['with_probes']} with probes: "
+              f"{counts['rewritten']} {'to rewrite' if dry_run else 'rewritten'}, "
+              f"{counts['unchanged']} unchanged, {counts['refused']} refused (kept as they "
+              f"are), {counts['rewritten_before']} rewritten before; {counts['no_probes']} "
+              f"ELF without probes and {counts['unreadable']} unreadable left untouched "
+              f"({what}, -j {jobs}, {seconds:.1f} s)", file=out)
+    if unwritten:  # the file is whole as it was, but the tree is not what was asked
+        return EXIT_UNUSABLE
+    return EXIT_FAIL if res.failed else EXIT_OK
+
+
+def _tree_counts(scan: Any, res: _Results) -> dict[str, int]:
+    changed = sum(1 for e in res.entries if e["changed"])
+    return {"regular": scan.regular, "elf": scan.elf,
+            "with_probes": len(scan.todo) + len(scan.rewritten),
+            "rewritten": changed, "unchanged": len(res.entries) - changed,
+            "refused": len(res.errors), "rewritten_before": len(scan.rewritten),
+            "no_probes": scan.no_probes, "unreadable": len(scan.unreadable)}
+
+
+def _tree_lines(scan: Any, res: _Results, dry_run: bool) -> list[str]:
+    """One line per file with probes (and per ELF file that could not be read), name order."""
+    links = {f.path: f for f in scan.todo}
+    lines: list[tuple[str, str]] = []
+    for e in res.entries:
+        sites = sum(e["counts"].values())
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(e["counts"].items()))
+        verb = ("to rewrite" if dry_run else "rewritten") if e["changed"] else "unchanged"
+        text = f"{e['path']}: {verb}, {sites} site(s) ({kinds}), form {e['form']}"
+        f = links.get(e["path"])
+        if f is not None and f.links:
+            text += f"; also its hard links {', '.join(f.links)}"
+        if f is not None and f.outside:
+            text += f"; {f.outside} name(s) outside the tree keep the original"
+        lines.append((e["path"], text))
+    for er in res.errors:
+        lines.append((er["path"], f"{er['path']}: refused, kept as it is: {er['error']}"))
+    for p in scan.rewritten:
+        lines.append((p, f"{p}: rewritten before (usdtpatch's marker), left as it is"))
+    for p, why in scan.unreadable:
+        lines.append((p, f"{p}: not read, left as it is: {why}"))
+    return [f"  {text}" for _, text in sorted(lines)]

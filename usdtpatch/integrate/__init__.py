@@ -6,7 +6,10 @@ flag). Its folders are package data:
 
 - `cmake/`: the CMake config package (`usdtpatch --cmake-dir` prints it),
 - `make/usdtpatch.mk`: the GNU make include file (`usdtpatch --make-include`),
-- `include/`: usdtpatch's own `sys/sdt.h` (`usdtpatch --include-dir`).
+- `include/`: usdtpatch's own `sys/sdt.h` (`usdtpatch --include-dir`),
+- `debhelper/`: `dh_usdtpatch` and the dh sequence addon `Debian/Debhelper/Sequence/usdtpatch.pm`
+  (`usdtpatch --debhelper-dir`: the folder for PATH and PERL5LIB),
+- `rpm/macros.usdtpatch`: the RPM macros (`usdtpatch --rpm-macros` prints them).
 
 The step itself (rewrite or check one linked file, write the report, fail on findings) is
 `usdtpatch.integrate.step`; the setuptools command is `usdtpatch.integrate.setuptools.build_ext`.
@@ -39,4 +42,15 @@ def include_dir() -> Path:
     return HERE / "include"
 
 
-__all__ = ["cmake_dir", "include_dir", "make_include"]
+def debhelper_dir() -> Path:
+    """The folder holding `dh_usdtpatch` (put it on PATH) and `Debian/Debhelper/Sequence/
+    usdtpatch.pm` (put it on PERL5LIB), for `dh $@ --with usdtpatch`."""
+    return HERE / "debhelper"
+
+
+def rpm_macros() -> Path:
+    """The RPM macros file (`rpmbuild --load FILE`, or a copy in /usr/lib/rpm/macros.d/)."""
+    return HERE / "rpm" / "macros.usdtpatch"
+
+
+__all__ = ["cmake_dir", "debhelper_dir", "include_dir", "make_include", "rpm_macros"]

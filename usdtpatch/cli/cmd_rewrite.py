@@ -14,7 +14,7 @@ does not change. `rewrite --tree DIR`: every ELF file with probes under DIR, in 
 (rewrite_tree; usdtpatch.integrate.tree finds them).
 
 Deferred imports: report/render.py (rich: the progress bar), report/text.py (the table,
-not for --json), report/show.py (only for a --report page).
+not for --json), report/show.py (only for a --report page), integrate/tree.py (--tree).
 """
 
 from __future__ import annotations

@@ -792,8 +792,9 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
                                           tail.copied(sec.offset), sec.size, 0, 0,
                                           sec.addralign, sec.entsize)))
 
-    def index(i: int) -> int:  # an original's index in the output
-        return i + len(added) if i >= at and i else i
+    def index(i: int) -> int:  # an original's index in the output (one that names no
+        # section of the input, a damaged sh_link, stays as it is: it names none in the output)
+        return i + len(added) if at <= i < len(image.sections) and i else i
 
     headers: list[_Header] = []
     for sec in image.sections:

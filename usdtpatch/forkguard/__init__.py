@@ -36,7 +36,7 @@ Layout of GuardBuild.text (at `place_at`, 16-byte aligned):
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -620,6 +620,74 @@ def _relro(image: ElfImage, vaddr: int) -> bool:
 _PROT_R, _PROT_RW = 1, 3
 
 
+def _route_stub(t: _Asm, name: str, via_real: Callable[[str, bytes], None],
+                child_all: int) -> int:
+    """At t.pc (aligned to 16): the stub of one fork route (`syscall`, `clone`, `_Fork`, musl's
+    `fork`), which reads the real function from its word through `via_real`; a child it
+    makes calls `child_all`. Returns the stub's address."""
+    while t.pc % 16:
+        t.raw(b"\xcc")
+    at = t.pc
+    j = _Jumps(t)
+    if name == "syscall":
+        t.raw(b"\x48\x83\xff" + bytes([SYS_FORK]))  # cmp $57,%rdi
+        j.jcc(_JE, "fork")
+        t.raw(b"\x48\x83\xff" + bytes([SYS_CLONE]))  # cmp $56,%rdi
+        j.jcc(_JNE, "not_clone")
+        t.raw(b"\xf7\xc6" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%esi
+        j.jcc(_JE, "fork")
+        j.jcc(_JNE, "plain")
+        j.place("not_clone")
+        t.raw(b"\x48\x81\xff" + struct.pack("<I", SYS_CLONE3))  # cmp $435,%rdi
+        j.jcc(_JNE, "plain")
+        t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi (clone_args)
+        j.jcc(_JE, "plain")
+        t.raw(b"\x48\x83\xfa\x08")  # cmp $8,%rdx (its size)
+        j.jcc(_JB, "plain")
+        t.raw(b"\xf7\x06" + struct.pack("<I", _CLONE_VM))  # testl $CLONE_VM,(%rsi)
+        j.jcc(_JE, "fork")
+        j.place("plain")
+        via_real(name, b"\xff\x25")  # jmp *real(%rip): every argument as it came
+        j.place("fork")
+    if name == "clone":
+        # clone(fn, stack, flags, arg, ...): without CLONE_VM the child starts at `start`
+        # below with {fn, arg} at the top of its stack, re-arms, then runs fn(arg)
+        t.raw(b"\xf7\xc2" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%edx
+        j.jcc(_JNE, "plain")
+        t.raw(b"\x48\x85\xff")  # test %rdi,%rdi
+        j.jcc(_JE, "plain")
+        t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi
+        j.jcc(_JE, "plain")
+        t.raw(b"\x48\x83\xe6\xf0")  # and $-16,%rsi
+        t.raw(b"\x48\x83\xee\x10")  # sub $16,%rsi
+        t.raw(b"\x48\x89\x3e")  # mov %rdi,(%rsi)
+        t.raw(b"\x48\x89\x4e\x08")  # mov %rcx,8(%rsi)
+        t.raw(b"\x48\x89\xf1")  # mov %rsi,%rcx
+        lea_start = len(t.code)
+        t.lea("rdi", t.pc)  # fixed below
+        j.place("plain")
+        via_real(name, b"\xff\x25")  # jmp *real(%rip)
+        begin = t.pc
+        t.code[lea_start + 3:lea_start + 7] = _rel32(t.address + lea_start + 7, begin)
+        t.raw(b"\x57")  # push %rdi
+        t.call(child_all)
+        t.raw(b"\x5f")  # pop %rdi
+        t.raw(b"\x48\x8b\x07")  # mov (%rdi),%rax
+        t.raw(b"\x48\x8b\x7f\x08")  # mov 8(%rdi),%rdi
+        t.raw(b"\xff\xe0")  # jmp *%rax
+        return at
+    # _Fork, or syscall() of a fork: call it, re-arm in the child
+    t.raw(b"\x48\x83\xec\x08")  # sub $8,%rsp
+    via_real(name, b"\xff\x15")  # call *real(%rip)
+    t.raw(b"\x48\x85\xc0")  # test %rax,%rax
+    j.jcc(_JNE, "done")
+    t.call(child_all)
+    t.raw(b"\x31\xc0")  # xor %eax,%eax
+    j.place("done")
+    t.raw(b"\x48\x83\xc4\x08\xc3")  # add $8,%rsp; ret
+    return at
+
+
 def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child: int,
                    target: int, code: int) -> list[tuple[str, int, int]]:
     """At t.pc: the init tail (usdtpatch_interpose(envp, table, end), then the original init
@@ -657,66 +725,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
         real_reads.append((name, len(t.code)))
 
     for name in [n for n in routes if n not in LOOKUPS]:
-        while t.pc % 16:
-            t.raw(b"\xcc")
-        stubs[name] = t.pc
-        j = _Jumps(t)
-        if name == "syscall":
-            t.raw(b"\x48\x83\xff" + bytes([SYS_FORK]))  # cmp $57,%rdi
-            j.jcc(_JE, "fork")
-            t.raw(b"\x48\x83\xff" + bytes([SYS_CLONE]))  # cmp $56,%rdi
-            j.jcc(_JNE, "not_clone")
-            t.raw(b"\xf7\xc6" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%esi
-            j.jcc(_JE, "fork")
-            j.jcc(_JNE, "plain")
-            j.place("not_clone")
-            t.raw(b"\x48\x81\xff" + struct.pack("<I", SYS_CLONE3))  # cmp $435,%rdi
-            j.jcc(_JNE, "plain")
-            t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi (clone_args)
-            j.jcc(_JE, "plain")
-            t.raw(b"\x48\x83\xfa\x08")  # cmp $8,%rdx (its size)
-            j.jcc(_JB, "plain")
-            t.raw(b"\xf7\x06" + struct.pack("<I", _CLONE_VM))  # testl $CLONE_VM,(%rsi)
-            j.jcc(_JE, "fork")
-            j.place("plain")
-            via_real(name, b"\xff\x25")  # jmp *real(%rip): every argument as it came
-            j.place("fork")
-        if name == "clone":
-            # clone(fn, stack, flags, arg, ...): without CLONE_VM the child starts at `start`
-            # below with {fn, arg} at the top of its stack, re-arms, then runs fn(arg)
-            t.raw(b"\xf7\xc2" + struct.pack("<I", _CLONE_VM))  # test $CLONE_VM,%edx
-            j.jcc(_JNE, "plain")
-            t.raw(b"\x48\x85\xff")  # test %rdi,%rdi
-            j.jcc(_JE, "plain")
-            t.raw(b"\x48\x85\xf6")  # test %rsi,%rsi
-            j.jcc(_JE, "plain")
-            t.raw(b"\x48\x83\xe6\xf0")  # and $-16,%rsi
-            t.raw(b"\x48\x83\xee\x10")  # sub $16,%rsi
-            t.raw(b"\x48\x89\x3e")  # mov %rdi,(%rsi)
-            t.raw(b"\x48\x89\x4e\x08")  # mov %rcx,8(%rsi)
-            t.raw(b"\x48\x89\xf1")  # mov %rsi,%rcx
-            lea_start = len(t.code)
-            t.lea("rdi", t.pc)  # fixed below
-            j.place("plain")
-            via_real(name, b"\xff\x25")  # jmp *real(%rip)
-            begin = t.pc
-            t.code[lea_start + 3:lea_start + 7] = _rel32(t.address + lea_start + 7, begin)
-            t.raw(b"\x57")  # push %rdi
-            t.call(child_all)
-            t.raw(b"\x5f")  # pop %rdi
-            t.raw(b"\x48\x8b\x07")  # mov (%rdi),%rax
-            t.raw(b"\x48\x8b\x7f\x08")  # mov 8(%rdi),%rdi
-            t.raw(b"\xff\xe0")  # jmp *%rax
-            continue
-        # _Fork, or syscall() of a fork: call it, re-arm in the child
-        t.raw(b"\x48\x83\xec\x08")  # sub $8,%rsp
-        via_real(name, b"\xff\x15")  # call *real(%rip)
-        t.raw(b"\x48\x85\xc0")  # test %rax,%rax
-        j.jcc(_JNE, "done")
-        t.call(child_all)
-        t.raw(b"\x31\xc0")  # xor %eax,%eax
-        j.place("done")
-        t.raw(b"\x48\x83\xc4\x08\xc3")  # add $8,%rsp; ret
+        stubs[name] = _route_stub(t, name, via_real, child_all)
     for name in [n for n in routes if n in LOOKUPS]:
         # dlsym / dlvsym: the real lookup (called, so that it sees this file as its caller),
         # then a result that is one of the interposed functions becomes its stub

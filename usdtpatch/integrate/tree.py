@@ -16,7 +16,9 @@ place, in parallel (-j), with the same per-file step as `rewrite --in-place`.
   that is not, and nothing is rewritten. A write that fails all the same (the disk full, a
   race) is an exit status 2 too, with that file left whole as it was.
 
-Deferred imports: the ELF reader and the probe reader, when a tree is scanned.
+Deferred imports, when a tree is scanned or rewritten: elf/image.py, elf/marker.py,
+analysis/probes.py, io.py and api, and dataclasses, fcntl and
+struct.
 """
 
 from __future__ import annotations

@@ -243,11 +243,18 @@ def test_a_hang_of_the_rewrite_is_a_difference(tmp_path: Path) -> None:
 
 
 def test_a_rewrite_that_fails_is_a_difference(tmp_path: Path) -> None:
-    bad = tmp_path / "not-elf"
-    bad.write_bytes(b"\x7fELF" + b"\0" * 12)
-    rw = fp.rewrite_files([bad], tmp_path / "out")
-    assert rw.error is not None
+    orig, _, _ = _rewritten_oracle(tmp_path)
+    crash = [sys.executable, "-c", "raise RuntimeError('a bug')"]  # a traceback, exit 1
+    rw = fp.rewrite_files([orig], tmp_path / "crash", usdtpatch=crash)
+    assert rw.error is not None and "RuntimeError" in rw.error
     assert fp.difference_class(f"rewrite failed: {rw.error}") == "rewrite failed"
+    # a file refused as a whole (exit 2, one line) is a refusal of its sites, not a failure
+    refuse = [sys.executable, "-c", "import json, sys; print(json.dumps({'files': [], "
+              f"'errors': [{{'path': '{orig}', 'error': 'the fork guard cannot be added "
+              "(why)'}]})); print('usdtpatch: no', file=sys.stderr); sys.exit(2)"]
+    rw = fp.rewrite_files([orig], tmp_path / "refused", usdtpatch=refuse)
+    assert rw.error is None and rw.sites == 2 and rw.rewritten == 0
+    assert rw.refused == {"file: the fork guard cannot be added": 2}
 
 
 def test_the_note_pc_layout_is_the_one_parsed(tmp_path: Path) -> None:

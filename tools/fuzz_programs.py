@@ -313,10 +313,14 @@ class Rewrite:
     error: str | None = None  # the rewrite itself failed (exit 3, a traceback, a hang)
 
 
-def rewrite_files(files: Sequence[Path], out: Path) -> Rewrite:
+USDTPATCH = [sys.executable, "-m", "usdtpatch"]
+
+
+def rewrite_files(files: Sequence[Path], out: Path, usdtpatch: Sequence[str] = USDTPATCH
+                  ) -> Rewrite:
     """`usdtpatch rewrite --json -o out/` of the files, under the defaults; the counts."""
     out.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "usdtpatch", "rewrite", "--json", "-o",
+    argv = [*usdtpatch, "rewrite", "--json", "-o",
             str(out if len(files) > 1 else out / files[0].name), *map(str, files)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -328,7 +332,12 @@ def rewrite_files(files: Sequence[Path], out: Path) -> Rewrite:
         doc = json.loads(done.stdout)
     except json.JSONDecodeError:
         return Rewrite(error=f"exit {done.returncode}: {done.stderr[-1500:]}")
-    if done.returncode not in (0, 1) or "Traceback" in done.stderr:
+    # exit 2 with errors and one line each is a file refused as a whole (e.g. a fork guard
+    # that cannot be added): its sites count as refused, by the refusal's words; anything
+    # else (exit 3, a traceback) is the rewrite failing
+    refusal = done.returncode == 2 and bool(doc.get("errors")) and \
+        all(ln.startswith("usdtpatch: ") for ln in done.stderr.splitlines())
+    if (done.returncode not in (0, 1) and not refusal) or "Traceback" in done.stderr:
         result.error = f"exit {done.returncode}: {done.stderr[-1500:]}"
     refused: Counter[str] = Counter()
     for f in doc.get("files", []):
@@ -339,7 +348,12 @@ def rewrite_files(files: Sequence[Path], out: Path) -> Rewrite:
             else:
                 result.rewritten += 1
     for e in doc.get("errors", []):
-        refused[f"file:{e.get('code') or 'error'}"] += 1
+        try:
+            n = len(_notes(Path(e["path"])))
+        except Exception:  # not an ELF file usdtpatch reads: no sites
+            n = 0
+        result.sites += n
+        refused["file: " + re.split(r" \(|:", e.get("error", "error"), maxsplit=1)[0]] += n
     result.refused = dict(refused)
     for f in files:  # a file rewrite refused as a whole is run as it was
         if not (out / f.name).exists():

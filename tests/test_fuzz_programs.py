@@ -24,7 +24,7 @@ from tools import fuzz_programs as fp
 
 DATA = ROOT / "tests" / "data" / "fuzz_programs"
 SEED = 20261203
-COUNT = 8
+COUNT = 6
 
 
 def _tracing_reason() -> str | None:
@@ -49,7 +49,7 @@ def test_fixed_pairs_find_no_difference(tmp_path: Path) -> None:
     _need("csmith", "gcc", "clang")
     if not (fp.CSMITH_INCLUDE / "csmith.h").is_file():
         pytest.skip("csmith.h is not installed (libcsmith-dev)")
-    traced = 30 if _tracing_reason() is None else 0
+    traced = 20 if _tracing_reason() is None else 0
     results = tmp_path / "results.jsonl"
     pairs = fp.campaign(SEED, COUNT, None, results, tmp_path / "work", start=0,
                         traced_percent=traced, quiet=True)

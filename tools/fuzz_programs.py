@@ -709,6 +709,14 @@ def totals(pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "refused": dict(refused.most_common()),
         "differences": sum(1 for p in pairs if p["difference"]),
         "kinds": dict(Counter(p["program"] for p in built).most_common()),
+        "builds by": {what: dict(Counter(p["build"].split()[k] for p in built).most_common())
+                      for k, what in enumerate(["compiler", "optimization", "link"])},
+        "flags": dict(Counter(f for p in built for f in p["build"].split()[3:]
+                              if f != "-fno-unwind-tables").most_common()),
+        "skipped": dict(Counter((p["skipped"] or "").split(":")[0] for p in pairs
+                                if p["skipped"]).most_common()),
+        "difference classes": dict(Counter(difference_class(p["difference"]) for p in pairs
+                                           if p["difference"]).most_common()),
     }
 
 

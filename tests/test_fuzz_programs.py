@@ -27,6 +27,13 @@ SEED = 20261203
 COUNT = 6
 
 
+@pytest.fixture(autouse=True)
+def _wait_for_the_uprobe_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test traces when it says so: it waits for the uprobe tests' lock as they do (the
+    campaign leaves a pair untraced when the lock is busy for long)."""
+    monkeypatch.setattr(fp, "LOCK_WAIT", 3600.0)
+
+
 def _tracing_reason() -> str | None:
     if os.geteuid() != 0:
         return "tracing needs root"
@@ -262,3 +269,28 @@ def test_the_note_pc_layout_is_the_one_parsed(tmp_path: Path) -> None:
     pcs = _note_pc_offsets(orig)
     data = orig.read_bytes()
     assert struct.unpack_from("<Q", data, pcs["p0"])[0] == sites["p0"]["address"]
+
+
+# --- the classes the campaign found ----------------------------------------------------------
+
+
+def test_a_loop_after_the_probe_in_one_run_relocates() -> None:
+    """Pair 1-35 (clang -Os, csmith): a 1-byte probe, then a loop whose `ja` goes back into
+    the window with no other probe between. iced's block encoder moves that branch with its
+    target, and the first layout expected it unmoved: relocation-failed ("branch target of
+    'ja 0x401168' moved"), the site left. The loop's copy must branch to the copy."""
+    from usdtpatch.x86.decode import sweep
+    from usdtpatch.x86.nops import NOP5
+    from usdtpatch.x86.relocate import Replacement, relocate_window
+
+    # 0x40115e: nop; xor %eax,%eax; mov $9,%ecx; 0x401166: mov %eax,%edx; 0x401168: mov
+    # %edx,%esi; shr; mov; xor $0xedb88320; test $1,%dl; mov; cmove; dec %ecx;
+    # cmp $1,%ecx; ja 0x401168
+    code = bytes.fromhex("9031c0b90900000089c289d6d1ee89f781f72083b8edf6c20189fa0f44d6ffc9"
+                         "83f90177e5")
+    detour = relocate_window(code, 0x40115E, [Replacement(0x40115E, 1, NOP5)], 0x405300)
+    where = dict(detour.insn_map)
+    insns = sweep(detour.code, detour.address).insns
+    ja = next(i for i in insns if i.base_mnemonic == "ja")
+    assert ja.target == where[0x401168]
+    assert insns[-1].target == 0x40115E + len(code)  # and back to the window's end

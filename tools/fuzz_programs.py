@@ -57,6 +57,7 @@ UPROBE_LOCK = Path(tempfile.gettempdir()) / "usdtpatch-tests-uprobes.lock"
 TRACED_PERCENT = 15  # of the pairs, also run traced
 TEMPLATE_PERCENT = 25  # of the programs, a template rather than csmith
 RUN_TIMEOUT = 5.0  # seconds per run of a program
+LOCK_WAIT = 30.0  # seconds a traced pair waits for the uprobe tests' lock, else untraced
 PROVIDER = "fz"
 
 # names of the templates (files in TEMPLATES), with the library the program needs
@@ -401,11 +402,23 @@ def compare_runs(a: Outcome, b: Outcome) -> str | None:
 
 
 @contextmanager
-def uprobe_lock() -> Iterator[None]:
+def uprobe_lock(wait: float) -> Iterator[bool]:
+    """Hold the uprobe tests' lock if it can be had within `wait` seconds (True), else go on
+    without it (False): the campaign then leaves that pair untraced rather than wait behind
+    a test run for minutes."""
     with open(UPROBE_LOCK, "a+") as fd:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.5)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -449,30 +462,30 @@ TRACER_LOST = "bpftrace ended without its maps"
 def trace(exe: Path, files: Sequence[Path], timeout: float = 180) -> dict[str, int] | str:
     """The maps bpftrace prints ({"@hits[...]": n, ...}) with every probe of the files
     attached while the program runs (started by us once bpftrace's BEGIN says the probes are
-    attached: its children are counted too), or why there are none (a string)."""
+    attached: its children are counted too), or why there are none (a string). The caller
+    holds the uprobe tests' lock."""
     script = trace_script(files)
     if not script:
         return {}
     script = 'BEGIN { printf("READY\\n"); } END { printf("END\\n"); }\n' + script
-    with uprobe_lock():
-        tracer = subprocess.Popen(["bpftrace", "-e", script], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, BPFTRACE_MAX_PROBES="2048"))
-        watchdog = threading.Timer(timeout, tracer.kill)
-        watchdog.start()
-        ran: Outcome | None = None
-        try:
-            assert tracer.stdout is not None
-            ready = any(ln.strip() == "READY" for ln in iter(tracer.stdout.readline, ""))
-            if ready:
-                ran = run(exe)
-            tracer.send_signal(signal.SIGTERM)  # bpftrace 0.17 prints its maps at SIGTERM
-            out, err = tracer.communicate()
-        finally:
-            watchdog.cancel()
-            if tracer.poll() is None:
-                tracer.kill()
-                tracer.wait()
+    tracer = subprocess.Popen(["bpftrace", "-e", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, BPFTRACE_MAX_PROBES="2048"))
+    watchdog = threading.Timer(timeout, tracer.kill)
+    watchdog.start()
+    ran: Outcome | None = None
+    try:
+        assert tracer.stdout is not None
+        ready = any(ln.strip() == "READY" for ln in iter(tracer.stdout.readline, ""))
+        if ready:
+            ran = run(exe)
+        tracer.send_signal(signal.SIGTERM)  # bpftrace 0.17 prints its maps at SIGTERM
+        out, err = tracer.communicate()
+    finally:
+        watchdog.cancel()
+        if tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
     if not ready:
         return f"bpftrace did not start: {err[-600:]}"
     if ran is None or ran.timeout:
@@ -582,11 +595,14 @@ def oracle(exe: Path, new_exe: Path, files: Sequence[Path], new_files: Sequence[
             break
     if diff is not None or not traced:
         return diff, None, None
-    for _ in range(2):  # and a tracer's, twice
-        ta, tb = trace(exe, files), trace(new_exe, new_files)
-        diff = compare_traces(ta, tb)
-        if diff is None:
-            break
+    with uprobe_lock(LOCK_WAIT) as locked:
+        if not locked:
+            return None, None, None  # not traced: the uprobe tests' lock is busy
+        for _ in range(2):  # and a tracer's, twice
+            ta, tb = trace(exe, files), trace(new_exe, new_files)
+            diff = compare_traces(ta, tb)
+            if diff is None:
+                break
     if diff is not None and any(isinstance(t, str) and t.startswith(TRACER_LOST)
                                 for t in (ta, tb)):
         # bpftrace stopped without its maps (twice): the tracer's failure, not the rewrite's

@@ -294,3 +294,42 @@ def test_a_loop_after_the_probe_in_one_run_relocates() -> None:
     ja = next(i for i in insns if i.base_mnemonic == "ja")
     assert ja.target == where[0x401168]
     assert insns[-1].target == 0x40115E + len(code)  # and back to the window's end
+
+
+# --- differences kept and reduced ------------------------------------------------------------
+
+FOUND = sorted(fp.FOUND.glob("*.c*")) if fp.FOUND.is_dir() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", FOUND, ids=[p.name for p in FOUND])
+def test_a_kept_reproducer_shows_no_difference(path: Path) -> None:
+    """Each reduced program the campaign kept (tests/data/fuzz_programs/found): built its way
+    and rewritten, it no longer shows its difference."""
+    _need("gcc", "clang")
+    build, want, traced = fp.reproducer_spec(path)
+    if traced and (reason := _tracing_reason()) is not None:
+        pytest.skip(reason)
+    assert not fp.interesting(path, build, want, traced)
+
+
+@pytest.mark.slow
+def test_a_broken_rewrite_is_kept_and_reduced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    """FUZZ_PROGRAMS_DAMAGE=trap breaks every detour: the pair shows the difference, cvise
+    reduces the program (30 s) to a smaller one that still shows it, and it is kept with the
+    header the reproducer test reads."""
+    _need("gcc", "clang", "cvise")
+    monkeypatch.setenv(fp.DAMAGE, "trap")
+    pair = fp.run_pair(5, 3, tmp_path / "pair", traced_percent=0, kind="jmp.c")
+    assert pair.difference is not None and fp.difference_class(pair.difference) == "signal 5"
+    reduced = fp.reduce(pair, tmp_path / "pair", 30)
+    assert reduced is not None
+    before = (tmp_path / "pair" / "orig" / "prog.c").read_text()
+    assert len(reduced.read_text()) < len(before)
+    kept = fp.keep_reproducer(pair, reduced, into=tmp_path / "found")
+    build, want, traced = fp.reproducer_spec(kept)
+    assert (build.describe(), want, traced) == (pair.build, "signal 5", False)
+    assert fp.interesting(kept, build, want, traced)
+    monkeypatch.delenv(fp.DAMAGE)
+    assert not fp.interesting(kept, build, want, traced)  # undamaged: no difference

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "data" / "fuzz_programs" / "templates"
 RESULTS = ROOT / "build" / "fuzz-programs" / "results.jsonl"
 WORK = ROOT / "build" / "fuzz-programs" / "work"
+FOUND = ROOT / "tests" / "data" / "fuzz_programs" / "found"  # the reduced reproducers
 CSMITH_INCLUDE = Path("/usr/include/csmith")
 # the lock of the tests that attach the kernel's uprobes (tests/conftest.py uprobe_lock): the
 # traced runs take it too, so that they never overlap a test that counts uprobes
@@ -315,6 +316,19 @@ class Rewrite:
 
 
 USDTPATCH = [sys.executable, "-m", "usdtpatch"]
+# FUZZ_PROGRAMS_DAMAGE=trap: every detour's first byte becomes int3 after the rewrite, a
+# broken rewrite on purpose (the tests' check that a difference is seen, kept and reduced)
+DAMAGE = "FUZZ_PROGRAMS_DAMAGE"
+
+
+def _poke(path: Path, vaddr: int, data: bytes) -> None:
+    from usdtpatch.elf.image import parse_elf
+
+    blob = bytearray(path.read_bytes())
+    offset = parse_elf(bytes(blob)).vaddr_to_offset(vaddr)
+    if offset is not None:
+        blob[offset:offset + len(data)] = data
+        path.write_bytes(bytes(blob))
 
 
 def rewrite_files(files: Sequence[Path], out: Path, usdtpatch: Sequence[str] = USDTPATCH
@@ -356,6 +370,12 @@ def rewrite_files(files: Sequence[Path], out: Path, usdtpatch: Sequence[str] = U
         result.sites += n
         refused["file: " + re.split(r" \(|:", e.get("error", "error"), maxsplit=1)[0]] += n
     result.refused = dict(refused)
+    if os.environ.get(DAMAGE) == "trap":  # the oracle's own test: every detour traps
+        for f in doc.get("files", []):
+            output = Path(f["output"]) if f.get("output") else None
+            for s in f["sites"]:
+                if s.get("detour") and output is not None and output.is_file():
+                    _poke(output, s["detour"]["address"], b"\xcc")
     for f in files:  # a file rewrite refused as a whole is run as it was
         if not (out / f.name).exists():
             shutil.copy2(f, out / f.name)
@@ -676,7 +696,7 @@ def reduce(pair: Pair, folder: Path, seconds: int) -> Path | None:
     test.chmod(0o755)
     with (work / "cvise.log").open("w") as log:
         proc = subprocess.Popen(["cvise", "--n", "1", "--timeout", "120", str(test),
-                                 str(target)], cwd=work, stdout=log, stderr=log,
+                                 target.name], cwd=work, stdout=log, stderr=log,
                                 start_new_session=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         try:
             proc.wait(timeout=seconds)
@@ -684,6 +704,33 @@ def reduce(pair: Pair, folder: Path, seconds: int) -> Path | None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return target
+
+
+def keep_reproducer(pair: Pair, reduced: Path, into: Path = FOUND) -> Path:
+    """The reduced program as tests/data/fuzz_programs/found/SEED-INDEX.c(c), headed by how
+    it is built and what it showed; tests/test_fuzz_programs.py runs each one."""
+    assert pair.difference is not None
+    spec = {"build": pair.build, "want": difference_class(pair.difference),
+            "traced": pair.traced}
+    into.mkdir(parents=True, exist_ok=True)
+    out = into / f"{pair.seed}-{pair.index}{reduced.suffix}"
+    b = parse_build(pair.build)
+    recipe = " ".join([_compiler(b, reduced.suffix == ".cc"), "-w", b.opt, *b.flags,
+                       *_LINK_FLAGS.get(b.link, []), f"-I{CSMITH_INCLUDE}", "-o prog",
+                       out.name, *(["(as libfz.so with a driver)"] if b.link == "shared"
+                                   else []), *(["&& strip prog"] if b.strip else [])])
+    out.write_text(f"/* Build: {recipe}, then usdtpatch rewrite (tools/fuzz_programs.py "
+                   f"--interesting); pair {pair.seed}-{pair.index} showed: "
+                   f"{pair.difference[:300].replace('*/', '* /')} */\n"
+                   f"/* fuzz-programs: {json.dumps(spec)} */\n" + reduced.read_text())
+    return out
+
+
+def reproducer_spec(path: Path) -> tuple[Build, str, bool]:
+    """(build, class of difference, traced) from a kept reproducer's second line."""
+    line = path.read_text().splitlines()[1]
+    spec = json.loads(line.removeprefix("/* fuzz-programs: ").removesuffix(" */"))
+    return parse_build(spec["build"]), spec["want"], spec["traced"]
 
 
 def parse_build(text: str) -> Build:
@@ -766,8 +813,13 @@ def campaign(seed: int, count: int | None, seconds: float | None, results: Path,
             if not quiet:
                 print(f"DIFFERENCE {seed}-{index} [{pair.program}; {pair.build}]: "
                       f"{pair.difference}", file=sys.stderr, flush=True)
-            if reduce_seconds:
-                reduce(pair, folder, reduce_seconds)
+            reduced = reduce(pair, folder, reduce_seconds) if reduce_seconds else None
+            if reduced is not None and interesting(reduced, parse_build(pair.build),
+                                                   difference_class(pair.difference),
+                                                   pair.traced):
+                kept = keep_reproducer(pair, reduced)
+                if not quiet:
+                    print(f"  reduced to {kept}", file=sys.stderr, flush=True)
         else:
             shutil.rmtree(folder, ignore_errors=True)
         with results.open("a") as fh:

@@ -477,9 +477,21 @@ def trace_script(files: Sequence[Path]) -> str:
 
 
 TRACER_LOST = "bpftrace ended without its maps"
+STOP_WAIT = 20.0  # seconds bpftrace gets to print its maps and stop after SIGTERM
 
 
 def trace(exe: Path, files: Sequence[Path], timeout: float = 180) -> dict[str, int] | str:
+    """trace_once, again when bpftrace lost its maps (at most three times)."""
+    result = trace_once(exe, files, timeout)
+    for _ in range(2):
+        if not (isinstance(result, str) and result.startswith(TRACER_LOST)):
+            break
+        result = trace_once(exe, files, timeout)
+    return result
+
+
+def trace_once(exe: Path, files: Sequence[Path], timeout: float = 180
+               ) -> dict[str, int] | str:
     """The maps bpftrace prints ({"@hits[...]": n, ...}) with every probe of the files
     attached while the program runs (started by us once bpftrace's BEGIN says the probes are
     attached: its children are counted too), or why there are none (a string). The caller
@@ -487,7 +499,9 @@ def trace(exe: Path, files: Sequence[Path], timeout: float = 180) -> dict[str, i
     script = trace_script(files)
     if not script:
         return {}
-    script = 'BEGIN { printf("READY\\n"); } END { printf("END\\n"); }\n' + script
+    # READY: the probes are attached; @started: the maps were printed at the end (a map is
+    # printed at exit whatever happened to the perf buffer an END printf would go through)
+    script = 'BEGIN { @started = count(); printf("READY\\n"); }\n' + script
     tracer = subprocess.Popen(["bpftrace", "-e", script], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, BPFTRACE_MAX_PROBES="2048"))
@@ -500,7 +514,11 @@ def trace(exe: Path, files: Sequence[Path], timeout: float = 180) -> dict[str, i
         if ready:
             ran = run(exe)
         tracer.send_signal(signal.SIGTERM)  # bpftrace 0.17 prints its maps at SIGTERM
-        out, err = tracer.communicate()
+        try:
+            out, err = tracer.communicate(timeout=STOP_WAIT)
+        except subprocess.TimeoutExpired:  # now and then it never stops here: lost
+            tracer.kill()
+            out, err = tracer.communicate()
     finally:
         watchdog.cancel()
         if tracer.poll() is None:
@@ -510,8 +528,8 @@ def trace(exe: Path, files: Sequence[Path], timeout: float = 180) -> dict[str, i
         return f"bpftrace did not start: {err[-600:]}"
     if ran is None or ran.timeout:
         return "timeout while traced"
-    if "END" not in out.splitlines():
-        return f"{TRACER_LOST}: {err[-600:]}"
+    if "@started: 1" not in out.splitlines():
+        return f"{TRACER_LOST} (exit {tracer.returncode}): {out[-300:]!r} {err[-300:]!r}"
     maps: dict[str, int] = {}
     for ln in out.splitlines():
         m = re.match(r"^(@\w+\[.*\]): (-?\d+)$", ln)

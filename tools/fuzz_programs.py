@@ -15,7 +15,8 @@ checksum), exit with the same code or die of the same signal. A seeded fraction 
 traced with every probe attached (bpftrace: hits per probe and the sum of every argument it
 can read): the counts and the sums must be equal. A difference is kept in the work folder and,
 with `--reduce`, reduced by cvise to a small reproducer (the interestingness test is the same
-difference, `--interesting`).
+class of difference, `--interesting`), kept in tests/data/fuzz_programs/found/ for the tests.
+FUZZ_PROGRAMS_DAMAGE=trap breaks every detour on purpose (the tests of the oracle).
 
 Results go to a JSON-lines file, one line per pair keyed by (seed, index), so several runs add
 up: a run with a seed goes on after the last index that seed has in the file. `--summary`

@@ -8,11 +8,13 @@ BIN := $(VENV)/bin
 # chromium opens the HTML reports headless in tests/test_report_html*.py; ruby runs a
 # rewritten libruby; elfutils' eu-strip and linux-perf's perf read rewritten files; the JRE
 # and libpython3.11 are real binaries the tests copy and rewrite; rustc builds the Rust program
-# whose fork routes tests/test_fork_routes.py traces, musl-tools' musl-gcc the musl ones).
+# whose fork routes tests/test_fork_routes.py traces, musl-tools' musl-gcc the musl ones;
+# csmith and libcsmith-dev (its csmith.h) write the random programs of tools/fuzz_programs.py
+# and cvise reduces a program that shows a difference to a small reproducer).
 # Installed with apt-get when missing, and only when that upgrades no installed package.
 DEB_PACKAGES := binutils gcc g++ make systemtap-sdt-dev gdb bpfcc-tools bpftrace clang \
 	cmake meson ninja-build chromium ruby elfutils linux-perf openjdk-17-jre-headless \
-	libpython3.11 rustc musl-tools
+	libpython3.11 rustc musl-tools csmith libcsmith-dev cvise
 # PostgreSQL 15: tests/test_rewrite_real_debs.py rewrites its postgres and runs a cluster of its
 # own with it (as the postgres user the package creates). Its service is never started: the
 # install runs under a policy-rc.d that forbids every start (removed after, if we made it).
@@ -46,7 +48,8 @@ DEB_DATA := libpython3.11-testsuite:python3.11 openjdk-17-jdk-headless:openjdk-1
 	libvirt0:libc6 php8.2-cli:libc6
 DEB_CACHE := build/cache
 
-.PHONY: demo wheel test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz clean
+.PHONY: demo wheel test lint typecheck unit system-packages test-data fixtures bench bench-tracing fuzz \
+	fuzz-programs fuzz-programs-summary clean
 
 # The development install links the source tree by a plain path in a .pth file (setuptools'
 # "compat" editable mode), as an installed package is found: the default editable mode adds an
@@ -201,6 +204,23 @@ FUZZ_FLAGS ?=
 fuzz: $(BIN)/.test
 	nice $(BIN)/python -m tools.fuzz --count $(FUZZ_COUNT) --seed $(FUZZ_SEED) --keep build/fuzz \
 	  $(FUZZ_FLAGS)
+
+# Differential fuzzing of whole programs (tools/fuzz_programs.py; `make test` runs 8 fixed
+# pairs of it): csmith's programs and the templates of tests/data/fuzz_programs with probes,
+# built a random way each, rewritten, run (and a seeded fraction traced) beside the original.
+# COUNT=N pairs or SECONDS=T, SEED=S; the pairs add up in build/fuzz-programs/results.jsonl
+# (a run goes on after the seed's last pair there) and `make fuzz-programs-summary` prints
+# their totals. Differences are kept in build/fuzz-programs/work and reduced by cvise
+# (REDUCE=seconds each, 0 for none). At nice 10: the campaign is meant to run beside work.
+COUNT ?=
+SECONDS ?=
+SEED ?= 1
+REDUCE ?= 900
+fuzz-programs: system-packages $(BIN)/.test
+	nice -n 10 $(BIN)/python -m tools.fuzz_programs --seed $(SEED) --reduce $(REDUCE) \
+	  $(if $(SECONDS),--seconds $(SECONDS),--count $(or $(COUNT),50))
+fuzz-programs-summary: $(BIN)/.test
+	$(BIN)/python -m tools.fuzz_programs --summary
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

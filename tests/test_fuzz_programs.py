@@ -317,13 +317,13 @@ def test_a_kept_reproducer_shows_no_difference(path: Path) -> None:
 def test_a_broken_rewrite_is_kept_and_reduced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                               ) -> None:
     """FUZZ_PROGRAMS_DAMAGE=trap breaks every detour: the pair shows the difference, cvise
-    reduces the program (30 s) to a smaller one that still shows it, and it is kept with the
+    reduces the program (15 s) to a smaller one that still shows it, and it is kept with the
     header the reproducer test reads."""
     _need("gcc", "clang", "cvise")
     monkeypatch.setenv(fp.DAMAGE, "trap")
     pair = fp.run_pair(5, 3, tmp_path / "pair", traced_percent=0, kind="jmp.c")
     assert pair.difference is not None and fp.difference_class(pair.difference) == "signal 5"
-    reduced = fp.reduce(pair, tmp_path / "pair", 30)
+    reduced = fp.reduce(pair, tmp_path / "pair", 15)
     assert reduced is not None
     before = (tmp_path / "pair" / "orig" / "prog.c").read_text()
     assert len(reduced.read_text()) < len(before)

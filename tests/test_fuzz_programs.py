@@ -274,6 +274,40 @@ def test_the_note_pc_layout_is_the_one_parsed(tmp_path: Path) -> None:
 # --- the classes the campaign found ----------------------------------------------------------
 
 
+@pytest.mark.slow
+def test_a_fault_the_rewrite_moves_throws_from_its_handler_as_before(tmp_path: Path) -> None:
+    """sigthrow.cc's pair (77, 5), gcc -O1 PIE -fnon-call-exceptions: the rewrite moves a
+    faulting instruction (a division by zero or a load through a null pointer) into a
+    detour, the handler throws through it, and the rewritten program prints what the
+    original prints, having caught its faults."""
+    _need("gcc", "clang")
+    pair = fp.run_pair(77, 5, tmp_path / "pair", traced_percent=0, kind="sigthrow.cc")
+    assert pair.difference is None and pair.sites > 0 and pair.rewritten == pair.sites, pair
+    prog = tmp_path / "pair" / "orig" / "prog"
+    done = subprocess.run([sys.executable, "-m", "usdtpatch", "rewrite", "--json", "--dry-run",
+                           str(prog)], capture_output=True, text=True, check=True, cwd=ROOT)
+    moved = [f for file in json.loads(done.stdout)["files"] for s in file["sites"]
+             for f in s["faults"]]
+    assert moved, "no faulting instruction in a window: the pair tests nothing"
+    out = subprocess.run([str(prog)], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.startswith("sigthrow ") and int(out.stdout.split()[2]) > 0, out.stdout
+
+
+@pytest.mark.slow
+def test_vfork_and_clone_children_survive_tracing(tmp_path: Path) -> None:
+    """clone.c's pair (77, 3), clang -O0 static: children made by vfork, clone(SIGCHLD) and
+    clone(CLONE_VM|CLONE_VFORK) pass probes while every probe is traced; the rewrite's exit
+    codes, output and hits are the original's."""
+    _need("gcc", "clang")
+    why = _tracing_reason()
+    if why is not None:
+        pytest.skip(why)
+    pair = fp.run_pair(77, 3, tmp_path / "pair", traced_percent=100, kind="clone.c")
+    assert pair.traced and pair.skipped is None, pair
+    assert pair.difference is None and pair.sites > 0 and pair.rewritten == pair.sites, pair
+    assert pair.trace_hits is not None and pair.trace_hits > 0
+
+
 def test_a_loop_after_the_probe_in_one_run_relocates() -> None:
     """Pair 1-35 (clang -Os, csmith): a 1-byte probe, then a loop whose `ja` goes back into
     the window with no other probe between. iced's block encoder moves that branch with its

@@ -3,8 +3,9 @@
 Each pair `(seed, index)` is one random program built one random way: a csmith program with
 USDT probes (systemtap's sys/sdt.h: 1-byte NOP sites) put at random statement boundaries, or
 one of the project's templates (tests/data/fuzz_programs/templates: jump-table switches,
-computed goto, C++ exceptions, setjmp/longjmp, signal handlers, threads, fork, TLS, a shared
-library called through the PLT) with a random choice of its PROBE markers made probes. The
+computed goto, C++ exceptions, exceptions thrown from signal handlers, setjmp/longjmp, signal
+handlers, threads, fork, vfork and clone children, TLS, a shared library called through the
+PLT) with a random choice of its PROBE markers made probes. The
 build is drawn from the same random stream: gcc or clang, -O0..-O3/-Os, PIE, non-PIE, static,
 static-pie or a shared object with its driver, and any of -z pack-relative-relocs,
 -fcf-protection, -mno-red-zone, -fno-omit-frame-pointer, no unwind tables, -g, stripped.
@@ -248,7 +249,8 @@ def choose_build(rng: random.Random, program: Program) -> Build:
     flags = [f for f in _EXTRA if rng.random() < 0.3]
     if program.cxx:
         flags = [f for f in flags if "unwind" not in f]  # exceptions need unwind tables
-        if rng.random() < 0.5:
+        # sigthrow.cc throws out of signal handlers, which only this flag makes defined
+        if rng.random() < 0.5 or program.kind == "sigthrow.cc":
             flags.append("-fnon-call-exceptions")
     return Build(compiler, opt, link, flags, strip=rng.random() < 0.3)
 

@@ -42,6 +42,13 @@ from typing import TYPE_CHECKING
 
 from usdtpatch.analysis.computed import file_ways_in
 from usdtpatch.analysis.debuglines import window_debug_refusal
+from usdtpatch.analysis.forkexposure import (
+    LOOKUPS,
+    NON_FORKING_LIBRARIES,
+    fork_exposure,
+)
+from usdtpatch.analysis.forkexposure import evidence as _evidence
+from usdtpatch.analysis.forkexposure import libraries_that_may_fork as _libraries_that_may_fork
 from usdtpatch.analysis.guardfile import (
     ENTRY_SIZE,
     TABLE_SECTION,
@@ -52,11 +59,9 @@ from usdtpatch.analysis.guardfile import (
     coverage,
     header_table,
     is_shared,
-    needed_objects,
     object_kind,
     read_table,
 )
-from usdtpatch.analysis.hazards import FORK_COPIES_MM, fork_evidence_of, imported_fork_family
 from usdtpatch.analysis.targets import CodeContext
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
@@ -80,23 +85,22 @@ from usdtpatch.elf.model import (
     dynamic_entries,
 )
 from usdtpatch.elf.relocs import RelaTable, import_slots
-from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
+from usdtpatch.elf.symbols import load_symbols, symbol_value
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
 from usdtpatch.forkguard.dso import find_dso_handle  # only for a stripped object
 from usdtpatch.x86.decode import Flow
 from usdtpatch.x86.nops import NOP5, crosses_page, kernel_optimizable_nop5
 
-__all__ = ["ENTRY_SIZE", "TABLE_SECTION", "Coverage", "GuardBuild", "GuardUnsupported",
-           "TableEntry", "build_guard", "coverage", "fork_exposure", "fork_syscall_hooks",
-           "guarded_sites", "header_table", "hook_problem", "is_shared", "marker_entry",
-           "read_table"]
+__all__ = ["ENTRY_SIZE", "LOOKUPS", "NON_FORKING_LIBRARIES", "TABLE_SECTION", "Coverage",
+           "GuardBuild", "GuardUnsupported", "TableEntry", "build_guard", "coverage",
+           "fork_exposure", "fork_syscall_hooks", "guarded_sites", "header_table",
+           "hook_problem", "is_shared", "marker_entry", "read_table"]
 
 _dynamic = dynamic_entries  # (the builder's names for the reader's)
 _kind = object_kind
 
 if TYPE_CHECKING:
-    from usdtpatch.analysis.hazards import ForkEvidence
     from usdtpatch.analysis.targets import CodeContext
 
 CHILD_STUB = 0
@@ -142,82 +146,6 @@ def guarded_sites(sites: tuple[tuple[int, bytes], ...] | list[tuple[int, bytes]]
     """The sites a 6.18 kernel optimizes (a 5-byte NOP within one page): the ones to guard."""
     return tuple((a, bytes(b)) for a, b in sites
                  if len(b) == 5 and kernel_optimizable_nop5(b) and not crosses_page(a, 5))
-
-
-def fork_exposure(image: ElfImage) -> str | None:
-    """Why a process running `image` may fork a copy of itself (None: it cannot, as far as
-    the file tells): it imports (a static file: defines) a call of the fork family that copies
-    the address space, or it is a shared object (whatever process loads it may fork), or a
-    dynamically linked executable that loads libraries which may fork (`_libraries_that_may_fork`).
-
-    vfork, posix_spawn, system and popen are not counted: their child runs in the parent's
-    address space, trampoline included, until it execs. Where no symbol names a fork, the
-    code is asked (usdtpatch.analysis.hazards.fork_evidence): a fork system call, or clone
-    without CLONE_VM. A system call whose number the code does not fix is not counted here:
-    check reports it (`fork-unknown`), and so does rewrite."""
-
-    calls = [f for f in imported_fork_family(image) if f in FORK_COPIES_MM]
-    if not calls and _kind(image) == "static":
-        # a static PIE also has a .dynsym (for its self-relocation): look at what it defines
-        calls = sorted(f for f in FORK_COPIES_MM if _symbol(image, f) is not None)
-    if calls:
-        return f"it calls {', '.join(calls)}"
-    if _kind(image) == "shared":
-        return "it is a shared object (the process that loads it may fork)"
-    libraries = _libraries_that_may_fork(image)
-    if libraries is not None:
-        return libraries
-    looks = sorted(n for n in LOOKUPS if import_slots(image, n))
-    if looks and _kind(image) == "exe":
-        return f"it calls {looks[0]}: a function it looks up may fork the process"
-    if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
-        # no symbol names a fork (a stripped static executable, a raw system call): the code
-        ev = _evidence(image, True)
-        return ev.describe() or ev.uncertainty()
-    return None
-
-
-# Shared objects that never fork a copy of the process by themselves: the C library's own
-# objects (their fork is a call the executable imports, counted above) and the compiler's
-# run-time libraries. Any other library an executable needs may fork it (libvirt's virFork,
-# a plugin host), and the child then runs the executable's code.
-NON_FORKING_LIBRARIES = frozenset({
-    "libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libmvec.so.1", "libpthread.so.0",
-    "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "libanl.so.1",
-    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1",
-    "libc.so", "libc.musl-x86_64.so.1"})  # musl's C library (Debian's musl-gcc, Alpine)
-
-
-def _libraries_that_may_fork(image: ElfImage) -> str | None:
-    """Why a dynamically linked executable that names no fork may still fork through what it
-    loads (None: it loads only NON_FORKING_LIBRARIES and calls no dlopen): the atfork handler
-    the guard registers runs for a fork() made by any object of the process."""
-    if _kind(image) != "exe":
-        return None
-    others = [n for n in needed_objects(image) if n not in NON_FORKING_LIBRARIES]
-    if others:
-        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-        return (f"it loads {', '.join(others[:3])}{more}, which may fork the process (the "
-                f"child runs this file's code)")
-    opens = sorted({n for n in symbol_names(image) if n in ("dlopen", "dlmopen")})
-    if opens:
-        return f"it calls {opens[0]}: a library it loads may fork the process"
-    return None
-
-
-_LAST_EVIDENCE: list[tuple[ElfImage, bool, ForkEvidence]] = []  # the last file's, kept
-
-
-def _evidence(image: ElfImage, raw: bool) -> ForkEvidence:
-    """usdtpatch.analysis.hazards.fork_evidence_of(image, raw), for the last file asked
-    about remembered (check and rewrite ask several times about one file)."""
-
-    for img, r, ev in _LAST_EVIDENCE:
-        if img is image and r == raw:
-            return ev
-    got = fork_evidence_of(image, raw)
-    _LAST_EVIDENCE[:] = [*_LAST_EVIDENCE[-1:], (image, raw, got)]
-    return got
 
 
 # the C library's own fork functions: the fork system call there runs the atfork handlers
@@ -546,9 +474,9 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
 # clone / clone3 without CLONE_VM). fork() runs the handlers; vfork, posix_spawn, system and
 # popen share the address space until exec.
 INTERPOSED = ("_Fork", "clone", "syscall")
-# the run-time lookups, interposed when the file imports them: a pointer they return to one of
-# the interposed functions (or to themselves) is replaced by the guard's stub
-LOOKUPS = ("dlsym", "dlvsym")
+# the run-time lookups (analysis/forkexposure.py's LOOKUPS), interposed when the file imports
+# them: a pointer they return to one of the interposed functions (or to themselves) is replaced
+# by the guard's stub
 IPO_SIZE = 24
 IPO_RESOLVER = 1  # rearm.c: the entry of dlsym, which finds what the link map does not give
 

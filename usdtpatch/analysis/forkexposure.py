@@ -20,16 +20,18 @@ address space, trampoline included, until it execs.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
-from usdtpatch.analysis.guardfile import needed_objects, object_kind
+from usdtpatch.analysis.guardfile import c_library, needed_objects, object_kind
 from usdtpatch.analysis.hazards import (
     FORK_COPIES_MM,
     ForkEvidence,
     fork_evidence_of,
     imported_fork_family,
 )
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.image import PT_DYNAMIC, SHT_DYNSYM, ElfImage
+from usdtpatch.elf.model import DT_PREINIT_ARRAY, dynamic_entries
 from usdtpatch.elf.relocs import import_slots
 from usdtpatch.elf.symbols import symbol_names, symbol_value
 
@@ -122,3 +124,54 @@ def evidence(image: ElfImage, raw: bool) -> ForkEvidence:
     got = fork_evidence_of(image, raw)
     _LAST_EVIDENCE[:] = [*_LAST_EVIDENCE[-1:], (image, raw, got)]
     return got
+
+
+# --- a fork in a library's constructor that calls back into the executable -----------------
+
+def constructor_route(image: ElfImage) -> str | None:
+    """Why a fork may happen before a glibc executable's first init function runs, in code of
+    its own that the guard must cover: it has no DT_PREINIT_ARRAY (whose first function glibc
+    runs before every library's constructor; the guard hooks it when there is one), it needs
+    a library that may fork (not one of NON_FORKING_LIBRARIES), whose constructor glibc runs
+    before the executable's DT_INIT and init array, and it exports functions such a
+    constructor can call (defined STT_FUNC / STT_GNU_IFUNC symbols of its `.dynsym`). None
+    when no such route exists (the guard's first init array entry is then early enough)."""
+    if object_kind(image) != "exe" or c_library(image) != "glibc":
+        return None
+    dyn = dynamic_entries(image)
+    if any(t == DT_PREINIT_ARRAY for t, _v, _o in dyn):
+        return None
+    others = [n for n in needed_objects(image) if n not in NON_FORKING_LIBRARIES]
+    exported = exported_functions(image)
+    if not others or not exported:
+        return None
+    return (f"the constructor of a library it loads ({others[0]}) runs before this "
+            f"executable's initializers and may call one of the {exported} function(s) it "
+            f"exports, which may fork")
+
+
+def exported_functions(image: ElfImage) -> int:
+    """How many functions the file defines in its `.dynsym` (STT_FUNC or STT_GNU_IFUNC, not
+    undefined, not local)."""
+    n = 0
+    for sec in image.sections:
+        if sec.type != SHT_DYNSYM or not image.is64:
+            continue
+        raw = image.data[sec.offset: sec.offset + sec.size - sec.size % 24]
+        for info, shndx in struct.iter_unpack("<4xBxH16x", raw):
+            if info & 0xF in (2, 10) and info >> 4 != 0 and shndx != 0:
+                n += 1
+    return n
+
+
+def spare_dynamic_slots(image: ElfImage) -> tuple[int, int]:
+    """(file offset of the first DT_NULL entry of PT_DYNAMIC, how many entries from it on may
+    be given a tag with one DT_NULL still ending the section): what the guard may add."""
+    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
+    if seg is None or not image.is64:
+        return 0, 0
+    used = len(dynamic_entries(image))
+    first = seg.offset + 16 * used
+    end = min(seg.offset + seg.filesz, len(image.data))
+    total = (end - first) // 16
+    return first, max(0, total - 1)

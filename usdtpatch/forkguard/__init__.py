@@ -38,17 +38,20 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from usdtpatch.analysis.computed import file_ways_in
 from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forkexposure import (
     LOOKUPS,
     NON_FORKING_LIBRARIES,
+    constructor_route,
     fork_exposure,
+    spare_dynamic_slots,
 )
 from usdtpatch.analysis.forkexposure import evidence as _evidence
 from usdtpatch.analysis.forkexposure import libraries_that_may_fork as _libraries_that_may_fork
+from usdtpatch.analysis.functions import FunctionBounds
 from usdtpatch.analysis.guardfile import (
     ENTRY_SIZE,
     TABLE_SECTION,
@@ -62,7 +65,7 @@ from usdtpatch.analysis.guardfile import (
     object_kind,
     read_table,
 )
-from usdtpatch.analysis.targets import CodeContext
+from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
     EM_X86_64,
@@ -289,6 +292,74 @@ def _array_hook(image: ElfImage, dyn: dict[int, int], relas: RelaTable, arr: int
     return target, how, where
 
 
+@dataclass(frozen=True, slots=True)
+class _EarlyHook:
+    """A glibc executable without DT_PREINIT_ARRAY whose libraries' constructors may call back
+    into it and fork (usdtpatch.analysis.forkexposure.constructor_route): the guard must be
+    registered before them. Its DT_INIT_ARRAY's first word (already pointed at the init stub)
+    becomes a DT_PREINIT_ARRAY of one word, which glibc's dynamic linker calls before every
+    library's constructor: two new dynamic entries in spare DT_NULL slots, DT_INIT_ARRAY one
+    word later and shorter. The init stub then returns (a `ret`), and DT_INIT (repointed, or
+    added in a third spare slot) runs a stub that calls the original DT_INIT, then the
+    original first init array function: every original initializer runs in its original
+    order. No relocation is added: the word keeps the relocation that fills it."""
+
+    array: int  # DT_INIT_ARRAY's value
+    edits: tuple[tuple[int, bytes], ...]  # the dynamic section's edits but DT_INIT's value
+    init: int | None  # the original DT_INIT function (None: none)
+    init_at: int  # file offset of the d_val that receives the new DT_INIT function
+
+    @staticmethod
+    def plan(image: ElfImage, dyn_entries: list[tuple[int, int, int]], how: str
+             ) -> _EarlyHook | None:
+        route = constructor_route(image)
+        if route is None:
+            return None
+        why = f"{route}; the guard must be registered before that"
+        if not how.startswith("DT_INIT_ARRAY[0]"):
+            raise GuardUnsupported(f"{why}, and the file has no DT_INIT_ARRAY to give a "
+                                   f"preinit function")
+        tags = {t: (v, o) for t, v, o in dyn_entries}
+        arr, arr_off = tags[DT_INIT_ARRAY]
+        size, size_off = tags[DT_INIT_ARRAYSZ]
+        init = tags.get(DT_INIT)
+        first, spare = spare_dynamic_slots(image)
+        need = 2 if init is not None else 3
+        if spare < need:
+            raise GuardUnsupported(
+                f"{why}, and its dynamic section has {spare} spare DT_NULL slot(s) for the "
+                f"{need} entries of a preinit array (the guard's first init array entry runs "
+                f"after the libraries' constructors)")
+        edits = [(first, struct.pack("<qQ", DT_PREINIT_ARRAY, arr)),
+                 (first + 16, struct.pack("<qQ", DT_PREINIT_ARRAYSZ, 8)),
+                 (arr_off + 8, struct.pack("<Q", arr + 8)),
+                 (size_off + 8, struct.pack("<Q", size - 8))]
+        if init is None:
+            edits.append((first + 32, struct.pack("<q", DT_INIT)))
+            init_at = first + 40
+        else:
+            init_at = init[1] + 8
+        return _EarlyHook(arr, tuple(edits), init[0] if init else None, init_at)
+
+    def first_stub(self, e: _Asm, first: int) -> None:
+        """At e.pc, the new DT_INIT function: the original DT_INIT, then the original first
+        init array function, each with the (argc, argv, envp) glibc passes."""
+        if self.init:
+            e.raw(PUSH_ARGS)
+            e.call(self.init)
+            e.raw(POP_ARGS)
+        e.jmp(first)
+
+    def patches(self, stub: int) -> tuple[tuple[int, bytes], ...]:
+        return (*self.edits, (self.init_at, struct.pack("<Q", stub)))
+
+    def describe(self, how: str) -> str:
+        return (f"{how.replace('DT_INIT_ARRAY[0]', 'DT_PREINIT_ARRAY[0]', 1)}, a preinit "
+                f"array added (its word is DT_INIT_ARRAY's first, now at {self.array + 8:#x}; "
+                f"{'DT_INIT' if self.init else 'an added DT_INIT'} runs the original first "
+                f"init function), before the libraries' constructors")
+
+
 def _static_init(image: ElfImage) -> tuple[int, str, list[tuple[int, int]]]:
     """The hook of a static (non-PIE) glibc executable: its .preinit_array's first pointer
     when it has one (run first: before _init and .init_array), else its .init_array's."""
@@ -396,6 +467,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                                         preinit=libc == "glibc" and kind != "shared")
     else:
         target, how, where = _static_init(image)
+    early = _EarlyHook.plan(image, dyn_entries, how) if dyn_entries else None
     dso: int | None = None
     if kind == "shared":
         dso = _dso_handle(image, relas)
@@ -431,9 +503,12 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         b.call(register_atfork)
     b.raw(POP_ARGS)
     tail = (table_end + 15) & ~15
+    first = target  # the original first init function
+    if early is not None:
+        target = place_at + CODE_AT - 1  # run as the preinit function: a `ret` after it
     b.jmp(tail if interposed else target)
     stub_init = bytes(b.code)
-    assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) <= CODE_AT - INIT_STUB
+    assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) < CODE_AT - INIT_STUB
 
     text = bytearray(b"\xcc" * (table_end - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
@@ -447,8 +522,16 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         t = _Asm(tail)
         extra = _interposition(t, image, interposed, child, target, code)
         text += b"\xcc" * (tail - place_at - len(text)) + t.code
-
     patches = tuple((off, struct.pack("<Q", init)) for off, _w in where)
+    if early is not None:
+        text[CODE_AT - 1] = 0xC3  # ret
+        text += b"\xcc" * (-len(text) % 16)
+        e = _Asm(place_at + len(text))
+        early.first_stub(e, first)
+        text += e.code
+        extra.append(("__usdtpatch_fork_init_first", e.address, len(e.code)))
+        patches += early.patches(e.address)
+        how = early.describe(how)
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_init", init, len(stub_init)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
@@ -736,8 +819,21 @@ _CHILD_RETURN = bytes([
 ])
 
 
-def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | str:
-    """(window start, window length, system call number or None) of each system call of a
+class Hook(NamedTuple):
+    """A system call's hook: the window [start, start + length) the `jmp` to the hook takes,
+    the `syscall`'s address in it (`at`: its end, or its start), the number the window's
+    `mov` sets (None: compared at run time) and, for a window from the `syscall` on that ends
+    with a direct `jmp`, that jump's target."""
+
+    start: int
+    length: int
+    number: int | None
+    at: int
+    jump: int | None = None
+
+
+def fork_syscall_hooks(image: ElfImage) -> list[Hook] | str:
+    """The hook (Hook) of each system call of a
     static executable that the guard hooks (usdtpatch.analysis.hazards.fork_evidence), or why
     one cannot be hooked:
 
@@ -772,7 +868,7 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
                 [(pc, "the system call of syscall()", False) for pc in inside]
     spans = [(pc, b.start, b.end) for pc, _w, _k in todo if (b := ctx.bounds(pc)) is not None]
     ctx.ways_in = file_ways_in(ctx, spans, sorted({*cfi.starts, *ctx.symbols.addresses}))
-    out: list[tuple[int, int, int | None]] = []
+    out: list[Hook] = []
     for pc, what, known in todo:
         got = _hook_window(ctx, image, pc, what, known)
         if isinstance(got, str):
@@ -782,8 +878,9 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
 
 
 def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: bool
-                 ) -> tuple[int, int, int | None] | str:
-    """fork_syscall_hooks' window for the system call at `pc`, or why there is none."""
+                 ) -> Hook | str:
+    """fork_syscall_hooks' window for the system call at `pc`, or why there is none: the
+    window before it (`_before_window`), else the one from it on (`_after_window`)."""
 
     where = (f"{what} system call at {pc:#x}" if known else
              f"system call at {pc:#x} ({what})" if pc else what)
@@ -794,6 +891,50 @@ def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: b
     k = fc.index_of(pc)
     if fc.all_targets is not None or k is None:
         return f"the {where} is reached other than by falling into it"
+    got = _before_window(image, fc, bounds, pc, k, where, known)
+    if not isinstance(got, str):
+        return got
+    after = _after_window(image, fc, bounds, pc, k, where)
+    if not isinstance(after, str):
+        return after
+    return f"{got} (nor from it on: {after.removeprefix(f'the {where} ')})"
+
+
+def _after_window(image: ElfImage, fc: FunctionCode, bounds: FunctionBounds, pc: int, k: int,
+                  where: str) -> Hook | str:
+    """The window that starts at the `syscall` (a way in to the `syscall` itself lands on the
+    hook's jump): it and the whole instructions after it up to 5 bytes at least, none
+    rip-relative and none a branch but a direct `jmp`, which ends it (the hook jumps to its
+    target). The number is compared at run time."""
+    end = pc + 2
+    j = k + 1
+    while end - pc < 5:
+        ins = fc.insns[j] if j < len(fc.insns) else None
+        if ins is None or not bounds.contains(ins.address):
+            return f"the {where} has too few bytes after it in its function to hook"
+        if ins.rip_target is not None or ins.flow not in (Flow.NONE, Flow.JMP) or \
+                (ins.flow is Flow.JMP and ins.target is None):
+            return (f"the {where} is followed by {ins.text} at {ins.address:#x}, which cannot "
+                    f"be moved to the hook")
+        end = ins.address + ins.size
+        j += 1
+        if ins.flow is Flow.JMP:
+            break
+    if end - pc < 5:
+        return f"the {where} has too few bytes after it in its function to hook"
+    if fc.targets_between(pc, end):
+        return f"the {where} is followed by code reached other than by falling into it"
+    debug = window_debug_refusal(image, pc, end)
+    if debug is not None:
+        return f"the {where}: {debug[1]}"
+    last = fc.insns[j - 1]
+    return Hook(pc, end - pc, None, pc, last.target if last.flow is Flow.JMP else None)
+
+
+def _before_window(image: ElfImage, fc: FunctionCode, bounds: FunctionBounds, pc: int, k: int,
+                   where: str, known: bool) -> Hook | str:
+    """The window that ends with the `syscall`: `mov $N,%eax` before it (a fork number), or
+    the whole instructions before it, at least 3 bytes, none rip-relative or a branch."""
     if known:
         start = pc - 5
         raw = bytes(image.read_vaddr(start, SYSCALL_HOOK_WINDOW))
@@ -816,7 +957,7 @@ def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: b
     debug = window_debug_refusal(image, start, pc + 2)  # the rows inside move, or it says
     if debug is not None:
         return f"the {where}: {debug[1]}"
-    return start, pc + 2 - start, number
+    return Hook(start, pc + 2 - start, number, pc)
 
 
 def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
@@ -841,30 +982,30 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     stub_child = bytes(a.code)
     h = _Asm((table_end + 15) & ~15)
     patches: list[tuple[int, bytes]] = []
-    for start, length, number in hooks:
+    for hook in hooks:
         at = h.pc
-        _hook(h, image, start, length, number, child)
-        off = image.vaddr_to_offset(start)
+        _hook(h, image, hook, child)
+        off = image.vaddr_to_offset(hook.start)
         if off is None:
-            raise GuardUnsupported(f"the system call at {start:#x} is not in the file")
-        patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc" * (length - 5)))
+            raise GuardUnsupported(f"the system call at {hook.at:#x} is not in the file")
+        patches.append((off, b"\xe9" + _rel32(hook.start + 5, at) + b"\xcc" * (hook.length - 5)))
     text = bytearray(b"\xcc" * (h.pc - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[CODE_AT: CODE_AT + _code.BASE_END] = _code.CODE[:_code.BASE_END]
     _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
-    checked = sum(1 for _s, _n, number in hooks if number is None)
+    checked = sum(1 for k in hooks if k.number is None)
     # a system call of unknown number is not named a fork one: it may be any
     how = ("the " + ("" if checked else "fork ") + "system call" + ("s" if len(hooks) > 1 else "")
            + " at "
-           + ", ".join(f"{s + n - 2:#x}" for s, n, _k in hooks)
+           + ", ".join(f"{k.at:#x}" for k in hooks)
            + " (hooked" + (f"; {checked} of them compare their number with the fork ones at "
                            "run time" if checked else "") + ")")
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_hooks", h.address, len(h.code)))
     return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
-                      symbols, how, checked, tuple((s, s + n) for s, n, _k in hooks))
+                      symbols, how, checked, tuple((k.start, k.start + k.length) for k in hooks))
 
 
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
@@ -901,8 +1042,7 @@ class _Jumps:
 _JE, _JNE, _JB = 0x84, 0x85, 0x82
 
 
-def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
-          child: int) -> None:
+def _hook(h: _Asm, image: ElfImage, hook: Hook, child: int) -> None:
     """One hook at h.pc for the window [start, start + length) (its last 2 bytes the
     `syscall`): the system call made as in the window, and, in the child of a fork, the child
     stub called with every register the code after it may read kept.
@@ -914,11 +1054,19 @@ def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
     `clone(fn, stack, CLONE_VM|...)` on a stack of a few bytes, vfork, any other number) goes
     through a `syscall` of its own after which nothing runs but the jump back: the hook never
     touches the memory of a child that shares its parent's."""
+    start, length, number = hook.start, hook.length, hook.number
     back = start + length
-    if number is not None:
+    after = b""  # the instructions after the syscall a window from it on moves
+    if hook.at == start:
+        after = bytes(image.read_vaddr(start + 2, length - 2 - (5 if hook.jump else 0)))
+    elif number is not None:
         h.raw(b"\xb8" + struct.pack("<I", number))  # mov $N,%eax
     else:
         h.raw(bytes(image.read_vaddr(start, length - 2)))  # the instructions before it
+
+    def leave() -> None:
+        h.raw(after)
+        h.jmp(hook.jump if hook.jump is not None else back)
     j = _Jumps(h)
     h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
     h.raw(_cmp_eax(SYS_FORK))
@@ -941,7 +1089,7 @@ def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
     j.jcc(_JE, "fork")
     j.place("plain")
     h.raw(_POPF + _LEA_UP + _SYSCALL)  # no copied address space: the system call as it was
-    h.jmp(back)
+    leave()
     j.place("fork")
     h.raw(_POPF + _LEA_UP + _SYSCALL)
     h.raw(b"\x48\x85\xc0")  # test %rax,%rax
@@ -950,7 +1098,7 @@ def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
     h.call(child)
     h.raw(_CHILD_RETURN)
     j.place("cont")
-    h.jmp(back)
+    leave()
 
 
 def marker_entry(g: GuardBuild) -> dict[str, object]:

@@ -321,6 +321,10 @@ def test_musl_static_is_guarded(routes: Callable[[str], dict[str, Path]],
                                timeout=30, check=False) for p in (exe, out)]
         assert [(r.returncode, r.stdout) for r in runs] == \
             [(0, "ready\nchild-status 0 canary intact\n")] * 2, (route, runs)
+    res = run_cli("verify", out)  # the emulator runs the hooked guard's child stub
+    assert res.rc == 0 and "re-armed" in res.out, res.out + res.err
+    assert run_cli("restore", out, "-o", tmp_path / "back").rc == 0
+    assert (tmp_path / "back").read_bytes() == exe.read_bytes()
     raw = _gcc(DATA / "rawfork-static.c", tmp_path / "rawfork", "-static", "-DWAY_IN",
                cc="musl-gcc")
     codes = {f.code: f.message for f in api.check(raw).findings}

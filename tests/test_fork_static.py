@@ -66,11 +66,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         stripped = out / f"{name}-stripped"
         subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
         paths[name], paths[f"{name}-stripped"] = exe, stripped
-    wayin = out / "rawfork-wayin-stripped"  # no window for its fork system call
-    subprocess.run(["gcc", "-O2", "-static", "-DWAY_IN", "-s", "-I",
-                    str(ROOT / "fixtures" / "src"), str(DATA / "rawfork-static.c"), "-o",
-                    str(wayin)], check=True)
-    paths["rawfork-wayin-stripped"] = wayin
+    for flag, name in (("-DWAY_IN", "rawfork-wayin-stripped"),  # no window for its fork
+                       ("-DJMP_AFTER", "rawfork-jmp-stripped")):  # a window ending in a jmp
+        subprocess.run(["gcc", "-O2", "-static", flag, "-s", "-I",
+                        str(ROOT / "fixtures" / "src"), str(DATA / "rawfork-static.c"), "-o",
+                        str(out / name)], check=True)
+        paths[name] = out / name
     for name in ("sysfork", "rawfork"):
         dyn = out / f"{name}-dynamic"
         subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
@@ -104,19 +105,25 @@ def test_check_finds_the_fork_in_code(built: dict[str, Path]) -> None:
     assert "process-can-fork" in raw and "fork-guard-unavailable" not in raw
 
 
-def test_a_window_from_the_syscall_on(built: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["rawfork-stripped", "rawfork-jmp-stripped"])
+def test_a_window_from_the_syscall_on(built: dict[str, Path], tmp_path: Path,
+                                      name: str) -> None:
     """rawfork's fork system call has another instruction between `mov $57,%eax` and the
     `syscall`: no window before it, so the hook's window starts at the `syscall` and takes the
-    instructions after it (the number compared at run time). Before, the file was refused.
-    The output runs as the original (its children exit 0)."""
+    instructions after it (the number compared at run time); built -DJMP_AFTER, a jump lands
+    on the `syscall` and a 5-byte `jmp` follows it, which the hook makes to its target.
+    Before, both files were refused. The output runs as the original (its children exit 0);
+    restore gives the original back."""
     out = tmp_path / "out"
-    res = run_cli("rewrite", built["rawfork-stripped"], "-o", out, "--json")
+    res = run_cli("rewrite", built[name], "-o", out, "--json")
     assert res.rc == 0, res.err
     said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
     assert "hooked" in said["fork-guarded"], said
     run = [subprocess.run([str(p), "2"], capture_output=True, text=True, timeout=30,
-                          check=True).stdout for p in (built["rawfork-stripped"], out)]
+                          check=True).stdout for p in (built[name], out)]
     assert run[0] == run[1] and run[0].count("child-status 0") == 2
+    assert run_cli("restore", out, "-o", tmp_path / "back").rc == 0
+    assert (tmp_path / "back").read_bytes() == built[name].read_bytes()
 
 
 def test_rewrite_hooks_the_fork_system_call(built: dict[str, Path], tmp_path: Path) -> None:
@@ -226,7 +233,7 @@ def _traced(path: Path, provider: str = "sfork") -> str:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
 @pytest.mark.parametrize("name", ["fork", "fork-stripped", "sysfork", "sysfork-stripped",
-                                  "rawfork-stripped"])
+                                  "rawfork-stripped", "rawfork-jmp-stripped"])
 def test_guarded_static_children_survive_tracing(built: dict[str, Path], tmp_path: Path,
                                                  name: str) -> None:
     out = tmp_path / "out"

@@ -830,6 +830,7 @@ class Hook(NamedTuple):
     number: int | None
     at: int
     jump: int | None = None
+    jump_size: int = 0  # the size of that `jmp` (rel8 or rel32), the window's last bytes
 
 
 def fork_syscall_hooks(image: ElfImage) -> list[Hook] | str:
@@ -928,7 +929,9 @@ def _after_window(image: ElfImage, fc: FunctionCode, bounds: FunctionBounds, pc:
     if debug is not None:
         return f"the {where}: {debug[1]}"
     last = fc.insns[j - 1]
-    return Hook(pc, end - pc, None, pc, last.target if last.flow is Flow.JMP else None)
+    if last.flow is Flow.JMP:
+        return Hook(pc, end - pc, None, pc, last.target, last.size)
+    return Hook(pc, end - pc, None, pc)
 
 
 def _before_window(image: ElfImage, fc: FunctionCode, bounds: FunctionBounds, pc: int, k: int,
@@ -1058,7 +1061,7 @@ def _hook(h: _Asm, image: ElfImage, hook: Hook, child: int) -> None:
     back = start + length
     after = b""  # the instructions after the syscall a window from it on moves
     if hook.at == start:
-        after = bytes(image.read_vaddr(start + 2, length - 2 - (5 if hook.jump else 0)))
+        after = bytes(image.read_vaddr(start + 2, length - 2 - hook.jump_size))
     elif number is not None:
         h.raw(b"\xb8" + struct.pack("<I", number))  # mov $N,%eax
     else:

@@ -111,3 +111,21 @@ def test_indirect_jump_origins(code: str, reg: str, expected: tuple[int, ...]) -
 def test_indirect_jumps_not_understood(code: str, reg: str, why: str) -> None:
     got = _origin_of(code, reg)
     assert isinstance(got, str) and why in got
+
+
+def test_a_function_that_never_returns() -> None:
+    """never_returns (a call's fall-through cut when a jump table's base is searched past it,
+    issue 31: musl's posix_spawn child): glibc's `_exit` (a loop of exit system calls, then
+    hlt), `exit` and `abort` (which end in calls of such functions) never return; `getpid`
+    and `main` do, and so does an address that is no function's entry."""
+    from usdtpatch.analysis.targets import never_returns
+    from usdtpatch.elf.symbols import symbol_value
+
+    image = load(fixture("static")).image
+    ctx = CodeContext(image, load_cfi(image), load_symbols(image))
+    at = {n: symbol_value(image, n) for n in ("_exit", "exit", "abort", "getpid", "main")}
+    assert all(a is not None for a in at.values())
+    assert {n: never_returns(ctx, a) for n, a in at.items() if a is not None} == {
+        "_exit": True, "exit": True, "abort": True, "getpid": False, "main": False}
+    exit_at = at["_exit"]
+    assert exit_at is not None and not never_returns(ctx, exit_at + 1)

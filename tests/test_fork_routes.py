@@ -21,8 +21,9 @@ Class 1: a Rust program with a probe (tests/data/rust/forkroutes.rs) is rewritte
 defaults (before: refused, "the address of syscall() is taken") and its children survive
 tracing (std::process::Command, libc's fork, clone3 through syscall()).
 
-musl and other C libraries: a static musl program is refused naming musl, an executable
-whose interpreter is neither glibc's nor musl's is refused naming it; check says so first.
+musl and other C libraries: a static musl program is guarded by its hooked system calls (every
+route traced, under bpftrace too; before, it was refused naming musl), an executable whose
+interpreter is neither glibc's nor musl's is refused naming it; check says so first.
 """
 
 from __future__ import annotations
@@ -149,14 +150,18 @@ def _site(path: Path) -> int:
 # how the program is linked: PIE with lazy binding (Debian's default), non-PIE (the canonical
 # PLT addresses), immediate binding with no PLT (`call *slot(%rip)`, Rust's way), static
 LINKS = {"dynamic": (), "nopie": ("-no-pie",), "noplt": ("-fno-plt", "-Wl,-z,now"),
-         "static": ("-static", "-DNO_DLSYM"), "musl": ()}
+         "static": ("-static", "-DNO_DLSYM"), "musl": (), "musl-static": ("-static",)}
 # musl has no _Fork before 1.2.4 (the program's route needs glibc's), nor dlvsym
 # (nor does it run .preinit_array functions)
 MUSL_ROUTES = [r for r in ROUTES if r not in ("_Fork", "dlvsym", "preinit")]
+# a static musl program: its dlsym finds nothing (no route through it); every system call
+# whose number is not proven to be no fork is hooked (musl's posix_spawn child, __clone,
+# __syscall_cp_c, syscall()'s own)
+MUSL_STATIC_ROUTES = [r for r in MUSL_ROUTES if not r.startswith("dl")]
 CASES = [("dynamic", r) for r in ROUTES] + [("static", "clonevm")] + \
     [(link, r) for link in ("nopie", "noplt")
      for r in ("_Fork", "clone", "sysclone3", "pointer", "dlfork", "dlsyscall", "preinit")] + \
-    [("musl", r) for r in MUSL_ROUTES]
+    [("musl", r) for r in MUSL_ROUTES] + [("musl-static", r) for r in MUSL_STATIC_ROUTES]
 
 
 @pytest.mark.live
@@ -188,7 +193,7 @@ HITTING = [r for r in ROUTES if r not in ("vfork", "spawn")]
 
 @pytest.mark.live
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
-@pytest.mark.parametrize("link", ["dynamic", "nopie", "noplt", "musl"])
+@pytest.mark.parametrize("link", ["dynamic", "nopie", "noplt", "musl", "musl-static"])
 def test_every_route_under_bpftrace(routes: Callable[[str], dict[str, Path]], link: str) -> None:
     """One system-wide bpftrace (a usdt probe on the rewritten file's path, no -p or -c: a
     forked child is traced as its parent is) counts the probe's hits per pid while the
@@ -202,8 +207,8 @@ def test_every_route_under_bpftrace(routes: Callable[[str], dict[str, Path]], li
 
     need_kernel()
     path = routes(link)["auto"]
-    todo = MUSL_ROUTES if link == "musl" else [r for r in ROUTES if r != "clonevm"] \
-        if link != "dynamic" else list(ROUTES)
+    todo = MUSL_ROUTES if link == "musl" else MUSL_STATIC_ROUTES if link == "musl-static" \
+        else [r for r in ROUTES if r != "clonevm"] if link != "dynamic" else list(ROUTES)
     site = _site(path)
     program = (f"usdt:{path}:routes:site {{ @[pid] = count(); }} "
                'BEGIN { printf("attached\\n"); }')
@@ -294,20 +299,41 @@ def test_rust_children_survive_tracing(rust: dict[str, Path], route: str) -> Non
 
 
 @pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="needs musl-gcc (musl-tools)")
-def test_musl_static_is_refused_by_name(tmp_path: Path) -> None:
-    """A static musl executable: no __register_atfork, and musl's cancellable system call
-    (a `syscall` its code jumps to) cannot be hooked: check and rewrite --fork-guard auto
-    refuse it naming the C library; --fork-guard never accepts it."""
+def test_musl_static_is_guarded(routes: Callable[[str], dict[str, Path]],
+                                tmp_path: Path) -> None:
+    """A static musl executable has no __register_atfork: every system call whose number is
+    not proven to be no fork is hooked, among them musl's posix_spawn child (its jump table
+    found past the `_exit` that never returns), `__syscall_cp_c`, `__stdio_read` (a window
+    from the `syscall` on: a jump lands on it) and `__clone`; check predicts no refusal, and
+    the output runs every route as the original does. Before, the file was refused, musl
+    named. A musl program whose own fork system call has no window (rawfork -DWAY_IN) is
+    refused, musl and the system call's address named, by check first."""
     from tests.test_check_equals_rewrite import refusal_mismatch
     from usdtpatch import api
 
-    exe = _gcc(DATA / "forkroutes.c", tmp_path / "musl-static", "-static", cc="musl-gcc")
-    codes = {f.code: f.message for f in api.check(exe).findings}
-    assert "static executable of musl" in codes["fork-guard-unavailable"], codes
+    out = routes("musl-static")["auto"]
+    exe = out.parent / "musl-static"
     assert refusal_mismatch(exe) is None
-    res = run_cli("rewrite", exe, "-o", tmp_path / "out")
+    codes = {f.code: f.message for f in api.check(out).findings}
+    assert "hooked" in codes.get("fork-guarded", ""), codes
+    for route in MUSL_STATIC_ROUTES:
+        runs = [subprocess.run([str(p), route], input="go\n", capture_output=True, text=True,
+                               timeout=30, check=False) for p in (exe, out)]
+        assert [(r.returncode, r.stdout) for r in runs] == \
+            [(0, "ready\nchild-status 0 canary intact\n")] * 2, (route, runs)
+    res = run_cli("verify", out)  # the emulator runs the hooked guard's child stub
+    assert res.rc == 0 and "re-armed" in res.out, res.out + res.err
+    assert run_cli("restore", out, "-o", tmp_path / "back").rc == 0
+    assert (tmp_path / "back").read_bytes() == exe.read_bytes()
+    raw = _gcc(DATA / "rawfork-static.c", tmp_path / "rawfork", "-static", "-DWAY_IN",
+               cc="musl-gcc")
+    codes = {f.code: f.message for f in api.check(raw).findings}
+    assert "static executable of musl" in codes["fork-guard-unavailable"], codes
+    assert re.search(r"system call at 0x[0-9a-f]+", codes["fork-guard-unavailable"]), codes
+    assert refusal_mismatch(raw) is None
+    res = run_cli("rewrite", raw, "-o", tmp_path / "out")
     assert res.rc == 2 and "of musl" in res.err, (res.rc, res.err)
-    assert run_cli("rewrite", exe, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
+    assert run_cli("rewrite", raw, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
 
 
 def test_another_c_library_is_refused_by_name(tmp_path: Path) -> None:
@@ -449,38 +475,115 @@ def test_a_looked_up_fork_is_guarded(tmp_path: Path, name: str) -> None:
 # --- a fork in another object's initializer that calls back into the program ---------------
 
 @pytest.fixture(scope="module")
-def libctor(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """guard -> the rewritten forkroutes program (-DWITH_LIBCTOR) in a folder with the
-    library whose constructor calls back into it (not rewritten: it has no probe)."""
+def libctor(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Path]]:
+    """variant -> {guard: the rewritten forkroutes program (-DWITH_LIBCTOR) in a folder with
+    the library whose constructor calls back into it (not rewritten: it has no probe),
+    "original": the program}. Variants: "preinit" (the program has a preinit array),
+    "pie" and "nopie" (-DNO_PREINIT: it has none, the rewrite adds one)."""
     d = tmp_path_factory.mktemp("libctor")
     _gcc(DATA / "forkctor-lib.c", d / "libforkctor.so", "-shared", "-fPIC")
-    exe = d / "exe"
-    subprocess.run(["gcc", "-O2", "-DWITH_LIBCTOR", "-rdynamic", "-I",
-                    str(ROOT / "fixtures" / "src"), str(DATA / "forkroutes.c"), f"-L{d}",
-                    "-Wl,--no-as-needed", "-lforkctor", "-Wl,-rpath,$ORIGIN", "-o", str(exe)],
-                   check=True)
-    out: dict[str, Path] = {}
-    for guard in ("auto", "never"):
-        out[guard] = d / f"libctor-{guard}"
-        res = run_cli("rewrite", exe, "-o", out[guard], "--fork-guard", guard)
-        assert res.rc == 0, res.err
-    return out
+    done: dict[str, dict[str, Path]] = {}
+
+    def get(variant: str) -> dict[str, Path]:
+        if variant in done:
+            return done[variant]
+        exe = d / variant
+        flags = {"preinit": [], "pie": ["-DNO_PREINIT"], "nopie": ["-DNO_PREINIT", "-no-pie"]}
+        subprocess.run(["gcc", "-O2", "-DWITH_LIBCTOR", *flags[variant], "-rdynamic", "-I",
+                        str(ROOT / "fixtures" / "src"), str(DATA / "forkroutes.c"), f"-L{d}",
+                        "-Wl,--no-as-needed", "-lforkctor", "-Wl,-rpath,$ORIGIN", "-o",
+                        str(exe)], check=True)
+        out: dict[str, Path] = {"original": exe}
+        for guard in ("auto", "never"):
+            out[guard] = d / f"{variant}-{guard}"
+            res = run_cli("rewrite", exe, "-o", out[guard], "--fork-guard", guard)
+            assert res.rc == 0, res.err
+        done[variant] = out
+        return out
+
+    return get
 
 
 @pytest.mark.live
-def test_a_fork_in_a_librarys_constructor_is_guarded(libctor: dict[str, Path]) -> None:
+@pytest.mark.parametrize("variant", ["preinit", "pie", "nopie"])
+def test_a_fork_in_a_librarys_constructor_is_guarded(libctor: Callable[[str], dict[str, Path]],
+                                                     variant: str) -> None:
     """A library's constructor (run before the program's own initializers) calls back into
     the rewritten program, which hits its probe and forks while traced: the guard, hooked at
     the program's first preinit function, is registered by then, and the child survives with
     its 7 hits counted. Before, it was hooked at DT_INIT_ARRAY[0], which glibc runs after the
-    libraries' constructors: the child died of SIGSEGV (as unguarded here)."""
+    libraries' constructors: the child died of SIGSEGV (as unguarded here). A program without
+    a preinit array (`pie`, `nopie`) is given one (its first init array word, two dynamic
+    entries in spare DT_NULL slots); before, its child died."""
     from tests.test_fork_support import need_kernel, run_under_uprobes
 
     need_kernel()
-    path = libctor["auto"]
+    path = libctor(variant)["auto"]
     run = run_under_uprobes([str(path), "libctor"], [(path, _site(path), 0)])
     assert run.line == "child-status 0 canary intact", run
     assert run.after == 7, run
-    bare = libctor["never"]
+    bare = libctor(variant)["never"]
     run = run_under_uprobes([str(bare), "libctor"], [(bare, _site(bare), 0)])
     assert run.line.startswith("child-status 11 "), run
+
+
+@pytest.mark.parametrize("variant", ["pie", "nopie"])
+def test_an_added_preinit_array_keeps_every_initializer(
+        libctor: Callable[[str], dict[str, Path]], variant: str) -> None:
+    """The rewritten program has a DT_PREINIT_ARRAY (its one word the init stub), and its
+    original initializers all still run, in order: every route's output equals the
+    original's (untraced)."""
+    from usdtpatch.elf.image import parse_elf
+    from usdtpatch.elf.model import DT_PREINIT_ARRAY, dynamic_entries
+
+    got = libctor(variant)
+    tags = {t for t, _v, _o in dynamic_entries(parse_elf(got["auto"].read_bytes()))}
+    assert DT_PREINIT_ARRAY in tags
+    for route in ("libctor", "fork", "clone"):
+        runs = [subprocess.run([str(got[k]), route], input="go\n", capture_output=True,
+                               text=True, timeout=30, check=False) for k in ("original", "auto")]
+        assert [(r.returncode, r.stdout) for r in runs] == \
+            [(0, "ready\nchild-status 0 canary intact\n")] * 2, (route, runs)
+    back = got["auto"].parent / f"{variant}-back"
+    assert run_cli("restore", got["auto"], "-o", back).rc == 0  # the dynamic edits undone
+    assert back.read_bytes() == got["original"].read_bytes()
+
+
+def test_no_room_for_a_preinit_array_is_refused(libctor: Callable[[str], dict[str, Path]],
+                                                tmp_path: Path) -> None:
+    """The same program with its spare DT_NULL slots taken (given DT_CHECKSUM tags in a
+    copy): no preinit array can be added, so a library's constructor could fork before the
+    guard registers: check says fork-guard-unavailable naming the route, rewrite
+    --fork-guard auto refuses the file, --fork-guard never accepts it. A program with its own
+    preinit array needs no slot. Before, the file was rewritten with the guard in its first
+    init array entry and the child of such a fork died."""
+    import struct
+
+    from tests.test_check_equals_rewrite import refusal_mismatch
+    from usdtpatch import api
+    from usdtpatch.elf.image import PT_DYNAMIC, parse_elf
+    from usdtpatch.elf.model import dynamic_entries
+
+    exe = libctor("pie")["original"]
+    data = bytearray(exe.read_bytes())
+    image = parse_elf(bytes(data))
+    seg = next(s for s in image.segments if s.type == PT_DYNAMIC)
+    first = seg.offset + 16 * len(dynamic_entries(image))  # the first DT_NULL
+    spare = (seg.offset + seg.filesz - first) // 16 - 1  # one must end the section
+    assert spare >= 2
+    for k in range(spare - 1):  # one slot left: too few for two entries
+        struct.pack_into("<qQ", data, first + 16 * k, 0x6FFFFDF8, 0)
+    full = tmp_path / "full"
+    full.write_bytes(bytes(data))
+    full.chmod(0o755)
+    codes = {f.code: f.message for f in api.check(full).findings}
+    assert "constructor of a library it loads (libforkctor.so)" in \
+        codes.get("fork-guard-unavailable", ""), codes
+    assert "spare DT_NULL slot" in codes["fork-guard-unavailable"]
+    assert refusal_mismatch(full) is None
+    res = run_cli("rewrite", full, "-o", tmp_path / "out")
+    assert res.rc == 2 and "constructor of a library" in res.err, (res.rc, res.err)
+    assert not (tmp_path / "out").exists()
+    assert run_cli("rewrite", full, "-o", tmp_path / "out", "--fork-guard", "never").rc == 0
+    assert "fork-guard-unavailable" not in {
+        f.code for f in api.check(libctor("preinit")["original"]).findings}

@@ -9,8 +9,10 @@ C library's `_Fork` makes the clone system call inline). The code itself is the 
   call (`mov $56,%eax; syscall` jumps to a copy that re-arms the sites in the child), and
   (live) traced by bpftrace every child survives, unstripped or stripped; with
   `--fork-guard never` every traced child dies of SIGSEGV (the guard is the fix);
-- tests/data/rawfork-static.c forks by its own system call, which cannot be hooked (another
-  instruction between the number and the `syscall`): rewrite --fork-guard auto refuses it
+- tests/data/rawfork-static.c forks by its own system call with another instruction between
+  the number and the `syscall`: hooked from the `syscall` on (issue 31; before, refused), and
+  traced its children survive; built -DWAY_IN, a jump lands right after the `syscall` and
+  no window can be made: rewrite --fork-guard auto refuses it
   (exit 2, one line saying why and that `--fork-guard never` accepts it), and so does
   `--dry-run`: the plan decides it; nothing is written; `--fork-guard never` accepts it;
 - tests/data/nofork-static.c, stripped, never forks, but its C library makes a system call
@@ -64,6 +66,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         stripped = out / f"{name}-stripped"
         subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
         paths[name], paths[f"{name}-stripped"] = exe, stripped
+    for flag, name in (("-DWAY_IN", "rawfork-wayin-stripped"),  # no window for its fork
+                       ("-DJMP_AFTER", "rawfork-jmp-stripped")):  # a window ending in a jmp
+        subprocess.run(["gcc", "-O2", "-static", flag, "-s", "-I",
+                        str(ROOT / "fixtures" / "src"), str(DATA / "rawfork-static.c"), "-o",
+                        str(out / name)], check=True)
+        paths[name] = out / name
     for name in ("sysfork", "rawfork"):
         dyn = out / f"{name}-dynamic"
         subprocess.run(["gcc", "-O2", "-I", str(ROOT / "fixtures" / "src"),
@@ -91,8 +99,31 @@ def test_check_finds_the_fork_in_code(built: dict[str, Path]) -> None:
     lo, hi = _nm(built["fork"], "_Fork")
     assert lo <= int(m.group(1), 16) < hi
     assert "fork-guard-unavailable" not in codes  # the system call can be hooked
-    raw = {f.code: f for f in api.check(built["rawfork-stripped"]).findings}
+    raw = {f.code: f for f in api.check(built["rawfork-wayin-stripped"]).findings}
     assert "process-can-fork" in raw and "fork-guard-unavailable" in raw
+    raw = {f.code: f for f in api.check(built["rawfork-stripped"]).findings}
+    assert "process-can-fork" in raw and "fork-guard-unavailable" not in raw
+
+
+@pytest.mark.parametrize("name", ["rawfork-stripped", "rawfork-jmp-stripped"])
+def test_a_window_from_the_syscall_on(built: dict[str, Path], tmp_path: Path,
+                                      name: str) -> None:
+    """rawfork's fork system call has another instruction between `mov $57,%eax` and the
+    `syscall`: no window before it, so the hook's window starts at the `syscall` and takes the
+    instructions after it (the number compared at run time); built -DJMP_AFTER, a jump lands
+    on the `syscall` and a 5-byte `jmp` follows it, which the hook makes to its target.
+    Before, both files were refused. The output runs as the original (its children exit 0);
+    restore gives the original back."""
+    out = tmp_path / "out"
+    res = run_cli("rewrite", built[name], "-o", out, "--json")
+    assert res.rc == 0, res.err
+    said = {f["code"]: f["message"] for f in json.loads(res.out)["files"][0]["findings"]}
+    assert "hooked" in said["fork-guarded"], said
+    run = [subprocess.run([str(p), "2"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout for p in (built[name], out)]
+    assert run[0] == run[1] and run[0].count("child-status 0") == 2
+    assert run_cli("restore", out, "-o", tmp_path / "back").rc == 0
+    assert (tmp_path / "back").read_bytes() == built[name].read_bytes()
 
 
 def test_rewrite_hooks_the_fork_system_call(built: dict[str, Path], tmp_path: Path) -> None:
@@ -116,12 +147,12 @@ def test_rewrite_auto_refuses_a_fork_it_cannot_hook(built: dict[str, Path], tmp_
                                                     dry: bool) -> None:
     out = tmp_path / "out"
     args = ["--dry-run"] if dry else ["-o", out]
-    res = run_cli("rewrite", built["rawfork-stripped"], *args)
+    res = run_cli("rewrite", built["rawfork-wayin-stripped"], *args)
     assert res.rc == 2, (res.rc, res.out, res.err)
     assert "--fork-guard never" in res.err and "system call at" in res.err
     assert len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err
     assert not out.exists()
-    accepted = run_cli("rewrite", built["rawfork-stripped"], "-o", out, "--fork-guard",
+    accepted = run_cli("rewrite", built["rawfork-wayin-stripped"], "-o", out, "--fork-guard",
                        "never")
     assert accepted.rc == 0, accepted.err
 
@@ -189,8 +220,8 @@ def test_a_fork_through_the_libraries_syscall_is_interposed(built: dict[str, Pat
     assert run_cli("rewrite", raw, "-o", tmp_path / "raw", "--fork-guard", "never").rc == 0
 
 
-def _traced(path: Path) -> str:
-    script = f"usdt:{path}:sfork:site {{ @n = count(); }}"
+def _traced(path: Path, provider: str = "sfork") -> str:
+    script = f"usdt:{path}:{provider}:site {{ @n = count(); }}"
     done = subprocess.run(["bpftrace", "-e", script, "-c", f"{path} 3"], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -201,7 +232,8 @@ def _traced(path: Path) -> str:
 @pytest.mark.live
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="needs bpftrace")
-@pytest.mark.parametrize("name", ["fork", "fork-stripped", "sysfork", "sysfork-stripped"])
+@pytest.mark.parametrize("name", ["fork", "fork-stripped", "sysfork", "sysfork-stripped",
+                                  "rawfork-stripped", "rawfork-jmp-stripped"])
 def test_guarded_static_children_survive_tracing(built: dict[str, Path], tmp_path: Path,
                                                  name: str) -> None:
     out = tmp_path / "out"
@@ -209,12 +241,13 @@ def test_guarded_static_children_survive_tracing(built: dict[str, Path], tmp_pat
     assert res.rc == 0, res.err
     doc = json.loads(res.out)["files"][0]
     assert any(f["code"] == "fork-guarded" for f in doc["findings"]), doc["findings"]
-    want = _traced(built[name])
+    provider = "rawfork" if name.startswith("rawfork") else "sfork"
+    want = _traced(built[name], provider)
     assert want.count("child-status 0") == 3
-    assert _traced(out) == want
+    assert _traced(out, provider) == want
     bare = tmp_path / "bare"
     assert run_cli("rewrite", built[name], "-o", bare, "--fork-guard", "never").rc == 0
-    assert "child-status 0" not in _traced(bare)  # unguarded, every traced child dies
+    assert "child-status 0" not in _traced(bare, provider)  # unguarded, every traced child dies
 
 
 def test_hooked_guard_verifies_and_restores(built: dict[str, Path], tmp_path: Path) -> None:

@@ -183,7 +183,7 @@ def _guard_builder() -> GuardBuilder:
     """The fork guard's builder, as check asks it (usdtpatch.analysis.check.GuardBuilder)."""
     from usdtpatch import forkguard
 
-    return GuardBuilder(forkguard.fork_exposure, forkguard.hook_problem)
+    return GuardBuilder(forkguard.hook_problem)
 
 
 def _check_data(path: StrPath, data: bytes) -> CheckResult:

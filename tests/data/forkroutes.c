@@ -10,7 +10,8 @@
  * before every other initializer of the process; musl runs none: the route is glibc's);
  * libctor (built with -DWITH_LIBCTOR -rdynamic, linked with -Wl,--no-as-needed to
  * tests/data/forkctor-lib.c's library): the same exchange in that library's constructor, which calls back into this
- * program (routes_from_ctor) before this program's own initializers.
+ * program (routes_from_ctor) before this program's own initializers (-DNO_PREINIT: the
+ * program has no preinit array, so the rewrite gives it one).
  * It hits the probe 5 times, prints "ready", waits for a line, creates the child (which hits
  * the probe 7 times and exits 0), prints the child's status, then waits for stdin to close.
  * Build: gcc -O2 [-static] -I fixtures/src tests/data/forkroutes.c -o forkroutes
@@ -111,7 +112,7 @@ static void exchange(void)
     snprintf(line, sizeof line, "child-status %d canary intact\n", st);
     say(line);
 }
-static void early(int argc, char **argv, char **envp)
+__attribute__((unused)) static void early(int argc, char **argv, char **envp)
 {
     (void)envp;
     if (argc > 1 && !strcmp(argv[1], "preinit"))
@@ -123,8 +124,10 @@ void routes_from_ctor(void)
     exchange();
 }
 #endif
+#ifndef NO_PREINIT
 __attribute__((section(".preinit_array"), used)) static void (*early_entry)(int, char **,
                                                                           char **) = early;
+#endif
 int main(int argc, char **argv)
 {
     const char *route = argc > 1 ? argv[1] : "fork";

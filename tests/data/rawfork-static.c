@@ -1,7 +1,11 @@
 /* rawfork-static.c: a static program that forks through its own system call (issue 19,
  * item 3), `mov $57,%eax` and `syscall` with another instruction between them: the guard
- * cannot hook it, so rewrite --fork-guard auto refuses the file. The C library's fork is not
- * linked. The child exits at once through the exit system call. */
+ * hooks it from the `syscall` on (issue 31; -DJMP_AFTER: a jump lands on the `syscall`, a
+ * 5-byte jmp follows it). With -DWAY_IN a jump lands right after the
+ * `syscall` (and a branch is right before it): no window can be made, so rewrite
+ * --fork-guard auto refuses the file. The C library's fork is not linked. The child hits the
+ * probe once, then exits through the exit system call.
+ * Build: gcc -O2 -static [-DWAY_IN | -DJMP_AFTER] -I fixtures/src tests/data/rawfork-static.c -o rawfork */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -14,8 +18,21 @@ __attribute__((noinline)) long site(long x)
 static long raw_fork(void)
 {
     long ret;
+#if defined(JMP_AFTER)
+    /* a way in on the syscall itself (no window before it), then a 5-byte jmp (e9 rel32): the window
+     * runs from the syscall through the jmp, which the hook makes to its target */
+    asm volatile("mov $57, %%eax\n\txor %%edi, %%edi\n\ttest %%esi, %%esi\n\tjz 1f\n"
+                 "1:\tsyscall\n\t.byte 0xe9\n\t.long 2f - 3f\n3:\tud2\n2:\tnop"
+                 : "=a"(ret) : "S"(1) : "rdi", "rcx", "r11", "memory");
+#elif defined(WAY_IN)
+    /* %esi is 1: the jump is never taken, but it is a way in right after the syscall */
+    asm volatile("mov $57, %%eax\n\txor %%edi, %%edi\n\ttest %%esi, %%esi\n\tjz 1f\n\t"
+                 "syscall\n1:\tnop\n\tnop\n\tnop\n\tnop"
+                 : "=a"(ret) : "S"(1) : "rdi", "rcx", "r11", "memory");
+#else
     asm volatile("mov $57, %%eax\n\txor %%edi, %%edi\n\tsyscall"
                  : "=a"(ret) :: "rdi", "rcx", "r11", "memory");
+#endif
     return ret;
 }
 int main(int argc, char **argv)

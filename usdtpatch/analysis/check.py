@@ -25,6 +25,7 @@ from usdtpatch.analysis.candidacy import Candidacy, Outcome, site_candidacy
 from usdtpatch.analysis.closed import file_refusal, local_refusal
 from usdtpatch.analysis.computed import file_ways_in
 from usdtpatch.analysis.debuglines import entry_pinned, window_debug_refusal
+from usdtpatch.analysis.forkexposure import exposure, fork_exposure
 from usdtpatch.analysis.forms import (
     ForkGuard,
     Form,
@@ -198,6 +199,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
+    if not any(f.code == PROCESS_CAN_FORK.code for f in findings):
+        findings.extend(_route_fork_findings(image, sites))
     findings.extend(_library_syscall_findings(ctx, sites))
     unwind = detour_unwind_left_out(image) if any(
         s.outcome in (FORWARD, BACKWARD) for s in sites) else None
@@ -264,14 +267,32 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
     return out
 
 
+def _route_fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+    """`process-can-fork` for a file that names no fork of its own but may be forked all the
+    same (usdtpatch.analysis.forkexposure, what rewrite's `--fork-guard auto` asks too): an
+    executable that loads a library other than the C library's (or calls dlopen), or one that
+    looks functions up with dlsym / dlvsym. A shared object is guarded by rewrite whatever it
+    calls (any process may load it) and check does not warn of every one."""
+    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
+    if not exposed or coverage(image) is not None:
+        return []
+    got = exposure(image)
+    if got is None or got.route not in ("libraries", "lookup"):
+        return []
+    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
+    return [PROCESS_CAN_FORK.finding(
+        f"{got.reason}: a child forked while a site is optimized inherits the call to the "
+        f"trampoline but not its page and dies with SIGSEGV at the site ({now} site(s) "
+        f"optimizable as they are, {len(exposed) - now} after rewrite)", severity=Severity.WARNING)]
+
+
 @dataclass(frozen=True, slots=True)
 class GuardBuilder:
-    """What check asks the fork guard's builder, to predict rewrite's refusal: why the file
-    may fork (usdtpatch.forkguard.fork_exposure, what rewrite asks) and why the guard could
-    not be added (forkguard.hook_problem: what building it says). The builder sits above
-    this module (it reads the site analysis), so the library hands these in (api.check)."""
+    """What check asks the fork guard's builder, to predict rewrite's refusal: why the guard
+    could not be added (forkguard.hook_problem: what building it says). Whether the file may
+    fork is analysis/forkexposure.py's, asked by both. The builder sits above this module (it
+    reads the site analysis), so the library hands it in (api.check)."""
 
-    fork_exposure: Callable[[ElfImage], str | None]
     hook_problem: Callable[[ElfImage], str | None]
 
 
@@ -282,14 +303,14 @@ def _guard_unavailable(image: ElfImage, sites: tuple[SiteCheck, ...],
     if not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites) or \
             coverage(image) is not None:
         return []
-    exposure = builder.fork_exposure(image)
-    if exposure is None and fork_guard is ForkGuard.ALWAYS:
-        exposure = "--fork-guard always"
-    problem = builder.hook_problem(image) if exposure is not None else None
+    why = fork_exposure(image)
+    if why is None and fork_guard is ForkGuard.ALWAYS:
+        why = "--fork-guard always"
+    problem = builder.hook_problem(image) if why is not None else None
     if problem is None:
         return []
     return [FORK_GUARD_UNAVAILABLE.finding(
-        f"the file may fork ({exposure}), but the fork guard cannot be added: {problem}; "
+        f"the file may fork ({why}), but the fork guard cannot be added: {problem}; "
         f"rewrite --fork-guard {fork_guard.value} refuses the file (--fork-guard never "
         f"accepts the risk)")]
 

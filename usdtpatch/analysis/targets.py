@@ -380,6 +380,14 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                 graph = _Graph(insns, {t.address for t in targets
                                        if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
             verdict = _indirect(ctx, bounds, insns, k, graph)
+            if isinstance(verdict, str):
+                # a path that only a call which never returns (musl's _exit) seemed to open
+                # may have hidden the table's base: once more without those paths
+                cut = _noreturn_calls(ctx, insns)
+                if cut:
+                    again = _indirect(ctx, bounds, insns, k, _Graph(graph.insns, graph.entries,
+                                                                    cut))
+                    verdict = again if isinstance(again, JumpTable) else verdict
             if isinstance(verdict, JumpTable) and verdict.entry_size == 4 and \
                     not verdict.bounded:
                 computed.append((ins.address, verdict.base,
@@ -810,9 +818,11 @@ MAX_REACHING_STEPS = 20000
 class _Graph:
     """Predecessors of each instruction of one part, for a reaching-definition search."""
 
-    def __init__(self, insns: tuple[CodeInsn, ...], entries: set[int]) -> None:
+    def __init__(self, insns: tuple[CodeInsn, ...], entries: set[int],
+                 noreturn: frozenset[int] = frozenset()) -> None:
         self.insns = insns
         self.entries = entries  # addresses reached from outside: entry, symbols, landing pads
+        self.noreturn = noreturn  # indices of calls that never return: no fall-through
         self.direct: dict[int, list[int]] = {}
         self.indirect: list[int] = []
         # labels whose address the part takes (`lea L(%rip)`): what a computed goto reaches
@@ -830,7 +840,8 @@ class _Graph:
         ins = self.insns[m]
         out: list[int] = []
         if m > 0 and self.insns[m - 1].flow not in (Flow.JMP, Flow.RET, Flow.STOP,
-                                                     Flow.JMP_INDIRECT):
+                                                     Flow.JMP_INDIRECT) \
+                and m - 1 not in self.noreturn:
             out.append(m - 1)
         out.extend(self.direct.get(ins.address, ()))
         if not out and m > 0 and (not ins.base_mnemonic.startswith("nop")
@@ -841,6 +852,45 @@ class _Graph:
             # look computed by that dispatch's arithmetic, and every function poisoned)
             out.extend(self.indirect)
         return out, m == 0 or ins.address in self.entries
+
+
+def _noreturn_calls(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> frozenset[int]:
+    """Indices of the direct calls in `insns` whose callee never returns to its caller: its
+    code, decoded whole from its entry to its end, has no `ret`, no indirect jump, no jump
+    out of itself and does not run past its end (musl's `_exit`: exit_group, then exit in a
+    loop). The instruction after such a call is reached only by a jump to it."""
+    out: set[int] = set()
+    verdicts: dict[int, bool] = {}
+    for k, ins in enumerate(insns):
+        if ins.flow is not Flow.CALL or ins.target is None:
+            continue
+        if ins.target not in verdicts:
+            verdicts[ins.target] = never_returns(ctx, ins.target)
+        if verdicts[ins.target]:
+            out.add(k)
+    return frozenset(out)
+
+
+def never_returns(ctx: CodeContext, entry: int, depth: int = 0) -> bool:
+    """Whether the function at `entry` never returns (_noreturn_calls): its last instruction
+    a `jmp` back into it, an instruction that stops, or a call of such a function (musl's
+    `_exit` calls `_Exit`); three calls deep at most."""
+    b = ctx.bounds(entry)
+    if b is None or b.start != entry or b.size > 4096:
+        return False
+    sw = ctx.sweep(b.start, b.end)
+    if sw.bad or not sw.insns:
+        return False
+    for ins in sw.insns:
+        if ins.flow in (Flow.RET, Flow.JMP_INDIRECT):
+            return False
+        if ins.flow in (Flow.JMP, Flow.JCC) and (ins.target is None
+                                                  or not b.contains(ins.target)):
+            return False
+    last = sw.insns[-1]
+    if last.flow is Flow.CALL and last.target is not None and depth < 3:
+        return never_returns(ctx, last.target, depth + 1)
+    return last.flow in (Flow.JMP, Flow.STOP)
 
 
 def _reaching_lea(g: _Graph, at: int, reg: str, depth: int = 0) -> int | None:

@@ -38,10 +38,20 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from usdtpatch.analysis.computed import file_ways_in
 from usdtpatch.analysis.debuglines import window_debug_refusal
+from usdtpatch.analysis.forkexposure import (
+    LOOKUPS,
+    NON_FORKING_LIBRARIES,
+    constructor_route,
+    fork_exposure,
+    spare_dynamic_slots,
+)
+from usdtpatch.analysis.forkexposure import evidence as _evidence
+from usdtpatch.analysis.forkexposure import libraries_that_may_fork as _libraries_that_may_fork
+from usdtpatch.analysis.functions import FunctionBounds
 from usdtpatch.analysis.guardfile import (
     ENTRY_SIZE,
     TABLE_SECTION,
@@ -52,12 +62,10 @@ from usdtpatch.analysis.guardfile import (
     coverage,
     header_table,
     is_shared,
-    needed_objects,
     object_kind,
     read_table,
 )
-from usdtpatch.analysis.hazards import FORK_COPIES_MM, fork_evidence_of, imported_fork_family
-from usdtpatch.analysis.targets import CodeContext
+from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.image import (
     EM_X86_64,
@@ -80,23 +88,22 @@ from usdtpatch.elf.model import (
     dynamic_entries,
 )
 from usdtpatch.elf.relocs import RelaTable, import_slots
-from usdtpatch.elf.symbols import load_symbols, symbol_names, symbol_value
+from usdtpatch.elf.symbols import load_symbols, symbol_value
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
 from usdtpatch.forkguard.dso import find_dso_handle  # only for a stripped object
 from usdtpatch.x86.decode import Flow
 from usdtpatch.x86.nops import NOP5, crosses_page, kernel_optimizable_nop5
 
-__all__ = ["ENTRY_SIZE", "TABLE_SECTION", "Coverage", "GuardBuild", "GuardUnsupported",
-           "TableEntry", "build_guard", "coverage", "fork_exposure", "fork_syscall_hooks",
-           "guarded_sites", "header_table", "hook_problem", "is_shared", "marker_entry",
-           "read_table"]
+__all__ = ["ENTRY_SIZE", "LOOKUPS", "NON_FORKING_LIBRARIES", "TABLE_SECTION", "Coverage",
+           "GuardBuild", "GuardUnsupported", "TableEntry", "build_guard", "coverage",
+           "fork_exposure", "fork_syscall_hooks", "guarded_sites", "header_table",
+           "hook_problem", "is_shared", "marker_entry", "read_table"]
 
 _dynamic = dynamic_entries  # (the builder's names for the reader's)
 _kind = object_kind
 
 if TYPE_CHECKING:
-    from usdtpatch.analysis.hazards import ForkEvidence
     from usdtpatch.analysis.targets import CodeContext
 
 CHILD_STUB = 0
@@ -142,82 +149,6 @@ def guarded_sites(sites: tuple[tuple[int, bytes], ...] | list[tuple[int, bytes]]
     """The sites a 6.18 kernel optimizes (a 5-byte NOP within one page): the ones to guard."""
     return tuple((a, bytes(b)) for a, b in sites
                  if len(b) == 5 and kernel_optimizable_nop5(b) and not crosses_page(a, 5))
-
-
-def fork_exposure(image: ElfImage) -> str | None:
-    """Why a process running `image` may fork a copy of itself (None: it cannot, as far as
-    the file tells): it imports (a static file: defines) a call of the fork family that copies
-    the address space, or it is a shared object (whatever process loads it may fork), or a
-    dynamically linked executable that loads libraries which may fork (`_libraries_that_may_fork`).
-
-    vfork, posix_spawn, system and popen are not counted: their child runs in the parent's
-    address space, trampoline included, until it execs. Where no symbol names a fork, the
-    code is asked (usdtpatch.analysis.hazards.fork_evidence): a fork system call, or clone
-    without CLONE_VM. A system call whose number the code does not fix is not counted here:
-    check reports it (`fork-unknown`), and so does rewrite."""
-
-    calls = [f for f in imported_fork_family(image) if f in FORK_COPIES_MM]
-    if not calls and _kind(image) == "static":
-        # a static PIE also has a .dynsym (for its self-relocation): look at what it defines
-        calls = sorted(f for f in FORK_COPIES_MM if _symbol(image, f) is not None)
-    if calls:
-        return f"it calls {', '.join(calls)}"
-    if _kind(image) == "shared":
-        return "it is a shared object (the process that loads it may fork)"
-    libraries = _libraries_that_may_fork(image)
-    if libraries is not None:
-        return libraries
-    looks = sorted(n for n in LOOKUPS if import_slots(image, n))
-    if looks and _kind(image) == "exe":
-        return f"it calls {looks[0]}: a function it looks up may fork the process"
-    if not any(f in FORK_COPIES_MM for f in imported_fork_family(image)):
-        # no symbol names a fork (a stripped static executable, a raw system call): the code
-        ev = _evidence(image, True)
-        return ev.describe() or ev.uncertainty()
-    return None
-
-
-# Shared objects that never fork a copy of the process by themselves: the C library's own
-# objects (their fork is a call the executable imports, counted above) and the compiler's
-# run-time libraries. Any other library an executable needs may fork it (libvirt's virFork,
-# a plugin host), and the child then runs the executable's code.
-NON_FORKING_LIBRARIES = frozenset({
-    "libc.so.6", "ld-linux-x86-64.so.2", "libm.so.6", "libmvec.so.1", "libpthread.so.0",
-    "libdl.so.2", "librt.so.1", "libresolv.so.2", "libutil.so.1", "libanl.so.1",
-    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1",
-    "libc.so", "libc.musl-x86_64.so.1"})  # musl's C library (Debian's musl-gcc, Alpine)
-
-
-def _libraries_that_may_fork(image: ElfImage) -> str | None:
-    """Why a dynamically linked executable that names no fork may still fork through what it
-    loads (None: it loads only NON_FORKING_LIBRARIES and calls no dlopen): the atfork handler
-    the guard registers runs for a fork() made by any object of the process."""
-    if _kind(image) != "exe":
-        return None
-    others = [n for n in needed_objects(image) if n not in NON_FORKING_LIBRARIES]
-    if others:
-        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-        return (f"it loads {', '.join(others[:3])}{more}, which may fork the process (the "
-                f"child runs this file's code)")
-    opens = sorted({n for n in symbol_names(image) if n in ("dlopen", "dlmopen")})
-    if opens:
-        return f"it calls {opens[0]}: a library it loads may fork the process"
-    return None
-
-
-_LAST_EVIDENCE: list[tuple[ElfImage, bool, ForkEvidence]] = []  # the last file's, kept
-
-
-def _evidence(image: ElfImage, raw: bool) -> ForkEvidence:
-    """usdtpatch.analysis.hazards.fork_evidence_of(image, raw), for the last file asked
-    about remembered (check and rewrite ask several times about one file)."""
-
-    for img, r, ev in _LAST_EVIDENCE:
-        if img is image and r == raw:
-            return ev
-    got = fork_evidence_of(image, raw)
-    _LAST_EVIDENCE[:] = [*_LAST_EVIDENCE[-1:], (image, raw, got)]
-    return got
 
 
 # the C library's own fork functions: the fork system call there runs the atfork handlers
@@ -361,6 +292,74 @@ def _array_hook(image: ElfImage, dyn: dict[int, int], relas: RelaTable, arr: int
     return target, how, where
 
 
+@dataclass(frozen=True, slots=True)
+class _EarlyHook:
+    """A glibc executable without DT_PREINIT_ARRAY whose libraries' constructors may call back
+    into it and fork (usdtpatch.analysis.forkexposure.constructor_route): the guard must be
+    registered before them. Its DT_INIT_ARRAY's first word (already pointed at the init stub)
+    becomes a DT_PREINIT_ARRAY of one word, which glibc's dynamic linker calls before every
+    library's constructor: two new dynamic entries in spare DT_NULL slots, DT_INIT_ARRAY one
+    word later and shorter. The init stub then returns (a `ret`), and DT_INIT (repointed, or
+    added in a third spare slot) runs a stub that calls the original DT_INIT, then the
+    original first init array function: every original initializer runs in its original
+    order. No relocation is added: the word keeps the relocation that fills it."""
+
+    array: int  # DT_INIT_ARRAY's value
+    edits: tuple[tuple[int, bytes], ...]  # the dynamic section's edits but DT_INIT's value
+    init: int | None  # the original DT_INIT function (None: none)
+    init_at: int  # file offset of the d_val that receives the new DT_INIT function
+
+    @staticmethod
+    def plan(image: ElfImage, dyn_entries: list[tuple[int, int, int]], how: str
+             ) -> _EarlyHook | None:
+        route = constructor_route(image)
+        if route is None:
+            return None
+        why = f"{route}; the guard must be registered before that"
+        if not how.startswith("DT_INIT_ARRAY[0]"):
+            raise GuardUnsupported(f"{why}, and the file has no DT_INIT_ARRAY to give a "
+                                   f"preinit function")
+        tags = {t: (v, o) for t, v, o in dyn_entries}
+        arr, arr_off = tags[DT_INIT_ARRAY]
+        size, size_off = tags[DT_INIT_ARRAYSZ]
+        init = tags.get(DT_INIT)
+        first, spare = spare_dynamic_slots(image)
+        need = 2 if init is not None else 3
+        if spare < need:
+            raise GuardUnsupported(
+                f"{why}, and its dynamic section has {spare} spare DT_NULL slot(s) for the "
+                f"{need} entries of a preinit array (the guard's first init array entry runs "
+                f"after the libraries' constructors)")
+        edits = [(first, struct.pack("<qQ", DT_PREINIT_ARRAY, arr)),
+                 (first + 16, struct.pack("<qQ", DT_PREINIT_ARRAYSZ, 8)),
+                 (arr_off + 8, struct.pack("<Q", arr + 8)),
+                 (size_off + 8, struct.pack("<Q", size - 8))]
+        if init is None:
+            edits.append((first + 32, struct.pack("<q", DT_INIT)))
+            init_at = first + 40
+        else:
+            init_at = init[1] + 8
+        return _EarlyHook(arr, tuple(edits), init[0] if init else None, init_at)
+
+    def first_stub(self, e: _Asm, first: int) -> None:
+        """At e.pc, the new DT_INIT function: the original DT_INIT, then the original first
+        init array function, each with the (argc, argv, envp) glibc passes."""
+        if self.init:
+            e.raw(PUSH_ARGS)
+            e.call(self.init)
+            e.raw(POP_ARGS)
+        e.jmp(first)
+
+    def patches(self, stub: int) -> tuple[tuple[int, bytes], ...]:
+        return (*self.edits, (self.init_at, struct.pack("<Q", stub)))
+
+    def describe(self, how: str) -> str:
+        return (f"{how.replace('DT_INIT_ARRAY[0]', 'DT_PREINIT_ARRAY[0]', 1)}, a preinit "
+                f"array added (its word is DT_INIT_ARRAY's first, now at {self.array + 8:#x}; "
+                f"{'DT_INIT' if self.init else 'an added DT_INIT'} runs the original first "
+                f"init function), before the libraries' constructors")
+
+
 def _static_init(image: ElfImage) -> tuple[int, str, list[tuple[int, int]]]:
     """The hook of a static (non-PIE) glibc executable: its .preinit_array's first pointer
     when it has one (run first: before _init and .init_array), else its .init_array's."""
@@ -468,6 +467,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                                         preinit=libc == "glibc" and kind != "shared")
     else:
         target, how, where = _static_init(image)
+    early = _EarlyHook.plan(image, dyn_entries, how) if dyn_entries else None
     dso: int | None = None
     if kind == "shared":
         dso = _dso_handle(image, relas)
@@ -503,9 +503,12 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         b.call(register_atfork)
     b.raw(POP_ARGS)
     tail = (table_end + 15) & ~15
+    first = target  # the original first init function
+    if early is not None:
+        target = place_at + CODE_AT - 1  # run as the preinit function: a `ret` after it
     b.jmp(tail if interposed else target)
     stub_init = bytes(b.code)
-    assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) <= CODE_AT - INIT_STUB
+    assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) < CODE_AT - INIT_STUB
 
     text = bytearray(b"\xcc" * (table_end - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
@@ -519,8 +522,16 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         t = _Asm(tail)
         extra = _interposition(t, image, interposed, child, target, code)
         text += b"\xcc" * (tail - place_at - len(text)) + t.code
-
     patches = tuple((off, struct.pack("<Q", init)) for off, _w in where)
+    if early is not None:
+        text[CODE_AT - 1] = 0xC3  # ret
+        text += b"\xcc" * (-len(text) % 16)
+        e = _Asm(place_at + len(text))
+        early.first_stub(e, first)
+        text += e.code
+        extra.append(("__usdtpatch_fork_init_first", e.address, len(e.code)))
+        patches += early.patches(e.address)
+        how = early.describe(how)
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_init", init, len(stub_init)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
@@ -546,9 +557,9 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
 # clone / clone3 without CLONE_VM). fork() runs the handlers; vfork, posix_spawn, system and
 # popen share the address space until exec.
 INTERPOSED = ("_Fork", "clone", "syscall")
-# the run-time lookups, interposed when the file imports them: a pointer they return to one of
-# the interposed functions (or to themselves) is replaced by the guard's stub
-LOOKUPS = ("dlsym", "dlvsym")
+# the run-time lookups (analysis/forkexposure.py's LOOKUPS), interposed when the file imports
+# them: a pointer they return to one of the interposed functions (or to themselves) is replaced
+# by the guard's stub
 IPO_SIZE = 24
 IPO_RESOLVER = 1  # rearm.c: the entry of dlsym, which finds what the link map does not give
 
@@ -808,8 +819,22 @@ _CHILD_RETURN = bytes([
 ])
 
 
-def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | str:
-    """(window start, window length, system call number or None) of each system call of a
+class Hook(NamedTuple):
+    """A system call's hook: the window [start, start + length) the `jmp` to the hook takes,
+    the `syscall`'s address in it (`at`: its end, or its start), the number the window's
+    `mov` sets (None: compared at run time) and, for a window from the `syscall` on that ends
+    with a direct `jmp`, that jump's target."""
+
+    start: int
+    length: int
+    number: int | None
+    at: int
+    jump: int | None = None
+    jump_size: int = 0  # the size of that `jmp` (rel8 or rel32), the window's last bytes
+
+
+def fork_syscall_hooks(image: ElfImage) -> list[Hook] | str:
+    """The hook (Hook) of each system call of a
     static executable that the guard hooks (usdtpatch.analysis.hazards.fork_evidence), or why
     one cannot be hooked:
 
@@ -844,7 +869,7 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
                 [(pc, "the system call of syscall()", False) for pc in inside]
     spans = [(pc, b.start, b.end) for pc, _w, _k in todo if (b := ctx.bounds(pc)) is not None]
     ctx.ways_in = file_ways_in(ctx, spans, sorted({*cfi.starts, *ctx.symbols.addresses}))
-    out: list[tuple[int, int, int | None]] = []
+    out: list[Hook] = []
     for pc, what, known in todo:
         got = _hook_window(ctx, image, pc, what, known)
         if isinstance(got, str):
@@ -854,8 +879,9 @@ def fork_syscall_hooks(image: ElfImage) -> list[tuple[int, int, int | None]] | s
 
 
 def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: bool
-                 ) -> tuple[int, int, int | None] | str:
-    """fork_syscall_hooks' window for the system call at `pc`, or why there is none."""
+                 ) -> Hook | str:
+    """fork_syscall_hooks' window for the system call at `pc`, or why there is none: the
+    window before it (`_before_window`), else the one from it on (`_after_window`)."""
 
     where = (f"{what} system call at {pc:#x}" if known else
              f"system call at {pc:#x} ({what})" if pc else what)
@@ -866,6 +892,52 @@ def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: b
     k = fc.index_of(pc)
     if fc.all_targets is not None or k is None:
         return f"the {where} is reached other than by falling into it"
+    got = _before_window(image, fc, bounds, pc, k, where, known)
+    if not isinstance(got, str):
+        return got
+    after = _after_window(image, fc, bounds, pc, k, where)
+    if not isinstance(after, str):
+        return after
+    return f"{got} (nor from it on: {after.removeprefix(f'the {where} ')})"
+
+
+def _after_window(image: ElfImage, fc: FunctionCode, bounds: FunctionBounds, pc: int, k: int,
+                  where: str) -> Hook | str:
+    """The window that starts at the `syscall` (a way in to the `syscall` itself lands on the
+    hook's jump): it and the whole instructions after it up to 5 bytes at least, none
+    rip-relative and none a branch but a direct `jmp`, which ends it (the hook jumps to its
+    target). The number is compared at run time."""
+    end = pc + 2
+    j = k + 1
+    while end - pc < 5:
+        ins = fc.insns[j] if j < len(fc.insns) else None
+        if ins is None or not bounds.contains(ins.address):
+            return f"the {where} has too few bytes after it in its function to hook"
+        if ins.rip_target is not None or ins.flow not in (Flow.NONE, Flow.JMP) or \
+                (ins.flow is Flow.JMP and ins.target is None):
+            return (f"the {where} is followed by {ins.text} at {ins.address:#x}, which cannot "
+                    f"be moved to the hook")
+        end = ins.address + ins.size
+        j += 1
+        if ins.flow is Flow.JMP:
+            break
+    if end - pc < 5:
+        return f"the {where} has too few bytes after it in its function to hook"
+    if fc.targets_between(pc, end):
+        return f"the {where} is followed by code reached other than by falling into it"
+    debug = window_debug_refusal(image, pc, end)
+    if debug is not None:
+        return f"the {where}: {debug[1]}"
+    last = fc.insns[j - 1]
+    if last.flow is Flow.JMP:
+        return Hook(pc, end - pc, None, pc, last.target, last.size)
+    return Hook(pc, end - pc, None, pc)
+
+
+def _before_window(image: ElfImage, fc: FunctionCode, bounds: FunctionBounds, pc: int, k: int,
+                   where: str, known: bool) -> Hook | str:
+    """The window that ends with the `syscall`: `mov $N,%eax` before it (a fork number), or
+    the whole instructions before it, at least 3 bytes, none rip-relative or a branch."""
     if known:
         start = pc - 5
         raw = bytes(image.read_vaddr(start, SYSCALL_HOOK_WINDOW))
@@ -888,7 +960,7 @@ def _hook_window(ctx: CodeContext, image: ElfImage, pc: int, what: str, known: b
     debug = window_debug_refusal(image, start, pc + 2)  # the rows inside move, or it says
     if debug is not None:
         return f"the {where}: {debug[1]}"
-    return start, pc + 2 - start, number
+    return Hook(start, pc + 2 - start, number, pc)
 
 
 def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
@@ -913,30 +985,30 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     stub_child = bytes(a.code)
     h = _Asm((table_end + 15) & ~15)
     patches: list[tuple[int, bytes]] = []
-    for start, length, number in hooks:
+    for hook in hooks:
         at = h.pc
-        _hook(h, image, start, length, number, child)
-        off = image.vaddr_to_offset(start)
+        _hook(h, image, hook, child)
+        off = image.vaddr_to_offset(hook.start)
         if off is None:
-            raise GuardUnsupported(f"the system call at {start:#x} is not in the file")
-        patches.append((off, b"\xe9" + _rel32(start + 5, at) + b"\xcc" * (length - 5)))
+            raise GuardUnsupported(f"the system call at {hook.at:#x} is not in the file")
+        patches.append((off, b"\xe9" + _rel32(hook.start + 5, at) + b"\xcc" * (hook.length - 5)))
     text = bytearray(b"\xcc" * (h.pc - place_at))
     text[CHILD_STUB: CHILD_STUB + len(stub_child)] = stub_child
     text[CODE_AT: CODE_AT + _code.BASE_END] = _code.CODE[:_code.BASE_END]
     _write_table(text, place_at, table, todo)
     text[h.address - place_at:] = h.code
-    checked = sum(1 for _s, _n, number in hooks if number is None)
+    checked = sum(1 for k in hooks if k.number is None)
     # a system call of unknown number is not named a fork one: it may be any
     how = ("the " + ("" if checked else "fork ") + "system call" + ("s" if len(hooks) > 1 else "")
            + " at "
-           + ", ".join(f"{s + n - 2:#x}" for s, n, _k in hooks)
+           + ", ".join(f"{k.at:#x}" for k in hooks)
            + " (hooked" + (f"; {checked} of them compare their number with the fork ones at "
                            "run time" if checked else "") + ")")
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_hooks", h.address, len(h.code)))
     return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
-                      symbols, how, checked, tuple((s, s + n) for s, n, _k in hooks))
+                      symbols, how, checked, tuple((k.start, k.start + k.length) for k in hooks))
 
 
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
@@ -973,8 +1045,7 @@ class _Jumps:
 _JE, _JNE, _JB = 0x84, 0x85, 0x82
 
 
-def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
-          child: int) -> None:
+def _hook(h: _Asm, image: ElfImage, hook: Hook, child: int) -> None:
     """One hook at h.pc for the window [start, start + length) (its last 2 bytes the
     `syscall`): the system call made as in the window, and, in the child of a fork, the child
     stub called with every register the code after it may read kept.
@@ -986,11 +1057,19 @@ def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
     `clone(fn, stack, CLONE_VM|...)` on a stack of a few bytes, vfork, any other number) goes
     through a `syscall` of its own after which nothing runs but the jump back: the hook never
     touches the memory of a child that shares its parent's."""
+    start, length, number = hook.start, hook.length, hook.number
     back = start + length
-    if number is not None:
+    after = b""  # the instructions after the syscall a window from it on moves
+    if hook.at == start:
+        after = bytes(image.read_vaddr(start + 2, length - 2 - hook.jump_size))
+    elif number is not None:
         h.raw(b"\xb8" + struct.pack("<I", number))  # mov $N,%eax
     else:
         h.raw(bytes(image.read_vaddr(start, length - 2)))  # the instructions before it
+
+    def leave() -> None:
+        h.raw(after)
+        h.jmp(hook.jump if hook.jump is not None else back)
     j = _Jumps(h)
     h.raw(_LEA_DOWN + _PUSHF)  # (the flags the syscall would keep are kept)
     h.raw(_cmp_eax(SYS_FORK))
@@ -1013,7 +1092,7 @@ def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
     j.jcc(_JE, "fork")
     j.place("plain")
     h.raw(_POPF + _LEA_UP + _SYSCALL)  # no copied address space: the system call as it was
-    h.jmp(back)
+    leave()
     j.place("fork")
     h.raw(_POPF + _LEA_UP + _SYSCALL)
     h.raw(b"\x48\x85\xc0")  # test %rax,%rax
@@ -1022,7 +1101,7 @@ def _hook(h: _Asm, image: ElfImage, start: int, length: int, number: int | None,
     h.call(child)
     h.raw(_CHILD_RETURN)
     j.place("cont")
-    h.jmp(back)
+    leave()
 
 
 def marker_entry(g: GuardBuild) -> dict[str, object]:

@@ -150,7 +150,11 @@ typecheck: $(BIN)/.test
 # Both CPUs (pytest-xdist): each test module is one unit of work, and the tests that use the
 # kernel's uprobes run one at a time, under one lock (tests/conftest.py says why).
 PYTEST_PARALLEL ?= -n auto --dist loadscope
+# The tests start the CLI as a process a few thousand times: its modules compiled once here
+# (compileall writes bytecode even where PYTHONDONTWRITEBYTECODE is set, as on this project's
+# machines) save each start about 0.3 s of compiling (0.70 -> 0.40 s for a fixture's check).
 unit: $(BIN)/.test
+	$(BIN)/python -m compileall -q usdtpatch tools bench
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
 test: system-packages test-data lint typecheck unit

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -416,6 +416,22 @@ def _check(tmp: Path, *files: Path | str) -> tuple[Path, dict[str, Any]]:
     return page, json.loads(js.out)
 
 
+Checked = Callable[[Path], tuple[Path, dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> Checked:
+    """_check of one file, made once in the module (libjvm.so's page is read by two tests;
+    its check, twice over, is most of their time)."""
+    made: dict[Path, tuple[Path, dict[str, Any]]] = {}
+
+    def get(path: Path) -> tuple[Path, dict[str, Any]]:
+        if path not in made:
+            made[path] = _check(tmp_path_factory.mktemp("checked"), path)
+        return made[path]
+    return get
+
+
 @pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
 def test_fixture_check_page(browser: Browser, tmp_path: Path, path: Path) -> None:
     page, doc = _check(tmp_path, path)
@@ -441,11 +457,11 @@ def test_all_fixtures_in_one_page(browser: Browser, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(REAL_BINARIES))
-def test_real_binary_check_page(browser: Browser, tmp_path: Path, name: str) -> None:
+def test_real_binary_check_page(browser: Browser, checked: Checked, name: str) -> None:
     path = REAL_BINARIES[name]
     if not path.is_file():
         pytest.skip(f"{path} is not installed")
-    page, doc = _check(tmp_path, path)
+    page, doc = checked(path)
     check_page(browser, page, doc, f"check-{name}")
 
 
@@ -558,14 +574,14 @@ BROKEN_WORDS = """
 """
 
 
-def test_names_break_only_between_their_parts(browser: Browser, tmp_path: Path) -> None:
+def test_names_break_only_between_their_parts(browser: Browser, checked: Checked) -> None:
     """At 1,400 px the page broke 4 of libjvm.so's names mid-word (overflow-wrap: anywhere):
     now a probe or function name wraps only at a space or the <wbr> after one of its parts
     (issue 34, item 8)."""
     path = REAL_BINARIES["libjvm"]
     if not path.is_file():
         pytest.skip(f"{path} is not installed")
-    page, _ = _check(tmp_path, path)
+    page, _ = checked(path)
     browser.open(page)
     cells, broken = browser.js(BROKEN_WORDS)
     assert cells > 500

@@ -139,6 +139,17 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
          "tests/test_redzone_index.py::test_the_cleared_site_optimized_leaves_the_output_as_"
          "it_was")),
     Assumption(
+        "fork-routes-in-sight",
+        "a process forked from the file's code gets there through a route the fork guard "
+        "sees (the C library's fork, the file's GOT slots of _Fork, clone, syscall, dlsym "
+        "and dlvsym, its hooked system calls, an initializer after the guard's); a pointer "
+        "to _Fork, clone or syscall handed out by an object that is not rewritten, a "
+        "library constructor reaching the file other than by an exported function, and an "
+        "ifunc resolver that forks are not seen",
+        ("tests/test_fork_routes.py::test_every_route_traced",
+         "tests/test_fork_routes.py::test_a_fork_in_a_librarys_constructor_is_guarded",
+         "tests/test_fork_routes.py::test_a_looked_up_fork_is_guarded")),
+    Assumption(
         "kernel-as-measured",
         "the running kernel optimizes and restores sites as docs/kernel.md measured on 6.18",
         ("tests/test_live_kernel.py::test_live_nop5_site_matches_plan",)),

@@ -172,6 +172,39 @@ def test_a_finding_made_by_hand_is_found(tmp_path: Path) -> None:
     assert st.finding_makers(pkg, "pkg.findings") == ["pkg.a:2", "pkg.b:3"]
 
 
+def test_cli_and_integrate_use_only_the_public_face() -> None:
+    """Issue 35, item 4: the command line and the build integration import nothing of the
+    library but its face (usdtpatch.api's `__all__`, the package's) and report/; no private
+    name of api."""
+    assert st.face_violations(PACKAGE) == []
+
+
+def test_a_use_past_the_face_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "__all__ = ['__version__']\n__version__ = '1'\n",
+        "pkg/api.py": "__all__ = ['rewrite', 'Form']\ndef rewrite(): ...\ndef _rewritten(): ...\n",
+        "pkg/elf/__init__.py": "", "pkg/elf/image.py": "def parse_elf(): ...\n",
+        "pkg/report/__init__.py": "", "pkg/report/r.py": "def render(): ...\n",
+        "pkg/cli/__init__.py": "from pkg import __version__\nfrom pkg.report.r import render\n",
+        "pkg/cli/c.py": "from pkg import api\nfrom pkg.api import Form, rewrite\n"
+                        "from pkg.elf.image import parse_elf\n"
+                        "def f():\n    return api.rewrite(), api._rewritten()\n",
+        "pkg/integrate/__init__.py": "",
+        "pkg/integrate/s.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from pkg.elf.image import parse_elf\n"
+                              "def f():\n    from ..api import _rewritten\n"
+                              "    import pkg.elf.image\n    from pkg import elf, version\n"
+                              "    return _rewritten\n",
+        "pkg/analysis/__init__.py": "",
+        "pkg/analysis/a.py": "from pkg.elf.image import parse_elf\n",  # not a caller
+    })
+    assert st.face_violations(pkg) == [
+        "pkg.cli.c:3 pkg.elf.image.parse_elf", "pkg.cli.c:5 pkg.api._rewritten",
+        "pkg.integrate.s:3 pkg.elf.image.parse_elf", "pkg.integrate.s:5 pkg.api._rewritten",
+        "pkg.integrate.s:6 pkg.elf.image", "pkg.integrate.s:7 pkg.elf",
+        "pkg.integrate.s:7 pkg.version"]
+
+
 def test_every_module_the_architecture_page_names_exists() -> None:
     assert st.missing_names(PAGE.read_text(), PACKAGE) == []
 

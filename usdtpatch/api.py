@@ -536,15 +536,18 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
 
     def outcome(changed: bool, sites: tuple[SiteDecision, ...] = (),
                 findings: tuple[Finding, ...] = (), note: str | None = None) -> RewriteOutcome:
-        return RewriteOutcome(src, target, f, g, fg, verify, changed, sites,
-                              findings if note is not None else said + findings, note)
+        return RewriteOutcome(path=src, output=target, form=f, redzone_guard=g, fork_guard=fg,
+                              verified=verify, changed=changed, sites=sites,
+                              findings=findings if note is not None else said + findings, note=note)
 
     def answer(o: RewriteOutcome, data: bytes | None) -> Rewritten:
-        return Rewritten(o, data, origin, in_place)
+        return Rewritten(outcome=o, data=data, origin=origin, in_place=in_place)
 
     if f is None:  # a kernel that optimizes nothing: the file stays as it is
-        return answer(RewriteOutcome(src, target, None, g, fg, verify, False, (),
-                                     (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)), copy)
+        nothing = (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)
+        return answer(RewriteOutcome(path=src, output=target, form=None, redzone_guard=g,
+                                     fork_guard=fg, verified=verify, changed=False, sites=(),
+                                     findings=nothing), copy)
     from usdtpatch.rewriter.marker import AlreadyRewritten
 
     try:
@@ -626,9 +629,11 @@ def rewrite_files(todo: Sequence[tuple[StrPath, StrPath | None]], *, jobs: int =
         try:
             o = rewrite(p, t, progress=progress, phase=phase, **options)
         except UsdtpatchError as exc:
-            yield FileRewrite(p, None, exc, time.monotonic() - t0, size)
+            yield FileRewrite(path=p, outcome=None, error=exc, seconds=time.monotonic() - t0,
+                              size_before=size)
             continue
-        yield FileRewrite(p, o, None, time.monotonic() - t0, size)
+        yield FileRewrite(path=p, outcome=o, error=None, seconds=time.monotonic() - t0,
+                          size_before=size)
 
 
 def _size(path: str) -> int | None:
@@ -656,9 +661,10 @@ def _in_workers(files: list[tuple[str, str | None]], jobs: int,
             try:
                 o, took = fut.result()
             except UsdtpatchError as exc:
-                yield FileRewrite(p, None, exc, 0.0, sizes[p])
+                yield FileRewrite(path=p, outcome=None, error=exc, seconds=0.0,
+                                  size_before=sizes[p])
                 continue
-            yield FileRewrite(p, o, None, took, sizes[p])
+            yield FileRewrite(path=p, outcome=o, error=None, seconds=took, size_before=sizes[p])
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
             _interrupt_workers(pool)

@@ -146,4 +146,5 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
     if log is not None:
         for line in lines:
             print(line, file=log)
-    return StepResult(path, target, changed, failed, findings, result_doc, lines)
+    return StepResult(path=path, output=target, changed=changed, failed=failed, findings=findings,
+                      report=result_doc, lines=lines)

@@ -169,10 +169,12 @@ class Path:
     steps: int = 0
 
     def fork(self) -> Path:
-        return Path(dict(self.regs), set(self.written), list(self.writes), list(self.loads),
-                    [(a, list(g)) for a, g in self.access], list(self.hits), list(self.cond),
-                    self.exit, self.jumpkind, list(self.probe_rsp),
-                    list(self.tracer_rsp), list(self.tracer_at), self.steps)
+        return Path(regs=dict(self.regs), written=set(self.written), writes=list(self.writes),
+                    loads=list(self.loads), access=[(a, list(g)) for a, g in self.access],
+                    hits=list(self.hits), cond=list(self.cond), exit=self.exit,
+                    jumpkind=self.jumpkind, probe_rsp=list(self.probe_rsp),
+                    tracer_rsp=list(self.tracer_rsp), tracer_at=list(self.tracer_at),
+                    steps=self.steps)
 
 
 MAX_STEPS = 256
@@ -1061,8 +1063,9 @@ def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -
         if z3.is_true(m.eval(c, model_completion=True)):
             what = w if x is None else f"{w} {val(x):#x}"
             break
-    return Model(gprs, ymm, val(shared.flags) & STATUS_FLAGS, memory, default,
-                 z3.is_true(m.eval(shared.traced, model_completion=True)), what)
+    return Model(gprs=gprs, ymm=ymm, rflags=val(shared.flags) & STATUS_FLAGS, memory=memory,
+                 default_byte=default,
+                 traced=z3.is_true(m.eval(shared.traced, model_completion=True)), what=what)
 
 
 __all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",

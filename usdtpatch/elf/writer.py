@@ -190,10 +190,12 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
                                     limit)
     if best is not None:
         offset, cut = best
-        return SegmentLayout(offset + delta, offset, phdr_size, True, in_place, moved, cut)
+        return SegmentLayout(vaddr=offset + delta, offset=offset, phdr_size=phdr_size,
+                             keeps_delta=True, in_place=in_place, moved=moved, cut=cut)
     # past 10% the size rule wins: right after the content, vaddr past .bss (same page offset)
     offset = _align(len(image.data) + room, SEGMENT_ALIGN)
-    return SegmentLayout(low + offset % PAGE, offset, phdr_size, False, in_place, moved)
+    return SegmentLayout(vaddr=low + offset % PAGE, offset=offset, phdr_size=phdr_size,
+                         keeps_delta=False, in_place=in_place, moved=moved)
 
 
 SEGMENT_ALIGN = 64  # the new segment's file offset (the moved sections keep theirs modulo 64)
@@ -582,9 +584,11 @@ def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[Progra
                                 if sg.type == PT_LOAD))
     size = len(seg.data) - seg.start
     last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
-    out.insert(last_load + 1, ProgramHeader(PT_LOAD, PF_R | PF_X, lay.offset + seg.start,
-                                            lay.vaddr + seg.start, lay.vaddr + seg.start,
-                                            size, size, align))
+    out.insert(last_load + 1, ProgramHeader(type=PT_LOAD, flags=PF_R | PF_X,
+                                            offset=lay.offset + seg.start,
+                                            vaddr=lay.vaddr + seg.start,
+                                            paddr=lay.vaddr + seg.start, filesz=size, memsz=size,
+                                            align=align))
     for i, p in enumerate(out):
         p.check(i)
     return out
@@ -688,7 +692,7 @@ def _segment_and_copy(image: ElfImage, rw: Rewrite, seg: _Segment,
     """The new segment, then (with a cut) the input from the cut on with the edits that fall
     there, appended in place: no second copy of a large end (a symbol table)."""
     lay = rw.layout
-    tail = _Tail(bytearray(seg.data), lay.offset, lay.cut, None, gap_at)
+    tail = _Tail(out=bytearray(seg.data), base=lay.offset, cut=lay.cut, copy_at=None, gap_at=gap_at)
     if lay.cut is None:
         return tail
     tail.copy_at = cut_copy_at(lay, rw.alloc)

@@ -242,6 +242,41 @@ def face_violations(package: Path, callers: tuple[str, ...] = ("cli", "integrate
                                            s))
 
 
+# ------------------------------------------------------------------------------ records
+
+
+def record_classes(package: Path) -> set[str]:
+    """The names of the package's dataclasses (a class decorated with `dataclass`, called or
+    not, by any spelling: dataclass, dataclasses.dataclass)."""
+    out: set[str] = set()
+    for path in modules(package).values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and any(
+                    _called_name(d.func if isinstance(d, ast.Call) else d) == "dataclass"
+                    for d in node.decorator_list):
+                out.add(node.name)
+    return out
+
+
+def _called_name(fn: ast.expr) -> str:
+    return fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) \
+        else ""
+
+
+def positional_records(package: Path, limit: int = 5) -> list[str]:
+    """"module:line Class" of every call of one of the package's dataclasses with `limit` or
+    more positional arguments (a record built by position: one field moved and every such
+    call is silently wrong)."""
+    records = record_classes(package)
+    out = []
+    for name, path in modules(package).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _called_name(node.func) in records and \
+                    len(node.args) >= limit:
+                out.append(f"{name}:{node.lineno} {_called_name(node.func)}")
+    return out
+
+
 # ------------------------------------------------------------------------ the names a page gives
 
 _CODE = re.compile(r"`([^`\s]+)`")

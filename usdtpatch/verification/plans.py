@@ -373,7 +373,8 @@ def _run(ctx: _Ctx, state: bytes, kernel: KernelState, label: str) -> bool:
 
 
 def _check_torn(ctx: _Ctx) -> None:
-    live = KernelState(True, ctx.kernel_length, None, ctx.call_length, ctx.extra_sp)
+    live = KernelState(probe=True, nop_length=ctx.kernel_length, late=None,
+                       call_length=ctx.call_length, extra_sp=ctx.extra_sp)
     for seq in ctx.seqs.all_sequences():
         states = seq.states
         for i in range(len(states) - 1):
@@ -391,8 +392,8 @@ def _check_torn(ctx: _Ctx) -> None:
                          f"{_hx(m)}")
                 _run(ctx, m, live, label)
                 if last and m[0] == INT3:
-                    gone = KernelState(False, ctx.kernel_length, states[-1], ctx.call_length,
-                                       ctx.extra_sp)
+                    gone = KernelState(probe=False, nop_length=ctx.kernel_length, late=states[-1],
+                                       call_length=ctx.call_length, extra_sp=ctx.extra_sp)
                     _run(ctx, m, gone, label + " handled after the uprobe is gone")
 
 
@@ -407,10 +408,14 @@ def _check_parked(ctx: _Ctx) -> None:
     for k in range(TRAMPOLINE_INSNS):
         for j, st in enumerate(states):
             probe = j < len(states) - 1
-            kernel = KernelState(probe, ctx.kernel_length, None, ctx.call_length, ctx.extra_sp)
+            kernel = KernelState(probe=probe, nop_length=ctx.kernel_length, late=None,
+                                 call_length=ctx.call_length, extra_sp=ctx.extra_sp)
             res = ctx.machine.run(ctx.site.entry, ctx.site.exit, seqs.address,
-                                  seqs.optimize.end, KernelState(True, ctx.kernel_length, None,
-                                                                 ctx.call_length, ctx.extra_sp),
+                                  seqs.optimize.end, KernelState(probe=True,
+                                                                 nop_length=ctx.kernel_length,
+                                                                 late=None,
+                                                                 call_length=ctx.call_length,
+                                                                 extra_sp=ctx.extra_sp),
                                   park=(pre + k, st, kernel))
             ctx.runs += 1
             label = (f"thread parked after trampoline instruction {k} while unoptimize "
@@ -429,21 +434,26 @@ def verify_site(machine: Machine, site: SitePlan, image: ElfImage, load_base: in
     seqs = site.sequences
     if seqs is None:
         reason = site.findings[0].message if site.findings else "the site cannot be probed"
-        return SiteVerdict(site.probe, site.address, "-", SKIP, (), (), 0, (), reason)
+        return SiteVerdict(probe=site.probe, address=site.address, protocol="-", status=SKIP,
+                           failures=(), hazards=(), runs=0, red_zone_writes=(), reason=reason)
     proto = seqs.protocol
     if not image.is64:
-        return SiteVerdict(site.probe, site.address, proto, SKIP, (), (), 0, (),
-                           "32-bit code: the emulator models 64-bit processes only")
+        return SiteVerdict(probe=site.probe, address=site.address, protocol=proto, status=SKIP,
+                           failures=(), hazards=(), runs=0, red_zone_writes=(),
+                           reason="32-bit code: the emulator models 64-bit processes only")
     nop = decode_nop(seqs.original)
     if nop is None or nop.length != len(seqs.original):
-        return SiteVerdict(site.probe, site.address, proto, SKIP, (), (), 0, (),
-                           f"the probed instruction {_hx(seqs.original)} is not a NOP: the "
-                           f"kernel single-steps it out of line, which is not modelled")
+        return SiteVerdict(
+            probe=site.probe, address=site.address, protocol=proto, status=SKIP, failures=(),
+            hazards=(), runs=0, red_zone_writes=(),
+            reason=f"the probed instruction {_hx(seqs.original)} is not a NOP: the "
+            f"kernel single-steps it out of line, which is not modelled")
     link = site.address - (0 if image.type == ET_EXEC else load_base)
     file_bytes = image.read_vaddr(link, len(seqs.original))
     nop10 = proto == PROTOCOL_NOP10
-    ctx = _Ctx(machine, site, seqs, len(seqs.original), NOP10_LENGTH if nop10 else NOP5_LENGTH,
-               RED_ZONE if nop10 else 0)
+    ctx = _Ctx(machine=machine, site=site, seqs=seqs, kernel_length=len(seqs.original),
+               call_length=NOP10_LENGTH if nop10 else NOP5_LENGTH,
+               extra_sp=RED_ZONE if nop10 else 0)
     if link != site.link_address:
         ctx.fail(ADDRESS_MISMATCH.code, f"run-time address {site.address:#x} minus the load base "
                                      f"is {link:#x}, the plan says {site.link_address:#x}")
@@ -476,8 +486,9 @@ def _verdict(ctx: _Ctx, proto: str) -> SiteVerdict:
             f"on the optimized path the call and the trampoline's pushes write {len(rz)} bytes "
             f"{_span(rz)} below rsp on every hit", ctx.site.probe))
     status = FAIL if ctx.failures else PASS
-    return SiteVerdict(ctx.site.probe, ctx.site.address, proto, status, tuple(ctx.failures),
-                       tuple(hazards), ctx.runs, rz)
+    return SiteVerdict(probe=ctx.site.probe, address=ctx.site.address, protocol=proto,
+                       status=status, failures=tuple(ctx.failures), hazards=tuple(hazards),
+                       runs=ctx.runs, red_zone_writes=rz)
 
 
 def trampoline_code(protocol: str) -> bytes:
@@ -529,9 +540,10 @@ def verify_plan(plan: Plan, image: ElfImage,
         if machine is None:
             why = ("32-bit process: never optimized, and the emulator models 64-bit processes "
                    "only" if not image.is64 else "no emulator for this file")
-            verdicts.append(SiteVerdict(site.probe, site.address,
-                                        site.sequences.protocol if site.sequences else "-",
-                                        SKIP, (), (), 0, (), why))
+            verdicts.append(SiteVerdict(
+                probe=site.probe, address=site.address,
+                protocol=site.sequences.protocol if site.sequences else "-", status=SKIP,
+                failures=(), hazards=(), runs=0, red_zone_writes=(), reason=why))
             continue
         v = verify_site(machine, site, image, load_base, set(mapped))
         if any(h.code == OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code for h in v.hazards):
@@ -545,5 +557,5 @@ def verify_plan(plan: Plan, image: ElfImage,
                 for h in v.hazards
                 if h.code != OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code or reason is not None))
         verdicts.append(v)
-    return VerifyReport(plan.path, plan.protocol, tuple(verdicts), tuple(findings),
-                        time.perf_counter() - t0)
+    return VerifyReport(path=plan.path, protocol=plan.protocol, verdicts=tuple(verdicts),
+                        findings=tuple(findings), seconds=time.perf_counter() - t0)

@@ -908,9 +908,13 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
             for name, form, implicit in attrs:
                 at = r.pos
                 values[name] = (form, _form_value(r, form, unit, implicit))
+                # where the unit's line program offset is stored, when it has a fixed size:
+                # a rewrite that edits .debug_line moves the programs and repoints them there
                 if name == DW_AT_stmt_list and depth == 0 and r.pos - at in (4, 8) and \
                         form in (DW_FORM_sec_offset, DW_FORM_data4, DW_FORM_data8):
                     stmt_at = (at, r.pos - at)
+            # The addresses and names are read after the unit: DWARF 5's addrx and strx forms
+            # index .debug_addr and .debug_str_offsets from the bases the unit's DIE gives.
             if depth == 0 and tag in (DW_TAG_compile_unit, DW_TAG_partial_unit):
                 cu_attrs = values
             elif tag == DW_TAG_subprogram and DW_AT_low_pc in values:
@@ -932,6 +936,8 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
                                      language=lang if isinstance(lang, int) else 0,
                                      stmt_list=stmt if isinstance(stmt, int) else None,
                                      stmt_list_at=stmt_at))
+        # Lexical blocks and inlined subroutines bound the scopes gdb picks a line's row in;
+        # labels and inlined subroutines are also breakpoint addresses (their entry pc first).
         for die, tag, values in marks:
             low = cu.address(values) if DW_AT_low_pc in values else None
             if low is not None and DW_AT_high_pc in values and \

@@ -788,6 +788,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
             added.append(_Header(a.name, (a.type, a.flags | SHF_ALLOC, a.vaddr,
                                           lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align,
                                           0)))
+    # A section the new segment replaces keeps its original bytes, where they were, under
+    # its old name: its name and index now belong to the new copy.
     olds = [(a, sec) for a in rw.alloc if a.replaces and a.old_name is not None
             and (sec := image.section(a.name)) is not None]
     for a, sec in sorted(olds, key=lambda p: not p[1].flags & SHF_ALLOC):  # loaded first
@@ -821,6 +823,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
         size = grown.get(sec.name, size)
         if sec.index == shstrndx:
             off = -1  # written below, once the names are known
+        # a section moved out of the grown program header table's way lives in the new
+        # segment now: its header follows it there
         if sec.size and sec.type != SHT_NOBITS and mv is not None and \
                 mv.lo <= sec.offset < mv.hi:
             addr = sec.addr + lay.moved_vaddr - mv.vaddr
@@ -832,6 +836,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
         size = t.place[1] if t.place is not None else len(t.data)
         headers.append(_Header(t.name, (t.type, 0, 0, off, size, 0, t.info, t.align,
                                         t.entsize)))
+    # the new non-allocated sections name their sh_link by section name: the indices are
+    # known only now that every header has its place
     index_of: dict[str, int] = {}
     for i, h in enumerate(headers):
         index_of.setdefault(h.name, i)

@@ -170,7 +170,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         raise UnsupportedError("big-endian x86 ELF: plan handles little-endian x86 only")
     if protocol not in (PROTOCOL_NOP5, PROTOCOL_NOP10):
         raise InputError(f"unknown protocol {protocol!r}, expected nop5 or nop10")
-    if image.type == ET_EXEC:
+    if image.type == ET_EXEC:  # loaded at its link addresses: no base moves it
         load_base = 0
     findings: list[Finding] = []
     if trampoline is not None:
@@ -187,6 +187,9 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
             "the nop10 protocol models a kernel series that is not in any release (queued "
             "upstream, July 2026)"))
     sites: list[SitePlan] = []
+    # In address order: the kernel places a trampoline when a site is first optimized and a
+    # later site within reach reuses it; planned in this order, each site sees the pages the
+    # ones before it took (the layout grows below), as when they are hit in that order.
     order = sorted(ps.probes, key=lambda p: p.address)
     for probe in order:
         where = probe.probe_id
@@ -194,6 +197,9 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
             findings.append(SITE_UNMAPPED.finding(
                 f"probe address {probe.address:#x} is in no loadable segment", where))
             continue
+        # The kernel probes the NOP, which is not always at pc: a combo form's starts at pc+1,
+        # and a guarded nop5 is wrapped in the leas of rewrite's red-zone guard (the one before
+        # pc is read to tell), so its entry and exit are those of the whole guarded sequence.
         window = image.read_vaddr(probe.address, len(GUARDED_NOP5) + 16)
         before = image.read_vaddr(probe.address - len(GUARD_ENTER), len(GUARD_ENTER))
         off, length, guarded, desc = _kernel_site(probe.site.form, window, before, protocol)
@@ -235,9 +241,13 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         else:
             assert tramp is not None
             seqs = nop5_sequences(addr, original, tramp)
+        # a new trampoline is a new mapping: the next sites reuse it or must fit around it
         if (seqs.trampoline is not None and trampoline is None and not reused):
             layout = (*layout, MapEntry(start=seqs.trampoline, end=seqs.trampoline + PAGE,
                                         perms="r-xp", offset=0, inode=0, path=TRAMPOLINE_NAME))
+        # Only an optimized, unguarded nop5 writes below rsp (the call's return address and
+        # the trampoline's pushes); a guarded site moved rsp past the red zone first, and a
+        # site left to int3 never calls. The red-zone analysis is asked once, lazily.
         if protocol == PROTOCOL_NOP5 and seqs.protocol == PROTOCOL_NOP5 and not guarded:
             if red_zone is None:
                 red_zone = red_zone_users(ps)

@@ -190,6 +190,8 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
     if file_bytes[:n] != seqs.original:
         ctx.fail(ORIGINAL_MISMATCH.code, f"the plan's original bytes {_hx(seqs.original)} are not "
                                       f"the file's {_hx(file_bytes[:n])}")
+    # Each sequence must start where the kernel leaves the site before it runs: a sequence
+    # checked from any other state proves nothing about the bytes it will really write over.
     chain: list[tuple[Sequence | None, bytes, str]] = [
         (seqs.attach, seqs.original, "the original bytes"),
         (seqs.detach, seqs.attach.end, "attach's end state"),
@@ -225,6 +227,10 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
                 ctx.fail(KERNEL_CHECK_FAILS.code,
                          f"{where}: the kernel expects byte 0 = {st.expect_byte0:02x} before "
                          f"writing, the site holds {state[0]:02x}")
+            # The int3-first protocol: another thread may fetch the site between any two
+            # writes, so a write that starts a change puts int3 at byte 0 first, bytes after
+            # it change only while int3 stands there (the fetch traps instead of decoding a
+            # mixture), and no single write spans byte 0 and the rest (not atomic for fetch).
             changed = [j for j in range(n) if after[j] != state[j]]
             if i == 0 and changed and (0 not in changed or after[0] != INT3) and \
                     seq.name in ("attach", "optimize", "unoptimize"):
@@ -240,6 +246,7 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
                 ctx.fail(WRITE_SPANS_BYTE0.code,
                          f"{where}: one {len(st.data)}-byte write changes byte 0 and bytes "
                          f"after it; a concurrent fetch can see any mixture")
+            # the call's opcode goes in last: before it, the rel32 after it must be complete
             if seq.name == "optimize" and 0 in changed and after[0] == _opcode(seqs) and \
                     after[1:] != final[1:]:
                 ctx.fail(OPCODE_BEFORE_DISPLACEMENT.code,

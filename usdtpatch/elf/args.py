@@ -126,13 +126,13 @@ def parse_arg(tok: str, x86: bool = True) -> SdtArg:
             return SdtArg(
                 raw=tok, size=None, signed=m.group(1) == "-", is_float=bool(m.group(3)),
                 operand=UnknownOperand(m.group(4), f"size of {len(m.group(2))} digits is not "
-                                           f"1, 2, 4, 8 or 16"))
+                                                   f"1, 2, 4, 8 or 16"))
         signed, size, flt, operand_text = m.group(1) == "-", int(m.group(2)), m.group(3), m.group(4)
         if not x86:
             return SdtArg(
                 raw=tok, size=size, signed=signed, is_float=bool(flt),
                 operand=UnknownOperand(operand_text, "operands of this architecture are kept "
-                                             "as text"))
+                                                     "as text"))
         op = parse_operand(operand_text)
         if size not in (1, 2, 4, 8, 16) and not isinstance(op, UnknownOperand):
             op = UnknownOperand(operand_text, f"size {size} is not 1, 2, 4, 8 or 16")

@@ -454,7 +454,7 @@ def verify_site(machine: Machine, site: SitePlan, image: ElfImage, load_base: in
             probe=site.probe, address=site.address, protocol=proto, status=SKIP, failures=(),
             hazards=(), runs=0, red_zone_writes=(),
             reason=f"the probed instruction {_hx(seqs.original)} is not a NOP: the "
-            f"kernel single-steps it out of line, which is not modelled")
+                   f"kernel single-steps it out of line, which is not modelled")
     link = site.address - (0 if image.type == ET_EXEC else load_base)
     file_bytes = image.read_vaddr(link, len(seqs.original))
     nop10 = proto == PROTOCOL_NOP10

@@ -18,16 +18,16 @@ through a temporary file and one rename, and an output that is an input is refus
 The public face is `__all__`: the functions, the results and the errors, and what the
 command line and the build integration take besides (the enums and choices of the options,
 the finding registry, the checked output writes of usdtpatch.io, the plan's and protocol's
-types). cli/ and integrate/ import nothing else of usdtpatch but report/ (tests/
-test_structure.py holds it). The names of deferred modules are bound on first use (`__getattr__`
-below, `_LAZY`), so that `import usdtpatch.api` costs `list` no analysis it does not do.
+types). cli/ and integrate/ import nothing else of usdtpatch but report/ and their own
+modules (tests/test_structure.py holds it). The names of deferred modules are bound on first
+use (`__getattr__` below, `_LAZY`), so that `import usdtpatch.api` costs `list` no analysis
+it does not do.
 
 Deferred imports, inside the functions that use them, so that a command loads no engine and
 no other command's machinery it does not use (docs/performance.md, "Deferred imports"):
-- engines: rewriter/plan.py, report/rewrite.py and rewriter/build.py (iced-x86, through
-  x86/relocate.py), the verifiers (unicorn: verification/, its equivalence.py, plans.py and
-  fork.py), the prover (z3 and pyvex: prove/), the output's validation (elf/validate.py:
-  pyelftools, hashlib);
+- engines: rewriter/plan.py and rewriter/build.py (iced-x86, through x86/relocate.py), the
+  verifiers (unicorn: verification/, its equivalence.py, plans.py and fork.py), the prover
+  (z3 and pyvex: prove/), the output's validation (elf/validate.py: pyelftools, hashlib);
 - the site analysis (analysis/check.py, analysis/calls.py and rewriter/marker.py, with the
   windows, targets and capstone's sweep they load): `list` imports this module and reads
   probes only;

@@ -245,12 +245,23 @@ def face_violations(package: Path, callers: tuple[str, ...] = ("cli", "integrate
 # ------------------------------------------------------------------------------ records
 
 
+_PARSED: dict[tuple[str, int], ast.Module] = {}
+
+
+def _parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per version of the file."""
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = ast.parse(path.read_text(), str(path))
+    return _PARSED[key]
+
+
 def record_classes(package: Path) -> set[str]:
     """The names of the package's dataclasses (a class decorated with `dataclass`, called or
     not, by any spelling: dataclass, dataclasses.dataclass)."""
     out: set[str] = set()
     for path in modules(package).values():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.ClassDef) and any(
                     _called_name(d.func if isinstance(d, ast.Call) else d) == "dataclass"
                     for d in node.decorator_list):
@@ -270,7 +281,7 @@ def positional_records(package: Path, limit: int = 5) -> list[str]:
     records = record_classes(package)
     out = []
     for name, path in modules(package).items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.Call) and _called_name(node.func) in records and \
                     len(node.args) >= limit:
                 out.append(f"{name}:{node.lineno} {_called_name(node.func)}")

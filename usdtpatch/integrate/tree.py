@@ -3,7 +3,8 @@
 A distribution's package build installs into a staged tree (debian/<package>/, rpm's
 buildroot) and rewrites it as a whole, before strip and debug-info extraction
 (docs/distributions.md). This module finds the files; cli/cmd_rewrite.py rewrites them in
-place, in parallel (-j), with the same per-file step as `rewrite --in-place`.
+place, in parallel (-j: usdtpatch.api.rewrite_files), with the same per-file step as
+`rewrite --in-place`.
 
 - Only regular files are looked at: a symbolic link is never followed (neither a link to a
   file nor to a folder, inside the tree or out of it); the tree's own name may be a link.

@@ -15,6 +15,8 @@ A JSON output (one document indented by 2, or a document per line) is kept in th
 reviewer reads in a diff (_json_lines): each site, probe, SARIF result or rule on one line
 after where it is in the document, the rest indented; the test first checks the output is
 exactly the layout its golden file names of what it parsed (so no byte of it goes unchecked).
+An HTML page's long lines are broken before its sections, rows, headings and list items, each
+piece on a line marked as a continuation (_html_lines), which joined give the page back.
 `--form auto` is run with `--kernel 6.18` (else its line names the running kernel). The
 rewritten files' digests pin their bytes, which hold the version in the restore marker's note:
 a new version changes them (regenerate and review).
@@ -114,6 +116,27 @@ def _skeleton(node: object, where: str, rows: list[str]) -> object:
     return node
 
 
+# An HTML page's long lines are broken before these tags in its golden file, each piece after
+# the first on a line of its own that starts with CONTINUED (a character no page holds).
+HTML_BREAKS = re.compile(r"(?=<(?:section|details|h2|h3|h4|table|tr|li)[ >])")
+CONTINUED = "\u21b3"
+
+
+def _html_lines(page: str) -> str:
+    """An HTML page as its golden text, made to be read in a diff: every line of more than
+    200 characters broken before a section, a table row, a heading, a list item, each piece
+    after the first on a line of its own starting with CONTINUED. The page has no such
+    character, so the text still pins every byte (joining the pieces gives it back)."""
+    assert CONTINUED not in page
+    out = []
+    for line in page.split("\n"):
+        pieces = HTML_BREAKS.split(line) if len(line) > 200 else [line]
+        out.append(f"\n{CONTINUED}".join(x for x in pieces if x) or line)
+    text = "\n".join(out)
+    assert text.replace(f"\n{CONTINUED}", "") == page
+    return text
+
+
 def _run(tmp: Path, *argv: str | Path, json_form: bool = False) -> str:
     """One command's exit status, stdout and stderr as one normalized text (`json_form`:
     a JSON output in the form of _json_lines)."""
@@ -152,7 +175,7 @@ def test_check(tmp_path: Path, fmt: str) -> None:
 
 def test_check_html_and_report_files(tmp_path: Path) -> None:
     shown = [fixture(n) for n in SHOWN]
-    check_golden("out-check.html", _run(tmp_path, "check", "--html", *shown))
+    check_golden("out-check.html", _html_lines(_run(tmp_path, "check", "--html", *shown)))
     for ext in ("json", "sarif", "html"):  # --report FILE: the same documents, into FILE
         report = tmp_path / f"check.{ext}"
         res = run_cli("check", "--fail-on", "never", "--report", report, *shown)
@@ -226,7 +249,7 @@ def test_rewrite_restore(tmp_path: Path) -> None:
     html = tmp_path / "page.html"
     run_cli("rewrite", "--dry-run", "--kernel", "6.18", "--report", html,
             *(fixture(n) for n in SHOWN))
-    check_golden("out-rewrite-report.html", _norm(html.read_text(), tmp_path))
+    check_golden("out-rewrite-report.html", _html_lines(_norm(html.read_text(), tmp_path)))
     restored = tmp_path / "restored"
     restored.mkdir()
     text = "".join(_run(tmp_path, "restore", p, "-o", restored / p.name)
@@ -378,6 +401,18 @@ def test_the_json_form_keeps_every_byte_and_a_site_per_line() -> None:
                      json.dumps(doc, separators=(",", ":")) + "\n"):
         with pytest.raises(AssertionError):  # a layout not the one named: not pinned
             _json_lines(laid_out)
+
+
+def test_the_html_form_breaks_long_lines_and_keeps_every_byte() -> None:
+    page = "<html>\n" + "<section><h2>a</h2><table><tr><td>1</td></tr><tr><td>2</td></tr>" \
+        + "x" * 200 + "</table></section>\n<p>short <tr>kept</p>"
+    text = _html_lines(page)
+    assert text.splitlines()[1:4] == ["<section>", f"{CONTINUED}<h2>a</h2>",
+                                      f"{CONTINUED}<table>"]
+    assert text.splitlines()[-1] == "<p>short <tr>kept</p>"  # a short line stays whole
+    assert text.replace(f"\n{CONTINUED}", "") == page
+    with pytest.raises(AssertionError):  # a page holding the mark could not be pinned
+        _html_lines(page + CONTINUED)
 
 
 def test_normalizing_keeps_what_is_not_volatile(tmp_path: Path) -> None:

@@ -178,6 +178,116 @@ def finding_makers(package: Path, home: str) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------ the face
+
+
+def public_names(path: Path) -> set[str]:
+    """The names a module's `__all__` lists (a list or tuple display at its top)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def face_violations(package: Path, callers: tuple[str, ...] = ("cli", "integrate"),
+                    open_folders: tuple[str, ...] = ("cli", "integrate", "report")) -> list[str]:
+    """"module:line name" of every use, in the `callers` folders, of a part of the package
+    that is not its face: the face is the package's and its api module's `__all__` (imported
+    from either, or named as an attribute of api), and the `open_folders` (the callers' own
+    code and the renderings). Every import counts, also inside functions and under `if
+    TYPE_CHECKING:` (a type taken from an internal module is an internal name)."""
+    mods = modules(package)
+    top = package.name
+    api = f"{top}.api"
+    face = {top: public_names(mods[top]) if top in mods else set(),
+            api: public_names(mods[api]) if api in mods else set()}
+    opened = tuple(f"{top}.{f}" for f in open_folders)
+
+    def allowed_module(m: str) -> bool:
+        return m in (top, api) or any(m == o or m.startswith(o + ".") for o in opened)
+
+    out: list[str] = []
+    for name, path in mods.items():
+        if not any(name == f"{top}.{c}" or name.startswith(f"{top}.{c}.") for c in callers):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        api_names: set[str] = set()  # the local names bound to the api module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == top and not allowed_module(a.name):
+                        out.append(f"{name}:{node.lineno} {a.name}")
+                    elif a.name == api and a.asname:
+                        api_names.add(a.asname)
+            elif isinstance(node, ast.ImportFrom):
+                base = _base(name, is_package, node)
+                if base.split(".")[0] != top or (allowed_module(base) and base not in face):
+                    continue
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if sub in mods:  # a module by name
+                        if not allowed_module(sub):
+                            out.append(f"{name}:{node.lineno} {sub}")
+                        elif sub == api:
+                            api_names.add(a.asname or a.name)
+                    elif base not in face or a.name not in face[base]:
+                        out.append(f"{name}:{node.lineno} {base}.{a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in api_names and node.attr not in face[api]:
+                out.append(f"{name}:{node.lineno} {api}.{node.attr}")
+    return sorted(set(out), key=lambda s: (s.split(":")[0], int(s.split(":")[1].split()[0]),
+                                           s))
+
+
+# ------------------------------------------------------------------------------ records
+
+
+_PARSED: dict[tuple[str, int], ast.Module] = {}
+
+
+def _parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per version of the file."""
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = ast.parse(path.read_text(), str(path))
+    return _PARSED[key]
+
+
+def record_classes(package: Path) -> set[str]:
+    """The names of the package's dataclasses (a class decorated with `dataclass`, called or
+    not, by any spelling: dataclass, dataclasses.dataclass)."""
+    out: set[str] = set()
+    for path in modules(package).values():
+        for node in ast.walk(_parsed(path)):
+            if isinstance(node, ast.ClassDef) and any(
+                    _called_name(d.func if isinstance(d, ast.Call) else d) == "dataclass"
+                    for d in node.decorator_list):
+                out.add(node.name)
+    return out
+
+
+def _called_name(fn: ast.expr) -> str:
+    return fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) \
+        else ""
+
+
+def positional_records(package: Path, limit: int = 5) -> list[str]:
+    """"module:line Class" of every call of one of the package's dataclasses with `limit` or
+    more positional arguments (a record built by position: one field moved and every such
+    call is silently wrong)."""
+    records = record_classes(package)
+    out = []
+    for name, path in modules(package).items():
+        for node in ast.walk(_parsed(path)):
+            if isinstance(node, ast.Call) and _called_name(node.func) in records and \
+                    len(node.args) >= limit:
+                out.append(f"{name}:{node.lineno} {_called_name(node.func)}")
+    return out
+
+
 # ------------------------------------------------------------------------ the names a page gives
 
 _CODE = re.compile(r"`([^`\s]+)`")

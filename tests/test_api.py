@@ -216,3 +216,47 @@ def test_dry_run_plans_without_building(prog: Path, monkeypatch: pytest.MonkeyPa
     assert '"action": "detour"' in res.out
     with pytest.raises(AssertionError, match="must not build"):
         api.rewrite(prog, prog.parent / "out")
+
+
+# --- what the CLI and the build integration take from the face (issue 35, item 4) ---------
+
+def test_rewrite_bytes_gives_what_rewrite_writes_and_writes_it_when_told(
+        prog: Path, tmp_path: Path) -> None:
+    api.rewrite(prog, tmp_path / "a", kernel="6.18", verify=False)
+    r = api.rewrite_bytes(prog, tmp_path / "b", kernel="6.18", verify=False)
+    assert not (tmp_path / "b").exists() and r.outcome.changed and r.data is not None
+    assert r.data == (tmp_path / "a").read_bytes()
+    assert api.check_bytes(tmp_path / "b", r.data).findings == \
+        api.check(tmp_path / "a").findings
+    r.write()
+    assert _sha(tmp_path / "b") == _sha(tmp_path / "a")
+    assert stat.S_IMODE((tmp_path / "b").stat().st_mode) == stat.S_IMODE(prog.stat().st_mode)
+    assert api.marked(api.load(tmp_path / "b", mapped=True))
+    assert not api.marked(api.load(prog))
+    with pytest.raises(ValueError, match="nothing to write"):
+        api.rewrite_bytes(prog, kernel="6.18", verify=False).write()
+
+
+def test_rewrite_files_answers_each_file_in_order_in_workers_too(tmp_path: Path) -> None:
+    names = ["demo", "pie", "noprobes", "forms-mixed"]
+    todo: list[tuple[Path, Path | None]] = [(fixture(n), None) for n in names]
+    todo.insert(2, (tmp_path / "missing", None))
+    for jobs in (1, 2):
+        got = list(api.rewrite_files(todo, jobs=jobs, kernel="6.18", verify=False))
+        assert [a.path for a in got] == [str(p) for p, _ in todo]
+        assert isinstance(got[2].error, InputError) and got[2].outcome is None
+        for a, (p, _) in zip(got, todo, strict=True):
+            if a.outcome is not None:
+                alone = api.rewrite(p, kernel="6.18", verify=False)
+                assert outcome_json(a.outcome) == outcome_json(alone), (jobs, p)
+                assert a.size_before == p.stat().st_size
+
+
+def test_plan_with_a_protocol_is_the_protocols_sequences() -> None:
+    proto = api.read_protocol(ROOT / "usdtpatch" / "sequences" / "protocols" / "nop5.toml")
+    plan = api.plan(fixture("demo"), protocol=proto)
+    assert plan.protocol == proto.model and plan.sites
+    assert api.verify(fixture("demo"), plan=plan).ok
+    bad = ROOT / "fixtures" / "src" / "probes.d"  # not a protocol file
+    with pytest.raises(api.ProtocolError):
+        api.read_protocol(bad)

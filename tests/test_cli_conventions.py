@@ -230,7 +230,7 @@ def test_sarif_rules_carry_their_help_inline() -> None:
 def relocatable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import subprocess
 
-    from tests.test_build_support import need
+    from tests.test_integrate_support import need
 
     need("gcc")  # and systemtap's sys/sdt.h
 
@@ -362,7 +362,7 @@ def test_an_indexed_red_zone_access_is_one_verdict_too(tmp_path: Path) -> None:
     plan and verify with it (before, check cleared it while plan and verify warned)."""
     import subprocess
 
-    from tests.test_build_support import need
+    from tests.test_integrate_support import need
     from tests.test_live_kernel import REDZONE_MAIN_C, REDZONE_S
 
     need("gcc")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_cli
-from tests.test_build_support import build_env, sites_not_optimized
+from tests.test_integrate_support import build_env, sites_not_optimized
 from tests.test_sdt_support import system_sdt_h
 from usdtpatch import api, integrate
 from usdtpatch.x86.nops import SiteForm

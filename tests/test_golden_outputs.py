@@ -11,8 +11,12 @@ Only what changes from run to run is normalized, and nothing else (`_norm`):
 - the package version (the `tool` envelope's `version`, "usdtpatch X.Y.Z" in pages and text),
 - measured times: JSON `seconds` members, verify's "in N.NN s", the rewrite page's "N s in
   all" and per-file "time: N s".
-A JSON output printed on one line is kept indented in its golden file; the test first checks the
-output is exactly the one-line form of what it parsed (so no byte of it goes unchecked).
+A JSON output (one document indented by 2, or a document per line) is kept in the form a
+reviewer reads in a diff (_json_lines): each site, probe, SARIF result or rule on one line
+after where it is in the document, the rest indented; the test first checks the output is
+exactly the layout its golden file names of what it parsed (so no byte of it goes unchecked).
+An HTML page's long lines are broken before its sections, rows, headings and list items, each
+piece on a line marked as a continuation (_html_lines), which joined give the page back.
 `--form auto` is run with `--kernel 6.18` (else its line names the running kernel). The
 rewritten files' digests pin their bytes, which hold the version in the restore marker's note:
 a new version changes them (regenerate and review).
@@ -69,25 +73,83 @@ def _norm(text: str, tmp: Path | None = None) -> str:
     return text
 
 
+# The lists whose objects a JSON golden shows one per line: a site (check, show, plan, verify,
+# rewrite), a probe (list), a SARIF result or rule.
+PER_LINE = ("sites", "probes", "results", "rules")
+
+
 def _json_lines(out: str) -> str:
-    """A one-line JSON output as its golden text: indented, after checking the output is
-    exactly json.dumps of what it holds (the indented form then pins every byte)."""
-    lines = out.splitlines()
-    docs = [json.loads(line) for line in lines]
-    assert out == "".join(json.dumps(d) + "\n" for d in docs)
-    return "".join(json.dumps(d, indent=1) + "\n" for d in docs)
+    """A JSON output (one indented document, or one document per line) as its golden text,
+    after checking the output is exactly json.dumps of what it holds in that layout (which
+    the text's first line names): so the text below pins every byte. Made to be read in a
+    diff: each object of a PER_LINE list is one line, `where {compact JSON}`, in the
+    document's order; the rest of the document is indented, each such list replaced by a
+    line that counts its objects."""
+    if out.startswith("{\n"):
+        docs, layout = [json.loads(out)], "one document, indent 2"
+        assert out == json.dumps(docs[0], indent=2) + "\n"
+    else:
+        docs, layout = [json.loads(line) for line in out.splitlines()], "a document per line"
+        assert out == "".join(json.dumps(d) + "\n" for d in docs)
+    text = f"# JSON: {layout}; each object of {', '.join(PER_LINE)} on a line, below\n"
+    for i, doc in enumerate(docs):
+        rows: list[str] = []
+        text += json.dumps(_skeleton(doc, f"[{i}]", rows), indent=1) + "\n" + "".join(rows)
+    return text
 
 
-def _run(tmp: Path, *argv: str | Path) -> str:
-    """One command's exit status, stdout and stderr as one normalized text."""
+def _skeleton(node: object, where: str, rows: list[str]) -> object:
+    """`node` with every list of PER_LINE objects replaced by a count, their lines (where,
+    then the object in compact JSON) added to `rows`."""
+    if isinstance(node, dict):
+        out: dict[str, object] = {}
+        for k, v in node.items():
+            at = f"{where}.{k}"
+            if k in PER_LINE and isinstance(v, list) and all(isinstance(x, dict) for x in v):
+                rows.extend(f"{at}[{j}] {json.dumps(x)}\n" for j, x in enumerate(v))
+                out[k] = f"{len(v)} on the lines {at}[...] below"
+            else:
+                out[k] = _skeleton(v, at, rows)
+        return out
+    if isinstance(node, list):
+        return [_skeleton(x, f"{where}[{j}]", rows) for j, x in enumerate(node)]
+    return node
+
+
+# An HTML page's long lines are broken before these tags in its golden file, each piece after
+# the first on a line of its own that starts with CONTINUED (a character no page holds).
+HTML_BREAKS = re.compile(r"(?=<(?:section|details|h2|h3|h4|table|tr|li)[ >])")
+CONTINUED = "\u21b3"
+
+
+def _html_lines(page: str) -> str:
+    """An HTML page as its golden text, made to be read in a diff: every line of more than
+    200 characters broken before a section, a table row, a heading, a list item, each piece
+    after the first on a line of its own starting with CONTINUED. The page has no such
+    character, so the text still pins every byte (joining the pieces gives it back)."""
+    assert CONTINUED not in page
+    out = []
+    for line in page.split("\n"):
+        pieces = HTML_BREAKS.split(line) if len(line) > 200 else [line]
+        out.append(f"\n{CONTINUED}".join(x for x in pieces if x) or line)
+    text = "\n".join(out)
+    assert text.replace(f"\n{CONTINUED}", "") == page
+    return text
+
+
+def _run(tmp: Path, *argv: str | Path, json_form: bool = False) -> str:
+    """One command's exit status, stdout and stderr as one normalized text (`json_form`:
+    a JSON output in the form of _json_lines)."""
     res = run_cli(*argv)
-    return _norm(f"$ usdtpatch {' '.join(str(a) for a in argv)}\nrc {res.rc}\n{res.out}"
+    out = _json_lines(res.out) if json_form and res.out else res.out
+    return _norm(f"$ usdtpatch {' '.join(str(a) for a in argv)}\nrc {res.rc}\n{out}"
                  f"--- stderr\n{res.err}", tmp)
 
 
-def _each(tmp: Path, names: list[str], *argv: str) -> str:
+def _each(tmp: Path, names: list[str], *argv: str, json_form: bool = False) -> str:
     """A one-file command run on each of `names` (FILE goes first), one text."""
-    return "".join(_run(tmp, argv[0], fixture(n), *argv[1:]) for n in names)
+    return "".join(_run(tmp, argv[0], fixture(n), *argv[1:], json_form=json_form)
+                   for n in names)
 
 
 def _sha(data: bytes) -> str:
@@ -107,12 +169,13 @@ def test_list(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["text", "summary", "json", "sarif"])
 def test_check(tmp_path: Path, fmt: str) -> None:
     flags = {"text": [], "summary": ["--summary"], "json": ["--json"], "sarif": ["--sarif"]}[fmt]
-    check_golden(f"out-check-{fmt}.txt", _run(tmp_path, "check", *flags, *FIXTURES))
+    check_golden(f"out-check-{fmt}.txt", _run(tmp_path, "check", *flags, *FIXTURES,
+                                             json_form=fmt in ("json", "sarif")))
 
 
 def test_check_html_and_report_files(tmp_path: Path) -> None:
     shown = [fixture(n) for n in SHOWN]
-    check_golden("out-check.html", _run(tmp_path, "check", "--html", *shown))
+    check_golden("out-check.html", _html_lines(_run(tmp_path, "check", "--html", *shown)))
     for ext in ("json", "sarif", "html"):  # --report FILE: the same documents, into FILE
         report = tmp_path / f"check.{ext}"
         res = run_cli("check", "--fail-on", "never", "--report", report, *shown)
@@ -124,9 +187,9 @@ def test_check_html_and_report_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_show(tmp_path: Path, fmt: str) -> None:
     flags = ["--json"] if fmt == "json" else []
-    text = _each(tmp_path, SHOWN, "show", "--probe", "*", *flags)
+    text = _each(tmp_path, SHOWN, "show", "--probe", "*", *flags, json_form=bool(flags))
     text += _run(tmp_path, "show", fixture("branch-after"), "--probe", "branch:after",
-                 "--context", "0", *flags)
+                 "--context", "0", *flags, json_form=bool(flags))
     text += _run(tmp_path, "show", fixture("pie"), "--probe", "nosuch")
     check_golden(f"out-show-{fmt}.txt", text)
 
@@ -134,21 +197,24 @@ def test_show(tmp_path: Path, fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_plan(tmp_path: Path, fmt: str) -> None:
     flags = ["--json"] if fmt == "json" else []
-    text = _each(tmp_path, NAMES, "plan", *flags)
+    text = _each(tmp_path, NAMES, "plan", *flags, json_form=bool(flags))
     text += _run(tmp_path, "plan", fixture("pie"), "--kernel", "nop10-series", "--trampoline",
-                 "0x7f0000000000", "--load-base", "0x7f1000000000", "--probe", "*:c*", *flags)
+                 "0x7f0000000000", "--load-base", "0x7f1000000000", "--probe", "*:c*", *flags,
+                 json_form=bool(flags))
     check_golden(f"out-plan-{fmt}.txt", text)
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_verify(tmp_path: Path, fmt: str) -> None:
     flags = ["--json"] if fmt == "json" else []
-    text = _each(tmp_path, NAMES, "verify", *flags)
+    text = _each(tmp_path, NAMES, "verify", *flags, json_form=bool(flags))
     plan = tmp_path / "plan.json"
     plan.write_text(run_cli("plan", "--json", fixture("pie")).out)
-    text += _run(tmp_path, "verify", fixture("pie"), "--plan", plan, *flags)
+    text += _run(tmp_path, "verify", fixture("pie"), "--plan", plan, *flags,
+                 json_form=bool(flags))
     protocol = ROOT / "usdtpatch" / "sequences" / "protocols" / "nop5.toml"
-    text += _run(tmp_path, "verify", fixture("demo"), "--protocol", protocol, *flags)
+    text += _run(tmp_path, "verify", fixture("demo"), "--protocol", protocol, *flags,
+                 json_form=bool(flags))
     check_golden(f"out-verify-{fmt}.txt", text)
 
 
@@ -159,7 +225,8 @@ def test_rewrite_dry_run(tmp_path: Path) -> None:
                   "--report", tmp_path / "dry.sarif", *FIXTURES)
     check_golden("out-rewrite-dry.json", _norm(f"rc {res.rc}\n{_json_lines(res.out)}"
                                                f"--- stderr\n{res.err}", tmp_path))
-    check_golden("out-rewrite-dry.sarif", _norm((tmp_path / "dry.sarif").read_text(), tmp_path))
+    check_golden("out-rewrite-dry.sarif",
+                 _norm(_json_lines((tmp_path / "dry.sarif").read_text()), tmp_path))
     check_golden("out-rewrite-forms.txt", "".join(
         _run(tmp_path, "rewrite", "--dry-run", *flags, fixture(n))
         for n in ("demo", "forms-mixed", "redzone-leaf", "fork", "call-window-shstk")
@@ -176,13 +243,13 @@ def test_rewrite_restore(tmp_path: Path) -> None:
                 tmp_path / "report.json", *FIXTURES)
     check_golden("out-rewrite.txt", text)
     check_golden("out-rewrite-report.json",
-                 _norm((tmp_path / "report.json").read_text(), tmp_path))
+                 _norm(_json_lines((tmp_path / "report.json").read_text()), tmp_path))
     digests = [f"{p.name} {_sha(p.read_bytes())}\n" for p in sorted(out.iterdir())]
     check_golden("out-rewrite-digests.txt", "".join(digests))
     html = tmp_path / "page.html"
     run_cli("rewrite", "--dry-run", "--kernel", "6.18", "--report", html,
             *(fixture(n) for n in SHOWN))
-    check_golden("out-rewrite-report.html", _norm(html.read_text(), tmp_path))
+    check_golden("out-rewrite-report.html", _html_lines(_norm(html.read_text(), tmp_path)))
     restored = tmp_path / "restored"
     restored.mkdir()
     text = "".join(_run(tmp_path, "restore", p, "-o", restored / p.name)
@@ -318,6 +385,34 @@ def test_real_binaries(name: str, tmp_path: Path) -> None:
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the outputs are in {keep}: run this test on the commit "
                              f"before, copy that folder, and diff the two") from None
+
+
+def test_the_json_form_keeps_every_byte_and_a_site_per_line() -> None:
+    doc = {"schema": "s", "files": [{"path": "p", "sites": [{"a": 1}, {"a": [2]}]}],
+           "probes": [], "n": [1, 2]}
+    text = _json_lines(json.dumps(doc, indent=2) + "\n")
+    rows = [ln for ln in text.splitlines() if ln.startswith("[0].")]
+    assert rows == ['[0].files[0].sites[0] {"a": 1}', '[0].files[0].sites[1] {"a": [2]}']
+    assert '"sites": "2 on the lines [0].files[0].sites[...] below"' in text
+    assert "one document, indent 2" in text.splitlines()[0]
+    one = json.dumps(doc) + "\n"
+    assert "a document per line" in _json_lines(one + one).splitlines()[0]
+    for laid_out in (json.dumps(doc, indent=1) + "\n", json.dumps(doc, indent=2),
+                     json.dumps(doc, separators=(",", ":")) + "\n"):
+        with pytest.raises(AssertionError):  # a layout not the one named: not pinned
+            _json_lines(laid_out)
+
+
+def test_the_html_form_breaks_long_lines_and_keeps_every_byte() -> None:
+    page = "<html>\n" + "<section><h2>a</h2><table><tr><td>1</td></tr><tr><td>2</td></tr>" \
+        + "x" * 200 + "</table></section>\n<p>short <tr>kept</p>"
+    text = _html_lines(page)
+    assert text.splitlines()[1:4] == ["<section>", f"{CONTINUED}<h2>a</h2>",
+                                      f"{CONTINUED}<table>"]
+    assert text.splitlines()[-1] == "<p>short <tr>kept</p>"  # a short line stays whole
+    assert text.replace(f"\n{CONTINUED}", "") == page
+    with pytest.raises(AssertionError):  # a page holding the mark could not be pinned
+        _html_lines(page + CONTINUED)
 
 
 def test_normalizing_keeps_what_is_not_volatile(tmp_path: Path) -> None:

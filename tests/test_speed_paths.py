@@ -15,7 +15,6 @@ import pytest
 
 from tests.helpers import ROOT, fixture
 from usdtpatch import api, cli
-from usdtpatch.cli import common
 
 
 def _python(code: str, *flags: str) -> str:
@@ -25,10 +24,13 @@ def _python(code: str, *flags: str) -> str:
     return res.stdout.strip()
 
 
-def test_list_imports_neither_the_api_nor_the_rewriter_nor_capstone() -> None:
+def test_list_imports_neither_the_site_analysis_nor_the_rewriter_nor_capstone() -> None:
+    """`list` imports the library's face (usdtpatch.api, whose site analysis is deferred),
+    and reads probes only."""
     got = _python("import sys, usdtpatch.cli.cmd_list, usdtpatch.report.plain\n"
-                  "print(sorted(m for m in sys.modules if m in ('usdtpatch.api', 'capstone')"
-                  " or m.startswith('usdtpatch.rewrite')))")
+                  "print(sorted(m for m in sys.modules if m in ('usdtpatch.analysis.check', "
+                  "'usdtpatch.analysis.windows', 'capstone') or m.startswith('usdtpatch.rewrite')"
+                  " or m.startswith('usdtpatch.sequences')))")
     assert got == "[]"
 
 
@@ -72,10 +74,11 @@ def test_an_unknown_package_attribute_is_an_attribute_error() -> None:
         _ = usdtpatch.no_such_name
 
 
-def test_cli_load_gives_what_api_load_gives() -> None:
-    """`list` maps its files, the API reads them: the same probes, findings and headers."""
+def test_a_mapped_load_gives_what_a_read_load_gives() -> None:
+    """`list` maps its files (api.load's `mapped`), the other commands read them: the same
+    probes, findings and headers."""
     for name in ("pie", "cxx-throw", "forms-mixed", "libprobes.so"):
-        mapped, read = common.load(fixture(name)), api.load(fixture(name))
+        mapped, read = api.load(fixture(name), mapped=True), api.load(fixture(name))
         assert not isinstance(mapped.image.data, bytes), name
         assert isinstance(read.image.data, bytes), name
         assert bytes(mapped.image.data) == read.image.data, name

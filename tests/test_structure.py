@@ -172,6 +172,63 @@ def test_a_finding_made_by_hand_is_found(tmp_path: Path) -> None:
     assert st.finding_makers(pkg, "pkg.findings") == ["pkg.a:2", "pkg.b:3"]
 
 
+def test_cli_and_integrate_use_only_the_public_face() -> None:
+    """Issue 35, item 4: the command line and the build integration import nothing of the
+    library but its face (usdtpatch.api's `__all__`, the package's) and report/; no private
+    name of api."""
+    assert st.face_violations(PACKAGE) == []
+
+
+def test_a_use_past_the_face_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "__all__ = ['__version__']\n__version__ = '1'\n",
+        "pkg/api.py": "__all__ = ['rewrite', 'Form']\ndef rewrite(): ...\ndef _rewritten(): ...\n",
+        "pkg/elf/__init__.py": "", "pkg/elf/image.py": "def parse_elf(): ...\n",
+        "pkg/report/__init__.py": "", "pkg/report/r.py": "def render(): ...\n",
+        "pkg/cli/__init__.py": "from pkg import __version__\nfrom pkg.report.r import render\n",
+        "pkg/cli/c.py": "from pkg import api\nfrom pkg.api import Form, rewrite\n"
+                        "from pkg.elf.image import parse_elf\n"
+                        "def f():\n    return api.rewrite(), api._rewritten()\n",
+        "pkg/integrate/__init__.py": "",
+        "pkg/integrate/s.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from pkg.elf.image import parse_elf\n"
+                              "def f():\n    from ..api import _rewritten\n"
+                              "    import pkg.elf.image\n    from pkg import elf, version\n"
+                              "    return _rewritten\n",
+        "pkg/analysis/__init__.py": "",
+        "pkg/analysis/a.py": "from pkg.elf.image import parse_elf\n",  # not a caller
+    })
+    assert st.face_violations(pkg) == [
+        "pkg.cli.c:3 pkg.elf.image.parse_elf", "pkg.cli.c:5 pkg.api._rewritten",
+        "pkg.integrate.s:3 pkg.elf.image.parse_elf", "pkg.integrate.s:5 pkg.api._rewritten",
+        "pkg.integrate.s:6 pkg.elf.image", "pkg.integrate.s:7 pkg.elf",
+        "pkg.integrate.s:7 pkg.version"]
+
+
+def test_records_are_built_by_keyword() -> None:
+    """Issue 35, item 5: a dataclass record is built by keyword when it takes five or more
+    arguments (157 constructions were positional)."""
+    assert st.positional_records(PACKAGE) == []
+
+
+def test_a_record_built_by_position_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/r.py": "import dataclasses\nfrom dataclasses import dataclass\n"
+                    "@dataclass(frozen=True)\nclass A:\n    a: int\n    b: int\n    c: int\n"
+                    "    d: int\n    e: int\n"
+                    "@dataclasses.dataclass\nclass B:\n    a: int\n"
+                    "class C:\n    def __init__(self, *a: int) -> None: ...\n",
+        "pkg/u.py": "from pkg import r\nfrom pkg.r import A, C\n"
+                    "x = A(1, 2, 3, 4, 5)\n"  # found
+                    "y = A(1, 2, 3, 4, e=5), A(a=1, b=2, c=3, d=4, e=5)\n"  # four: kept
+                    "z = r.A(1, 2, 3,\n      4, 5)\n"  # found, through the module
+                    "w = C(1, 2, 3, 4, 5), r.B(1)\n",  # not a record; one argument
+    })
+    assert st.record_classes(pkg) == {"A", "B"}
+    assert st.positional_records(pkg) == ["pkg.u:3 A", "pkg.u:5 A"]
+
+
 def test_every_module_the_architecture_page_names_exists() -> None:
     assert st.missing_names(PAGE.read_text(), PACKAGE) == []
 

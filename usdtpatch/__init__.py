@@ -2,7 +2,12 @@
 
 The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `restore`,
 `plan`, `verify`, `kcheck`, `dtrace_header`, `rewrite_plan` (the decisions of a rewrite),
-`read_plan` (a plan document read back). The command line (`usdtpatch.cli`) is built on it.
+`read_plan` (a plan document read back), and what the command line (`usdtpatch.cli`) and the
+build integration (`usdtpatch.integrate`), which are built on it and use nothing else of the
+library, need besides: `check_bytes` and `rewrite_bytes` (bytes in and out), `rewrite_files`
+(many files, in `jobs` processes), `copy`, `marked` (rewritten before), `read_protocol` (for
+`plan(protocol=...)`), `dtrace_semaphores`, `bench`, the checked output writes `check_output`,
+`write_atomic` and `umask_mode`, and `no_match`, `demangle` and `demangle_unavailable`.
 """
 
 from __future__ import annotations
@@ -24,33 +29,72 @@ if _TYPE_CHECKING:  # the names of api.__all__, for type checkers
 
 # ruff: noqa: F405 (the API's names below are those of the star import above)
 __all__ = [
+    "CALL_CHOICES",
+    "CODES",
+    "NOT_FOUND",
+    "PAGE",
+    "PROTOCOL_NOP5",
+    "PROTOCOL_NOP10",
+    "RENAMED",
+    "SYSTEM_JDK",
+    "TASK_SIZE",
+    "WRITTEN",
+    "BenchReport",
+    "CheckReport",
     "CheckResult",
     "ElfFormatError",
+    "FileRewrite",
     "ForkGuard",
     "Form",
     "Guard",
     "InputError",
+    "KcheckReport",
+    "Kernel",
     "OutputError",
+    "Plan",
+    "Probe",
+    "ProbeSet",
+    "Protocol",
+    "ProtocolError",
     "RestoreOutcome",
     "RewriteOutcome",
+    "RewritePlan",
+    "Rewritten",
+    "SiteDecision",
+    "StrPath",
     "UnsupportedError",
     "UsdtpatchError",
+    "VerifyReport",
     "__version__",
+    "bench",
     "check",
+    "check_bytes",
+    "check_output",
+    "copy",
+    "demangle",
+    "demangle_unavailable",
     "dtrace_header",
+    "dtrace_semaphores",
     "kcheck",
     "load",
+    "marked",
+    "no_match",
     "plan",
     "read_plan",
+    "read_protocol",
     "restore",
     "rewrite",
+    "rewrite_bytes",
+    "rewrite_files",
     "rewrite_plan",
+    "umask_mode",
     "verify",
+    "write_atomic",
 ]
 
-# The API's names are bound on first use: `usdtpatch list` imports only the modules it uses,
-# not the whole API (its dataclasses, enums and the rewriter's modules). So they are written
-# here again, without importing api: tests/test_api.py checks that they are api.__all__.
+# The API's names are bound on first use: `import usdtpatch` (which every submodule's import
+# runs) does not import api and what it loads. So they are written here again, without
+# importing api: tests/test_api.py checks that they are api.__all__.
 _API_NAMES = frozenset(__all__) - {"ElfFormatError", "InputError", "OutputError",
                                    "UnsupportedError", "UsdtpatchError", "__version__"}
 

@@ -15,74 +15,180 @@ a finding in the result, never an exception. Inputs are only read; an output is 
 through a temporary file and one rename, and an output that is an input is refused unless
 `in_place=True`.
 
+The public face is `__all__`: the functions, the results and the errors, and what the
+command line and the build integration take besides (the enums and choices of the options,
+the finding registry, the checked output writes of usdtpatch.io, the plan's and protocol's
+types). cli/ and integrate/ import nothing else of usdtpatch but report/ and their own
+modules (tests/test_structure.py holds it). The names of deferred modules are bound on first
+use (`__getattr__` below, `_LAZY`), so that `import usdtpatch.api` costs `list` no analysis
+it does not do.
+
 Deferred imports, inside the functions that use them, so that a command loads no engine and
 no other command's machinery it does not use (docs/performance.md, "Deferred imports"):
-- engines: rewriter/plan.py, report/rewrite.py and rewriter/build.py (iced-x86, through
-  x86/relocate.py), the verifiers (unicorn: verification/, its equivalence.py, plans.py and
-  fork.py), the prover (z3 and pyvex: prove/), the output's validation (elf/validate.py:
-  pyelftools, hashlib);
+- engines: rewriter/plan.py and rewriter/build.py (iced-x86, through x86/relocate.py), the
+  verifiers (unicorn: verification/, its equivalence.py, plans.py and fork.py), the prover
+  (z3 and pyvex: prove/), the output's validation (elf/validate.py: pyelftools, hashlib);
+- the site analysis (analysis/check.py, analysis/calls.py and rewriter/marker.py, with the
+  windows, targets and capstone's sweep they load): `list` imports this module and reads
+  probes only;
 - other commands' machinery, each of which `check` would otherwise load (together 23 ms of
   `check`'s 94 ms start-up, 2026-12-01): live/ (kcheck's ctypes bindings of ptrace and perf,
-  tempfile; procfs), rewriter/kernel.py and kernelfacts (ctypes: the uprobe syscall's
-  answer), sequences/
-  (plan and verify), dtrace/ (subprocess), jsondoc (json: `read_plan` only), forkguard
-  (the guard's builder, handed to check: it reads the site analysis, which cannot import it).
+  tempfile; procfs; live/bench/), rewriter/kernel.py (ctypes: the uprobe syscall's answer),
+  sequences/ (plan and verify; sequences/protocols/ with keystone for a protocol),
+  dtrace/ (subprocess), jsondoc (json: `read_plan` only), forkguard
+  (the guard's builder, handed to check: it reads the site analysis, which cannot import it);
+- the worker processes of `rewrite_files` with jobs > 1: multiprocessing, concurrent,
+  signal and lifetime.py (ctypes);
+- importlib, for the names bound on first use; pathlib, for `bench` only (`list` does not
+  load it).
 Everything else is imported here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from usdtpatch.analysis.calls import CALL_CHOICES
-from usdtpatch.analysis.check import CheckOptions, CheckReport, GuardBuilder
-from usdtpatch.analysis.check import check as check_probes
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
-from usdtpatch.analysis.probes import ProbeSet, read_probes
+from usdtpatch.analysis.probes import Probe, ProbeSet, no_match, read_probes
+from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
 from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.notes import parse_notes
-from usdtpatch.errors import InputError, UnsupportedError
-from usdtpatch.findings import FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING, Finding
+from usdtpatch.errors import (
+    ElfFormatError,
+    InputError,
+    OutputError,
+    UnsupportedError,
+    UsdtpatchError,
+)
+from usdtpatch.findings import CODES, FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING, RENAMED, Finding
 from usdtpatch.io import (
+    WRITTEN,
     Origin,
     StrPath,
     check_output,
+    map_input,
     read_elf,
     read_input,
     read_source,
+    umask_mode,
     write_atomic,
 )
-from usdtpatch.rewriter.marker import AlreadyRewritten, restore_image
+from usdtpatch.kernelfacts import PAGE, Kernel
 
-if TYPE_CHECKING:  # the deferred modules (see above)
+if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for type checkers
+    from usdtpatch.analysis.calls import CALL_CHOICES
+    from usdtpatch.analysis.check import CheckReport, GuardBuilder
+    from usdtpatch.live.bench.runner import SYSTEM_JDK, BenchReport
     from usdtpatch.live.kcheck import KcheckReport
     from usdtpatch.rewriter.kernel import FormChoice
     from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Verifier
     from usdtpatch.sequences.plan import Plan
+    from usdtpatch.sequences.protocols import Protocol, ProtocolError
+    from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10
+    from usdtpatch.sequences.trampoline import TASK_SIZE
     from usdtpatch.verification.plans import VerifyReport
 
 __all__ = [
+    "CALL_CHOICES",
+    "CODES",
+    "NOT_FOUND",
+    "PAGE",
+    "PROTOCOL_NOP5",
+    "PROTOCOL_NOP10",
+    "RENAMED",
+    "SYSTEM_JDK",
+    "TASK_SIZE",
+    "WRITTEN",
+    "BenchReport",
+    "CheckReport",
     "CheckResult",
+    "ElfFormatError",
+    "FileRewrite",
     "ForkGuard",
     "Form",
     "Guard",
+    "InputError",
+    "KcheckReport",
+    "Kernel",
+    "OutputError",
+    "Plan",
+    "Probe",
+    "ProbeSet",
+    "Protocol",
+    "ProtocolError",
     "RestoreOutcome",
     "RewriteOutcome",
+    "RewritePlan",
+    "Rewritten",
+    "SiteDecision",
+    "StrPath",
+    "UnsupportedError",
+    "UsdtpatchError",
+    "VerifyReport",
+    "bench",
     "check",
+    "check_bytes",
+    "check_output",
+    "copy",
+    "demangle",
+    "demangle_unavailable",
     "dtrace_header",
+    "dtrace_semaphores",
     "kcheck",
     "load",
+    "marked",
+    "no_match",
     "plan",
     "read_plan",
+    "read_protocol",
     "restore",
     "rewrite",
+    "rewrite_bytes",
+    "rewrite_files",
     "rewrite_plan",
+    "umask_mode",
     "verify",
+    "write_atomic",
 ]
+
+# The public names of deferred modules, by module: bound on first use (PEP 562).
+_LAZY = {
+    "CALL_CHOICES": "usdtpatch.analysis.calls",
+    "CheckReport": "usdtpatch.analysis.check",
+    "SYSTEM_JDK": "usdtpatch.live.bench.runner",
+    "BenchReport": "usdtpatch.live.bench.runner",
+    "KcheckReport": "usdtpatch.live.kcheck",
+    "RewritePlan": "usdtpatch.rewriter.plan",
+    "SiteDecision": "usdtpatch.rewriter.plan",
+    "Plan": "usdtpatch.sequences.plan",
+    "Protocol": "usdtpatch.sequences.protocols",
+    "ProtocolError": "usdtpatch.sequences.protocols",
+    "PROTOCOL_NOP5": "usdtpatch.sequences.sequences",
+    "PROTOCOL_NOP10": "usdtpatch.sequences.sequences",
+    "TASK_SIZE": "usdtpatch.sequences.trampoline",
+    "VerifyReport": "usdtpatch.verification.plans",
+}
+
+demangle_unavailable = unavailable  # public name: some names are mangled, c++filt is missing
+
+
+def __getattr__(name: str) -> Any:
+    """A public name of a deferred module, bound on first use."""
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 E = TypeVar("E", bound=Enum)
 
@@ -124,7 +230,6 @@ def _jobs(jobs: object) -> int | None:
 
 def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
     """plan's and verify's placement arguments: ints in range (TypeError, ValueError)."""
-    from usdtpatch.kernelfacts import PAGE
     from usdtpatch.sequences.trampoline import TASK_SIZE
 
     _integer("load_base", load_base, 0, 1 << 64)
@@ -140,9 +245,16 @@ def _image(path: StrPath) -> ElfImage:
     return parse_elf(read_elf(path))
 
 
-def load(path: StrPath) -> ProbeSet:
-    """Read and parse one file into its probes (raises UsdtpatchError when unusable)."""
-    return read_probes(_image(path))
+def load(path: StrPath, *, mapped: bool = False) -> ProbeSet:
+    """Read and parse one file into its probes (raises UsdtpatchError when unusable).
+    `mapped`: the file mapped read-only rather than read (usdtpatch.io.map_input: for a
+    caller that touches a few parts of many files and keeps no ProbeSet, as `list` does)."""
+    return read_probes(parse_elf(map_input(path)) if mapped else _image(path))
+
+
+def marked(probes: ProbeSet) -> bool:
+    """Whether the file of `probes` carries usdtpatch's marker (it was rewritten before)."""
+    return marker_of(probes.image) is not None
 
 
 # ---------------------------------------------------------------------------------- check
@@ -171,6 +283,10 @@ def check(path: StrPath, *, form: Form | str = Form.NOP5,
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
+    from usdtpatch.analysis.calls import CALL_CHOICES
+    from usdtpatch.analysis.check import CheckOptions
+    from usdtpatch.analysis.check import check as check_probes
+
     if calls not in CALL_CHOICES:
         raise ValueError(f"calls={calls!r}: expected one of {', '.join(CALL_CHOICES)}")
     options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
@@ -182,12 +298,16 @@ def check(path: StrPath, *, form: Form | str = Form.NOP5,
 def _guard_builder() -> GuardBuilder:
     """The fork guard's builder, as check asks it (usdtpatch.analysis.check.GuardBuilder)."""
     from usdtpatch import forkguard
+    from usdtpatch.analysis.check import GuardBuilder
 
     return GuardBuilder(forkguard.hook_problem)
 
 
-def _check_data(path: StrPath, data: bytes) -> CheckResult:
-    """`check` of a file's bytes not yet written (`path`: the name they will have)."""
+def check_bytes(path: StrPath, data: bytes) -> CheckResult:
+    """`check`, with the default options, of a file's bytes not yet written (`path`: the
+    name they will have): the build step checks a rewrite's output before writing it."""
+    from usdtpatch.analysis.check import check as check_probes
+
     return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data)),
                                                      guard_builder=_guard_builder()))
 
@@ -250,6 +370,7 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
     (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this process may
     use; each worker proves and emulates its detours). `phase("verify")` is called when a
     planning pass has handed its detours to the verification and waits for it."""
+    from usdtpatch.analysis.check import check as check_probes
     from usdtpatch.rewriter.plan import check_rewritable, plan_rewrite
 
     if not verify:
@@ -302,7 +423,6 @@ def _sound_rewritten(image: ElfImage) -> None:
 def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
     """The form of a rewrite: `form`, or for "auto" the kernel's (usdtpatch.rewriter.kernel);
     ValueError for a value that is neither."""
-    from usdtpatch.kernelfacts import Kernel
     from usdtpatch.rewriter.kernel import AUTO, choose_form
 
     if form != AUTO and not isinstance(form, Form) and form not in {f.value for f in Form}:
@@ -347,29 +467,53 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     The output gets a build-id of its own, derived from the original's (which the marker
     keeps), unless `keep_build_id` (docs/rewrite.md, "Debugging information").
     """
-    o, data, origin = _rewritten(path, out, form=form, redzone_guard=redzone_guard,
-                                 fork_guard=fork_guard, verify=verify, in_place=in_place,
-                                 progress=progress, calls=calls, jobs=jobs, kernel=kernel,
-                                 prove=prove, phase=phase, keep_build_id=keep_build_id)
-    if o.output is not None and data is not None and (o.changed or not in_place):
+    r = rewrite_bytes(path, out, form=form, redzone_guard=redzone_guard,
+                      fork_guard=fork_guard, verify=verify, in_place=in_place,
+                      progress=progress, calls=calls, jobs=jobs, kernel=kernel, prove=prove,
+                      phase=phase, keep_build_id=keep_build_id)
+    o = r.outcome
+    if o.output is not None and r.data is not None and (o.changed or not in_place):
         # in place and unchanged (no site converts): the file is left as it is, mtime too
         if phase is not None:
             phase("write")
-        write_atomic(o.output, data, origin=origin, in_place=in_place)
+        r.write()
     return o
 
 
-def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
-               redzone_guard: Guard | str = Guard.AUTO,
-               fork_guard: ForkGuard | str = ForkGuard.AUTO,
-               verify: bool = True, in_place: bool = False,
-               progress: Callable[[int, int], None] | None = None, calls: str = "auto",
-               jobs: int | None = None, kernel: str | None = None, prove: bool = True,
-               phase: Callable[[str], None] | None = None, keep_build_id: bool = False
-               ) -> tuple[RewriteOutcome, bytes | None, Origin]:
-    """`rewrite`'s work without the write: the outcome, the bytes for its output (None:
-    nothing to write) and what the output keeps of the input (usdtpatch.io.Origin). The
-    build step (usdtpatch.integrate.step) checks the bytes before it writes them."""
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """`rewrite_bytes`'s answer: the outcome, the bytes for its output (None: nothing to
+    write: a dry run) and what the output keeps of the input (its permission bits, and in
+    place its owner: usdtpatch.io.Origin)."""
+
+    outcome: RewriteOutcome
+    data: bytes | None = field(repr=False)
+    origin: Origin = field(repr=False)
+    in_place: bool = False
+
+    def write(self, to: StrPath | None = None) -> None:
+        """Write the bytes atomically to the outcome's output, or to `to` (a new file with
+        the input's permission bits: not in place)."""
+        if self.data is None or (to is None and self.outcome.output is None):
+            raise ValueError("rewrite_bytes: nothing to write (a dry run)")
+        target = to if to is not None else self.outcome.output
+        assert target is not None
+        write_atomic(target, self.data, origin=self.origin,
+                     in_place=self.in_place and to is None)
+
+
+def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
+                  redzone_guard: Guard | str = Guard.AUTO,
+                  fork_guard: ForkGuard | str = ForkGuard.AUTO,
+                  verify: bool = True, in_place: bool = False,
+                  progress: Callable[[int, int], None] | None = None, calls: str = "auto",
+                  jobs: int | None = None, kernel: str | None = None, prove: bool = True,
+                  phase: Callable[[str], None] | None = None, keep_build_id: bool = False
+                  ) -> Rewritten:
+    """`rewrite`'s work without the write (the options are `rewrite`'s; `out` and
+    `in_place` name the output the bytes are for, and are checked as `rewrite` checks
+    them): the caller looks at the bytes first and writes them with `Rewritten.write`, as
+    the build step (usdtpatch.integrate.step) does after checking them."""
     _flag("verify", verify)
     _flag("prove", prove)
     _flag("in_place", in_place)
@@ -392,22 +536,30 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
 
     def outcome(changed: bool, sites: tuple[SiteDecision, ...] = (),
                 findings: tuple[Finding, ...] = (), note: str | None = None) -> RewriteOutcome:
-        return RewriteOutcome(src, target, f, g, fg, verify, changed, sites,
-                              findings if note is not None else said + findings, note)
+        return RewriteOutcome(path=src, output=target, form=f, redzone_guard=g, fork_guard=fg,
+                              verified=verify, changed=changed, sites=sites,
+                              findings=findings if note is not None else said + findings, note=note)
+
+    def answer(o: RewriteOutcome, data: bytes | None) -> Rewritten:
+        return Rewritten(outcome=o, data=data, origin=origin, in_place=in_place)
 
     if f is None:  # a kernel that optimizes nothing: the file stays as it is
-        return RewriteOutcome(src, target, None, g, fg, verify, False, (),
-                              (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)), copy, origin
+        nothing = (KERNEL_OPTIMIZES_NOTHING.finding(choice.why),)
+        return answer(RewriteOutcome(path=src, output=target, form=None, redzone_guard=g,
+                                     fork_guard=fg, verified=verify, changed=False, sites=(),
+                                     findings=nothing), copy)
+    from usdtpatch.rewriter.marker import AlreadyRewritten
+
     try:
         rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
                      fork_guard=fg, progress=progress, calls=calls, phase=phase)
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
-        return outcome(False, note=str(exc)), copy, origin
+        return answer(outcome(False, note=str(exc)), copy)
     if rp.fork_refusal is not None:  # the plan's decision: a dry run refuses it too
         raise UnsupportedError(rp.fork_refusal)
     if target is None:
-        return outcome(rp.changed, rp.sites, rp.findings), None, origin
+        return answer(outcome(rp.changed, rp.sites, rp.findings), None)
     result = data
     say = phase if phase is not None else (lambda _name: None)
     if rp.changed:
@@ -417,7 +569,165 @@ def _rewritten(path: StrPath, out: StrPath | None, *, form: Form | str = "auto",
         result = build_rewrite(rp, keep_build_id)
         say("check")
         _validate(result, image)
-    return outcome(rp.changed, rp.sites, rp.findings), result, origin
+    return answer(outcome(rp.changed, rp.sites, rp.findings), result)
+
+
+def copy(path: StrPath, out: StrPath) -> None:
+    """`path`'s bytes to `out` unchanged, atomically, with its permission bits (the build
+    step's output when it only checks)."""
+    check_output(out, [path])
+    data, origin = read_source(os.fspath(path))
+    write_atomic(out, data, origin=origin)
+
+
+# ---------------------------------------------------------------------- many files at once
+
+
+@dataclass(frozen=True, slots=True)
+class FileRewrite:
+    """One file of `rewrite_files`: its outcome, or the UsdtpatchError that refused it; the
+    seconds its rewrite took, and its size before (None: it could not be measured)."""
+
+    path: str
+    outcome: RewriteOutcome | None
+    error: UsdtpatchError | None
+    seconds: float
+    size_before: int | None
+
+
+# `rewrite_files`' `watch(path)`: the `progress` and `phase` of that file's `rewrite`
+Watch = Callable[[str], tuple[Callable[[int, int], None] | None, Callable[[str], None] | None]]
+
+
+def rewrite_files(todo: Sequence[tuple[StrPath, StrPath | None]], *, jobs: int = 1,
+                  watch: Watch | None = None, form: Form | str = "auto",
+                  redzone_guard: Guard | str = Guard.AUTO,
+                  fork_guard: ForkGuard | str = ForkGuard.AUTO, verify: bool = True,
+                  in_place: bool = False, calls: str = "auto", kernel: str | None = None,
+                  prove: bool = True, keep_build_id: bool = False) -> Iterator[FileRewrite]:
+    """`rewrite` of each (input, output) of `todo` (output None: in place with `in_place`,
+    else a dry run), one answer per file in the order of `todo`; a file refused (a
+    UsdtpatchError) is an answer too, and the next file is rewritten. With `jobs` > 1 the
+    files are rewritten in that many worker processes (forked; each verifies its detours
+    in its own process), which die with this one; `watch` is asked, for a file rewritten in
+    this process, the progress callbacks of its rewrite. On Ctrl-C (KeyboardInterrupt) the
+    workers stop their files cleanly, the outputs they put in place are added to
+    usdtpatch.io.WRITTEN, and the interrupt goes on."""
+    _integer("jobs", jobs, 1)
+    options: dict[str, Any] = {
+        "form": form, "redzone_guard": redzone_guard, "fork_guard": fork_guard,
+        "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
+        "prove": prove, "keep_build_id": keep_build_id}
+    files = [(os.fspath(p), None if t is None else os.fspath(t)) for p, t in todo]
+    if jobs > 1:
+        yield from _in_workers(files, jobs, options)
+        return
+    for p, t in files:
+        size = _size(p)
+        t0 = time.monotonic()
+        progress, phase = watch(p) if watch is not None else (None, None)
+        try:
+            o = rewrite(p, t, progress=progress, phase=phase, **options)
+        except UsdtpatchError as exc:
+            yield FileRewrite(path=p, outcome=None, error=exc, seconds=time.monotonic() - t0,
+                              size_before=size)
+            continue
+        yield FileRewrite(path=p, outcome=o, error=None, seconds=time.monotonic() - t0,
+                          size_before=size)
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def _in_workers(files: list[tuple[str, str | None]], jobs: int,
+                options: dict[str, Any]) -> Iterator[FileRewrite]:
+    """`rewrite_files` in `jobs` worker processes, one process per file."""
+    import multiprocessing
+    from concurrent.futures import Future, ProcessPoolExecutor
+
+    sizes = {p: _size(p) for p, _ in files}  # before any file is rewritten in place
+    # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
+                               initargs=(os.getpid(),),
+                               mp_context=multiprocessing.get_context("fork"))
+    futures: list[tuple[str, Future[tuple[RewriteOutcome, float]]]] = []
+    try:
+        futures = [(p, pool.submit(_rewrite_in_worker, p, t, options)) for p, t in files]
+        for p, fut in futures:
+            try:
+                o, took = fut.result()
+            except UsdtpatchError as exc:
+                yield FileRewrite(path=p, outcome=None, error=exc, seconds=0.0,
+                                  size_before=sizes[p])
+                continue
+            yield FileRewrite(path=p, outcome=o, error=None, seconds=took, size_before=sizes[p])
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
+            _interrupt_workers(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
+        _note_written(f for _, f in futures)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _worker_init(parent: int) -> None:
+    """A worker ignores Ctrl-C while idle (the parent stops the pool: no tracebacks) and
+    dies with its parent."""
+    import signal
+
+    from usdtpatch.lifetime import die_with_parent
+
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupt_workers(pool: Any) -> None:
+    """Ctrl-C for every worker (one that works on a file stops it cleanly, an idle one ignores
+    it and ends at shutdown): the parent may have been signalled alone (SIGTERM, kill -INT),
+    not the whole process group as a terminal does."""
+    import signal
+
+    processes: dict[int, Any] = getattr(pool, "_processes", None) or {}  # pid -> process
+    for pid in list(processes):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+
+
+def _note_written(futures: Iterator[Any]) -> None:
+    """After an interrupt: the outputs the workers put in place (finished files, and files
+    whose rename was done when the interrupt came), for the interrupt's line."""
+    for fut in futures:
+        if not fut.done() or fut.cancelled():
+            continue
+        exc = fut.exception()
+        if exc is None:
+            output = fut.result()[0].output
+            WRITTEN.extend([output] if output else [])
+        else:
+            WRITTEN.extend(getattr(exc, "written", []))
+
+
+def _rewrite_in_worker(path: str, target: str | None,
+                       options: dict[str, Any]) -> tuple[RewriteOutcome, float]:
+    """One file in a worker process: its outcome and the time its rewrite took."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
+    mark = len(WRITTEN)
+    try:
+        t0 = time.monotonic()
+        # the files run in parallel: one process per file (jobs=1), no verifying workers
+        o = rewrite(path, target, jobs=1, **options)
+        return o, time.monotonic() - t0
+    except KeyboardInterrupt as exc:  # the parent says whether this file was written
+        exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
+        raise
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
@@ -469,6 +779,8 @@ def restore(path: StrPath, out: StrPath | None = None, *,
     if target is not None:
         check_output(target, [src], in_place=in_place)
     data, origin = read_source(src, in_place)
+    from usdtpatch.rewriter.marker import restore_image
+
     original = restore_image(parse_elf(data))
     if target is not None:
         write_atomic(target, original, origin=origin, in_place=in_place)
@@ -508,15 +820,31 @@ def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) ->
 
 def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
          trampoline: int | None = None, maps: StrPath | None = None,
-         pid: int | None = None) -> Plan:
+         pid: int | None = None, protocol: Protocol | None = None) -> Plan:
     """The kernel's write sequences for every probe site of `path` (`form`: "nop5", the
     Linux 6.18 protocol, or "nop10", experimental). The trampoline page comes from
     `trampoline`, a /proc/PID/maps snapshot `maps`, a live process `pid`, or the loader's
-    layout at `load_base` (default: 0x555555554000 for PIE, 0 otherwise)."""
+    layout at `load_base` (default: 0x555555554000 for PIE, 0 otherwise). With `protocol`
+    (`read_protocol`), the plan of its model (instead of `form`) with the protocol's
+    sequences on every site the model optimizes; ProtocolError when its statements do not
+    fit a site."""
     _placement_args(load_base, trampoline, pid)
     _placement(trampoline, maps, pid)
     src = os.fspath(path)
-    return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
+    if protocol is None:
+        return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
+    from usdtpatch.sequences.protocols import apply_protocol
+
+    model = _plan_of(load(src), src, protocol.model, load_base, trampoline, maps, pid)
+    return apply_protocol(model, protocol)
+
+
+def read_protocol(path: StrPath) -> Protocol:
+    """A write protocol file read (docs/plan-verify.md; usdtpatch/sequences/protocols/
+    nop5.toml is the kernel's), for `plan(protocol=...)`; ProtocolError naming the file."""
+    from usdtpatch.sequences.protocols import load_protocol
+
+    return load_protocol(os.fspath(path))
 
 
 def read_plan(path: StrPath) -> Plan:
@@ -622,3 +950,35 @@ def dtrace_header(script: StrPath, *, cpp: bool = False, includes: Sequence[str]
 
     return render_header(load_script(os.fspath(script), cpp, list(includes), list(defines)),
                          semaphores)
+
+
+def dtrace_semaphores(script: StrPath, *, cpp: bool = False, includes: Sequence[str] = (),
+                      defines: Sequence[str] = (), semaphores: bool = True) -> str:
+    """The C source of the object systemtap's `dtrace -G -s SCRIPT` would build: the
+    semaphores of the script's probes (options as for `dtrace_header`)."""
+    from usdtpatch.dtrace.header import render_stub_source
+    from usdtpatch.dtrace.script import load_script
+
+    return render_stub_source(load_script(os.fspath(script), cpp, list(includes),
+                                          list(defines)), semaphores)
+
+
+# ---------------------------------------------------------------------------------- bench
+
+
+def bench(*, include_dir: StrPath, iterations: int = 2_000_000, repeats: int = 5,
+          jvm_calls: int = 2_000_000, trigger: bool = True, jvm: bool = True, cc: str = "cc",
+          jdk: StrPath | None = None, workdir: StrPath | None = None,
+          progress: Callable[[str], None] | None = None) -> BenchReport:
+    """Tracing speed on this machine (docs/performance.md; usdtpatch.live.bench.runner):
+    programs built with the sys/sdt.h in `include_dir`, rewritten with `rewrite`, traced
+    with real uprobes in `repeats` interleaved rounds; `jdk` (default SYSTEM_JDK) is copied,
+    never modified."""
+    from pathlib import Path
+
+    from usdtpatch.live.bench import runner
+
+    return runner.bench(runner.Tools(rewrite, Path(include_dir)), iterations=iterations,
+                        repeats=repeats, jvm_calls=jvm_calls, trigger=trigger, jvm=jvm, cc=cc,
+                        jdk=runner.SYSTEM_JDK if jdk is None else Path(jdk),
+                        workdir=None if workdir is None else Path(workdir), progress=progress)

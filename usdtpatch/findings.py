@@ -85,8 +85,8 @@ class Code:
         if severity is not None and severity not in self.severities:
             raise AssertionError(f"finding code {self.code!r} is not registered with severity "
                                  f"{severity.value} ({self.severity_text})")
-        return Finding(self.code, self.severity if severity is None else severity, message,
-                       self.hint, where)
+        return Finding(code=self.code, severity=self.severity if severity is None else severity,
+                       message=message, hint=self.hint, where=where)
 
 
 _REGISTRY: dict[str, Code] = {}
@@ -97,8 +97,8 @@ def _code(code: str, severity: Severity, title: str, hint: str = "",
           ) -> Code:
     if code in _REGISTRY:
         raise AssertionError(f"finding code {code!r} registered twice")
-    entry = Code(code, severity, title, hint,
-                 frozenset(kinds if isinstance(kinds, tuple) else (kinds,)), also)
+    entry = Code(code=code, severity=severity, title=title, hint=hint,
+                 kinds=frozenset(kinds if isinstance(kinds, tuple) else (kinds,)), also=also)
     _REGISTRY[code] = entry
     return entry
 

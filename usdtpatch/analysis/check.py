@@ -208,8 +208,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
         findings.append(unwind)
     if options.fork_guard is not ForkGuard.NEVER and guard_builder is not None:
         findings.extend(_guard_unavailable(image, sites, options.fork_guard, guard_builder))
-    return CheckReport(probeset, sites, tuple(findings), forks, cfi.source, len(cfi), ctx,
-                       options)
+    return CheckReport(probeset=probeset, sites=sites, findings=tuple(findings), fork_imports=forks,
+                       cfi_source=cfi.source, cfi_fdes=len(cfi), context=ctx, options=options)
 
 
 def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
@@ -617,7 +617,8 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
     if v.code in _KERNEL_FINDINGS:
         findings.append(lookup(v.code).finding(v.reason, where))
     if v.outcome is Outcome.NOT_APPLICABLE:
-        return SiteCheck(probe, cand, NOT_APPLICABLE, None, None, None, None, tuple(findings))
+        return SiteCheck(probe=probe, candidacy=cand, outcome=NOT_APPLICABLE, blocked=None,
+                         window=None, red_zone=None, function=None, findings=tuple(findings))
     bounds = ctx.bounds(probe.address)
     fc: FunctionCode | None = ctx.function(bounds) if bounds is not None else None
     rz = red_zone(fc, probe, stacks)
@@ -681,4 +682,5 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
             findings.append(ARG_USES_RSP.finding(
                 f"argument {a.raw} is addressed through %rsp: the red-zone-safe detour lowers "
                 "%rsp by 128 around the probe", where))
-    return SiteCheck(probe, cand, outcome, blocked, window, rz, bounds, tuple(findings))
+    return SiteCheck(probe=probe, candidacy=cand, outcome=outcome, blocked=blocked, window=window,
+                     red_zone=rz, function=bounds, findings=tuple(findings))

@@ -153,7 +153,8 @@ def fde_unmodelled(image: ElfImage, fde: Fde) -> Unmodelled | None:
     bad = cfa_program_unknown(fde.instructions)
     where = f"the FDE at {fde.address:#x} ([{fde.pc_begin:#x}, {fde.pc_end:#x}))"
     if bad is not None:
-        return Unmodelled(CFI, bad, where, LOCAL, fde.pc_begin, fde.pc_end)
+        return Unmodelled(kind=CFI, what=bad, where=where, scope=LOCAL, start=fde.pc_begin,
+                          end=fde.pc_end)
     if fde.lsda is None:
         return None
     raw = image.read_vaddr(fde.lsda, 32)
@@ -177,7 +178,7 @@ def fde_unmodelled(image: ElfImage, fde: Fde) -> Unmodelled | None:
             pos += FIXED_SIZES[enc & 0x0F]
     for what, enc in encs:
         if not encoding_known(enc):
-            return Unmodelled(LSDA_ENCODING, f"{what} encoding {enc:#04x}",
-                              f"the LSDA at {fde.lsda:#x} of {where}", LOCAL, fde.pc_begin,
-                              fde.pc_end)
+            return Unmodelled(kind=LSDA_ENCODING, what=f"{what} encoding {enc:#04x}",
+                              where=f"the LSDA at {fde.lsda:#x} of {where}", scope=LOCAL,
+                              start=fde.pc_begin, end=fde.pc_end)
     return None

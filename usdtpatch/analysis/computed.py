@@ -115,9 +115,10 @@ def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> No
             for i, a in enumerate(t.targets):
                 if not b.contains(a) and probed(a):
                     src = t.table + 4 * i
-                    out.ways.append(WayIn(a, REL_TABLE, src, f"4-byte entry at {src:#x} of "
-                                          f"the table at {t.table:#x} of the jump at "
-                                          f"{t.jump:#x}", t.table))
+                    out.ways.append(WayIn(target=a, kind=REL_TABLE, source=src,
+                                          what=f"4-byte entry at {src:#x} of the table at "
+                                               f"{t.table:#x} of the jump at {t.jump:#x}",
+                                          base=t.table))
         for jump, base, why in part.computed:
             if base is None:
                 out.everywhere = out.everywhere or f"{why}, from a base that is not known"

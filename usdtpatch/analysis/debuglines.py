@@ -87,7 +87,8 @@ def _lines(image: ElfImage) -> _Lines | None:
                     entries = None
                     entries_why = "its .debug_info cannot be read (compressed other than " \
                                   "with zlib, or damaged)"
-            result = _Lines(table, None, why, entries, entries_why)
+            result = _Lines(table=table, editable=None, why=why, entries=entries,
+                            entries_why=entries_why)
     image.derived["debug_lines"] = (result,)
     return result
 

@@ -50,7 +50,7 @@ def function_bounds(address: int, cfi: CfiIndex, symbols: SymbolTable) -> Functi
         sym = symbols.lookup(fde.pc_begin)
         if sym is not None and sym[1] == 0:
             name = sym[0].name
-        return FunctionBounds(fde.pc_begin, fde.pc_end, "fde", name, fde)
+        return FunctionBounds(start=fde.pc_begin, end=fde.pc_end, source="fde", name=name, fde=fde)
     sym = symbols.lookup(address)
     if sym is None:
         return None
@@ -58,7 +58,7 @@ def function_bounds(address: int, cfi: CfiIndex, symbols: SymbolTable) -> Functi
     end = fn.address + fn.size if fn.size else _next_symbol(symbols, fn.address)
     if end is None or end <= address:
         return None
-    return FunctionBounds(fn.address, end, "symbol", fn.name, None)
+    return FunctionBounds(start=fn.address, end=end, source="symbol", name=fn.name, fde=None)
 
 
 def _next_symbol(symbols: SymbolTable, start: int) -> int | None:

@@ -183,9 +183,11 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
                     f"argument {a.raw!r}: {a.operand.reason}", where))
         fn = symbols.lookup(address)
         function, function_offset = (fn[0].name, fn[1]) if fn is not None else (None, 0)
-        probes.append(Probe(i, note, address, offset, sem, args, site, code, function,
-                            function_offset))
-    return ProbeSet(image, notes, tuple(probes), tuple(findings), symbols)
+        probes.append(Probe(index=i, note=note, address=address, offset=offset, semaphore=sem,
+                            args=args, site=site, code=code, function=function,
+                            function_offset=function_offset))
+    return ProbeSet(image=image, notes=notes, probes=tuple(probes), findings=tuple(findings),
+                    symbols=symbols)
 
 
 def _raw_note_finding(raw: RawNote) -> Finding:

@@ -408,8 +408,8 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                 unresolved.append(verdict)
     if sw.bad:
         unresolved.insert(0, f"bytes at {sw.bad[0]:#x} do not decode")
-    return PartScan(sw, tuple(targets), tuple(outside), tuple(tables), tuple(unresolved),
-                    tuple(computed))
+    return PartScan(sweep=sw, targets=tuple(targets), outside=tuple(outside), tables=tuple(tables),
+                    unresolved=tuple(unresolved), computed=tuple(computed))
 
 
 def _related_order(ctx: CodeContext, outside: tuple[tuple[int, bool], ...]) -> list[int]:
@@ -433,8 +433,10 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     partitions), since those jump back into it.
     """
     if bounds.size > MAX_FUNCTION_BYTES:
-        return FunctionCode(bounds, (), (), {}, f"function of {bounds.size} bytes is larger "
-                            f"than {MAX_FUNCTION_BYTES} and was not disassembled", (), ())
+        return FunctionCode(bounds=bounds, insns=(), starts=(), targets={},
+                            all_targets=f"function of {bounds.size} bytes is larger than "
+                                        f"{MAX_FUNCTION_BYTES} and was not disassembled",
+                            jump_tables=(), bad=())
     own = ctx.part(bounds)
     insns = own.sweep.insns
     starts = tuple(i.address for i in insns)
@@ -483,9 +485,10 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
             unresolved.append(why)
     all_targets = unresolved[0] if unresolved else None
     after, before = _padding_after(ctx, bounds), _padding_before(ctx, bounds)
-    return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
-                        own.sweep.bad, after, {a: tuple(v) for a, v in incoming.items()},
-                        before, fixed=fixed_places(ctx.image))
+    return FunctionCode(bounds=bounds, insns=insns, starts=starts, targets=targets,
+                        all_targets=all_targets, jump_tables=own.tables, bad=own.sweep.bad,
+                        padding_after=after, incoming={a: tuple(v) for a, v in incoming.items()},
+                        padding_before=before, fixed=fixed_places(ctx.image))
 
 
 def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
@@ -683,7 +686,8 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
     if isinstance(origin, tuple):
         if not origin:
             return None  # a tail call through a function pointer
-        return JumpTable(jmp.address, 0, 0, len(origin), True, origin)  # goto *&&label
+        return JumpTable(jump=jmp.address, table=0, entry_size=0,  # goto *&&label
+                         entries=len(origin), bounded=True, targets=origin)
     return f"indirect jump {jmp.text} at {jmp.address:#x} is not understood ({origin})"
 
 
@@ -717,7 +721,8 @@ def _loaded_code_pointers(ctx: CodeContext, bounds: FunctionBounds,
     labels = {a for a in ctx.relative_relocs().values() if bounds.contains(a)}
     labels |= {i.rip_target for i in insns if i.rip_target is not None
                and i.base_mnemonic.startswith("lea") and bounds.contains(i.rip_target)}
-    return JumpTable(jmp.address, 0, 0, len(labels), False, tuple(sorted(labels)))
+    return JumpTable(jump=jmp.address, table=0, entry_size=0, entries=len(labels), bounded=False,
+                     targets=tuple(sorted(labels)))
 
 
 ARG_REGS = frozenset({"rdi", "rsi", "rdx", "rcx", "r8", "r9"})
@@ -1122,7 +1127,8 @@ def _table(ctx: CodeContext, bounds: FunctionBounds, jmp: CodeInsn, table: int, 
         ctx.tables[key] = got
     if isinstance(got, str):
         return f"{got} (from {jmp.address:#x})"
-    return JumpTable(jmp.address, table, size, len(got), guard is not None, got, base)
+    return JumpTable(jump=jmp.address, table=table, entry_size=size, entries=len(got),
+                     bounded=guard is not None, targets=got, base=base)
 
 
 def _read_table(ctx: CodeContext, bounds: FunctionBounds, table: int, size: int, base: int,

@@ -582,8 +582,9 @@ def _scan_tables(words: list[tuple[int, int]], lea_targets: list[int],
         i = bisect_right(bases, a) - 1
         t = bases[i] if i >= 0 else -TABLE_BYTES
         if a - t < TABLE_BYTES and (a - t) % 4 == 0 and t + e in protected:
-            out.append(WayIn(t + e, REL_TABLE, a, f"4-byte entry at {a:#x} of the table at "
-                             f"{t:#x} (its address is taken by a rip-relative lea)", t))
+            out.append(WayIn(target=t + e, kind=REL_TABLE, source=a,
+                             what=f"4-byte entry at {a:#x} of the table at {t:#x} (its "
+                                  f"address is taken by a rip-relative lea)", base=t))
     return out
 
 
@@ -617,8 +618,9 @@ def _code_table(data: bytes | mmap, t: int, at: int, n: int,
     hits = protected.intersection(ends)
     for i in compress(range(len(ends)), map(hits.__contains__, ends)) if hits else ():
         a = t + 4 * i
-        yield WayIn(ends[i], REL_TABLE, a, f"4-byte entry at {a:#x} of the table in code at "
-                    f"{t:#x} (its address is taken by a rip-relative lea)", t)
+        yield WayIn(target=ends[i], kind=REL_TABLE, source=a,
+                    what=f"4-byte entry at {a:#x} of the table in code at {t:#x} (its "
+                         f"address is taken by a rip-relative lea)", base=t)
 
 
 def _scan_landing_pads(image: ElfImage, cfi: CfiIndex, protected: set[int]) -> list[WayIn]:

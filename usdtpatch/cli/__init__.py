@@ -10,7 +10,7 @@ subcommand module has `register(subparsers)`, which adds its parser and sets
 rendering from usdtpatch/report/.
 
 Deferred imports: each command's module (only the one run: `list` must not pay for
-unicorn), io.py in `main` (the record of outputs written), integrate/ (only for
+unicorn), integrate/ (only for
 --cmake-dir, --include-dir, --make-include, --debhelper-dir, --rpm-macros), signal (only
 while a command runs).
 """
@@ -26,6 +26,8 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from usdtpatch import __version__
+from usdtpatch.api import WRITTEN, UsdtpatchError
 from usdtpatch.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -34,8 +36,6 @@ from usdtpatch.cli.common import (
     printable,
     raise_terminated,
 )
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.version import __version__
 
 # Subcommand -> the module that registers it, in the order `usdtpatch --help` shows them.
 # Only the module of the command being run is imported: `list` must not pay for unicorn.
@@ -144,15 +144,13 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
          err: IO[str] | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    from usdtpatch import io as _io  # no import of its own: the stdlib's os, stat, mmap
-
-    mark = len(_io.WRITTEN)
+    mark = len(WRITTEN)  # usdtpatch.io's record of the outputs put in place
     try:
         with _terminating():
             return _main(argv, out, err)
     except KeyboardInterrupt as exc:
         # an output is renamed into place whole or not at all: say which were written
-        written = _io.WRITTEN[mark:]
+        written = WRITTEN[mark:]
         with contextlib.suppress(Exception):
             print(printable(interrupted_line(written)), file=err)
         # 128 + the signal, as shells report it (130 for Ctrl-C; SIGTERM and SIGHUP turned
@@ -160,7 +158,7 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
         status: int = getattr(exc, "exit_status", EXIT_INTERRUPTED)
         return status
     finally:
-        del _io.WRITTEN[mark:]  # the record is this command's
+        del WRITTEN[mark:]  # the record is this command's
 
 
 def interrupted_line(written: list[str]) -> str:

@@ -2,8 +2,8 @@
 [--json] [--chart PNG]`: how much faster tracing is on this machine with 5-byte sites
 (usdtpatch.live.bench.runner; the figures for this kind of machine are in docs/performance.md).
 
-Deferred imports: api, integrate, live/bench/runner.py and report/bench.py, only when the
-bench runs (`usdtpatch --help` imports every command's module).
+Deferred imports: integrate and report/bench.py, only when the bench runs (`usdtpatch
+--help` imports every command's module).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from usdtpatch import api
+from usdtpatch.api import SYSTEM_JDK, UsdtpatchError
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.live.bench.runner import SYSTEM_JDK
 
 
 def _positive(text: str) -> int:
@@ -54,8 +54,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from usdtpatch import api, integrate
-    from usdtpatch.live.bench.runner import Tools, bench
+    from usdtpatch import integrate
     from usdtpatch.report.bench import bench_json, chart, print_bench
 
     def progress(msg: str) -> None:
@@ -63,10 +62,11 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             print(f"bench: {msg}", file=err)
 
     try:
-        rep = bench(Tools(api.rewrite, integrate.include_dir()), iterations=args.iterations,
-                    repeats=args.repeats, jvm_calls=args.jvm_calls,
-                    trigger=args.only in (None, "trigger"), jvm=args.only in (None, "jvm"),
-                    cc=args.cc, jdk=args.jdk, workdir=args.workdir, progress=progress)
+        rep = api.bench(include_dir=integrate.include_dir(), iterations=args.iterations,
+                        repeats=args.repeats, jvm_calls=args.jvm_calls,
+                        trigger=args.only in (None, "trigger"),
+                        jvm=args.only in (None, "jvm"), cc=args.cc, jdk=args.jdk,
+                        workdir=args.workdir, progress=progress)
     except UsdtpatchError as exc:
         print(f"usdtpatch: {exc}", file=err)
         return EXIT_UNUSABLE

@@ -16,8 +16,7 @@ input is unusable (not ELF, unreadable) or the usage is wrong.
 
 Deferred imports: json (not for the table), dataclasses (only to keep the sites --probe
 selects), report/sarif.py, report/html.py and report/show.py (only for their format),
-report/rewrite.py (report_kind, only with --report), report/text.py (only for the table),
-errors (OutputError, only for a --report without a format).
+report/rewrite.py (report_kind, only with --report), report/text.py (only for the table).
 """
 
 from __future__ import annotations
@@ -27,14 +26,23 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from usdtpatch import api
-from usdtpatch.analysis.calls import CALL_CHOICES
-from usdtpatch.analysis.forms import ForkGuard, Form, Guard
-from usdtpatch.analysis.probes import no_match
+from usdtpatch.api import (
+    CALL_CHOICES,
+    NOT_FOUND,
+    ForkGuard,
+    Form,
+    Guard,
+    Kernel,
+    OutputError,
+    UsdtpatchError,
+    check_output,
+    demangle,
+    demangle_unavailable,
+    no_match,
+    umask_mode,
+    write_atomic,
+)
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
-from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import check_output, umask_mode, write_atomic
-from usdtpatch.kernelfacts import Kernel
 from usdtpatch.report.checkjson import check_document, document_findings, reaches, result_json
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 
@@ -108,7 +116,7 @@ def build_document(paths: list[str], err: IO[str] | None = None,
     functions = [s.probe.function for r in results for s in r.report.sites
                  if s.probe.function]
     names = demangle(functions)
-    if err is not None and unavailable(functions):
+    if err is not None and demangle_unavailable(functions):
         print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     if views is not None:
         from usdtpatch.report.show import site_views
@@ -190,7 +198,6 @@ def report_format(fmt: str | None, report: str | None) -> str | None:
     table. Raises OutputError for a --report FILE whose extension names no format."""
     if fmt is not None or report is None:
         return fmt
-    from usdtpatch.errors import OutputError
     from usdtpatch.report.rewrite import report_kind
 
     try:

@@ -20,11 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from usdtpatch import api
+from usdtpatch.api import InputError, OutputError, check_output, write_atomic
 from usdtpatch.cli.common import EXIT_OK
-from usdtpatch.dtrace.header import render_header, render_stub_source
-from usdtpatch.dtrace.script import load_script
-from usdtpatch.errors import InputError, OutputError
-from usdtpatch.io import check_output, write_atomic
 
 
 def register(sub: Any) -> None:
@@ -93,10 +91,11 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         raise InputError("dtrace: -s FILE.d is required")
     target = args.output or _default_output(args.script, ".h" if args.header else ".o")
     check_output(target, [args.script], can_in_place=False)  # never the .d file, nor a device
-    script = load_script(args.script, args.cpp, args.includes, args.defines)
+    options: dict[str, Any] = {"cpp": args.cpp, "includes": args.includes,
+                               "defines": args.defines, "semaphores": args.semaphores}
     if args.header:
-        write_atomic(target, render_header(script, args.semaphores).encode())
+        write_atomic(target, api.dtrace_header(args.script, **options).encode())
     else:
-        _compile_stub(render_stub_source(script, args.semaphores), target, args.includes,
+        _compile_stub(api.dtrace_semaphores(args.script, **options), target, args.includes,
                       args.defines, args.keep, err)
     return EXIT_OK

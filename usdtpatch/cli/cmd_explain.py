@@ -12,8 +12,8 @@ import argparse
 import difflib
 from typing import IO, Any
 
+from usdtpatch.api import CODES, RENAMED
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, printable
-from usdtpatch.findings import CODES, RENAMED
 from usdtpatch.report.explain import codes_text, explanation
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from usdtpatch import api
+from usdtpatch.api import UsdtpatchError, check_output, umask_mode, write_atomic
 from usdtpatch.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -24,8 +25,6 @@ from usdtpatch.cli.common import (
     printable,
     raise_terminated,
 )
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import check_output, umask_mode, write_atomic
 from usdtpatch.report.kcheck import kcheck_json, kcheck_text
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_pattern
 

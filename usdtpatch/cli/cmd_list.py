@@ -13,10 +13,16 @@ import argparse
 import json
 from typing import IO, Any
 
-from usdtpatch.analysis.probes import Probe, no_match
-from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, load, printable
-from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
-from usdtpatch.errors import UsdtpatchError
+from usdtpatch import api
+from usdtpatch.api import (
+    NOT_FOUND,
+    Probe,
+    UsdtpatchError,
+    demangle,
+    demangle_unavailable,
+    no_match,
+)
+from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.report.listing import (
     PROBE_PATTERN_HELP,
     file_json,
@@ -41,7 +47,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
                provider: str | None = None, probe: str | None = None) -> int:
     """Print the probes of `files` (a table, or the JSON document); the exit status.
 
-    Each file is read and released before the next (mapped, see `load`: a listing of
+    Each file is read and released before the next (mapped: api.load's `mapped`; a listing of
     thousands of files keeps none of them open); the function names of all of them are
     demangled in one batch at the end."""
     docs: list[dict[str, Any]] = []
@@ -50,7 +56,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
     ids: dict[str, list[str]] = {}  # the probes of each file, for a pattern that selects none
     for path in files:
         try:
-            ps = load(path)
+            ps = api.load(path, mapped=True)
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": str(exc)})
             error_line(path, exc, err)
@@ -68,7 +74,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
         return EXIT_UNUSABLE
     functions = [p.function for probes in shown for p in probes if p.function]
     names = demangle(functions)
-    if unavailable(functions):
+    if demangle_unavailable(functions):
         print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     for doc, probes in zip(docs, shown, strict=True):
         relabel(doc, probes, names)

@@ -3,8 +3,8 @@
 every probe site (or those --probe selects; a pattern that selects none is an error, exit 2,
 as in every command). --form nop5|nop10 is the deprecated spelling of --kernel.
 
-Deferred imports: kernelfacts.py and sequences/trampoline.py (PAGE, TASK_SIZE), only when
---trampoline is given (verify shares these options).
+sequences/trampoline.py (api.TASK_SIZE, bound on first use) is loaded only when --trampoline
+is given (verify shares these options).
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import json
 from typing import IO, TYPE_CHECKING, Any
 
 from usdtpatch import api
-from usdtpatch.analysis.probes import no_match
+from usdtpatch.api import PROTOCOL_NOP5, PROTOCOL_NOP10, InputError, UsdtpatchError, no_match
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
-from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.report.plan import plan_json, plan_text
-from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10
 
 if TYPE_CHECKING:
-    from usdtpatch.sequences.plan import Plan
+    from usdtpatch.api import Plan
 
 
 def _addr(text: str) -> int:
@@ -38,16 +36,14 @@ def _addr(text: str) -> int:
 
 def _trampoline(text: str) -> int:
     """--trampoline: a page address in user space (as api.plan checks it)."""
-    from usdtpatch.kernelfacts import PAGE
-    from usdtpatch.sequences.trampoline import TASK_SIZE
-
+    page, task_size = api.PAGE, api.TASK_SIZE  # sequences/trampoline.py, loaded here
     v = _addr(text)
-    if not PAGE <= v < TASK_SIZE:
+    if not page <= v < task_size:
         raise argparse.ArgumentTypeError(f"{text}: not a user-space address "
-                                         f"({PAGE:#x} to {TASK_SIZE - 1:#x})")
-    if v % PAGE:
+                                         f"({page:#x} to {task_size - 1:#x})")
+    if v % page:
         raise argparse.ArgumentTypeError(f"{text}: not a page address (a multiple of "
-                                         f"{PAGE:#x})")
+                                         f"{page:#x})")
     return v
 
 

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import IO, Any
 
+from usdtpatch.api import UsdtpatchError
 from usdtpatch.cli.common import error_line
-from usdtpatch.errors import UsdtpatchError
 from usdtpatch.integrate.step import (
     FAIL_LEVELS,
     FORK_GUARDS,

@@ -22,31 +22,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from usdtpatch import api
-from usdtpatch.analysis.forms import ForkGuard, Form, Guard
-from usdtpatch.cli.common import (
-    EXIT_FAIL,
-    EXIT_OK,
-    EXIT_UNUSABLE,
-    error_line,
-    load,
-    printable,
+from usdtpatch.api import (
+    FileRewrite,
+    ForkGuard,
+    Form,
+    Guard,
+    InputError,
+    Kernel,
+    OutputError,
+    UsdtpatchError,
+    check_output,
 )
-from usdtpatch.errors import InputError, OutputError, UsdtpatchError
+from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.integrate.tree import TREE_KERNEL
-from usdtpatch.io import WRITTEN, check_output
-from usdtpatch.kernelfacts import Kernel
-from usdtpatch.lifetime import die_with_parent
 from usdtpatch.report.rewrite import (
     outcome_json,
     report_document,
@@ -145,58 +141,6 @@ def _target(path: str, output: str | None, several: bool) -> str | None:
     return str(out)
 
 
-def _worker_init(parent: int) -> None:
-    """A -j worker ignores Ctrl-C while idle (the parent stops the pool: no tracebacks) and
-    dies with its parent."""
-    die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _interrupt_workers(pool: ProcessPoolExecutor) -> None:
-    """Ctrl-C for every worker (one that works on a file stops it cleanly, an idle one ignores
-    it and ends at shutdown): the parent may have been signalled alone (SIGTERM, kill -INT),
-    not the whole process group as a terminal does."""
-    processes: dict[int, Any] = getattr(pool, "_processes", None) or {}  # pid -> process
-    for pid in list(processes):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGINT)
-
-
-def _note_written(futures: Iterable[Future[tuple[dict[str, Any], bool, float]]]) -> None:
-    """After an interrupt: the outputs the -j workers put in place (finished files, and
-    files whose rename was done when the interrupt came), for the interrupt's line."""
-    for fut in futures:
-        if not fut.done() or fut.cancelled():
-            continue
-        exc = fut.exception()
-        if exc is None:
-            output = fut.result()[0].get("output")
-            WRITTEN.extend([output] if output else [])
-        else:
-            WRITTEN.extend(getattr(exc, "written", []))
-
-
-def _rewrite_in_worker(path: str, target: str | None, in_place: bool, form: str, guard: str,
-                       fork_guard: str, verify: bool, calls: str = "auto",
-                       kernel: str | None = None, prove: bool = True,
-                       keep_build_id: bool = False) -> tuple[dict[str, Any], bool, float]:
-    """One file in a worker process: its report entry, whether a site failed, the time."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
-    mark = len(WRITTEN)
-    try:
-        t0 = time.monotonic()
-        o = api.rewrite(path, target, form=form, redzone_guard=guard, fork_guard=fork_guard,
-                        verify=verify, in_place=in_place, calls=calls, kernel=kernel,
-                        prove=prove, jobs=1,  # -j runs files in parallel: one process per file
-                        keep_build_id=keep_build_id)
-        return outcome_json(o), o.failed, time.monotonic() - t0
-    except KeyboardInterrupt as exc:  # the parent says whether this file was written
-        exc.written = WRITTEN[mark:]  # type: ignore[attr-defined]  # pickled with it
-        raise
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @dataclass
 class _Results:
     """What the rewrites of the files gave, in input order: their entries of the rewrite
@@ -255,52 +199,30 @@ def _refused(files: list[str], todo: list[tuple[str, str | None]], in_place: boo
     return refused
 
 
-def _in_workers(todo: list[tuple[str, str | None]], jobs: int, options: dict[str, Any],
-                sizes: dict[str, int | None], res: _Results, err: IO[str]) -> None:
-    """Rewrite the files in `jobs` worker processes (-j), one process per file."""
-    # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
-                               initargs=(os.getpid(),),
-                               mp_context=multiprocessing.get_context("fork"))
-    futures: list[tuple[str, Future[tuple[dict[str, Any], bool, float]]]] = []
-    try:
-        futures = [(p, pool.submit(_rewrite_in_worker, p, t, options["in_place"],
-                                   options["form"], options["redzone_guard"],
-                                   options["fork_guard"], options["verify"], options["calls"],
-                                   options["kernel"], options["prove"],
-                                   options["keep_build_id"])) for p, t in todo]
-        for p, fut in futures:
-            try:
-                entry, bad, took = fut.result()
-            except UsdtpatchError as exc:
-                res.refuse(p, exc, err)
-                continue
-            res.add(entry, bad, took, sizes.get(p))
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
-            _interrupt_workers(pool)
-        pool.shutdown(wait=True, cancel_futures=True)
-        _note_written(f for _, f in futures)
-        raise
-    pool.shutdown(wait=True)
-
-
-def _one_by_one(todo: list[tuple[str, str | None]], options: dict[str, Any], sized: bool,
-                res: _Results, err: IO[str]) -> None:
-    """Rewrite the files here, one after the other, with a progress bar on a terminal."""
+def _rewrite_all(todo: list[tuple[str, str | None]], jobs: int, options: dict[str, Any],
+                 res: _Results, err: IO[str]) -> None:
+    """Rewrite the files (api.rewrite_files): in `jobs` worker processes, else here one after
+    the other with a progress bar on a terminal."""
+    if jobs > 1:
+        _collect(api.rewrite_files(todo, jobs=jobs, **options), res, err)
+        return
     from usdtpatch.report.render import make_console, site_progress
 
     with site_progress(make_console(err)) as progress_for:
-        for p, t in todo:
-            try:
-                size = _size(p) if sized else None
-                t0 = time.monotonic()
-                shown = progress_for(Path(p).name)
-                o = api.rewrite(p, t, progress=shown.sites, phase=shown.phase, **options)
-            except UsdtpatchError as exc:
-                res.refuse(p, exc, err)
-                continue
-            res.add(outcome_json(o), o.failed, time.monotonic() - t0, size)
+        def watch(path: str) -> tuple[Any, Any]:
+            shown = progress_for(Path(path).name)
+            return shown.sites, shown.phase
+
+        _collect(api.rewrite_files(todo, watch=watch, **options), res, err)
+
+
+def _collect(answers: Iterable[FileRewrite], res: _Results, err: IO[str]) -> None:
+    for a in answers:
+        if a.outcome is None:
+            assert a.error is not None
+            res.refuse(a.path, a.error, err)
+        else:
+            res.add(outcome_json(a.outcome), a.outcome.failed, a.seconds, a.size_before)
 
 
 def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str | None,
@@ -339,11 +261,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                                            note=NO_PROBES))
             res.extras.append(_report_extra(res.entries[-1], 0.0, None))
     rest = [x for x in todo if x not in bare]
-    if jobs > 1 and several:
-        sizes = {p: _size(p) for p, _ in rest} if report is not None else {}
-        _in_workers(rest, jobs, options, sizes, res, err)
-    else:
-        _one_by_one(rest, options, report is not None, res, err)
+    _rewrite_all(rest, jobs if several else 1, options, res, err)
     if bare:
         res.in_order([p for p, _ in todo])
     doc = rewrite_document(res.entries, res.errors, time.monotonic() - started)
@@ -372,7 +290,7 @@ def _no_probes(path: str) -> bool:
     """Whether `path` is an ELF file without a USDT probe (read mapped, as `list` reads it;
     a file that cannot be read is left to api.rewrite, which says why)."""
     try:
-        return not load(path).probes
+        return not api.load(path, mapped=True).probes
     except UsdtpatchError:
         return False
 
@@ -474,10 +392,7 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
     # place at each of its names in the tree (rewrite_linked): --in-place refuses hard links
     single: list[tuple[str, str | None]] = [(f.path, None) for f in scan.todo
                                             if not f.links and not f.outside]
-    if jobs > 1 and len(single) > 1:
-        _in_workers(single, jobs, options, {}, res, err)
-    else:
-        _one_by_one(single, options, False, res, err)
+    _rewrite_all(single, jobs if len(single) > 1 else 1, options, res, err)
     linked_opts = {k: v for k, v in options.items() if k != "in_place"}
     for f in (f for f in scan.todo if f.links or f.outside):
         try:

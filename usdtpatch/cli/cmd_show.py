@@ -11,9 +11,8 @@ import json
 from typing import IO, Any
 
 from usdtpatch import api
-from usdtpatch.analysis.probes import no_match
+from usdtpatch.api import InputError, UsdtpatchError, no_match
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
-from usdtpatch.errors import InputError, UsdtpatchError
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.report.show import show_document, site_views
 

@@ -5,7 +5,8 @@ site fails.
 
 `summarize(path)` is what `usdtpatch demo` calls: plan + verify one file, rendered as text.
 
-Deferred imports: sequences/protocols/ (keystone), only for --protocol.
+sequences/protocols/ (keystone) is loaded only for --protocol (api.read_protocol, and
+api.ProtocolError bound on first use).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import json
 from typing import IO, TYPE_CHECKING, Any
 
 from usdtpatch import api
+from usdtpatch.api import UsdtpatchError
 from usdtpatch.cli.cmd_plan import add_placement_args, add_probe_arg, placement, select_sites
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
-from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.verify import demo_text, verify_json, verify_text
 
 if TYPE_CHECKING:
-    from usdtpatch.sequences.plan import Plan
-    from usdtpatch.sequences.protocols import Protocol
+    from usdtpatch.api import Plan, Protocol
 
 
 def register(sub: Any) -> None:
@@ -55,20 +55,15 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if args.plan:
             plan = api.read_plan(args.plan)
         elif args.protocol:
-            from usdtpatch.sequences.protocols import load_protocol
-
-            proto = load_protocol(args.protocol)
+            proto = api.read_protocol(args.protocol)
     except UsdtpatchError as exc:
         error_line(args.plan or args.protocol, exc, err)
         return EXIT_UNUSABLE
     try:
         if proto is not None:
-            from usdtpatch.sequences.protocols import ProtocolError, apply_protocol
-
-            model_plan = api.plan(args.file, **{**placement(args, err), "form": proto.model})
             try:
-                plan = apply_protocol(model_plan, proto)
-            except ProtocolError as exc:
+                plan = api.plan(args.file, **{**placement(args, err), "protocol": proto})
+            except api.ProtocolError as exc:
                 error_line(args.protocol, exc, err)
                 return EXIT_UNUSABLE
         if plan is None and args.probe:

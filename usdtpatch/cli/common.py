@@ -1,14 +1,11 @@
-"""What several subcommands share: exit codes, error lines, loading a file for `list`, the
-signals that stop a command as Ctrl-C does."""
+"""What several subcommands share: exit codes, error lines, the signals that stop a command
+as Ctrl-C does."""
 
 from __future__ import annotations
 
 from typing import IO
 
-from usdtpatch.analysis.probes import ProbeSet, read_probes
-from usdtpatch.elf.image import parse_elf
-from usdtpatch.errors import UsdtpatchError
-from usdtpatch.io import StrPath, map_input
+from usdtpatch.api import UsdtpatchError
 
 __all__ = [
     "EXIT_FAIL",
@@ -18,7 +15,6 @@ __all__ = [
     "EXIT_UNUSABLE",
     "Terminated",
     "error_line",
-    "load",
     "printable",
     "raise_terminated",
 ]
@@ -28,13 +24,6 @@ EXIT_FAIL = 1
 EXIT_UNUSABLE = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-
-
-def load(path: StrPath) -> ProbeSet:
-    """`usdtpatch.api.load`'s steps, without importing the whole API (`list` imports only the
-    modules it uses), on the file mapped rather than read (usdtpatch.io.map_input: `list`
-    touches a few parts of each file; it releases each ProbeSet before the next file)."""
-    return read_probes(parse_elf(map_input(path)))
 
 
 # control characters (C0, DEL, C1) and the other characters str.splitlines breaks at

@@ -141,21 +141,21 @@ def tokenize(text: str, source: str) -> list[Token]:
             continue
         m = _IDENT.match(text, i)
         if m:
-            out.append(Token("ident", m.group(), file, line, col))
+            out.append(Token(kind="ident", text=m.group(), file=file, line=line, col=col))
             i = m.end()
             continue
         m = _NUMBER.match(text, i)
         if m:
-            out.append(Token("number", m.group(), file, line, col))
+            out.append(Token(kind="number", text=m.group(), file=file, line=line, col=col))
             i = m.end()
             continue
         if ch in _PUNCT:
-            out.append(Token("punct", ch, file, line, col))
+            out.append(Token(kind="punct", text=ch, file=file, line=line, col=col))
             i += 1
             continue
         raise DScriptError(f"{file}:{line}:{col}: unexpected character {ch!r}")
     col = n - line_start + 1
-    out.append(Token("eof", "", file, line, col))
+    out.append(Token(kind="eof", text="", file=file, line=line, col=col))
     return out
 
 

@@ -123,25 +123,27 @@ def parse_arg(tok: str, x86: bool = True) -> SdtArg:
     m = _SIZED.match(tok)
     if m:
         if len(m.group(2)) > MAX_NUMBER_TEXT:
-            return SdtArg(tok, None, m.group(1) == "-", bool(m.group(3)),
-                          UnknownOperand(m.group(4), f"size of {len(m.group(2))} digits is not "
-                                                     f"1, 2, 4, 8 or 16"))
+            return SdtArg(
+                raw=tok, size=None, signed=m.group(1) == "-", is_float=bool(m.group(3)),
+                operand=UnknownOperand(m.group(4), f"size of {len(m.group(2))} digits is not "
+                                                   f"1, 2, 4, 8 or 16"))
         signed, size, flt, operand_text = m.group(1) == "-", int(m.group(2)), m.group(3), m.group(4)
         if not x86:
-            return SdtArg(tok, size, signed, bool(flt),
-                          UnknownOperand(operand_text, "operands of this architecture are kept "
-                                                       "as text"))
+            return SdtArg(
+                raw=tok, size=size, signed=signed, is_float=bool(flt),
+                operand=UnknownOperand(operand_text, "operands of this architecture are kept "
+                                                     "as text"))
         op = parse_operand(operand_text)
         if size not in (1, 2, 4, 8, 16) and not isinstance(op, UnknownOperand):
             op = UnknownOperand(operand_text, f"size {size} is not 1, 2, 4, 8 or 16")
-        return SdtArg(tok, size, signed, bool(flt), op)
+        return SdtArg(raw=tok, size=size, signed=signed, is_float=bool(flt), operand=op)
     if not x86:
-        return SdtArg(tok, None, False, False,
-                      UnknownOperand(tok, "operands of this architecture are kept as text"))
+        return SdtArg(raw=tok, size=None, signed=False, is_float=False,
+                      operand=UnknownOperand(tok, "operands of this architecture are kept as text"))
     op = parse_operand(tok)
     if not isinstance(op, RegOperand) and not isinstance(op, UnknownOperand):
         op = UnknownOperand(tok, "no N@ size prefix")
-    return SdtArg(tok, None, False, False, op)
+    return SdtArg(raw=tok, size=None, signed=False, is_float=False, operand=op)
 
 
 def _disp_of(d: re.Match[str]) -> tuple[int, str | None]:
@@ -230,9 +232,9 @@ def _parse_operand(text: str) -> Operand:
             scale = int(parts[2])
         if base is None and index is None:
             return UnknownOperand(text, "memory operand without base or index")
-        return MemOperand(disp, sym, base, index, scale)
+        return MemOperand(disp=disp, symbol=sym, base=base, index=index, scale=scale)
     d = _DISP.match(text)
     if d:  # a bare absolute address: `sym`, `sym+8`, `8+sym` or a number
         disp, sym = _disp_of(d)
-        return MemOperand(disp, sym, None, None, 1)
+        return MemOperand(disp=disp, symbol=sym, base=None, index=None, scale=1)
     return UnknownOperand(text, "not a register, immediate or memory operand")

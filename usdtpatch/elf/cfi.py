@@ -257,7 +257,7 @@ def entry_head(buf: EhBytes, at: int, what: str = ".eh_frame entry") -> EntryHea
     """Read the length and CIE id / pointer of the entry at `at`."""
     length = buf.fixed(at, "I", buf.end, f"{what} length")
     if length == 0:
-        return EntryHead(at, at + 4, at + 4, 0, True)
+        return EntryHead(address=at, body=at + 4, end=at + 4, cie_id=0, terminator=True)
     hl = 4
     if length == 0xFFFFFFFF:
         length = buf.fixed(at + 4, "Q", buf.end, f"{what} extended length")
@@ -266,7 +266,7 @@ def entry_head(buf: EhBytes, at: int, what: str = ".eh_frame entry") -> EntryHea
     if length < 4:
         raise CfiError(f"{what} at {at:#x}: length {length}, too short for its CIE id")
     cie_id = buf.fixed(at + hl, "I", end, f"{what} CIE id")
-    return EntryHead(at, at + hl, end, cie_id, False)
+    return EntryHead(address=at, body=at + hl, end=end, cie_id=cie_id, terminator=False)
 
 
 def parse_cie_at(buf: EhBytes, at: int) -> Cie:
@@ -325,8 +325,11 @@ def parse_cie_at(buf: EhBytes, at: int) -> Cie:
     elif aug not in ("", "eh"):
         understood = False  # without 'z' nothing says how long unknown data is
     instructions = bytes(buf.data[pos - buf.address : max(pos, min(end, buf.end)) - buf.address])
-    return Cie(at, version, aug, code_align, data_align, ra, fde_enc, lsda_enc, personality,
-               instructions, pers_enc, pers_at, end, understood)
+    return Cie(address=at, version=version, augmentation=aug, code_alignment=code_align,
+               data_alignment=data_align, return_register=ra, fde_encoding=fde_enc,
+               lsda_encoding=lsda_enc, personality=personality, instructions=instructions,
+               personality_encoding=pers_enc, personality_at=pers_at, end=end,
+               understood=understood)
 
 
 def parse_fde_at(buf: EhBytes, at: int, cie_at: Callable[[int], Cie]) -> Fde:
@@ -356,7 +359,8 @@ def parse_fde_at(buf: EhBytes, at: int, cie_at: Callable[[int], Cie]) -> Fde:
     if pos > end:
         raise CfiError(f"FDE at {at:#x}: fields run past its end at {end:#x}")
     instructions = bytes(buf.data[pos - buf.address : min(end, buf.end) - buf.address])
-    return Fde(at, cie, pc_begin, pc_begin + pc_range, lsda, instructions, pc_at, lsda_at, end)
+    return Fde(address=at, cie=cie, pc_begin=pc_begin, pc_end=pc_begin + pc_range, lsda=lsda,
+               instructions=instructions, pc_begin_at=pc_at, lsda_at=lsda_at, end=end)
 
 
 def iter_entries(buf: EhBytes, cies: dict[int, Cie] | None = None
@@ -400,8 +404,8 @@ def _segment_bytes(image: ElfImage, address: int, what: str) -> EhBytes:
                        f"segment's file part")
     start = seg.offset
     end = min(seg.offset + seg.filesz, len(image.data))
-    return EhBytes(memoryview(image.data)[start:end], seg.vaddr, image.word_size,
-                   image.byteorder, lambda a, w: _read_pointer(image, a, w))
+    return EhBytes(data=memoryview(image.data)[start:end], address=seg.vaddr, word=image.word_size,
+                   byteorder=image.byteorder, deref=lambda a, w: _read_pointer(image, a, w))
 
 
 def _read_pointer(image: ElfImage, address: int, what: str) -> int:
@@ -474,7 +478,8 @@ def load_cfi(image: ElfImage) -> CfiIndex:
     not the index, which refers to the image)."""
     rows = image.derived.get("cfi")
     if isinstance(rows, _CfiRows):
-        return CfiIndex(image, rows.starts, rows.fde_addresses, rows.source, rows.cies)
+        return CfiIndex(image=image, starts=rows.starts, fde_addresses=rows.fde_addresses,
+                        source=rows.source, _cies=rows.cies)
     index = _read_cfi(image)
     image.derived["cfi"] = _CfiRows(index.starts, index.fde_addresses, index.source,
                                     index._cies)
@@ -561,8 +566,8 @@ def read_hdr_table(image: ElfImage, hdr: int) -> CfiIndex | None:
 
 def _walk_eh_frame(image: ElfImage, start: int, size: int) -> CfiIndex:
     buf = _segment_bytes(image, start, ".eh_frame")
-    region = EhBytes(buf.data[start - buf.address : min(start + size, buf.end) - buf.address],
-                     start, buf.word, buf.byteorder, buf.deref)
+    region = EhBytes(data=buf.data[start - buf.address : min(start + size, buf.end) - buf.address],
+                     address=start, word=buf.word, byteorder=buf.byteorder, deref=buf.deref)
     cies: dict[int, Cie] = {}
     pairs: list[tuple[int, int]] = []
     pos = start
@@ -575,8 +580,8 @@ def _walk_eh_frame(image: ElfImage, start: int, size: int) -> CfiIndex:
             pairs.append((fde.pc_begin, pos))
         pos = head.end
     pairs.sort()
-    return CfiIndex(image, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), "eh_frame",
-                    cies)
+    return CfiIndex(image=image, starts=tuple(p[0] for p in pairs),
+                    fde_addresses=tuple(p[1] for p in pairs), source="eh_frame", _cies=cies)
 
 
 # ---------------------------------------------------------------------------------------
@@ -641,7 +646,8 @@ def parse_lsda(image: ElfImage, address: int, func_start: int) -> Lsda:
                               lp_start + lp if lp else None, action))
         if len(sites) > MAX_CALL_SITES:
             raise CfiError(f"LSDA at {address:#x}: call-site table does not end")
-    return Lsda(address, lp_start, tuple(sites), tt_enc, tt_base, table_end)
+    return Lsda(address=address, lp_start=lp_start, call_sites=tuple(sites), ttype_encoding=tt_enc,
+                ttype_base=tt_base, actions=table_end)
 
 
 # ---------------------------------------------------------------------------------------
@@ -688,8 +694,9 @@ def _walk_debug_frame(image: ElfImage) -> list[Fde]:
                 pc_begin = buf.fixed(pos + 8, word, end, ".debug_frame FDE pc_begin")
                 pc_range = buf.fixed(pos + 8 + size, word, end, ".debug_frame FDE pc_range")
                 body = pos + 8 + 2 * size
-                out.append(Fde(pos, cie, pc_begin, pc_begin + pc_range, None,
-                               bytes(buf.data[body:end]), pos + 8, None, end))
+                out.append(Fde(address=pos, cie=cie, pc_begin=pc_begin, pc_end=pc_begin + pc_range,
+                               lsda=None, instructions=bytes(buf.data[body:end]),
+                               pc_begin_at=pos + 8, lsda_at=None, end=end))
             pos = end
     except CfiError:
         pass
@@ -717,5 +724,7 @@ def _debug_frame_cie(buf: EhBytes, at: int, end: int) -> Cie | None:
     else:
         ra, pos = read_uleb(buf, pos, end, "CIE return register")
     aug = raw_aug.decode("ascii", "replace")
-    return Cie(at, version, aug, code_align, data_align, ra, DW_EH_PE_absptr, DW_EH_PE_omit,
-               None, bytes(buf.data[pos:end]), end=end, understood=aug == "")
+    return Cie(address=at, version=version, augmentation=aug, code_alignment=code_align,
+               data_alignment=data_align, return_register=ra, fde_encoding=DW_EH_PE_absptr,
+               lsda_encoding=DW_EH_PE_omit, personality=None, instructions=bytes(buf.data[pos:end]),
+               end=end, understood=aug == "")

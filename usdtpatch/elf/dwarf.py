@@ -436,19 +436,24 @@ def read_line_table(image: ElfImage, comp_dirs: dict[int, str] | None = None,
                 files.append(_join(dirs[di] if di < len(dirs) else "",
                                    fname.decode("utf-8", "surrogateescape")))
         rows, unwritable = _run_program(
-            DwarfReader(data[:end], program), _Params(min_inst, max_ops, default_is_stmt,
-                                                      line_base, line_range, opcode_base,
-                                                      tuple(lengths), address_size),
+            DwarfReader(data[:end], program), _Params(min_inst=min_inst, max_ops=max_ops,
+                                                      default_is_stmt=default_is_stmt,
+                                                      line_base=line_base, line_range=line_range,
+                                                      opcode_base=opcode_base,
+                                                      lengths=tuple(lengths),
+                                                      address_size=address_size),
             table.unknown)
         if max_ops != 1:
             unwritable = "a VLIW line program (maximum_operations_per_instruction > 1)"
         for st in rows:
             name = files[st.file] if 0 <= st.file < len(files) else ""  # as _file_name
-            table.rows.append(LineRow(st.address, name, st.line, st.column, st.end,
-                                      st.is_stmt, len(table.units)))
-        table.units.append(LineUnit(start, end, osize, version, program, address_size,
-                                    min_inst, max_ops, default_is_stmt, opcode_base,
-                                    tuple(rows), tuple(files), unwritable))
+            table.rows.append(LineRow(address=st.address, file=name, line=st.line, column=st.column,
+                                      end=st.end, is_stmt=st.is_stmt, unit=len(table.units)))
+        table.units.append(LineUnit(offset=start, end=end, offset_size=osize, version=version,
+                                    program=program, address_size=address_size, min_inst=min_inst,
+                                    max_ops=max_ops, default_is_stmt=default_is_stmt,
+                                    opcode_base=opcode_base, rows=tuple(rows), files=tuple(files),
+                                    unwritable=unwritable))
     table.finish()
     return table
 
@@ -491,8 +496,10 @@ def _run_program(r: DwarfReader, p: _Params, unknown: list[str]
             elif op == 0:  # end_sequence (length 1)
                 r.pos += 2
                 end = True
-            rows.append(LineState(address, file, line, column, is_stmt, end, basic_block,
-                                  prologue_end, epilogue_begin, isa, discriminator))
+            rows.append(LineState(address=address, file=file, line=line, column=column,
+                                  is_stmt=is_stmt, end=end, basic_block=basic_block,
+                                  prologue_end=prologue_end, epilogue_begin=epilogue_begin, isa=isa,
+                                  discriminator=discriminator))
             basic_block = prologue_end = epilogue_begin = False
             discriminator = 0
             if end:
@@ -504,8 +511,10 @@ def _run_program(r: DwarfReader, p: _Params, unknown: list[str]
             if sub not in LINE_EXTENDED_OPCODES and not 0x80 <= sub <= 0xFF:
                 unknown.append(f"extended opcode {sub:#x} at .debug_line+{sub_end - n:#x}")
             if sub == 1:  # end_sequence, written with a longer length
-                rows.append(LineState(address, file, line, column, is_stmt, True, basic_block,
-                                      prologue_end, epilogue_begin, isa, discriminator))
+                rows.append(LineState(address=address, file=file, line=line, column=column,
+                                      is_stmt=is_stmt, end=True, basic_block=basic_block,
+                                      prologue_end=prologue_end, epilogue_begin=epilogue_begin,
+                                      isa=isa, discriminator=discriminator))
                 address, file, line, column, is_stmt, isa = 0, 1, 1, 0, p.default_is_stmt, 0
                 basic_block = prologue_end = epilogue_begin = False
                 discriminator = 0
@@ -554,7 +563,8 @@ def _encode_rows(unit: LineUnit, rows: Sequence[LineState]) -> bytes:
     st: LineState | None = None
     for row in rows:
         if st is None:
-            st = LineState(row.address, 1, 1, 0, unit.default_is_stmt)
+            st = LineState(address=row.address, file=1, line=1, column=0,
+                           is_stmt=unit.default_is_stmt)
             out += b"\0" + uleb(1 + unit.address_size) + b"\x02" + \
                 row.address.to_bytes(unit.address_size, "little")
         delta = row.address - st.address
@@ -898,9 +908,13 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
             for name, form, implicit in attrs:
                 at = r.pos
                 values[name] = (form, _form_value(r, form, unit, implicit))
+                # where the unit's line program offset is stored, when it has a fixed size:
+                # a rewrite that edits .debug_line moves the programs and repoints them there
                 if name == DW_AT_stmt_list and depth == 0 and r.pos - at in (4, 8) and \
                         form in (DW_FORM_sec_offset, DW_FORM_data4, DW_FORM_data8):
                     stmt_at = (at, r.pos - at)
+            # The addresses and names are read after the unit: DWARF 5's addrx and strx forms
+            # index .debug_addr and .debug_str_offsets from the bases the unit's DIE gives.
             if depth == 0 and tag in (DW_TAG_compile_unit, DW_TAG_partial_unit):
                 cu_attrs = values
             elif tag == DW_TAG_subprogram and DW_AT_low_pc in values:
@@ -912,13 +926,18 @@ def read_debug_info(image: ElfImage) -> DebugInfo:
             if children:
                 depth += 1
         unit_index = len(out.units)
-        cu = _CuStrings(cu_attrs, osize, address_size, debug_str, line_str, str_offsets,
-                        debug_addr)
+        cu = _CuStrings(cu_attrs=cu_attrs, offset_size=osize, address_size=address_size,
+                        debug_str=debug_str, line_str=line_str, str_offsets=str_offsets,
+                        debug_addr=debug_addr)
         stmt = cu_attrs.get(DW_AT_stmt_list, (0, None))[1]
         lang = cu_attrs.get(DW_AT_language, (0, 0))[1]
-        out.units.append(CompileUnit(start, cu.string(DW_AT_name), cu.string(DW_AT_comp_dir),
-                                     lang if isinstance(lang, int) else 0,
-                                     stmt if isinstance(stmt, int) else None, stmt_at))
+        out.units.append(CompileUnit(offset=start, name=cu.string(DW_AT_name),
+                                     comp_dir=cu.string(DW_AT_comp_dir),
+                                     language=lang if isinstance(lang, int) else 0,
+                                     stmt_list=stmt if isinstance(stmt, int) else None,
+                                     stmt_list_at=stmt_at))
+        # Lexical blocks and inlined subroutines bound the scopes gdb picks a line's row in;
+        # labels and inlined subroutines are also breakpoint addresses (their entry pc first).
         for die, tag, values in marks:
             low = cu.address(values) if DW_AT_low_pc in values else None
             if low is not None and DW_AT_high_pc in values and \

@@ -197,7 +197,8 @@ def grow_dynsym(image: ElfImage, entries: list[tuple[str, int, int]], shndx: int
         at = (at + align - 1) & ~(align - 1)
         sec = image.section(name)
         assert sec is not None
-        alloc.append(AllocSection(name, sec.type, sec.flags, at, data, align, True, old_name))
+        alloc.append(AllocSection(name=name, type=sec.type, flags=sec.flags, vaddr=at, data=data,
+                                  align=align, replaces=True, old_name=old_name))
         where = at
         at += len(data)
         return where

@@ -289,8 +289,8 @@ def _parse_segments(
             p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_align = vals
         else:
             p_type, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_flags, p_align = vals
-        out.append(Segment(i, p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz,
-                           p_align))
+        out.append(Segment(index=i, type=p_type, flags=p_flags, offset=p_offset, vaddr=p_vaddr,
+                           paddr=p_paddr, filesz=p_filesz, memsz=p_memsz, align=p_align))
     return tuple(out)
 
 
@@ -328,8 +328,9 @@ def _parse_sections(
         raise ElfFormatError(f"e_shstrndx is {shstrndx}, but there are only {shnum} sections")
     out: list[Section] = []
     for i, (nm, typ, flags, addr, off, size, link, info, align, entsize) in enumerate(raw):
-        out.append(Section(i, _cstr(names, nm), typ, flags, addr, off, size, link, info, align,
-                           entsize))
+        out.append(Section(index=i, name=_cstr(names, nm), type=typ, flags=flags, addr=addr,
+                           offset=off, size=size, link=link, info=info, addralign=align,
+                           entsize=entsize))
     return tuple(out)
 
 

@@ -531,8 +531,8 @@ def loader_tables(image: ElfImage) -> list[RelocTable]:
         kind = kinds.get(sec.type)
         if kind is not None and sec.allocated and sec.size and \
                 0 <= sec.offset <= sec.offset + sec.size <= len(image.data):
-            cands.append(RelocTable(kind, sec.name or f"section {sec.index}", sec.offset,
-                                    sec.size, sec.link))
+            cands.append(RelocTable(kind=kind, name=sec.name or f"section {sec.index}",
+                                    offset=sec.offset, size=sec.size, symtab=sec.link))
     dyn = {t: v for t, v, _o in dynamic_entries(image)}
     pltrel = "rel" if dyn.get(DT_PLTREL) == DT_REL else "rela"
     for at, size, kind, name in ((DT_RELA, DT_RELASZ, "rela", "DT_RELA"),
@@ -545,14 +545,15 @@ def loader_tables(image: ElfImage) -> list[RelocTable]:
         if off is None:
             continue
         n = max(0, min(dyn[size], len(image.data) - off))
-        cands.append(RelocTable(kind, name, off, n, dynsym))
+        cands.append(RelocTable(kind=kind, name=name, offset=off, size=n, symtab=dynsym))
     out: list[RelocTable] = []
     for t in sorted(cands, key=lambda t: (t.offset, -t.size)):
         prev = out[-1] if out else None
         if prev is not None and prev.kind == t.kind and t.offset < prev.offset + prev.size:
             if t.offset + t.size > prev.offset + prev.size:  # overlapping: one range
-                out[-1] = RelocTable(prev.kind, prev.name, prev.offset,
-                                     t.offset + t.size - prev.offset, prev.symtab or t.symtab)
+                out[-1] = RelocTable(kind=prev.kind, name=prev.name, offset=prev.offset,
+                                     size=t.offset + t.size - prev.offset,
+                                     symtab=prev.symtab or t.symtab)
             continue
         out.append(t)
     image.derived["model_tables"] = out

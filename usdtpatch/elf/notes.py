@@ -120,8 +120,10 @@ def parse_notes(data: bytes, word_size: int, byteorder: str) -> NoteSection:
                                                  f"strings, expected provider, name and args"))
             else:
                 provider, pname, args, tail = parts
-                notes.append(SdtNote(pos, pc, base, sem, _decode(provider), _decode(pname),
-                                     _decode(args), tail, pad if any(pad) else None))
+                notes.append(SdtNote(offset=pos, pc=pc, base=base, semaphore=sem,
+                                     provider=_decode(provider), name=_decode(pname),
+                                     args=_decode(args), desc_tail=tail,
+                                     pad=pad if any(pad) else None))
         pos = end
     return NoteSection(tuple(notes), b"", "")
 

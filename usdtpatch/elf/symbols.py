@@ -165,7 +165,8 @@ def _columns(image: ElfImage, types: tuple[int, ...] = _BOTH) -> _Columns:
             values.append(value)
             sizes.append(size)
         names.append(offs)
-    return _Columns(bytes(infos), shndx, values, sizes, names, starts, strtabs, tables)
+    return _Columns(infos=bytes(infos), shndx=shndx, values=values, sizes=sizes, names=names,
+                    starts=starts, strtabs=strtabs, tables=tables)
 
 
 # st_info -> 1 for STT_FUNC / STT_GNU_IFUNC, and -> 1 for a binding other than STB_LOCAL
@@ -457,7 +458,8 @@ def symtab_in_place(image: ElfImage, functions: list[tuple[str, int, int]], shnd
     names_at = strs.offset + strs.size
     if names_at + len(names) > limit:
         return None
-    return SymtabInPlace(start, sym.size + SYM64_SIZE * len(functions), b"".join(entries),
-                         sym.info + len(functions), strs.name, strs.offset,
-                         strs.size + len(names), names_at, bytes(names),
-                         tuple(n for n in moved if _section_end(image, n) > start))
+    return SymtabInPlace(symtab_offset=start, symtab_size=sym.size + SYM64_SIZE * len(functions),
+                         prefix=b"".join(entries), info=sym.info + len(functions),
+                         strtab_name=strs.name, strtab_offset=strs.offset,
+                         strtab_size=strs.size + len(names), names_at=names_at, names=bytes(names),
+                         moved=tuple(n for n in moved if _section_end(image, n) > start))

@@ -190,10 +190,12 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
                                     limit)
     if best is not None:
         offset, cut = best
-        return SegmentLayout(offset + delta, offset, phdr_size, True, in_place, moved, cut)
+        return SegmentLayout(vaddr=offset + delta, offset=offset, phdr_size=phdr_size,
+                             keeps_delta=True, in_place=in_place, moved=moved, cut=cut)
     # past 10% the size rule wins: right after the content, vaddr past .bss (same page offset)
     offset = _align(len(image.data) + room, SEGMENT_ALIGN)
-    return SegmentLayout(low + offset % PAGE, offset, phdr_size, False, in_place, moved)
+    return SegmentLayout(vaddr=low + offset % PAGE, offset=offset, phdr_size=phdr_size,
+                         keeps_delta=False, in_place=in_place, moved=moved)
 
 
 SEGMENT_ALIGN = 64  # the new segment's file offset (the moved sections keep theirs modulo 64)
@@ -582,9 +584,11 @@ def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[Progra
                                 if sg.type == PT_LOAD))
     size = len(seg.data) - seg.start
     last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
-    out.insert(last_load + 1, ProgramHeader(PT_LOAD, PF_R | PF_X, lay.offset + seg.start,
-                                            lay.vaddr + seg.start, lay.vaddr + seg.start,
-                                            size, size, align))
+    out.insert(last_load + 1, ProgramHeader(type=PT_LOAD, flags=PF_R | PF_X,
+                                            offset=lay.offset + seg.start,
+                                            vaddr=lay.vaddr + seg.start,
+                                            paddr=lay.vaddr + seg.start, filesz=size, memsz=size,
+                                            align=align))
     for i, p in enumerate(out):
         p.check(i)
     return out
@@ -688,7 +692,7 @@ def _segment_and_copy(image: ElfImage, rw: Rewrite, seg: _Segment,
     """The new segment, then (with a cut) the input from the cut on with the edits that fall
     there, appended in place: no second copy of a large end (a symbol table)."""
     lay = rw.layout
-    tail = _Tail(bytearray(seg.data), lay.offset, lay.cut, None, gap_at)
+    tail = _Tail(out=bytearray(seg.data), base=lay.offset, cut=lay.cut, copy_at=None, gap_at=gap_at)
     if lay.cut is None:
         return tail
     tail.copy_at = cut_copy_at(lay, rw.alloc)
@@ -784,6 +788,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
             added.append(_Header(a.name, (a.type, a.flags | SHF_ALLOC, a.vaddr,
                                           lay.offset_of(a.vaddr), len(a.data), 0, 0, a.align,
                                           0)))
+    # A section the new segment replaces keeps its original bytes, where they were, under
+    # its old name: its name and index now belong to the new copy.
     olds = [(a, sec) for a in rw.alloc if a.replaces and a.old_name is not None
             and (sec := image.section(a.name)) is not None]
     for a, sec in sorted(olds, key=lambda p: not p[1].flags & SHF_ALLOC):  # loaded first
@@ -817,6 +823,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
         size = grown.get(sec.name, size)
         if sec.index == shstrndx:
             off = -1  # written below, once the names are known
+        # a section moved out of the grown program header table's way lives in the new
+        # segment now: its header follows it there
         if sec.size and sec.type != SHT_NOBITS and mv is not None and \
                 mv.lo <= sec.offset < mv.hi:
             addr = sec.addr + lay.moved_vaddr - mv.vaddr
@@ -828,6 +836,8 @@ def _section_headers(image: ElfImage, rw: Rewrite, tail: _Tail,
         size = t.place[1] if t.place is not None else len(t.data)
         headers.append(_Header(t.name, (t.type, 0, 0, off, size, 0, t.info, t.align,
                                         t.entsize)))
+    # the new non-allocated sections name their sh_link by section name: the indices are
+    # known only now that every header has its place
     index_of: dict[str, int] = {}
     for i, h in enumerate(headers):
         index_of.setdefault(h.name, i)

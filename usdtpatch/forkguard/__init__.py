@@ -430,7 +430,8 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
         raise GuardUnsupported("the fork guard is x86-64 code")
     todo = guarded_sites(sites)
     if not todo:
-        return GuardBuild(place_at, b"", (), (), 0, (), "no site needs it")
+        return GuardBuild(address=place_at, text=b"", patches=(), sites=(), table=0, symbols=(),
+                          hook="no site needs it")
     if place_at % 16:
         raise GuardUnsupported(f"place_at {place_at:#x} is not 16-byte aligned")
     kind = _kind(image)
@@ -546,8 +547,9 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                 " is the guard's stub"
     # the syscall() stub compares the number with the fork ones at run time: what check
     # reported as `fork-unknown` (a call of syscall() not fixed in the code) is covered
-    return GuardBuild(place_at, bytes(text), patches, tuple(a for a, _ in todo), table,
-                      symbols, how, checked=len(interposed.get("syscall", ())))
+    return GuardBuild(address=place_at, text=bytes(text), patches=patches,
+                      sites=tuple(a for a, _ in todo), table=table, symbols=symbols, hook=how,
+                      checked=len(interposed.get("syscall", ())))
 
 
 # --- a dynamically linked executable: the routes that skip the atfork handlers -----------
@@ -1007,8 +1009,10 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
     symbols = (("__usdtpatch_fork_child", child, len(stub_child)),
                ("__usdtpatch_fork_rearm", code + _code.REARM, _code.REARM_END - _code.REARM),
                ("__usdtpatch_fork_hooks", h.address, len(h.code)))
-    return GuardBuild(place_at, bytes(text), tuple(patches), tuple(a for a, _ in todo), table,
-                      symbols, how, checked, tuple((k.start, k.start + k.length) for k in hooks))
+    return GuardBuild(address=place_at, text=bytes(text), patches=tuple(patches),
+                      sites=tuple(a for a, _ in todo), table=table, symbols=symbols, hook=how,
+                      checked=checked,
+                      hooked=tuple((k.start, k.start + k.length) for k in hooks))
 
 
 _LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp

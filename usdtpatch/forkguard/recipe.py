@@ -85,10 +85,11 @@ def build(cc: str = "gcc") -> Built:
         code = binary.read_bytes()
         if len(code) != syms["usdtpatch_code_end"] or syms["usdtpatch_rearm"] != 0:
             raise RecipeError(f"unexpected layout: {len(code)} bytes, symbols {syms}")
-        return Built(code, syms["usdtpatch_rearm"], syms["usdtpatch_rearm_end"],
-                     syms["usdtpatch_register"], syms["usdtpatch_interpose"],
-                     syms["usdtpatch_interpose_at"], syms["usdtpatch_rearm_all"],
-                     compiler_version(cc))
+        return Built(code=code, rearm=syms["usdtpatch_rearm"],
+                     rearm_end=syms["usdtpatch_rearm_end"], register=syms["usdtpatch_register"],
+                     interpose=syms["usdtpatch_interpose"],
+                     interpose_at=syms["usdtpatch_interpose_at"],
+                     rearm_all=syms["usdtpatch_rearm_all"], compiler=compiler_version(cc))
 
 
 def render(b: Built) -> str:

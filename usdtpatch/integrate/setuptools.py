@@ -37,7 +37,7 @@ from typing import Any
 from setuptools.command.build_ext import build_ext as _build_ext
 from setuptools.errors import ExecError, SetupError
 
-from usdtpatch.errors import UsdtpatchError
+from usdtpatch.api import UsdtpatchError
 from usdtpatch.integrate.step import StepOptions, run_step
 
 # [tool.usdtpatch] key -> StepOptions field (both spellings of the two-word keys), the names of

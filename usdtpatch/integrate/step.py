@@ -13,8 +13,10 @@ The promises the build integrations rely on:
   step fails on a file rewritten in place, that file is removed (as make's .DELETE_ON_ERROR
   does): otherwise the next build would take the linker's output as up to date and pass.
 
-Deferred imports: api and report/ (build.py, checkjson.py, rewrite.py, html.py), only when
-a step runs (the setuptools command imports this module at every build).
+Deferred imports: report/ (build.py, checkjson.py, rewrite.py, html.py), only when a step
+runs (the setuptools command imports this module at every build). What the step reads and
+writes goes through the public API only (rewrite_bytes, check_bytes, copy and the output
+writes it re-exports).
 """
 
 from __future__ import annotations
@@ -24,13 +26,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
-from usdtpatch.errors import OutputError
-from usdtpatch.io import check_output, read_source, write_atomic
-
-if TYPE_CHECKING:
-    pass
+from usdtpatch import api
+from usdtpatch.api import OutputError, check_output, write_atomic
 
 FORMS = ("nop5", "combo5", "combo10")
 GUARDS = ("auto", "always", "never")
@@ -84,7 +83,6 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
 
     Raises UsdtpatchError when the input is unusable (then nothing is written or removed).
     """
-    from usdtpatch import api
     from usdtpatch.report.build import build_report, finding_line, rewrite_findings, summary_text
     from usdtpatch.report.checkjson import check_document, reaches, result_json
     from usdtpatch.report.rewrite import outcome_json
@@ -95,19 +93,20 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
     entry: dict[str, Any] | None = None
     from_rewrite: list[dict[str, str]] = []
     changed = False
-    data: bytes | None = None  # the rewritten bytes, written once the check has passed
-    origin = None
+    rewritten: api.Rewritten | None = None  # its bytes written once the check has passed
     if opts.mode == "rewrite":
         kw: dict[str, Any] = {} if opts.fork_guard is None else \
             {"fork_guard": opts.fork_guard}
-        outcome, data, origin = api._rewritten(
+        rewritten = api.rewrite_bytes(
             path, output, form=opts.form, redzone_guard=opts.redzone_guard,
             verify=opts.verify,
             in_place=output is None, **kw)
+        outcome = rewritten.outcome
         entry = outcome_json(outcome, output=target)
         from_rewrite = rewrite_findings(outcome)
         changed = outcome.changed
-    result = api._check_data(target, data) if changed and data is not None \
+    data = rewritten.data if rewritten is not None else None
+    result = api.check_bytes(target, data) if changed and data is not None \
         else api.check(path)
     doc = check_document([result_json(result, path=target)], [], opts.fail_on)
     findings = from_rewrite + [f.to_json() for f in result.findings]
@@ -140,12 +139,12 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
                 os.unlink(path)
             lines.append(f"usdtpatch: {path}: removed, so that the next build runs this "
                          f"step again")
-    elif data is not None and (changed or output is not None):
-        write_atomic(target, data, origin=origin, in_place=output is None)
+    elif rewritten is not None and data is not None and (changed or output is not None):
+        rewritten.write()
     elif output is not None:  # check only, to another file
-        data, origin = read_source(path)
-        write_atomic(target, data, origin=origin)
+        api.copy(path, target)
     if log is not None:
         for line in lines:
             print(line, file=log)
-    return StepResult(path, target, changed, failed, findings, result_doc, lines)
+    return StepResult(path=path, output=target, changed=changed, failed=failed, findings=findings,
+                      report=result_doc, lines=lines)

@@ -3,7 +3,8 @@
 A distribution's package build installs into a staged tree (debian/<package>/, rpm's
 buildroot) and rewrites it as a whole, before strip and debug-info extraction
 (docs/distributions.md). This module finds the files; cli/cmd_rewrite.py rewrites them in
-place, in parallel (-j), with the same per-file step as `rewrite --in-place`.
+place, in parallel (-j: usdtpatch.api.rewrite_files), with the same per-file step as
+`rewrite --in-place`.
 
 - Only regular files are looked at: a symbolic link is never followed (neither a link to a
   file nor to a folder, inside the tree or out of it); the tree's own name may be a link.
@@ -16,9 +17,9 @@ place, in parallel (-j), with the same per-file step as `rewrite --in-place`.
   that is not, and nothing is rewritten. A write that fails all the same (the disk full, a
   race) is an exit status 2 too, with that file left whole as it was.
 
-Deferred imports, when a tree is scanned or rewritten: elf/image.py, elf/marker.py,
-analysis/probes.py, io.py and api, and dataclasses, fcntl and
-struct.
+It reads and writes through the public API only (api.load, api.marked, api.rewrite_bytes).
+
+Deferred imports, when a tree is scanned or rewritten: dataclasses, fcntl and struct.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from usdtpatch.errors import InputError, OutputError, UsdtpatchError
+from usdtpatch import api
+from usdtpatch.api import InputError, OutputError, UsdtpatchError
 
 ELF_MAGIC = b"\x7fELF"
 # The kernel generation a tree is rewritten for when neither --form nor --kernel is given:
@@ -75,13 +77,8 @@ def _is_elf(path: str) -> bool:
 
 def _probes_and_marker(path: str) -> tuple[int, bool]:
     """The number of probes of an ELF file and whether it carries usdtpatch's marker."""
-    from usdtpatch.analysis.probes import read_probes
-    from usdtpatch.elf.image import parse_elf
-    from usdtpatch.elf.marker import marker_of
-    from usdtpatch.io import map_input
-
-    image = parse_elf(map_input(path))
-    return len(read_probes(image).probes), marker_of(image) is not None
+    probes = api.load(path, mapped=True)
+    return len(probes.probes), api.marked(probes)
 
 
 def scan_tree(root: str) -> TreeScan:
@@ -174,17 +171,15 @@ def rewrite_linked(f: TreeFile, options: dict[str, Any]) -> Any:
     name (each by one rename, hard-linked to the others as before); the outcome.
 
     `options`: api.rewrite's keyword arguments (without `in_place`)."""
-    from usdtpatch import api
-    from usdtpatch.io import write_atomic
-
     folder, name = os.path.split(f.path)
     tmp = os.path.join(folder, f".{name}.usdtpatch-tree-{os.getpid()}")
     made: list[str] = []
     try:
-        o, data, origin = api._rewritten(f.path, tmp, **options)
-        if not o.changed or data is None:
+        r = api.rewrite_bytes(f.path, tmp, **options)
+        o = r.outcome
+        if not o.changed or r.data is None:
             return _named(o, f.path)
-        write_atomic(tmp, data, origin=origin)
+        r.write()
         made.append(tmp)
         for p in (*f.links, f.path):
             d, n = os.path.split(p)

@@ -215,7 +215,8 @@ def site_specs(ps: ProbeSet, path: str, probes: Sequence[str] = ()) -> list[Site
         length = len(s.sequences.original) if s.sequences is not None else 1
         why = "" if s.sequences is not None else (
             s.findings[0].message if s.findings else "the kernel cannot probe this site")
-        out.append(SiteSpec(s.probe, s.index, s.file_offset, length, sems.get(s.index, 0), why))
+        out.append(SiteSpec(probe=s.probe, index=s.index, file_offset=s.file_offset, length=length,
+                            semaphore_offset=sems.get(s.index, 0), unprobeable=why))
     if probes and not any(fnmatch.fnmatchcase(s.probe, p) for s in plan.sites for p in probes):
         raise InputError(no_match(path, probes, (s.probe for s in plan.sites)))
     if not out:
@@ -472,8 +473,9 @@ class Kcheck:
         in_tramp = any(a <= regs["rip"] < a + 4096 for a in self._tramps.get(pid, []))
         if site is None and not in_tramp and res is not None:
             res.other_faults += 1
-        self.faults.append(Fault(pid, tid, info.signo, info.addr, regs["rip"], ret, site,
-                                 in_tramp))
+        self.faults.append(Fault(pid=pid, tid=tid, signal=info.signo, address=info.addr,
+                                 rip=regs["rip"], return_address=ret, site=site,
+                                 in_trampoline=in_tramp))
         if self.progress:
             where = f" called from {site}" if site else ""
             self.progress(f"pid {pid}: {signal.Signals(info.signo).name} at "
@@ -754,10 +756,12 @@ class Kcheck:
         return self._report()
 
     def _report(self) -> KcheckReport:
-        return KcheckReport(self.path, self.command, self.pid, platform.release(),
-                            sorted(self.processes.values(), key=lambda p: p.pid), self.faults,
-                            time.monotonic() - self.t0, self.interrupted,
-                            self.attach_seconds, self.detach_seconds)
+        return KcheckReport(path=self.path, command=self.command, pid=self.pid,
+                            kernel=platform.release(),
+                            processes=sorted(self.processes.values(), key=lambda p: p.pid),
+                            faults=self.faults, seconds=time.monotonic() - self.t0,
+                            interrupted=self.interrupted, attach_seconds=self.attach_seconds,
+                            detach_seconds=self.detach_seconds)
 
 
 def _raise_nofile() -> None:

@@ -192,8 +192,8 @@ class Prover:
             # before (a proof needs far less than the budget: docs/rewrite.md)
             with fresh_context():
                 proof = self._guarded(window, code, detour, probes, entries)
-        proof = Proof(proof.outcome, proof.reason, proof.model, proof.entry,
-                      (time.perf_counter() - t0) * 1000, proof.work)
+        proof = Proof(outcome=proof.outcome, reason=proof.reason, model=proof.model,
+                      entry=proof.entry, ms=(time.perf_counter() - t0) * 1000, work=proof.work)
         self.cache[key] = proof
         return proof
 

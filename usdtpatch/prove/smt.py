@@ -169,10 +169,12 @@ class Path:
     steps: int = 0
 
     def fork(self) -> Path:
-        return Path(dict(self.regs), set(self.written), list(self.writes), list(self.loads),
-                    [(a, list(g)) for a, g in self.access], list(self.hits), list(self.cond),
-                    self.exit, self.jumpkind, list(self.probe_rsp),
-                    list(self.tracer_rsp), list(self.tracer_at), self.steps)
+        return Path(regs=dict(self.regs), written=set(self.written), writes=list(self.writes),
+                    loads=list(self.loads), access=[(a, list(g)) for a, g in self.access],
+                    hits=list(self.hits), cond=list(self.cond), exit=self.exit,
+                    jumpkind=self.jumpkind, probe_rsp=list(self.probe_rsp),
+                    tracer_rsp=list(self.tracer_rsp), tracer_at=list(self.tracer_at),
+                    steps=self.steps)
 
 
 MAX_STEPS = 256
@@ -502,6 +504,9 @@ class Machine:
         done: list[Path] = []
         if not self.region.lo <= entry < self.region.hi:  # e.g. a call's return at the end
             return [Path(exit=bv_const(entry, 64), jumpkind="Ijk_Boring")]
+        # Depth first over the paths: a conditional exit with a symbolic guard forks the path
+        # (each side keeps its condition), a concrete one is just taken; a path ends when
+        # control leaves the region. Both bounds make a loop Unprovable, not an endless run.
         work: list[tuple[Path, int]] = [(Path(), entry)]
         while work:
             p, at = work.pop()
@@ -525,6 +530,7 @@ class Machine:
                         if p.steps > MAX_STEPS:
                             raise Unprovable(f"the code runs more than {MAX_STEPS} "
                                              f"instructions (a loop, or a rep prefix)")
+                        # a probe hit is observable: the registers at it, compared later
                         if insn in self.hit_at:
                             p.hits.append(self.snapshot(p))
                             p.probe_rsp.append(self.get(p, RSP, 8))
@@ -553,7 +559,7 @@ class Machine:
                         other.cond.append(g == 1)
                         p.cond.append(g == 0)
                         self._continue(other, target, jk, work, done)
-                    elif kind == "cas":
+                    elif kind == "cas":  # lock cmpxchg: one thread, so a load and a store
                         _k, old, addr_e, expd_e, new_e, bits = st
                         addr = self.expr(p, tmps, addr_e, insn)
                         expd = self.expr(p, tmps, expd_e, insn)
@@ -565,6 +571,8 @@ class Machine:
                         _k, dst, addr_e, alt_e, guard_e, cvt, lbits = st
                         g = z3.simplify(self.expr(p, tmps, guard_e, insn))
                         alt = self.expr(p, tmps, alt_e, insn)
+                        # a guard that depends on the state would fork inside one
+                        # instruction; not modelled: the emulator checks such a detour
                         if cvt is not None or not _is_value(g):
                             raise Unprovable("a guarded load with a symbolic guard")
                         tmps[dst] = self.load(p, self.expr(p, tmps, addr_e, insn), lbits,
@@ -576,6 +584,8 @@ class Machine:
                         if g.as_long():
                             self.store(p, self.expr(p, tmps, st[1], insn),
                                        self.expr(p, tmps, st[2], insn), insn)
+                # the block's end: a concrete target inside the region goes on in this path;
+                # anything else (a symbolic target, a call out, a return) is this path's exit
                 if nxt is None:
                     nxt = (z3.simplify(self.expr(p, tmps, blk.next, insn)), blk.jumpkind)
                 target, jk = nxt
@@ -1061,8 +1071,9 @@ def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -
         if z3.is_true(m.eval(c, model_completion=True)):
             what = w if x is None else f"{w} {val(x):#x}"
             break
-    return Model(gprs, ymm, val(shared.flags) & STATUS_FLAGS, memory, default,
-                 z3.is_true(m.eval(shared.traced, model_completion=True)), what)
+    return Model(gprs=gprs, ymm=ymm, rflags=val(shared.flags) & STATUS_FLAGS, memory=memory,
+                 default_byte=default,
+                 traced=z3.is_true(m.eval(shared.traced, model_completion=True)), what=what)
 
 
 __all__ = ["Dead", "Machine", "Model", "NotLiftable", "Path", "Region", "Shared",

@@ -41,12 +41,13 @@ def replay_proof(proof: Proof, window: PatchWindow, code: bytes, detour: Detour,
     mapping = dict(detour.insn_map)
     tracer, skip = tracer_nops(detour, probes)
     e_w, e_d = proof.entry
-    state = State(m.gprs, tuple(v & ((1 << 128) - 1) for v in m.ymm), m.rflags, m.memory,
-                  m.default_byte, m.traced)
+    state = State(gprs=m.gprs, xmm=tuple(v & ((1 << 128) - 1) for v in m.ymm), rflags=m.rflags,
+                  memory=m.memory, default_byte=m.default_byte, traced=m.traced)
     original = Side(window.start, code, e_w, frozenset(probes),
                     stops=frozenset({window.start}))
-    rewritten = Side(detour.address, detour.code, e_d,
-                     frozenset(mapping[p] for p in probes), tracer, origin=detour.insn_map,
+    rewritten = Side(lo=detour.address, code=detour.code, entry=e_d,
+                     probes=frozenset(mapping[p] for p in probes), tracer=tracer,
+                     origin=detour.insn_map,
                      stops=frozenset({detour.address}) if detour.address == window.start
                      else frozenset())
     # the link-time addresses the code names (rip-relative operands, at most 32 bytes wide)

@@ -196,4 +196,5 @@ def lift_block(code: bytes, address: int) -> Block:
     if any(t in insns for t in targets):
         raise NotLiftable(f"the code at {address:#x} loops (a rep-prefixed string instruction "
                           f"or a loop: its length is not known)")
-    return Block(address, int(irsb.size), tuple(stmts), nxt, jumpkind, insns)
+    return Block(address=address, size=int(irsb.size), stmts=tuple(stmts), next=nxt,
+                 jumpkind=jumpkind, insns=insns)

@@ -77,24 +77,25 @@ class Segment(NamedTuple):
 def check_segments(summary: dict[str, Any]) -> list[Segment]:
     """The bar of one file of a check document, straight from its `summary` object."""
     ar = summary["after_rewrite"]
-    segs = [Segment("as built", "optimizable", "optimizable as built", summary["optimizable"],
-                    "o-optimizable", "outcome", "optimizable"),
-            Segment("after rewrite", "in-place", "in place", ar["in_place"], "o-in-place",
-                    "outcome", "in-place"),
-            Segment("after rewrite", "forward", "forward", ar["forward"], "o-forward",
-                    "outcome", "forward"),
-            Segment("after rewrite", "backward", "backward", ar["backward"], "o-backward",
-                    "outcome", "backward")]
+    segs = [Segment(group="as built", key="optimizable", label="optimizable as built",
+                    n=summary["optimizable"], css="o-optimizable", filter="outcome",
+                    value="optimizable"),
+            Segment(group="after rewrite", key="in-place", label="in place", n=ar["in_place"],
+                    css="o-in-place", filter="outcome", value="in-place"),
+            Segment(group="after rewrite", key="forward", label="forward", n=ar["forward"],
+                    css="o-forward", filter="outcome", value="forward"),
+            Segment(group="after rewrite", key="backward", label="backward", n=ar["backward"],
+                    css="o-backward", filter="outcome", value="backward")]
     reasons = sorted(summary["blocked_by_reason"].items(), key=lambda kv: (-kv[1], kv[0]))
     for i, (code, n) in enumerate(reasons):
-        segs.append(Segment("blocked", "blocked", code, n, f"o-blocked r{i % 5}", "finding",
-                            code))
+        segs.append(Segment(group="blocked", key="blocked", label=code, n=n,
+                            css=f"o-blocked r{i % 5}", filter="finding", value=code))
     rest = summary["blocked"] - sum(n for _, n in reasons)
     if rest > 0 or (summary["blocked"] and not reasons):
-        segs.append(Segment("blocked", "blocked", "blocked", rest, "o-blocked", "outcome",
-                            "blocked"))
-    segs.append(Segment("not applicable", "n/a", "n/a", summary["not_applicable"], "o-na",
-                        "outcome", "n/a"))
+        segs.append(Segment(group="blocked", key="blocked", label="blocked", n=rest,
+                            css="o-blocked", filter="outcome", value="blocked"))
+    segs.append(Segment(group="not applicable", key="n/a", label="n/a",
+                        n=summary["not_applicable"], css="o-na", filter="outcome", value="n/a"))
     return segs
 
 
@@ -547,7 +548,8 @@ def rewrite_segments(entry: dict[str, Any], failures: frozenset[str]) -> list[Se
     """The bar of one file of a rewrite document: rewritten (in place, detour, moved), then
     skipped and failed sites by code. Counts add up to the entry's `counts`."""
     counts = entry.get("counts", {})
-    segs = [Segment("rewritten", a, a, counts.get(a, 0), f"o-{a}", "action", a)
+    segs = [Segment(group="rewritten", key=a, label=a, n=counts.get(a, 0), css=f"o-{a}",
+                    filter="action", value=a)
             for a in ("in-place", "detour", "moved")]
     skipped: dict[str, int] = {}
     failed: dict[str, int] = {}
@@ -557,9 +559,11 @@ def rewrite_segments(entry: dict[str, Any], failures: frozenset[str]) -> list[Se
             d = failed if code in failures else skipped
             d[code] = d.get(code, 0) + 1
     for i, (code, n) in enumerate(sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0]))):
-        segs.append(Segment("skipped", "skipped", code, n, f"o-skipped r{i % 4}", "code", code))
+        segs.append(Segment(group="skipped", key="skipped", label=code, n=n,
+                            css=f"o-skipped r{i % 4}", filter="code", value=code))
     for i, (code, n) in enumerate(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))):
-        segs.append(Segment("failed", "failed", code, n, f"o-failed r{i % 5}", "code", code))
+        segs.append(Segment(group="failed", key="failed", label=code, n=n, css=f"o-failed r{i % 5}",
+                            filter="code", value=code))
     return segs
 
 

@@ -106,8 +106,10 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
     blob += b"\0\0\0\0"  # terminator
     hdr_addr = (blob_addr + len(blob) + 3) & ~3
     hdr = build_eh_frame_hdr(hdr_addr, where.eh_frame, table)
-    alloc = [AllocSection(EH_FRAME_SECTION, SHT_PROGBITS, SHF_ALLOC, blob_addr, bytes(blob), 8),
-             AllocSection(".eh_frame_hdr", SHT_PROGBITS, SHF_ALLOC, hdr_addr, hdr, 4)]
+    alloc = [AllocSection(name=EH_FRAME_SECTION, type=SHT_PROGBITS, flags=SHF_ALLOC,
+                          vaddr=blob_addr, data=bytes(blob), align=8),
+             AllocSection(name=".eh_frame_hdr", type=SHT_PROGBITS, flags=SHF_ALLOC,
+                          vaddr=hdr_addr, data=hdr, align=4)]
     old = image.section(".debug_frame")
     if where.debug_frame:
         existing = image.section_data(old) if old is not None else b""
@@ -116,8 +118,9 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
         at = (hdr_addr + len(hdr) + 7) & ~7
         # the input's own (its functions' rows with the detours') takes its header over;
         # its bytes stay as `.debug_frame.orig`, which strip removes
-        alloc.append(AllocSection(".debug_frame", SHT_PROGBITS, SHF_ALLOC, at, data, 8,
-                                  old is not None, ".debug_frame.orig"))
+        alloc.append(AllocSection(name=".debug_frame", type=SHT_PROGBITS, flags=SHF_ALLOC,
+                                  vaddr=at, data=data, align=8, replaces=old is not None,
+                                  old_name=".debug_frame.orig"))
     return hdr_addr, alloc
 
 
@@ -162,9 +165,10 @@ def _symtab(image: ElfImage, symbols: DetourSymbols) -> list[TailSection]:
     the segment), a new copy of both at the end, or as they are (`left_out`)."""
     grown = symbols.in_place
     if grown is not None:
-        out = [TailSection(".symtab", SHT_SYMTAB, grown.prefix, 8, 24, grown.strtab_name,
-                           grown.info, (grown.symtab_offset, grown.symtab_size,
-                                        grown.symtab_offset)),
+        out = [TailSection(name=".symtab", type=SHT_SYMTAB, data=grown.prefix, align=8,
+                           entsize=24, link_name=grown.strtab_name, info=grown.info,
+                           place=(grown.symtab_offset, grown.symtab_size,
+                                  grown.symtab_offset)),
                TailSection(grown.strtab_name, SHT_STRTAB, grown.names, 1,
                            place=(grown.strtab_offset, grown.strtab_size, grown.names_at))]
         for name in grown.moved:
@@ -172,13 +176,14 @@ def _symtab(image: ElfImage, symbols: DetourSymbols) -> list[TailSection]:
                 continue  # written anew with the moved pcs
             sec = image.section(name)
             assert sec is not None
-            out.append(TailSection(name, sec.type, image.section_data(sec),
-                                   max(1, sec.addralign), sec.entsize))
+            out.append(TailSection(name=name, type=sec.type, data=image.section_data(sec),
+                                   align=max(1, sec.addralign), entsize=sec.entsize))
         return out
     if symbols.left_out is not None:
         return []
     edit = symtab_with_functions(image, list(symbols.symbols), text_section_index(image))
-    return [TailSection(".symtab", SHT_SYMTAB, edit.symtab, 8, 24, edit.strtab_name, edit.info),
+    return [TailSection(name=".symtab", type=SHT_SYMTAB, data=edit.symtab, align=8, entsize=24,
+                        link_name=edit.strtab_name, info=edit.info),
             TailSection(edit.strtab_name, SHT_STRTAB, edit.strtab, 1)]
 
 
@@ -194,9 +199,9 @@ def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
             continue
         sp = info.subprogram_at(w.start)
         scope = (sp.low, sp.high) if sp is not None else (w.function_start, w.function_end)
-        out[w.start] = LineMove(w.start, w.end,
-                                None if o.relaid is None else o.relaid.insn_map, scope,
-                                o.action is Action.DETOUR, info.blocks_in(*scope))
+        out[w.start] = LineMove(start=w.start, end=w.end,
+                                moved=None if o.relaid is None else o.relaid.insn_map, scope=scope,
+                                detour=o.action is Action.DETOUR, blocks=info.blocks_in(*scope))
     if plan.fork_guard_code is not None:  # a static executable's hooked system calls
         for start, end in plan.fork_guard_code.hooked:
             out[start] = LineMove(start, end, detour=False)
@@ -251,9 +256,9 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
                 continue
             if unit is None and sp is not None:
                 unit = info.units[sp.unit]
-            out.append(DetourLines(o.detour.address, o.detour.end,
-                                   None if sp is None else sp.die,
-                                   names.get(o.detour.address, ""), tuple(rows)))
+            out.append(DetourLines(start=o.detour.address, end=o.detour.end,
+                                   origin=None if sp is None else sp.die,
+                                   name=names.get(o.detour.address, ""), rows=tuple(rows)))
         if unit is None:
             unit = info.units[0] if info.units else None
         dd = build_detour_dwarf(image, out, low, high,
@@ -341,7 +346,8 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
     if fork is not None:
         text += b"\xcc" * (fork.address - (text_addr + len(text))) + fork.text
         patches += fork.patches
-    alloc = [AllocSection(TEXT_SECTION, SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, text_addr, text)]
+    alloc = [AllocSection(name=TEXT_SECTION, type=SHT_PROGBITS, flags=SHF_ALLOC | SHF_EXECINSTR,
+                          vaddr=text_addr, data=text)]
     bid = None if keep_build_id else _build_id_place(image)
     moved_bid: bytes | None = None  # a build-id note moved into the new segment (head_room)
     if bid is not None:
@@ -372,8 +378,9 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
             *_debug_info(plan, names, text_addr, text_addr + len(text)),
             TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
                         marker_note(_marker(plan, patches, symbols, alloc)), 4)]
-    out = write(image, Rewrite(plan.layout, tuple(patches), tuple(alloc), tuple(tail),
-                               renames, hdr_addr, grown))
+    out = write(image, Rewrite(layout=plan.layout, patches=tuple(patches), alloc=tuple(alloc),
+                               tail=tuple(tail), renames=renames, eh_frame_hdr=hdr_addr,
+                               grown=grown))
     if moved_bid is not None and bid is not None:
         placed = _build_id_place(parse_elf(out))
         if placed is None or placed[1] != bid[1]:

@@ -59,8 +59,9 @@ def nop10_sequences(address: int, original: bytes, trampoline: int) -> SiteSeque
         (1, original[1:5], INT3, "restore bytes 1..4 (e8 rel32 stays as SIB/disp32)"),
         (0, original[:1], INT3, "restore byte 0"),
     ])
-    return SiteSequences(PROTOCOL_NOP10, address, original, trampoline, attach, detach,
-                         optimize, unoptimize)
+    return SiteSequences(protocol=PROTOCOL_NOP10, address=address, original=original,
+                         trampoline=trampoline, attach=attach, detach=detach, optimize=optimize,
+                         unoptimize=unoptimize)
 
 
 def nop10_refusal(address: int, original: bytes, trampoline: int | None, is64: bool,

@@ -170,7 +170,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         raise UnsupportedError("big-endian x86 ELF: plan handles little-endian x86 only")
     if protocol not in (PROTOCOL_NOP5, PROTOCOL_NOP10):
         raise InputError(f"unknown protocol {protocol!r}, expected nop5 or nop10")
-    if image.type == ET_EXEC:
+    if image.type == ET_EXEC:  # loaded at its link addresses: no base moves it
         load_base = 0
     findings: list[Finding] = []
     if trampoline is not None:
@@ -187,6 +187,9 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
             "the nop10 protocol models a kernel series that is not in any release (queued "
             "upstream, July 2026)"))
     sites: list[SitePlan] = []
+    # In address order: the kernel places a trampoline when a site is first optimized and a
+    # later site within reach reuses it; planned in this order, each site sees the pages the
+    # ones before it took (the layout grows below), as when they are hit in that order.
     order = sorted(ps.probes, key=lambda p: p.address)
     for probe in order:
         where = probe.probe_id
@@ -194,6 +197,9 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
             findings.append(SITE_UNMAPPED.finding(
                 f"probe address {probe.address:#x} is in no loadable segment", where))
             continue
+        # The kernel probes the NOP, which is not always at pc: a combo form's starts at pc+1,
+        # and a guarded nop5 is wrapped in the leas of rewrite's red-zone guard (the one before
+        # pc is read to tell), so its entry and exit are those of the whole guarded sequence.
         window = image.read_vaddr(probe.address, len(GUARDED_NOP5) + 16)
         before = image.read_vaddr(probe.address - len(GUARD_ENTER), len(GUARD_ENTER))
         off, length, guarded, desc = _kernel_site(probe.site.form, window, before, protocol)
@@ -221,8 +227,10 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         why = refusal_finding(verdict, addr, call_end, original, tramp, where)
         if verdict.outcome is Outcome.UNPROBEABLE:
             assert why is not None
-            sites.append(SitePlan(probe.probe_id, probe.index, link, addr, probe.offset + off,
-                                  entry, exit_, guarded, desc, None, (why,)))
+            sites.append(SitePlan(probe=probe.probe_id, index=probe.index, link_address=link,
+                                  address=addr, file_offset=probe.offset + off, entry=entry,
+                                  exit=exit_, guarded=guarded, form=desc, sequences=None,
+                                  findings=(why,)))
             continue
         if why is not None:
             site_findings.append(why)
@@ -233,9 +241,13 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         else:
             assert tramp is not None
             seqs = nop5_sequences(addr, original, tramp)
+        # a new trampoline is a new mapping: the next sites reuse it or must fit around it
         if (seqs.trampoline is not None and trampoline is None and not reused):
-            layout = (*layout, MapEntry(seqs.trampoline, seqs.trampoline + PAGE, "r-xp", 0, 0,
-                                        TRAMPOLINE_NAME))
+            layout = (*layout, MapEntry(start=seqs.trampoline, end=seqs.trampoline + PAGE,
+                                        perms="r-xp", offset=0, inode=0, path=TRAMPOLINE_NAME))
+        # Only an optimized, unguarded nop5 writes below rsp (the call's return address and
+        # the trampoline's pushes); a guarded site moved rsp past the red zone first, and a
+        # site left to int3 never calls. The red-zone analysis is asked once, lazily.
         if protocol == PROTOCOL_NOP5 and seqs.protocol == PROTOCOL_NOP5 and not guarded:
             if red_zone is None:
                 red_zone = red_zone_users(ps)
@@ -245,10 +257,13 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                     "when optimized, the call and the trampoline's pushes write the 32 bytes "
                     f"below rsp on every hit (verify measures it), and the function may keep "
                     f"live data there: {reason}", where))
-        sites.append(SitePlan(probe.probe_id, probe.index, link, addr, probe.offset + off, entry,
-                              exit_, guarded, desc, seqs, tuple(site_findings)))
-    return Plan(path, image.is64, image.type, protocol, load_base, load_base_source, tsource,
-                tuple(sites), tuple(findings))
+        sites.append(SitePlan(probe=probe.probe_id, index=probe.index, link_address=link,
+                              address=addr, file_offset=probe.offset + off, entry=entry, exit=exit_,
+                              guarded=guarded, form=desc, sequences=seqs,
+                              findings=tuple(site_findings)))
+    return Plan(path=path, is64=image.is64, elf_type=image.type, protocol=protocol,
+                load_base=load_base, load_base_source=load_base_source, trampoline_source=tsource,
+                sites=tuple(sites), findings=tuple(findings))
 
 
 def plan_for(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, *,
@@ -342,9 +357,10 @@ def _sequence_from(r: _Reader, doc: Any, where: str) -> Sequence | None:
         serialize = r.get(st, "serialize", w)
         if not isinstance(serialize, bool):
             raise r.fail(f"{w}.serialize", f"expected true or false, found {serialize!r}")
-        steps.append(Step(offset, r.hex_(st, "write", w), r.hex_(st, "before", w),
-                          r.hex_(st, "after", w), expect, serialize,
-                          str(st.get("what", "")) if isinstance(st, dict) else ""))
+        steps.append(Step(offset=offset, data=r.hex_(st, "write", w),
+                          before=r.hex_(st, "before", w), after=r.hex_(st, "after", w),
+                          expect_byte0=expect, serialize=serialize,
+                          what=str(st.get("what", "")) if isinstance(st, dict) else ""))
     return Sequence(name, address, start, tuple(steps))
 
 
@@ -359,8 +375,8 @@ def _findings_from(raw: Any, r: _Reader, where: str) -> tuple[Finding, ...]:
             code = RENAMED.get(f["code"], f["code"])  # a plan written by an earlier version
             if not is_registered(code):
                 raise r.fail(f"{where}[{i}].code", f"unknown finding code {f['code']!r}")
-            out.append(Finding(code, sev, str(f.get("message", "")), str(f.get("hint", "")),
-                               str(f.get("where", ""))))
+            out.append(Finding(code=code, severity=sev, message=str(f.get("message", "")),
+                               hint=str(f.get("hint", "")), where=str(f.get("where", ""))))
     return tuple(out)
 
 
@@ -416,15 +432,20 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
             optimize = _sequence_from(r, seqs_doc.get("optimize"), f"{w}.sequences.optimize")
             unoptimize = _sequence_from(r, seqs_doc.get("unoptimize"),
                                         f"{w}.sequences.unoptimize")
-            seqs = SiteSequences(sp, addr, original, tramp, attach, detach, optimize,
-                                 unoptimize)
+            seqs = SiteSequences(protocol=sp, address=addr, original=original, trampoline=tramp,
+                                 attach=attach, detach=detach, optimize=optimize,
+                                 unoptimize=unoptimize)
         fo = r.int_(sd, "file_offset", w, optional=True)
-        sites.append(SitePlan(r.str_(sd, "probe", w), r.int_(sd, "index", w) or 0, link, addr,
-                              fo, entry, exit_, guarded, str(sd.get("form", "")), seqs,
-                              _findings_from(sd.get("findings"), r, f"{w}.findings")))
-    return Plan(str(doc.get("path", "")), elfclass == 64, elf_type, protocol, load_base,
-                str(doc.get("load_base_source", "")), str(doc.get("trampoline_source", "")),
-                tuple(sites), _findings_from(doc.get("findings"), r, "$.findings"))
+        sites.append(SitePlan(probe=r.str_(sd, "probe", w), index=r.int_(sd, "index", w) or 0,
+                              link_address=link, address=addr, file_offset=fo, entry=entry,
+                              exit=exit_, guarded=guarded, form=str(sd.get("form", "")),
+                              sequences=seqs,
+                              findings=_findings_from(sd.get("findings"), r, f"{w}.findings")))
+    return Plan(path=str(doc.get("path", "")), is64=elfclass == 64, elf_type=elf_type,
+                protocol=protocol, load_base=load_base,
+                load_base_source=str(doc.get("load_base_source", "")),
+                trampoline_source=str(doc.get("trampoline_source", "")), sites=tuple(sites),
+                findings=_findings_from(doc.get("findings"), r, "$.findings"))
 
 
 def with_site(plan: Plan, index: int, site: SitePlan) -> Plan:

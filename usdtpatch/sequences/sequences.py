@@ -100,7 +100,8 @@ def build_sequence(name: str, address: int, start: bytes,
     state = start
     for offset, data, expect, what in writes:
         after = apply_write(state, offset, data)
-        steps.append(Step(offset, data, state, after, expect, True, what))
+        steps.append(Step(offset=offset, data=data, before=state, after=after, expect_byte0=expect,
+                          serialize=True, what=what))
         state = after
     return Sequence(name, address, start, tuple(steps))
 
@@ -157,7 +158,9 @@ def int3_sequences(address: int, original: bytes) -> SiteSequences:
                             [(0, bytes([INT3]), original[0], "int3 at byte 0")])
     detach = build_sequence("detach", address, attach.end,
                             [(0, original[:1], INT3, "restore byte 0")])
-    return SiteSequences(PROTOCOL_INT3, address, original, None, attach, detach, None, None)
+    return SiteSequences(protocol=PROTOCOL_INT3, address=address, original=original,
+                         trampoline=None, attach=attach, detach=detach, optimize=None,
+                         unoptimize=None)
 
 
 def nop5_sequences(address: int, original: bytes, trampoline: int) -> SiteSequences:
@@ -181,8 +184,9 @@ def nop5_sequences(address: int, original: bytes, trampoline: int) -> SiteSequen
         (1, original[1:5], INT3, "restore bytes 1..4"),
         (0, original[:1], INT3, "restore byte 0"),
     ])
-    return SiteSequences(PROTOCOL_NOP5, address, original, trampoline, attach, detach, optimize,
-                         unoptimize)
+    return SiteSequences(protocol=PROTOCOL_NOP5, address=address, original=original,
+                         trampoline=trampoline, attach=attach, detach=detach, optimize=optimize,
+                         unoptimize=unoptimize)
 
 
 def trampoline_reach(address: int, length: int, trampoline: int | None) -> Reach:

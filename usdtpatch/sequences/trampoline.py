@@ -86,8 +86,9 @@ def parse_maps(text: str, source: str = "maps") -> tuple[MapEntry, ...]:
         parts = line.split(None, 5)
         try:
             lo, hi = parts[0].split("-")
-            entry = MapEntry(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16),
-                             int(parts[4]), parts[5].strip() if len(parts) > 5 else "")
+            entry = MapEntry(start=int(lo, 16), end=int(hi, 16), perms=parts[1],
+                             offset=int(parts[2], 16), inode=int(parts[4]),
+                             path=parts[5].strip() if len(parts) > 5 else "")
         except (IndexError, ValueError) as exc:
             raise InputError(f"{source}:{lineno}: not a /proc/PID/maps line: {line[:80]!r}"
                              ) from exc
@@ -183,7 +184,8 @@ def layout_from_load_base(image: ElfImage, load_base: int, path: str = "") -> tu
         hi = load_base + _page_up(seg.vaddr + seg.memsz)
         perms = ("r" if seg.flags & 4 else "-") + ("w" if seg.flags & 2 else "-") + (
             "x" if seg.flags & 1 else "-") + "p"
-        out.append(MapEntry(lo, hi, perms, _page_down(seg.offset), 0, path))
+        out.append(MapEntry(start=lo, end=hi, perms=perms, offset=_page_down(seg.offset), inode=0,
+                            path=path))
     return tuple(sorted(out, key=lambda m: m.start))
 
 

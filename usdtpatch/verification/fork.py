@@ -298,7 +298,8 @@ def model_fork(image: ElfImage, sites: tuple[int, ...] | None = None, *,
         now = bytes(child.uc.mem_read(addr, 5))
         hit = _hit(child, addr) if child.fault is None else "not reached"
         out.append(ChildSite(addr, after_fork.get(addr, now), now, hit))
-    return ForkModel(base, tramp, kind, tuple(out), tuple(child.syscalls), child.fault)
+    return ForkModel(load_base=base, trampoline=tramp, guard=kind, sites=tuple(out),
+                     syscalls=tuple(child.syscalls), fault=child.fault)
 
 
 def _table_span(image: ElfImage, kind: str) -> tuple[int, int] | None:

@@ -176,10 +176,10 @@ def load_segments(image: ElfImage, load_base: int = 0) -> tuple[LoadedSegment, .
         if seg.memsz == 0:
             continue
         addr = load_base + seg.vaddr
-        out.append(LoadedSegment(addr, seg.memsz,
-                                 bytes(image.data[seg.offset: seg.offset + seg.filesz]),
-                                 addr & ~(PAGE - 1), (addr + seg.memsz + PAGE - 1) & ~(PAGE - 1),
-                                 seg.flags))
+        out.append(LoadedSegment(address=addr, memsz=seg.memsz,
+                                 data=bytes(image.data[seg.offset: seg.offset + seg.filesz]),
+                                 lo=addr & ~(PAGE - 1),
+                                 hi=(addr + seg.memsz + PAGE - 1) & ~(PAGE - 1), flags=seg.flags))
     return tuple(out)
 
 
@@ -377,8 +377,9 @@ class Machine:
             if rec.restart and kernel.late is not None:
                 self.write_site(site, kernel.late)
                 rip = site
-                self._kernel = kernel = KernelState(False, kernel.nop_length, None,
-                                                    kernel.call_length, kernel.extra_sp)
+                self._kernel = kernel = KernelState(probe=False, nop_length=kernel.nop_length,
+                                                    late=None, call_length=kernel.call_length,
+                                                    extra_sp=kernel.extra_sp)
                 left -= 1
                 continue
             if phases and phases[0] is not None:
@@ -403,8 +404,9 @@ class Machine:
         elif stack_writes:
             lo = ARRIVAL_RSP - STACK_WINDOW
             uc.mem_write(lo, bytes([STACK_FILL]) * (2 * STACK_WINDOW))
-        return RunResult(rip, regs, tuple(rec.hits), tuple(sorted(stack_writes)),
-                         tuple(other[:16]), rec.fault, left > 0)
+        return RunResult(end_rip=rip, regs=regs, hits=tuple(rec.hits),
+                         stack_writes=tuple(sorted(stack_writes)), other_writes=tuple(other[:16]),
+                         fault=rec.fault, instructions_left=left > 0)
 
     def call(self, function: int, args: tuple[int, ...], site: int, state: bytes,
              kernel: KernelState, budget: int = 100_000) -> RunResult:
@@ -428,7 +430,8 @@ class Machine:
         rip = uc.reg_read(X.UC_X86_REG_RIP)
         regs = self._read_regs()
         self._reset_memory(rec.writes)
-        return RunResult(rip, regs, tuple(rec.hits), (), (), rec.fault, rip == CALL_RETURN)
+        return RunResult(end_rip=rip, regs=regs, hits=tuple(rec.hits), stack_writes=(),
+                         other_writes=(), fault=rec.fault, instructions_left=rip == CALL_RETURN)
 
 
 CALL_RETURN = STACK_BASE  # where a function called by Machine.call returns to (never run)

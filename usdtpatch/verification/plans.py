@@ -190,6 +190,8 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
     if file_bytes[:n] != seqs.original:
         ctx.fail(ORIGINAL_MISMATCH.code, f"the plan's original bytes {_hx(seqs.original)} are not "
                                       f"the file's {_hx(file_bytes[:n])}")
+    # Each sequence must start where the kernel leaves the site before it runs: a sequence
+    # checked from any other state proves nothing about the bytes it will really write over.
     chain: list[tuple[Sequence | None, bytes, str]] = [
         (seqs.attach, seqs.original, "the original bytes"),
         (seqs.detach, seqs.attach.end, "attach's end state"),
@@ -225,6 +227,10 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
                 ctx.fail(KERNEL_CHECK_FAILS.code,
                          f"{where}: the kernel expects byte 0 = {st.expect_byte0:02x} before "
                          f"writing, the site holds {state[0]:02x}")
+            # The int3-first protocol: another thread may fetch the site between any two
+            # writes, so a write that starts a change puts int3 at byte 0 first, bytes after
+            # it change only while int3 stands there (the fetch traps instead of decoding a
+            # mixture), and no single write spans byte 0 and the rest (not atomic for fetch).
             changed = [j for j in range(n) if after[j] != state[j]]
             if i == 0 and changed and (0 not in changed or after[0] != INT3) and \
                     seq.name in ("attach", "optimize", "unoptimize"):
@@ -240,6 +246,7 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
                 ctx.fail(WRITE_SPANS_BYTE0.code,
                          f"{where}: one {len(st.data)}-byte write changes byte 0 and bytes "
                          f"after it; a concurrent fetch can see any mixture")
+            # the call's opcode goes in last: before it, the rel32 after it must be complete
             if seq.name == "optimize" and 0 in changed and after[0] == _opcode(seqs) and \
                     after[1:] != final[1:]:
                 ctx.fail(OPCODE_BEFORE_DISPLACEMENT.code,
@@ -373,7 +380,8 @@ def _run(ctx: _Ctx, state: bytes, kernel: KernelState, label: str) -> bool:
 
 
 def _check_torn(ctx: _Ctx) -> None:
-    live = KernelState(True, ctx.kernel_length, None, ctx.call_length, ctx.extra_sp)
+    live = KernelState(probe=True, nop_length=ctx.kernel_length, late=None,
+                       call_length=ctx.call_length, extra_sp=ctx.extra_sp)
     for seq in ctx.seqs.all_sequences():
         states = seq.states
         for i in range(len(states) - 1):
@@ -391,8 +399,8 @@ def _check_torn(ctx: _Ctx) -> None:
                          f"{_hx(m)}")
                 _run(ctx, m, live, label)
                 if last and m[0] == INT3:
-                    gone = KernelState(False, ctx.kernel_length, states[-1], ctx.call_length,
-                                       ctx.extra_sp)
+                    gone = KernelState(probe=False, nop_length=ctx.kernel_length, late=states[-1],
+                                       call_length=ctx.call_length, extra_sp=ctx.extra_sp)
                     _run(ctx, m, gone, label + " handled after the uprobe is gone")
 
 
@@ -407,10 +415,14 @@ def _check_parked(ctx: _Ctx) -> None:
     for k in range(TRAMPOLINE_INSNS):
         for j, st in enumerate(states):
             probe = j < len(states) - 1
-            kernel = KernelState(probe, ctx.kernel_length, None, ctx.call_length, ctx.extra_sp)
+            kernel = KernelState(probe=probe, nop_length=ctx.kernel_length, late=None,
+                                 call_length=ctx.call_length, extra_sp=ctx.extra_sp)
             res = ctx.machine.run(ctx.site.entry, ctx.site.exit, seqs.address,
-                                  seqs.optimize.end, KernelState(True, ctx.kernel_length, None,
-                                                                 ctx.call_length, ctx.extra_sp),
+                                  seqs.optimize.end, KernelState(probe=True,
+                                                                 nop_length=ctx.kernel_length,
+                                                                 late=None,
+                                                                 call_length=ctx.call_length,
+                                                                 extra_sp=ctx.extra_sp),
                                   park=(pre + k, st, kernel))
             ctx.runs += 1
             label = (f"thread parked after trampoline instruction {k} while unoptimize "
@@ -429,21 +441,26 @@ def verify_site(machine: Machine, site: SitePlan, image: ElfImage, load_base: in
     seqs = site.sequences
     if seqs is None:
         reason = site.findings[0].message if site.findings else "the site cannot be probed"
-        return SiteVerdict(site.probe, site.address, "-", SKIP, (), (), 0, (), reason)
+        return SiteVerdict(probe=site.probe, address=site.address, protocol="-", status=SKIP,
+                           failures=(), hazards=(), runs=0, red_zone_writes=(), reason=reason)
     proto = seqs.protocol
     if not image.is64:
-        return SiteVerdict(site.probe, site.address, proto, SKIP, (), (), 0, (),
-                           "32-bit code: the emulator models 64-bit processes only")
+        return SiteVerdict(probe=site.probe, address=site.address, protocol=proto, status=SKIP,
+                           failures=(), hazards=(), runs=0, red_zone_writes=(),
+                           reason="32-bit code: the emulator models 64-bit processes only")
     nop = decode_nop(seqs.original)
     if nop is None or nop.length != len(seqs.original):
-        return SiteVerdict(site.probe, site.address, proto, SKIP, (), (), 0, (),
-                           f"the probed instruction {_hx(seqs.original)} is not a NOP: the "
-                           f"kernel single-steps it out of line, which is not modelled")
+        return SiteVerdict(
+            probe=site.probe, address=site.address, protocol=proto, status=SKIP, failures=(),
+            hazards=(), runs=0, red_zone_writes=(),
+            reason=f"the probed instruction {_hx(seqs.original)} is not a NOP: the "
+                   f"kernel single-steps it out of line, which is not modelled")
     link = site.address - (0 if image.type == ET_EXEC else load_base)
     file_bytes = image.read_vaddr(link, len(seqs.original))
     nop10 = proto == PROTOCOL_NOP10
-    ctx = _Ctx(machine, site, seqs, len(seqs.original), NOP10_LENGTH if nop10 else NOP5_LENGTH,
-               RED_ZONE if nop10 else 0)
+    ctx = _Ctx(machine=machine, site=site, seqs=seqs, kernel_length=len(seqs.original),
+               call_length=NOP10_LENGTH if nop10 else NOP5_LENGTH,
+               extra_sp=RED_ZONE if nop10 else 0)
     if link != site.link_address:
         ctx.fail(ADDRESS_MISMATCH.code, f"run-time address {site.address:#x} minus the load base "
                                      f"is {link:#x}, the plan says {site.link_address:#x}")
@@ -476,8 +493,9 @@ def _verdict(ctx: _Ctx, proto: str) -> SiteVerdict:
             f"on the optimized path the call and the trampoline's pushes write {len(rz)} bytes "
             f"{_span(rz)} below rsp on every hit", ctx.site.probe))
     status = FAIL if ctx.failures else PASS
-    return SiteVerdict(ctx.site.probe, ctx.site.address, proto, status, tuple(ctx.failures),
-                       tuple(hazards), ctx.runs, rz)
+    return SiteVerdict(probe=ctx.site.probe, address=ctx.site.address, protocol=proto,
+                       status=status, failures=tuple(ctx.failures), hazards=tuple(hazards),
+                       runs=ctx.runs, red_zone_writes=rz)
 
 
 def trampoline_code(protocol: str) -> bytes:
@@ -529,9 +547,10 @@ def verify_plan(plan: Plan, image: ElfImage,
         if machine is None:
             why = ("32-bit process: never optimized, and the emulator models 64-bit processes "
                    "only" if not image.is64 else "no emulator for this file")
-            verdicts.append(SiteVerdict(site.probe, site.address,
-                                        site.sequences.protocol if site.sequences else "-",
-                                        SKIP, (), (), 0, (), why))
+            verdicts.append(SiteVerdict(
+                probe=site.probe, address=site.address,
+                protocol=site.sequences.protocol if site.sequences else "-", status=SKIP,
+                failures=(), hazards=(), runs=0, red_zone_writes=(), reason=why))
             continue
         v = verify_site(machine, site, image, load_base, set(mapped))
         if any(h.code == OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code for h in v.hazards):
@@ -545,5 +564,5 @@ def verify_plan(plan: Plan, image: ElfImage,
                 for h in v.hazards
                 if h.code != OPTIMIZED_CALL_CLOBBERS_RED_ZONE.code or reason is not None))
         verdicts.append(v)
-    return VerifyReport(plan.path, plan.protocol, tuple(verdicts), tuple(findings),
-                        time.perf_counter() - t0)
+    return VerifyReport(path=plan.path, protocol=plan.protocol, verdicts=tuple(verdicts),
+                        findings=tuple(findings), seconds=time.perf_counter() - t0)

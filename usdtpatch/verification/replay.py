@@ -94,6 +94,9 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]],
     uc = new_x86_64()
     mapped: set[int] = set()
 
+    # Memory is the model's, mapped a page at a time as the run touches it: a replay then
+    # costs a few pages whatever the file's size, and every byte the run reads is the byte
+    # the proof assumed (the code ranges laid over it, as they are in the process).
     def fill(page: int) -> None:
         data = bytearray([state.default_byte]) * PAGE
         for a in range(page, page + PAGE):
@@ -119,6 +122,8 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]],
     def on_unmapped(uc: Any, _access: int, address: int, _size: int, _value: int,
                     _user: Any) -> bool:
         page = address // PAGE * PAGE
+        # the prover's fault model: non-canonical addresses and the pages below
+        # vm.mmap_min_addr fault (the file's own low pages aside); anything else is mapped
         if page >= 1 << 47 or (page < LOW and page not in link_pages):
             return False
         for p in (page, page + PAGE):  # an access may straddle two pages
@@ -126,6 +131,8 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]],
                 fill(p)
         return True
 
+    # Bytes the program writes count in the comparison; bytes the tracer wrote (below) and
+    # the program did not write again are "clobbered", compared by neither side.
     def on_write(uc: Any, _access: int, address: int, size: int, _value: int,
                  _user: Any) -> None:
         run.written.update(range(address, address + size))
@@ -133,6 +140,8 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]],
 
     def on_code(uc: Any, address: int, _size: int, _user: Any) -> None:
         run.steps += 1
+        # leaving the side's code ends the run, and so does coming back to a stop (the
+        # window's start) after the first instruction: as in the proof, that is leaving
         if not side.lo <= address < side.hi or (run.steps > 1 and address in side.stops):
             run.exit = address
             uc.emu_stop()
@@ -148,6 +157,9 @@ def _run(side: Side, state: State, code_ranges: list[tuple[int, bytes]],
             run.hits.append(regs())
             run.probe_rsp.append(reader.read()["rsp"])
         if address in side.tracer and state.traced:
+            # a traced 6.18 hit of an optimized NOP: the call pushes its return address and
+            # the trampoline saves rcx, r11 and rax below it; its pops give the registers back,
+            # so only the memory is written here
             r = reader.read()
             rsp = r["rsp"]
             for k, v in enumerate((address + 5, r["rcx"], r["r11"], r["rax"])):

@@ -42,7 +42,8 @@ def disassemble(code: bytes, address: int, count: int = 0, mode64: bool = True) 
     """Decode up to `count` instructions (0: all that decode) in AT&T syntax."""
     out: list[Insn] = []
     for ins in _capstone(mode64).disasm(code, address, count):
-        out.append(Insn(ins.address, ins.size, bytes(ins.bytes), ins.mnemonic, ins.op_str))
+        out.append(Insn(address=ins.address, size=ins.size, raw=bytes(ins.bytes),
+                        mnemonic=ins.mnemonic, op_str=ins.op_str))
     return out
 
 
@@ -296,7 +297,8 @@ def _parse_mem(op_str: str) -> MemRef | None:
     if "(" not in op_str:
         m = _SEG_ABS_RE.search(op_str)
         if m:
-            return MemRef(_int(m.group("disp")), None, None, 1, m.group("seg"))
+            return MemRef(disp=_int(m.group("disp")), base=None, index=None, scale=1,
+                          segment=m.group("seg"))
         return None
     m = _MEM_RE.search(op_str)
     if m is None:
@@ -306,7 +308,7 @@ def _parse_mem(op_str: str) -> MemRef | None:
     index = m.group("index")[1:] if m.group("index") else None
     scale = int(m.group("scale")) if m.group("scale") else 1
     seg = m.group("seg")[1:] if m.group("seg") else None
-    return MemRef(disp, base, index, scale, seg)
+    return MemRef(disp=disp, base=base, index=index, scale=scale, segment=seg)
 
 
 def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:

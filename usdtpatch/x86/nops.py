@@ -86,16 +86,18 @@ class FormFacts:
 _BOTH = frozenset({Kernel.K618, Kernel.NOP10_SERIES})
 _NOP10_ONLY = frozenset({Kernel.NOP10_SERIES})
 FORMS: dict[SiteForm, FormFacts] = {
-    SiteForm.NOP1: FormFacts(1, 1, 0, 0, frozenset()),
-    SiteForm.NOP5: FormFacts(5, 1, 0, 5, _BOTH),
-    SiteForm.NOP5_ALT: FormFacts(5, 1, 0, 5, _BOTH),
-    SiteForm.COMBO5: FormFacts(6, 2, 1, 5, _BOTH),  # libbpf 1.7 attaches at pc + 1
-    SiteForm.COMBO10: FormFacts(11, 2, 1, 10, _NOP10_ONLY),
-    SiteForm.NOP10: FormFacts(10, 1, 0, 10, _NOP10_ONLY),
-    SiteForm.PADDED: FormFacts(1, 1, 0, 0, frozenset()),
-    SiteForm.OTHER: FormFacts(0, 1, 0, 0, frozenset()),
-    SiteForm.UNMAPPED: FormFacts(0, 0, 0, 0, frozenset()),
-    SiteForm.UNSUPPORTED_ARCH: FormFacts(0, 0, 0, 0, frozenset()),
+    SiteForm.NOP1: FormFacts(length=1, insns=1, nop_at=0, nop_length=0, kept_by=frozenset()),
+    SiteForm.NOP5: FormFacts(length=5, insns=1, nop_at=0, nop_length=5, kept_by=_BOTH),
+    SiteForm.NOP5_ALT: FormFacts(length=5, insns=1, nop_at=0, nop_length=5, kept_by=_BOTH),
+    # libbpf 1.7 attaches at pc + 1
+    SiteForm.COMBO5: FormFacts(length=6, insns=2, nop_at=1, nop_length=5, kept_by=_BOTH),
+    SiteForm.COMBO10: FormFacts(length=11, insns=2, nop_at=1, nop_length=10, kept_by=_NOP10_ONLY),
+    SiteForm.NOP10: FormFacts(length=10, insns=1, nop_at=0, nop_length=10, kept_by=_NOP10_ONLY),
+    SiteForm.PADDED: FormFacts(length=1, insns=1, nop_at=0, nop_length=0, kept_by=frozenset()),
+    SiteForm.OTHER: FormFacts(length=0, insns=1, nop_at=0, nop_length=0, kept_by=frozenset()),
+    SiteForm.UNMAPPED: FormFacts(length=0, insns=0, nop_at=0, nop_length=0, kept_by=frozenset()),
+    SiteForm.UNSUPPORTED_ARCH: FormFacts(length=0, insns=0, nop_at=0, nop_length=0,
+                                         kept_by=frozenset()),
 }
 
 

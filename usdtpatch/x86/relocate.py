@@ -259,7 +259,8 @@ def _layout(window_code: bytes, start: int, end: int, insns: tuple[CodeInsn, ...
     if first_site is None:
         raise RelocationError("no probe to replace in the window")
     site_len = len(by_addr[min(by_addr)].site)
-    return Detour(address, bytes(out), first_site, site_len, tuple(pairs))
+    return Detour(address=address, code=bytes(out), probe_address=first_site, site_length=site_len,
+                  insn_map=tuple(pairs))
 
 
 def emulated_call(ins: iced_x86.Instruction, orig: CodeInsn, at: int, end: int) -> bytes:
@@ -364,7 +365,8 @@ def relay_window(window_code: bytes, start: int, probe_length: int, site: bytes,
         out += fill + body
     if len(out) != len(window_code):
         raise RelocationError("the re-laid window is not the window's length")
-    return Detour(start, bytes(out), start, len(site), (*pairs, (end, end)))
+    return Detour(address=start, code=bytes(out), probe_address=start, site_length=len(site),
+                  insn_map=(*pairs, (end, end)))
 
 
 def _encode_ending_at(insns: list[iced_x86.Instruction], end: int, lo: int

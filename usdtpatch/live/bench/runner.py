@@ -194,7 +194,8 @@ def build_trigger(work: Path, tools: Tools, cc: str = "cc") -> list[Variant]:
 
     def add(name: str, what: str, binary: Path) -> None:
         sites = _sites(binary)
-        out.append(Variant(name, what, binary, binary, sites, _site_bytes(binary, sites[0][1])))
+        out.append(Variant(name=name, what=what, program=binary, probed=binary, sites=sites,
+                           site_bytes=_site_bytes(binary, sites[0][1])))
 
     stap = work / REFERENCE
     _run_cc(cc, ["-O2", str(src), "-o", str(stap)])
@@ -262,8 +263,8 @@ def build_jvm(work: Path, tools: Tools, jdk: Path = SYSTEM_JDK,
                              ("jvm-rewritten", rw, "the copy with libjvm rewritten")]:
         lib = home / "lib" / "server" / "libjvm.so"
         sites = _sites(lib, JVM_PROBES)
-        out.append(Variant(name, what, home / "bin" / "java", lib, sites,
-                           _site_bytes(lib, sites[0][1])))
+        out.append(Variant(name=name, what=what, program=home / "bin" / "java", probed=lib,
+                           sites=sites, site_bytes=_site_bytes(lib, sites[0][1])))
     return out
 
 
@@ -343,10 +344,12 @@ def median_rows(variants: list[Variant], data: dict[str, Measure], per: int, ref
         tr = statistics.median(m.traced_ns)
         rt = _paired(m.hits_per_s(), ref.hits_per_s())
         ru = _paired(m.untraced_ns, ref.untraced_ns)
-        rows.append(Row(v.name, v.what, v.site_bytes, len(m.untraced_ns), hits, hps,
-                        statistics.median(rt) if rt else 0.0,
-                        tr / hits if hits else 0.0,
-                        un / 1e6 if jvm else un / per, statistics.median(ru) if ru else 0.0,
+        rows.append(Row(name=v.name, what=v.what, site=v.site_bytes, runs=len(m.untraced_ns),
+                        hits=hits, traced_hits_per_s=hps,
+                        ratio_traced=statistics.median(rt) if rt else 0.0,
+                        traced_ns_per_hit=tr / hits if hits else 0.0,
+                        untraced_ns_per_pass=un / 1e6 if jvm else un / per,
+                        ratio_untraced=statistics.median(ru) if ru else 0.0,
                         ratio_traced_range=(min(rt), max(rt)) if rt else (0.0, 0.0),
                         traced_wall_s=tr / 1e9 if jvm else None,
                         untraced_wall_s=un / 1e9 if jvm else None))
@@ -405,5 +408,6 @@ def bench(tools: Tools, *, iterations: int = 2_000_000, repeats: int = 5,
     finally:
         if tmp is not None:
             tmp.cleanup()
-    return BenchReport(platform.release(), cpu_model(), iterations, jvm_calls, repeats,
-                       rows_t, rows_j, time.monotonic() - t0, notes)
+    return BenchReport(kernel=platform.release(), cpu=cpu_model(), iterations=iterations,
+                       jvm_calls=jvm_calls, repeats=repeats, trigger=rows_t, jvm=rows_j,
+                       seconds=time.monotonic() - t0, notes=notes)

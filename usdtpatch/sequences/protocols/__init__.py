@@ -168,9 +168,11 @@ def load_protocol(path: str | Path) -> Protocol:
                     raise ProtocolError(f"{src}: {w}.expect: {st['expect']!r} is not one byte "
                                         f"of a state")
                 expect = (es, ea)
-            steps.append(StepSpec(state, a, b, expect, str(st.get("what", ""))))
+            steps.append(StepSpec(state=state, start=a, end=b, expect=expect,
+                                  what=str(st.get("what", ""))))
         sequences[sname] = SequenceSpec(sname, sd["start"], tuple(steps))
-    return Protocol(src, name, model, str(doc.get("description", "")), dict(states), sequences)
+    return Protocol(path=src, name=name, model=model, description=str(doc.get("description", "")),
+                    states=dict(states), sequences=sequences)
 
 
 # ------------------------------------------------------------------------------ assembling
@@ -309,8 +311,9 @@ def site_sequences(proto: Protocol, address: int, original: bytes,
             seqs[sname] = build_sequence(sname, address, encoded[spec.start], writes)
         except ValueError as exc:
             raise ProtocolError(f"{proto.path}: sequences.{sname}: {exc}") from exc
-    return SiteSequences(proto.model, address, original, trampoline, seqs["attach"],
-                         seqs["detach"], seqs.get("optimize"), seqs.get("unoptimize"))
+    return SiteSequences(protocol=proto.model, address=address, original=original,
+                         trampoline=trampoline, attach=seqs["attach"], detach=seqs["detach"],
+                         optimize=seqs.get("optimize"), unoptimize=seqs.get("unoptimize"))
 
 
 def apply_protocol(plan: Plan, proto: Protocol) -> Plan:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import disable_prover, fixture, run_cli
-from tests.test_build_support import (
+from tests.test_integrate_support import (
     digest,
     is_rewritten,
     report_of,

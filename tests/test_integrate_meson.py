@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_build_support import (
+from tests.test_integrate_support import (
     copy_examples,
     digest,
     is_rewritten,

@@ -1,4 +1,4 @@
-"""Helpers shared by the build-integration tests (tests/test_build_*.py), and tests of them.
+"""Helpers shared by the build-integration tests (tests/test_integrate_*.py), and tests of them.
 
 The example projects under examples/ are copied into the test's temporary folder and built
 there with the real tools; `usdtpatch` is the one of the Python running the tests (its bin/

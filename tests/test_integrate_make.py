@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_build_support import (
+from tests.test_integrate_support import (
     BIN,
     copy_examples,
     digest,

@@ -418,6 +418,42 @@ XOR_ESI = bytes([0x31, 0xF6])  # xor %esi,%esi
 XOR_ECX = bytes([0x31, 0xC9])  # xor %ecx,%ecx
 
 
+def _init_stub(init: int, child: int, code: int, register_atfork: int | None, dso: int | None,
+               then: int) -> bytes:
+    """The code at `init`: register the child stub as an atfork child handler (through the
+    guard's own REGISTER, or the static C library's __register_atfork), then jump to
+    `then`, the argument registers as they came."""
+    b = _Asm(init)
+    b.raw(PUSH_ARGS)
+    if register_atfork is None:
+        b.raw(MOV_RDX_RDI)  # envp
+        b.lea("rsi", child)
+        if dso is None:
+            b.raw(XOR_EDX)
+        else:
+            b.lea("rdx", dso)
+        b.call(code + _code.REGISTER)
+    else:
+        b.raw(XOR_EDI + XOR_ESI)  # no prepare, no parent handler
+        b.lea("rdx", child)
+        b.raw(XOR_ECX)  # dso handle: an executable is never unloaded
+        b.call(register_atfork)
+    b.raw(POP_ARGS)
+    b.jmp(then)
+    return bytes(b.code)
+
+
+def _interposed_how(interposed: dict[str, list[int]]) -> str:
+    """The report's words for the interposed GOT slots."""
+    how = "; the GOT slots of " + ", ".join(f"{n}()" for n, v in interposed.items() if v) \
+        + " interposed (a child that does not share the address space re-arms its sites)"
+    looked = [n for n, v in interposed.items() if n not in LOOKUPS]
+    if any(n in interposed for n in LOOKUPS):
+        how += "; what they return for " + ", ".join(f"{n}()" for n in looked) + \
+            " is the guard's stub"
+    return how
+
+
 def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tuple[int, bytes]],
                 place_at: int) -> GuardBuild:
     """The fork guard of a rewritten file for `sites` ((vaddr, bytes) of every 5-byte NOP the
@@ -487,28 +523,12 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
     a.jmp(code + _code.REARM)
     stub_child = bytes(a.code)
 
-    b = _Asm(init)
-    b.raw(PUSH_ARGS)
-    if register_atfork is None:
-        b.raw(MOV_RDX_RDI)  # envp
-        b.lea("rsi", child)
-        if dso is None:
-            b.raw(XOR_EDX)
-        else:
-            b.lea("rdx", dso)
-        b.call(code + _code.REGISTER)
-    else:
-        b.raw(XOR_EDI + XOR_ESI)  # no prepare, no parent handler
-        b.lea("rdx", child)
-        b.raw(XOR_ECX)  # dso handle: an executable is never unloaded
-        b.call(register_atfork)
-    b.raw(POP_ARGS)
     tail = (table_end + 15) & ~15
     first = target  # the original first init function
     if early is not None:
         target = place_at + CODE_AT - 1  # run as the preinit function: a `ret` after it
-    b.jmp(tail if interposed else target)
-    stub_init = bytes(b.code)
+    stub_init = _init_stub(init, child, code, register_atfork, dso,
+                           then=tail if interposed else target)
     assert len(stub_child) <= INIT_STUB - CHILD_STUB and len(stub_init) < CODE_AT - INIT_STUB
 
     text = bytearray(b"\xcc" * (table_end - place_at))
@@ -539,12 +559,7 @@ def build_guard(image: ElfImage, sites: tuple[tuple[int, bytes], ...] | list[tup
                ("__usdtpatch_fork_register", code + _code.REGISTER,
                 _code.BASE_END - _code.REGISTER), *extra)
     if interposed:
-        how += "; the GOT slots of " + ", ".join(f"{n}()" for n, v in interposed.items() if v) \
-            + " interposed (a child that does not share the address space re-arms its sites)"
-        looked = [n for n, v in interposed.items() if n not in LOOKUPS]
-        if any(n in interposed for n in LOOKUPS):
-            how += "; what they return for " + ", ".join(f"{n}()" for n in looked) + \
-                " is the guard's stub"
+        how += _interposed_how(interposed)
     # the syscall() stub compares the number with the fork ones at run time: what check
     # reported as `fork-unknown` (a call of syscall() not fixed in the code) is covered
     return GuardBuild(address=place_at, text=bytes(text), patches=patches,

@@ -178,6 +178,25 @@ def finding_makers(package: Path, home: str) -> list[str]:
     return out
 
 
+def dynamic_readers(package: Path, homes: tuple[str, ...]) -> list[str]:
+    """"module:line" of every DT_* constant assigned and every use of the name PT_DYNAMIC
+    outside `homes` (the module that reads the dynamic section, and the one that defines the
+    segment types): the dynamic section is read, and its tags named, in one place."""
+    out = []
+    for name, path in modules(package).items():
+        if name in homes:
+            continue
+        for node in ast.walk(_parsed(path)):
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id.startswith("DT_") for t in targets):
+                    out.append(f"{name}:{node.lineno}")
+            elif isinstance(node, ast.Name | ast.alias) and \
+                    (node.id if isinstance(node, ast.Name) else node.name) == "PT_DYNAMIC":
+                out.append(f"{name}:{node.lineno}")
+    return sorted(set(out))
+
+
 # ------------------------------------------------------------------------------ the face
 
 

@@ -172,6 +172,27 @@ def test_a_finding_made_by_hand_is_found(tmp_path: Path) -> None:
     assert st.finding_makers(pkg, "pkg.findings") == ["pkg.a:2", "pkg.b:3"]
 
 
+DYNAMIC_HOMES = ("usdtpatch.elf.model", "usdtpatch.elf.image")
+
+
+def test_the_dynamic_section_is_read_in_one_module() -> None:
+    """Issue 35, item 3: the DT_* tags are named, and PT_DYNAMIC read, in elf/model.py only
+    (elf/image.py defines the segment types); every other module calls its readers."""
+    assert st.dynamic_readers(PACKAGE, DYNAMIC_HOMES) == []
+
+
+def test_a_second_dynamic_reader_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/elf/__init__.py": "",
+        "pkg/elf/model.py": "DT_NULL = 0\nPT_DYNAMIC = 2\n",
+        "pkg/a.py": "from pkg.elf.model import PT_DYNAMIC\nDT_HASH = 4\n"
+                    "def f(s):\n    return s.type == PT_DYNAMIC\n",
+        "pkg/b.py": "from pkg.elf.model import DT_NULL\nX: int = DT_NULL\nDT_X: int = 1\n",
+    })
+    assert st.dynamic_readers(pkg, ("pkg.elf.model",)) == ["pkg.a:1", "pkg.a:2", "pkg.a:4",
+                                                            "pkg.b:3"]
+
+
 def test_cli_and_integrate_use_only_the_public_face() -> None:
     """Issue 35, item 4: the command line and the build integration import nothing of the
     library but its face (usdtpatch.api's `__all__`, the package's) and report/; no private

@@ -30,7 +30,7 @@ from usdtpatch.analysis.hazards import (
     fork_evidence_of,
     imported_fork_family,
 )
-from usdtpatch.elf.image import PT_DYNAMIC, SHT_DYNSYM, ElfImage
+from usdtpatch.elf.image import SHT_DYNSYM, ElfImage
 from usdtpatch.elf.model import DT_PREINIT_ARRAY, dynamic_entries
 from usdtpatch.elf.relocs import import_slots
 from usdtpatch.elf.symbols import symbol_names, symbol_value
@@ -142,7 +142,7 @@ def constructor_route(image: ElfImage) -> str | None:
     if any(t == DT_PREINIT_ARRAY for t, _v, _o in dyn):
         return None
     others = [n for n in needed_objects(image) if n not in NON_FORKING_LIBRARIES]
-    exported = exported_functions(image)
+    exported = exported_function_count(image)
     if not others or not exported:
         return None
     return (f"the constructor of a library it loads ({others[0]}) runs before this "
@@ -150,7 +150,7 @@ def constructor_route(image: ElfImage) -> str | None:
             f"exports, which may fork")
 
 
-def exported_functions(image: ElfImage) -> int:
+def exported_function_count(image: ElfImage) -> int:
     """How many functions the file defines in its `.dynsym` (STT_FUNC or STT_GNU_IFUNC, not
     undefined, not local)."""
     n = 0
@@ -162,16 +162,3 @@ def exported_functions(image: ElfImage) -> int:
             if info & 0xF in (2, 10) and info >> 4 != 0 and shndx != 0:
                 n += 1
     return n
-
-
-def spare_dynamic_slots(image: ElfImage) -> tuple[int, int]:
-    """(file offset of the first DT_NULL entry of PT_DYNAMIC, how many entries from it on may
-    be given a tag with one DT_NULL still ending the section): what the guard may add."""
-    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
-    if seg is None or not image.is64:
-        return 0, 0
-    used = len(dynamic_entries(image))
-    first = seg.offset + 16 * used
-    end = min(seg.offset + seg.filesz, len(image.data))
-    total = (end - first) // 16
-    return first, max(0, total - 1)

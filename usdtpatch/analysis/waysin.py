@@ -61,7 +61,6 @@ from usdtpatch.elf.cfi import CfiError, CfiIndex, Cie, parse_cie, parse_lsda
 from usdtpatch.elf.image import (
     ET_EXEC,
     PF_X,
-    PT_DYNAMIC,
     PT_LOAD,
     SHF_EXECINSTR,
     SHT_NOBITS,
@@ -74,6 +73,7 @@ from usdtpatch.elf.model import (
     RELOCATION_TYPES,
     RELR,
     dynamic_entries,
+    dynamic_segment,
     loader_relocations,
 )
 
@@ -435,7 +435,7 @@ def _scan_relocations(image: ElfImage, protected: set[int]) -> list[WayIn]:
             if value is not None and value + addends[i] in protected:
                 out.append(WayIn(value + addends[i], RELOCATION, place,
                                  f"{rel.name(i)} at {place:#x}"))
-    dyn = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
+    dyn = dynamic_segment(image)
     for tag, value, off in dynamic_entries(image):
         if tag in CODE_ADDRESS_TAGS and value in protected and dyn is not None:
             at = dyn.vaddr + off - dyn.offset

@@ -30,7 +30,6 @@ import struct
 from dataclasses import dataclass
 
 from usdtpatch.elf.image import (
-    PT_DYNAMIC,
     PT_LOAD,
     SHF_ALLOC,
     SHT_DYNSYM,
@@ -45,6 +44,7 @@ from usdtpatch.elf.model import (
     DT_STRTAB,
     DT_SYMTAB,
     DT_VERSYM,
+    dynamic_entries,
 )
 from usdtpatch.elf.symbols import STT_FUNC, STT_GNU_IFUNC, SYM64_SIZE
 from usdtpatch.elf.writer import AllocSection, added_sections_index
@@ -65,14 +65,8 @@ class _Tables:
 
 def _dynamic(image: ElfImage) -> dict[int, list[int]]:
     """Each `.dynamic` tag -> the file offsets of its entries' d_val."""
-    dyn = next((sg for sg in image.segments if sg.type == PT_DYNAMIC), None)
     out: dict[int, list[int]] = {}
-    if dyn is None:
-        return out
-    for at in range(dyn.offset, min(dyn.offset + dyn.filesz, len(image.data)) - 15, 16):
-        (tag,) = struct.unpack_from("<q", image.data, at)
-        if tag == 0:
-            break
+    for tag, _value, at in dynamic_entries(image):
         out.setdefault(tag, []).append(at + 8)
     return out
 

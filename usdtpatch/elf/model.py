@@ -62,6 +62,7 @@ from usdtpatch.elf.image import (
     SHT_STRTAB,
     SHT_SYMTAB,
     ElfImage,
+    Segment,
 )
 
 WAY_IN = "way-in"
@@ -483,9 +484,14 @@ LINE_EXTENDED_OPCODES: dict[int, str] = {
 # --- reading ------------------------------------------------------------------------------
 
 
+def dynamic_segment(image: ElfImage) -> Segment | None:
+    """The PT_DYNAMIC segment, if any."""
+    return next((s for s in image.segments if s.type == PT_DYNAMIC), None)
+
+
 def dynamic_entries(image: ElfImage) -> list[tuple[int, int, int]]:
     """(tag, value, file offset of the entry) of PT_DYNAMIC (ELF64), up to DT_NULL."""
-    seg = next((s for s in image.segments if s.type == PT_DYNAMIC), None)
+    seg = dynamic_segment(image)
     if seg is None or not image.is64:
         return []
     out = []
@@ -497,6 +503,17 @@ def dynamic_entries(image: ElfImage) -> list[tuple[int, int, int]]:
             break
         out.append((tag, val, off))
     return out
+
+
+def spare_dynamic_slots(image: ElfImage) -> tuple[int, int]:
+    """(file offset of the first DT_NULL entry of PT_DYNAMIC, how many entries from it on may
+    be given a tag with one DT_NULL still ending the section): room for added entries."""
+    seg = dynamic_segment(image)
+    if seg is None or not image.is64:
+        return 0, 0
+    first = seg.offset + 16 * len(dynamic_entries(image))
+    end = min(seg.offset + seg.filesz, len(image.data))
+    return first, max(0, (end - first) // 16 - 1)
 
 
 @dataclass(frozen=True, slots=True)

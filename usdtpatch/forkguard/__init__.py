@@ -47,7 +47,6 @@ from usdtpatch.analysis.forkexposure import (
     NON_FORKING_LIBRARIES,
     constructor_route,
     fork_exposure,
-    spare_dynamic_slots,
 )
 from usdtpatch.analysis.forkexposure import evidence as _evidence
 from usdtpatch.analysis.forkexposure import libraries_that_may_fork as _libraries_that_may_fork
@@ -86,6 +85,7 @@ from usdtpatch.elf.model import (
     DT_RELRSZ,
     R_X86_64_RELATIVE,
     dynamic_entries,
+    spare_dynamic_slots,
 )
 from usdtpatch.elf.relocs import RelaTable, import_slots
 from usdtpatch.elf.symbols import load_symbols, symbol_value

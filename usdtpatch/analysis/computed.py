@@ -33,7 +33,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable
 
-from usdtpatch.analysis.targets import CodeContext
+from usdtpatch.analysis.targets import CodeContext, scan_jumps
 from usdtpatch.analysis.waysin import (
     REL_TABLE,
     WayIn,
@@ -108,8 +108,8 @@ def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> No
         b = ctx.bounds(start)
         if b is None:
             continue
-        part = ctx.part(b)
-        for t in part.tables:
+        tables, computed = scan_jumps(ctx, b)
+        for t in tables:
             if t.entry_size != 4:
                 continue
             for i, a in enumerate(t.targets):
@@ -118,13 +118,13 @@ def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> No
                     out.ways.append(WayIn(a, REL_TABLE, src, f"4-byte entry at {src:#x} of "
                                           f"the table at {t.table:#x} of the jump at "
                                           f"{t.jump:#x}", t.table))
-        for jump, base, why in part.computed:
+        for jump, base, why in computed:
             if base is None:
                 out.everywhere = out.everywhere or f"{why}, from a base that is not known"
             elif ctx.bounds(base) is not None:
                 out.poison(ctx, base, why)
             else:  # an unbounded table in data: the functions its entries read land in
-                landed = [a for t in part.tables if t.jump == jump for a in t.targets]
+                landed = [a for t in tables if t.jump == jump for a in t.targets]
                 if not landed:
                     out.everywhere = out.everywhere or f"{why}, and no entry of it is read"
                 for a in landed:

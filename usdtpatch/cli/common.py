@@ -3,12 +3,14 @@ signals that stop a command as Ctrl-C does."""
 
 from __future__ import annotations
 
-from typing import IO
-
 from usdtpatch.analysis.probes import ProbeSet, read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.io import StrPath, map_input
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import IO
 
 __all__ = [
     "EXIT_FAIL",

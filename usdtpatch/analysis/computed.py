@@ -33,6 +33,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable
 
+from usdtpatch.analysis.functions import FunctionBounds
 from usdtpatch.analysis.targets import CodeContext, scan_jumps
 from usdtpatch.analysis.waysin import (
     REL_TABLE,
@@ -98,14 +99,16 @@ def computed_flow(ctx: CodeContext, sites: list[tuple[int, int, int]]) -> Comput
 
 def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> None:
     image = ctx.image
-    functions: dict[int, int] = {}
+    functions: dict[int, FunctionBounds | None] = {}
     for vaddr, off, size in code_ranges(image):
         for m in _JMP_REG.finditer(image.data, off, off + size):
-            b = ctx.bounds(vaddr + m.start() - off)
-            if b is not None:
-                functions.setdefault(b.start, b.end)
+            found = ctx.bounds(vaddr + m.start() - off)
+            if found is not None and found.start not in functions:
+                # the bounds of its start, asked now: its FDE was just read (CfiIndex keeps
+                # the latest ones), not again after the other 2,400 functions
+                functions[found.start] = ctx.bounds(found.start)
     for start in sorted(functions):
-        b = ctx.bounds(start)
+        b = functions[start]
         if b is None:
             continue
         tables, computed = scan_jumps(ctx, b)

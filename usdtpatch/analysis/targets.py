@@ -238,6 +238,9 @@ class CodeContext:
         self.ways_in: WaysIn | None = None
         # who observes a moved instruction's pc (check() finds them once; analysis/observed.py)
         self.observers: PcObservers | None = None
+        # every call of the C library's syscall() and what it does, found once per context
+        # (analysis/hazards.fork_evidence: check asks, then the fork guard's questions)
+        self.syscall_calls: list[tuple[int, tuple[str, str]]] | None = None
 
     def sweep(self, start: int, end: int) -> Sweep:
         key = (start, end)

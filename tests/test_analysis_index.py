@@ -130,3 +130,58 @@ def test_check_analyses_each_function_once_with_more_than_the_memo_keeps(
     rep = api.check(many_functions, fork_guard="never").report
     assert len(rep.sites) == index.RECENT + 44
     assert len(made) == len(set(made)) == len(rep.sites)
+
+
+def test_relay_reads_each_probes_unwind_rows_once(many_functions: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every window relay tries for a probe starts at the probe: the FDE's rows from there on
+    are read once per probe (analysis/relay.py `_row_boundaries`), not once per window tried
+    (the branch start: here two windows a probe, each reading them)."""
+    from usdtpatch.analysis import relay
+    from usdtpatch.elf.cfi import Fde
+    from usdtpatch.elf.ehframe import Row, rows_at
+
+    read: list[int] = []
+    boundaries: list[int] = []
+    real_rows, real_bounds = rows_at, relay._row_boundaries
+
+    def rows(fde: Fde, addresses: list[int]) -> dict[int, Row]:
+        read.append(addresses[0])
+        return real_rows(fde, addresses)
+
+    def bounds(*args: object) -> set[int] | str:
+        boundaries.append(1)
+        return real_bounds(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(relay, "rows_at", rows)
+    monkeypatch.setattr(relay, "_row_boundaries", bounds)
+    rep = api.check(many_functions, fork_guard="never").report
+    assert len(boundaries) >= 2 * len(rep.sites)  # two windows tried per probe
+    assert len(read) == len(set(read)) == len(rep.sites)
+
+
+def test_fork_evidence_classifies_the_calls_of_syscall_once(many_functions: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """check asks for the file's fork evidence without the raw system calls, the fork
+    guard's question with them: the calls of syscall() are found and classified once per
+    analysis context (analysis/hazards.py; the branch start did it for each question)."""
+    from usdtpatch.analysis import hazards
+    from usdtpatch.analysis.functions import FunctionBounds
+    from usdtpatch.analysis.targets import CodeContext
+
+    made: list[int] = []
+    real = hazards._syscall_calls
+
+    def counted(ctx: CodeContext, wrapper: FunctionBounds | None
+                ) -> list[tuple[int, tuple[str, str]]]:
+        made.append(id(ctx))
+        return real(ctx, wrapper)
+
+    monkeypatch.setattr(hazards, "_syscall_calls", counted)
+    rep = api.check(many_functions, fork_guard="never").report  # asks without raw
+    ctx = rep.context
+    assert ctx is not None
+    first = hazards.fork_evidence(ctx)
+    again = hazards.fork_evidence(ctx, raw=False)
+    assert made == [id(ctx)] and first.forks == () and again.forks == ()

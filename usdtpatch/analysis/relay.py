@@ -120,7 +120,7 @@ def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes,
     anchors |= {c.end for c in insns if c.flow in _CALLS}
     code = bytes(ctx.image.read_vaddr(s, e - s))
     try:
-        laid = relay_window(code, s, insns[0].size, site, frozenset(anchors))
+        laid = relay_window(code, s, insns[0].size, site, frozenset(anchors), insns)
     except RelocationError as exc:
         return str(exc)
     target = fc.target(s)

@@ -163,6 +163,10 @@ def leb_bytes(data: bytes | bytearray, pos: int, signed: bool,
               what: str = "call frame instruction operand") -> tuple[int, int]:
     """(value, index after it) of a LEB128 held as plain bytes: in a call frame program, or
     in DWARF (usdtpatch/elf/dwarf.py reads its LEB128s here)."""
+    if 0 <= pos < len(data):  # one byte (most operands): what _leb reads, without its reader
+        byte = data[pos]
+        if not byte & 0x80:
+            return (byte - 0x80 if signed and byte & 0x40 else byte), pos + 1
     return _leb(EhBytes(data, 0), pos, len(data), what, signed)
 
 

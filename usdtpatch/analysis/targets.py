@@ -261,6 +261,8 @@ class CodeContext:
         except CfiError:
             got = None
         self._bounds[address] = got
+        if got is not None and got.fde is not None:
+            self.cfi.keep(got.fde)  # held here for the run: the site's later questions
         return got
 
     def function(self, bounds: FunctionBounds) -> FunctionCode:

@@ -447,12 +447,22 @@ class CfiIndex:
     # in a row: bounds, padding, unwind rows); the oldest is forgotten past _RECENT_FDES
     _fdes: OrderedDict[int, Fde] = field(default_factory=OrderedDict, repr=False,
                                          compare=False)
+    # FDEs a caller keeps anyway (`keep`: the analysis' function bounds), by their address:
+    # asked again after the recent ones forgot them, they are not parsed again
+    _kept: dict[int, Fde] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.starts)
 
+    def keep(self, fde: Fde) -> None:
+        """Answer with `fde` (as parsed here) whenever its FDE is asked for again: for an
+        FDE its caller holds for as long as this index lives (no copy is made)."""
+        self._kept[fde.address] = fde
+
     def fde_at(self, i: int) -> Fde:
         got = self._fdes.get(i)
+        if got is None:
+            got = self._kept.get(self.fde_addresses[i])
         if got is None:
             got = parse_fde(self.image, self.fde_addresses[i], self._cies)
             self._fdes[i] = got

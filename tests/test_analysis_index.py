@@ -6,6 +6,7 @@ import gc
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -130,3 +131,78 @@ def test_check_analyses_each_function_once_with_more_than_the_memo_keeps(
     rep = api.check(many_functions, fork_guard="never").report
     assert len(rep.sites) == index.RECENT + 44
     assert len(made) == len(set(made)) == len(rep.sites)
+
+
+def test_relay_reads_each_probes_unwind_rows_once(many_functions: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every window relay tries for a probe starts at the probe: the FDE's rows from there on
+    are read once per probe (analysis/relay.py `_row_boundaries`), not once per window tried
+    (the branch start: here two windows a probe, each reading them)."""
+    from usdtpatch.analysis import relay
+    from usdtpatch.elf.cfi import Fde
+    from usdtpatch.elf.ehframe import Row, rows_at
+    from usdtpatch.x86.relocate import Detour, relay_window
+
+    read: list[int] = []
+    laid: list[int] = []
+
+    def rows(fde: Fde, addresses: list[int]) -> dict[int, Row]:
+        read.append(addresses[0])
+        return rows_at(fde, addresses)
+
+    def lay(code: bytes, start: int, *args: Any) -> Detour:
+        laid.append(start)
+        return relay_window(code, start, *args)
+
+    monkeypatch.setattr(relay, "rows_at", rows)
+    monkeypatch.setattr(relay, "relay_window", lay)
+    rep = api.check(many_functions, fork_guard="never").report
+    assert len(laid) == 2 * len(rep.sites)  # two windows tried per probe, rows asked for each
+    assert len(read) == len(set(read)) == len(rep.sites)
+
+
+def test_fork_evidence_classifies_the_calls_of_syscall_once(many_functions: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """check asks for the file's fork evidence without the raw system calls, the fork
+    guard's question with them: the calls of syscall() are found and classified once per
+    analysis context (analysis/hazards.py; the branch start looked for them, through
+    references_to, for each question)."""
+    from usdtpatch.analysis import hazards
+    from usdtpatch.analysis.waysin import references_to
+
+    asked: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        asked.append(1)
+        return references_to(*args)
+
+    monkeypatch.setattr(hazards, "references_to", counted)
+    rep = api.check(many_functions, fork_guard="never").report  # asks without raw
+    ctx = rep.context
+    assert ctx is not None and len(asked) == 1  # syscall() is not imported: one search
+    first = hazards.fork_evidence(ctx)
+    again = hazards.fork_evidence(ctx, raw=False)
+    assert len(asked) == 1 and first.forks == () and again.forks == ()
+
+
+def test_each_sites_fde_is_parsed_once(many_functions: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounds of every site are kept for the run (the ways-in index asks for them all
+    first), their FDEs with them: CfiIndex answers with those (`keep`) after its recent
+    FDEs forgot them, and no site's FDE is parsed a second time when its site is checked
+    (the branch start parsed each twice here: more sites than CfiIndex's recent FDEs)."""
+    from usdtpatch.elf import cfi
+    from usdtpatch.elf.image import ElfImage
+
+    parsed: list[int] = []
+    real = cfi.parse_fde
+
+    def counted(image: ElfImage, address: int, cache: dict[int, cfi.Cie] | None = None
+                ) -> cfi.Fde:
+        parsed.append(address)
+        return real(image, address, cache)
+
+    monkeypatch.setattr(cfi, "parse_fde", counted)
+    rep = api.check(many_functions, fork_guard="never").report
+    assert len(rep.sites) > 64 and len(parsed) == len(set(parsed)) >= len(rep.sites)

@@ -172,3 +172,25 @@ def test_a_computed_target_of_unknown_base_poisons_every_function(
     run_cli("rewrite", path, "-o", out)
     if out.exists():
         assert _run(out) == _run(path)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_jump_scan_says_what_the_part_scan_says(programs: dict[str, Path],
+                                                    build: str) -> None:
+    """The file-wide pass reads every function holding an indirect jump through
+    targets.scan_jumps (the verdicts only): the same tables and computed jumps, in the same
+    order, as the part scan of the same function (scan_part, which collects every target)."""
+    from usdtpatch.analysis.targets import scan_jumps, scan_part
+
+    rep = check(load(_each(programs, build)))
+    ctx = rep.context
+    with_jumps = 0
+    for start in ctx.cfi.starts:
+        b = ctx.bounds(start)
+        if b is None:
+            continue
+        part = scan_part(ctx, b)
+        tables, computed = scan_jumps(ctx, b)
+        assert (tables, computed) == (list(part.tables), list(part.computed)), hex(start)
+        with_jumps += bool(tables or computed)
+    assert with_jumps >= 5

@@ -196,3 +196,30 @@ def _traced(d: Path, offset: int) -> list[str]:
         text, _err = tracer.communicate(timeout=30)
     out: list[str] = ran.stdout.split() + str(text).split()
     return out
+
+
+def test_relay_window_takes_the_instructions_decoded_already(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the window's instructions as its function's sweep decoded them, relay_window
+    lays out the same bytes without decoding the window again; instructions that do not
+    tile the window (another start, a shorter end, a gap) are not taken: it decodes the
+    window itself (the branch start decoded every window tried)."""
+    from usdtpatch.x86 import relocate
+    from usdtpatch.x86.decode import CodeInsn, Sweep, sweep
+
+    insns = sweep(CALL_THEN_LONG, 0x1000).insns
+    assert len(insns) == 6
+    expected = relay_window(CALL_THEN_LONG, 0x1000, 1, NOP5)
+    swept: list[int] = []
+
+    def counted(code: bytes, address: int, mode64: bool = True) -> Sweep:
+        swept.append(address)
+        return sweep(code, address, mode64)
+
+    monkeypatch.setattr(relocate, "sweep", counted)
+    assert relay_window(CALL_THEN_LONG, 0x1000, 1, NOP5, decoded=insns) == expected
+    assert 0x1000 not in swept  # (the re-encoded output is decoded, after the site)
+    wrong: list[tuple[CodeInsn, ...]] = [insns[1:], insns[:-1], insns[:2] + insns[3:]]
+    for w in wrong:
+        assert relay_window(CALL_THEN_LONG, 0x1000, 1, NOP5, decoded=w) == expected
+    assert swept.count(0x1000) == 3

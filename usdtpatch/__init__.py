@@ -13,7 +13,6 @@ library, need besides: `check_bytes` and `rewrite_bytes` (bytes in and out), `re
 from __future__ import annotations
 
 from importlib import import_module as _import_module
-from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from usdtpatch.errors import (
     ElfFormatError,
@@ -24,6 +23,7 @@ from usdtpatch.errors import (
 )
 from usdtpatch.version import __version__
 
+_TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if _TYPE_CHECKING:  # the names of api.__all__, for type checkers
     from usdtpatch.api import *  # noqa: F403
 

@@ -26,10 +26,13 @@ import stat
 import threading  # signal handlers belong to the main thread
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from usdtpatch.elf.image import named_extent
 from usdtpatch.errors import InputError, OutputError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import Any
 
 StrPath = str | os.PathLike[str]
 

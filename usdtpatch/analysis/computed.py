@@ -33,7 +33,8 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable
 
-from usdtpatch.analysis.targets import CodeContext
+from usdtpatch.analysis.functions import FunctionBounds
+from usdtpatch.analysis.targets import CodeContext, scan_jumps
 from usdtpatch.analysis.waysin import (
     REL_TABLE,
     WayIn,
@@ -98,18 +99,20 @@ def computed_flow(ctx: CodeContext, sites: list[tuple[int, int, int]]) -> Comput
 
 def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> None:
     image = ctx.image
-    functions: dict[int, int] = {}
+    functions: dict[int, FunctionBounds | None] = {}
     for vaddr, off, size in code_ranges(image):
         for m in _JMP_REG.finditer(image.data, off, off + size):
-            b = ctx.bounds(vaddr + m.start() - off)
-            if b is not None:
-                functions.setdefault(b.start, b.end)
+            found = ctx.bounds(vaddr + m.start() - off)
+            if found is not None and found.start not in functions:
+                # the bounds of its start, asked now: its FDE was just read (CfiIndex keeps
+                # the latest ones), not again after the other 2,400 functions
+                functions[found.start] = ctx.bounds(found.start)
     for start in sorted(functions):
-        b = ctx.bounds(start)
+        b = functions[start]
         if b is None:
             continue
-        part = ctx.part(b)
-        for t in part.tables:
+        tables, computed = scan_jumps(ctx, b)
+        for t in tables:
             if t.entry_size != 4:
                 continue
             for i, a in enumerate(t.targets):
@@ -119,13 +122,13 @@ def _jumps(ctx: CodeContext, probed: Callable[[int], bool], out: Computed) -> No
                                           what=f"4-byte entry at {src:#x} of the table at "
                                                f"{t.table:#x} of the jump at {t.jump:#x}",
                                           base=t.table))
-        for jump, base, why in part.computed:
+        for jump, base, why in computed:
             if base is None:
                 out.everywhere = out.everywhere or f"{why}, from a base that is not known"
             elif ctx.bounds(base) is not None:
                 out.poison(ctx, base, why)
             else:  # an unbounded table in data: the functions its entries read land in
-                landed = [a for t in part.tables if t.jump == jump for a in t.targets]
+                landed = [a for t in tables if t.jump == jump for a in t.targets]
                 if not landed:
                     out.everywhere = out.everywhere or f"{why}, and no entry of it is read"
                 for a in landed:

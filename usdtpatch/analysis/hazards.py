@@ -458,7 +458,9 @@ def fork_evidence(ctx: CodeContext, raw: bool = True) -> ForkEvidence:
     unknown: list[tuple[int, str]] = []
     buckets = {"forks": forks, "shared": shared, "unknown": unknown}
     wrapper = _syscall_function(ctx)
-    for pc, (bucket, what) in _syscall_calls(ctx, wrapper):
+    if ctx.syscall_calls is None:  # asked with and without `raw` of one file (check, guard)
+        ctx.syscall_calls = _syscall_calls(ctx, wrapper)
+    for pc, (bucket, what) in ctx.syscall_calls:
         buckets[bucket].append((pc, what))
     for vaddr, off, size in code_ranges(image) if raw else ():
         data = bytes(image.data[off:off + size])

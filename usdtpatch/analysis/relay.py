@@ -35,7 +35,7 @@ from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import RETURN_SITE, CodeContext, FunctionCode
 from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
 from usdtpatch.elf.cfi import CfiError, parse_lsda
-from usdtpatch.elf.ehframe import rows_at
+from usdtpatch.elf.ehframe import Row, rows_at
 from usdtpatch.elf.image import SHT_RELA, ElfImage
 from usdtpatch.elf.model import fixed_place_in
 from usdtpatch.elf.relocs import rela_table
@@ -76,13 +76,14 @@ def relay(ctx: CodeContext, probe: Probe, site: bytes, optimized_offset: int, *,
     if decode_nop(bytes(image.read_vaddr(pc, fc.insns[i].size))) is None:
         return "the probe instruction is not a NOP"
     last_why = "no straight run after the probe"
+    rows: dict[int, dict[int, Row] | None] = {}  # each tried window reads a prefix of these
     for j in range(i + 1, len(fc.insns)):
         prev, ins = fc.insns[j - 1], fc.insns[j]
         if prev.flow in _ENDS or ins.end > fc.bounds.end or ins.end - pc > MAX_WINDOW:
             break
         if not _only_returns(fc, ins.address, pc):
             break  # a way in: the window ends before it
-        got = _try(ctx, fc, i, j, site)
+        got = _try(ctx, fc, i, j, site, rows)
         if isinstance(got, Relaid):
             return got
         last_why = got
@@ -97,7 +98,8 @@ def _only_returns(fc: FunctionCode, address: int, start: int) -> bool:
                for t in fc.incoming.get(address, ()))
 
 
-def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes) -> Relaid | str:
+def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes,
+         rows: dict[int, dict[int, Row] | None] | None = None) -> Relaid | str:
     insns = fc.insns[i : j + 1]
     s, e = insns[0].address, insns[-1].end
     if fc.targets_between(s, e) and any(not _only_returns(fc, a, s)
@@ -108,7 +110,7 @@ def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes) -> Rel
             return f"the call at {c.address:#x} calls into the window"
     if _relocated_place(ctx.image, s, e):
         return f"a relocation's place lies in [{s:#x}, {e:#x})"
-    anchors = _row_boundaries(ctx, insns)
+    anchors = _row_boundaries(ctx, insns, rows)
     if isinstance(anchors, str):
         return anchors
     call_sites = call_site_boundaries(ctx, insns)
@@ -118,7 +120,7 @@ def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes) -> Rel
     anchors |= {c.end for c in insns if c.flow in _CALLS}
     code = bytes(ctx.image.read_vaddr(s, e - s))
     try:
-        laid = relay_window(code, s, insns[0].size, site, frozenset(anchors))
+        laid = relay_window(code, s, insns[0].size, site, frozenset(anchors), insns)
     except RelocationError as exc:
         return str(exc)
     target = fc.target(s)
@@ -134,19 +136,35 @@ def _try(ctx: CodeContext, fc: FunctionCode, i: int, j: int, site: bytes) -> Rel
     return Relaid(win, laid)
 
 
-def _row_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...]) -> set[int] | str:
+def _row_boundaries(ctx: CodeContext, insns: tuple[CodeInsn, ...],
+                    memo: dict[int, dict[int, Row] | None] | None = None) -> set[int] | str:
     """The addresses strictly inside the window where the `.eh_frame` row changes (each must
-    be an instruction start), or why they cannot be known."""
+    be an instruction start), or why they cannot be known. `memo` (one per probe: every
+    window tried starts at it) keeps the rows of the FDE from the window's start to
+    MAX_WINDOW bytes on, read once: the row at an address does not depend on which other
+    addresses are asked (ehframe.rows_at), so a prefix of them is what the window alone
+    reads; where the longer read is refused (an args_size disagreement further on), the
+    window is read alone."""
     s, e = insns[0].address, insns[-1].end
     fde = ctx.cfi.lookup(s)
     if fde is None:
         return set()
     if not fde.contains(e - 1):
         return f"the window [{s:#x}, {e:#x}) runs past its FDE's end"
-    try:
-        rows = rows_at(fde, list(range(s, e)))
-    except UnsupportedError as exc:
-        return f"the FDE at {fde.address:#x} cannot be replayed: {exc}"
+    rows = None
+    if memo is not None:
+        if fde.address not in memo:
+            try:
+                memo[fde.address] = rows_at(fde, list(range(s, min(fde.pc_end,
+                                                                   s + MAX_WINDOW))))
+            except UnsupportedError:
+                memo[fde.address] = None
+        rows = memo[fde.address]
+    if rows is None or e - 1 not in rows:
+        try:
+            rows = rows_at(fde, list(range(s, e)))
+        except UnsupportedError as exc:
+            return f"the FDE at {fde.address:#x} cannot be replayed: {exc}"
     out = {a for a in range(s + 1, e) if rows[a] != rows[a - 1]}
     starts = {c.address for c in insns}
     if not out <= starts:

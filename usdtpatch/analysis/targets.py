@@ -45,6 +45,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -237,6 +238,9 @@ class CodeContext:
         self.ways_in: WaysIn | None = None
         # who observes a moved instruction's pc (check() finds them once; analysis/observed.py)
         self.observers: PcObservers | None = None
+        # every call of the C library's syscall() and what it does, found once per context
+        # (analysis/hazards.fork_evidence: check asks, then the fork guard's questions)
+        self.syscall_calls: list[tuple[int, tuple[str, str]]] | None = None
 
     def sweep(self, start: int, end: int) -> Sweep:
         key = (start, end)
@@ -257,6 +261,8 @@ class CodeContext:
         except CfiError:
             got = None
         self._bounds[address] = got
+        if got is not None and got.fde is not None:
+            self.cfi.keep(got.fde)  # held here for the run: the site's later questions
         return got
 
     def function(self, bounds: FunctionBounds) -> FunctionCode:
@@ -379,25 +385,9 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
             if graph is None:
                 graph = _Graph(insns, {t.address for t in targets
                                        if t.kind in (ENTRY, SYMBOL, LANDING_PAD)})
-            verdict = _indirect(ctx, bounds, insns, k, graph)
-            if isinstance(verdict, str):
-                # a path that only a call which never returns (musl's _exit) seemed to open
-                # may have hidden the table's base: once more without those paths
-                cut = _noreturn_calls(ctx, insns)
-                if cut:
-                    again = _indirect(ctx, bounds, insns, k, _Graph(graph.insns, graph.entries,
-                                                                    cut))
-                    verdict = again if isinstance(again, JumpTable) else verdict
-            if isinstance(verdict, JumpTable) and verdict.entry_size == 4 and \
-                    not verdict.bounded:
-                computed.append((ins.address, verdict.base,
-                                 f"the relative jump table at {verdict.table:#x} of the jump "
-                                 f"at {ins.address:#x} has no bounds check"))
-            elif isinstance(verdict, str):
-                why = _computed(graph, k)
-                if why is not None:
-                    computed.append((ins.address, why[0], f"{why[1]} (the jump at "
-                                     f"{ins.address:#x})"))
+            verdict, comp = _jump_verdict(ctx, bounds, insns, k, graph)
+            if comp is not None:
+                computed.append(comp)
             if isinstance(verdict, JumpTable):
                 if not any(t.table == verdict.table and t.targets == verdict.targets
                            for t in tables):  # ceval: 229 jumps share one table
@@ -410,6 +400,57 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
         unresolved.insert(0, f"bytes at {sw.bad[0]:#x} do not decode")
     return PartScan(sweep=sw, targets=tuple(targets), outside=tuple(outside), tables=tuple(tables),
                     unresolved=tuple(unresolved), computed=tuple(computed))
+
+
+def _jump_verdict(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, ...],
+                  k: int, graph: _Graph
+                  ) -> tuple[JumpTable | str | None, tuple[int, int | None, str] | None]:
+    """The indirect jump at `k`: its verdict (`_indirect`), and (jump, base or None, why)
+    when it jumps to a computed address whose targets are not established (PartScan.computed)."""
+    at = insns[k].address
+    verdict = _indirect(ctx, bounds, insns, k, graph)
+    if isinstance(verdict, str):
+        # a path that only a call which never returns (musl's _exit) seemed to open may have
+        # hidden the table's base: once more without those paths
+        cut = _noreturn_calls(ctx, insns)
+        if cut:
+            again = _indirect(ctx, bounds, insns, k, _Graph(graph.insns, graph.entries, cut))
+            verdict = again if isinstance(again, JumpTable) else verdict
+    if isinstance(verdict, JumpTable) and verdict.entry_size == 4 and not verdict.bounded:
+        return verdict, (at, verdict.base, f"the relative jump table at {verdict.table:#x} of "
+                         f"the jump at {at:#x} has no bounds check")
+    if isinstance(verdict, str):
+        why = _computed(graph, k)
+        if why is not None:
+            return verdict, (at, why[0], f"{why[1]} (the jump at {at:#x})")
+    return verdict, None
+
+
+def scan_jumps(ctx: CodeContext, bounds: FunctionBounds
+               ) -> tuple[list[JumpTable], list[tuple[int, int | None, str]]]:
+    """What `scan_part` says of the part's indirect jumps (PartScan.tables and .computed),
+    without collecting its other targets: the file-wide pass over computed jumps
+    (usdtpatch.analysis.computed) reads every function holding one and needs only these.
+    The same verdicts (`_jump_verdict`, on the same control-flow graph)."""
+    insns = ctx.sweep(bounds.start, bounds.end).insns
+    jumps = [k for k, ins in enumerate(insns) if ins.flow is Flow.JMP_INDIRECT]
+    tables: list[JumpTable] = []
+    computed: list[tuple[int, int | None, str]] = []
+    if not jumps:
+        return tables, computed
+    entries = {bounds.start, *symbols_inside(ctx.symbols, bounds.start, bounds.end)}
+    fde = bounds.fde
+    if fde is not None and fde.lsda is not None:
+        with suppress(CfiError):  # scan_part says so (unresolved); then no pad is an entry
+            entries.update(parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads)
+    graph = _Graph(insns, entries)
+    for k in jumps:
+        verdict, comp = _jump_verdict(ctx, bounds, insns, k, graph)
+        if comp is not None:
+            computed.append(comp)
+        if isinstance(verdict, JumpTable):
+            tables.append(verdict)
+    return tables, computed
 
 
 def _related_order(ctx: CodeContext, outside: tuple[tuple[int, bool], ...]) -> list[int]:
@@ -832,13 +873,18 @@ class _Graph:
         self.indirect: list[int] = []
         # labels whose address the part takes (`lea L(%rip)`): what a computed goto reaches
         self.taken: set[int] = set()
-        for k, ins in enumerate(insns):
-            if ins.flow in (Flow.JMP, Flow.JCC) and ins.target is not None:
-                self.direct.setdefault(ins.target, []).append(k)
-            elif ins.flow is Flow.JMP_INDIRECT:
+        direct, jmp, jcc, indirect = self.direct, Flow.JMP, Flow.JCC, Flow.JMP_INDIRECT
+        for k, (_a, _n, _m, _o, flow, target, _mem, rip, base) in enumerate(insns):
+            if (flow is jmp or flow is jcc) and target is not None:
+                got = direct.get(target)
+                if got is None:
+                    direct[target] = [k]
+                else:
+                    got.append(k)
+            elif flow is indirect:
                 self.indirect.append(k)
-            if ins.rip_target is not None and ins.base_mnemonic.startswith("lea"):
-                self.taken.add(ins.rip_target)
+            if rip is not None and base.startswith("lea"):
+                self.taken.add(rip)
 
     def preds(self, m: int) -> tuple[list[int], bool]:
         """(predecessor indices, whether control also arrives from outside the part)."""

@@ -24,7 +24,6 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import IO, Any
 
 from usdtpatch import __version__
 from usdtpatch.api import WRITTEN, UsdtpatchError
@@ -36,6 +35,10 @@ from usdtpatch.cli.common import (
     printable,
     raise_terminated,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 # Subcommand -> the module that registers it, in the order `usdtpatch --help` shows them.
 # Only the module of the command being run is imported: `list` must not pay for unicorn.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.api import (
@@ -30,6 +29,10 @@ from usdtpatch.report.listing import (
     relabel,
     selected,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 
 def register(sub: Any) -> None:

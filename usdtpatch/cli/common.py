@@ -3,9 +3,11 @@ as Ctrl-C does."""
 
 from __future__ import annotations
 
-from typing import IO
-
 from usdtpatch.api import UsdtpatchError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import IO
 
 __all__ = [
     "EXIT_FAIL",

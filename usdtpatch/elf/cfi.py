@@ -163,6 +163,10 @@ def leb_bytes(data: bytes | bytearray, pos: int, signed: bool,
               what: str = "call frame instruction operand") -> tuple[int, int]:
     """(value, index after it) of a LEB128 held as plain bytes: in a call frame program, or
     in DWARF (usdtpatch/elf/dwarf.py reads its LEB128s here)."""
+    if 0 <= pos < len(data):  # one byte (most operands): what _leb reads, without its reader
+        byte = data[pos]
+        if not byte & 0x80:
+            return (byte - 0x80 if signed and byte & 0x40 else byte), pos + 1
     return _leb(EhBytes(data, 0), pos, len(data), what, signed)
 
 
@@ -447,12 +451,22 @@ class CfiIndex:
     # in a row: bounds, padding, unwind rows); the oldest is forgotten past _RECENT_FDES
     _fdes: OrderedDict[int, Fde] = field(default_factory=OrderedDict, repr=False,
                                          compare=False)
+    # FDEs a caller keeps anyway (`keep`: the analysis' function bounds), by their address:
+    # asked again after the recent ones forgot them, they are not parsed again
+    _kept: dict[int, Fde] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.starts)
 
+    def keep(self, fde: Fde) -> None:
+        """Answer with `fde` (as parsed here) whenever its FDE is asked for again: for an
+        FDE its caller holds for as long as this index lives (no copy is made)."""
+        self._kept[fde.address] = fde
+
     def fde_at(self, i: int) -> Fde:
         got = self._fdes.get(i)
+        if got is None:
+            got = self._kept.get(self.fde_addresses[i])
         if got is None:
             got = parse_fde(self.image, self.fde_addresses[i], self._cies)
             self._fdes[i] = got

@@ -10,9 +10,11 @@ Three forms, each the schema it belongs to has had since its version 1:
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from usdtpatch.version import __version__
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import Any, Literal
 
 TOOL_NAME = "usdtpatch"
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Any
 
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
 from usdtpatch.report.envelope import envelope
 from usdtpatch.x86.describe import describe
 from usdtpatch.x86.nops import FORMS, SiteForm
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import Any
 
 LIST_SCHEMA = "usdtpatch/list"
 LIST_SCHEMA_VERSION = 1

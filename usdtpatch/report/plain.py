@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
 
 from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 
 def page_width() -> int | None:

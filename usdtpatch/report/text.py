@@ -14,7 +14,6 @@ Deferred imports: report/render.py (rich), only for text plain.py leaves to it.
 from __future__ import annotations
 
 import os
-from typing import IO, Any
 
 from usdtpatch.report.plain import (
     check_text,
@@ -23,6 +22,10 @@ from usdtpatch.report.plain import (
     plain_output,
     rewrite_lines,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 # which site form each kernel generation optimizes (docs/rewrite.md, "Site forms")
 FORMS_LINE = ("site forms: Linux 6.18 to 7.2 optimize 5-byte NOPs (rewrite --form nop5); the "

@@ -36,10 +36,11 @@ emulated: RET must be the window's end, which keeps its original code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import iced_x86
 
-from usdtpatch.x86.decode import CodeInsn, sweep
+from usdtpatch.x86.decode import CodeInsn, Sweep, sweep
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 ADDRESS_LIMIT = 1 << 64
@@ -326,7 +327,8 @@ def nop_fill(size: int) -> bytes:
 
 
 def relay_window(window_code: bytes, start: int, probe_length: int, site: bytes,
-                 anchors: frozenset[int] = frozenset()) -> Detour:
+                 anchors: frozenset[int] = frozenset(),
+                 decoded: tuple[CodeInsn, ...] = ()) -> Detour:
     """The window [start, start + len(window_code)) re-laid where it is: its first
     instruction (the probe, `probe_length` bytes) becomes `site`, the others are re-encoded
     by iced, and NOPs fill what their shorter encodings free. Every address of `anchors`
@@ -335,9 +337,16 @@ def relay_window(window_code: bytes, start: int, probe_length: int, site: bytes,
     end there: each stretch between anchors is laid out as `[site] fill instructions`, its
     instructions ending where the stretch ends. RelocationError when the stretch does not
     fit or the output does not decode back to the same instructions. The result is a Detour
-    at `start` of exactly the window's length; its insn_map ends with (end, end)."""
+    at `start` of exactly the window's length; its insn_map ends with (end, end).
+    `decoded`: the window's instructions as a sweep of its function decoded them, used
+    when they tile the window exactly (a linear sweep of the same bytes from the same
+    boundary is the same instructions); else the window is swept here."""
     end = start + len(window_code)
-    original = sweep(window_code, start)
+    if decoded and decoded[0].address == start and decoded[-1].end == end and all(
+            a.end == b.address for a, b in pairwise(decoded)):
+        original = Sweep(start, end, decoded, ())
+    else:
+        original = sweep(window_code, start)
     if original.bad:
         raise RelocationError(f"window bytes at {original.bad[0]:#x} do not decode")
     iced = _decode(window_code, start)

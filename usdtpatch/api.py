@@ -52,7 +52,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar
 
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.analysis.probes import Probe, ProbeSet, no_match, read_probes
@@ -82,7 +81,10 @@ from usdtpatch.io import (
 )
 from usdtpatch.kernelfacts import PAGE, Kernel
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for type checkers
+    from typing import Any, TypeVar
+
     from usdtpatch.analysis.calls import CALL_CHOICES
     from usdtpatch.analysis.check import CheckReport, GuardBuilder
     from usdtpatch.live.bench.runner import SYSTEM_JDK, BenchReport
@@ -94,6 +96,8 @@ if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for ty
     from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10
     from usdtpatch.sequences.trampoline import TASK_SIZE
     from usdtpatch.verification.plans import VerifyReport
+
+    E = TypeVar("E", bound=Enum)
 
 __all__ = [
     "CALL_CHOICES",
@@ -188,9 +192,6 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-E = TypeVar("E", bound=Enum)
 
 
 def _enum(kind: type[E], value: E | str, option: str) -> E:

@@ -58,16 +58,20 @@ from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn
 from usdtpatch.analysis.windows import (
+    STUB_SIZE,
     PatchWindow,
     Pinned,
+    SameRow,
     WindowResult,
     WindowShape,
     find_window,
 )
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
+from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
+from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import (
     ARG_RIP_RELATIVE,
     ARG_USES_RIP,
@@ -388,6 +392,9 @@ def _together(ctx: CodeContext, made: _InOrder,
             decided[sc.probe.index] = replace(first, findings=(*first.findings, *said))
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
+        # a stub outside the window is written as the plan writes it (it claims it too)
+        claimed.extend((r.stub, r.stub + STUB_SIZE) for r in w.retargets
+                       if r.stub is not None and not w.start <= r.stub < w.end)
     return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
 
 
@@ -426,6 +433,26 @@ def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
 
     def test(ins: CodeInsn) -> tuple[str, str] | None:
         return observed(ins) or entries(ins)
+    return test
+
+
+def same_row(ctx: CodeContext) -> SameRow | None:
+    """find_window's test of a stub's place inside a function: the `.eh_frame` row in force
+    there is the one at the target (one FDE covers both, its program replays). None (no stub
+    inside a function) for a file with `.debug_frame`, whose rows are not read (a debugger
+    unwinding through the stub would read those)."""
+    if ctx.image.section(".debug_frame") is not None:
+        return None
+
+    def test(at: int, target: int) -> bool:
+        fde = ctx.cfi.lookup(at)
+        if fde is None or not fde.contains(target):
+            return False
+        try:
+            rows = rows_at(fde, sorted({at, target}))
+        except UnsupportedError:
+            return False
+        return rows[at] == rows[target]
     return test
 
 
@@ -629,7 +656,8 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                 "its code must not move", where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start))
+            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start),
+                                 same_row(ctx))
             if window.window is not None:
                 outcome = window.window.shape.value
             else:

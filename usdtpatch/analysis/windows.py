@@ -25,7 +25,12 @@ Each shape is tried in rounds, the later ones only when the earlier ones find no
    them can be aimed at the detour's copy: a direct `jmp`/`jcc`/`call` with a 32-bit
    displacement (patched), a `jmp`/`jcc` with an 8-bit one (patched to a `jmp rel32` stub written
    into the alignment padding after the function, or before it, when it is in reach), or an
-   entry of a recognized jump table (rewritten).
+   entry of a recognized jump table (rewritten);
+4. as 3, and the `jmp rel32` stub of an 8-bit jump may also lie inside the function (`same_row`
+   given): in the window's own int3 filler [start + 5, end) (the window grows until one fits)
+   or in a run of unused NOPs/int3 inside the function that no way in reaches, where the
+   `.eh_frame` row is the row at the target (the stub runs in the state the jump leaves,
+   which is the target's).
 """
 
 from __future__ import annotations
@@ -203,16 +208,21 @@ def _describe_target(t: Target) -> str:
 
 # (finding code, why) of an instruction that must not move (analysis/observed.py), or None
 Pinned = Callable[[CodeInsn], "tuple[str, str] | None"]
+# whether the `.eh_frame` row in force at the first address is the one at the second (both in
+# one FDE; False when either has no row or the rows cannot be read): analysis/check.py
+SameRow = Callable[[int, int], bool]
 
 
 def find_window(fc: FunctionCode, probe_address: int, code: bytes,
-                pinned: Pinned | None = None) -> WindowResult:
+                pinned: Pinned | None = None, same_row: SameRow | None = None
+                ) -> WindowResult:
     """The best patch window for the probe instruction at `probe_address` in function `fc`.
 
     `code` is the function's bytes (fc.bounds.start .. fc.bounds.end), used for the window's
     `code` and for recognizing NOP padding. `pinned` says why an instruction must not move
     (a system call, a fault a signal handler recognises by its pc: analysis/observed.py):
-    no window that moves holds one.
+    no window that moves holds one. `same_row`, when given, allows a last round whose 8-bit
+    jumps' stubs may lie inside the function where the unwind row matches.
     """
     i = fc.index_of(probe_address)
     if i is None:
@@ -233,8 +243,10 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
     except _Blocked as b:
         tried.append(f"in-place: {b.reason}")
     first: tuple[_Blocked | None, _Blocked | None] | None = None
-    for mode in (_Mode(False, False, pinned), _Mode(True, False, pinned),
-                 _Mode(True, True, pinned)):
+    modes = [_Mode(False, False, pinned), _Mode(True, False, pinned), _Mode(True, True, pinned)]
+    if same_row is not None:
+        modes.append(_Mode(True, True, pinned, same_row))
+    for mode in modes:
         forward_block: _Blocked | None = None
         try:
             w = _forward(fc, i, code, mode)
@@ -290,9 +302,12 @@ class _Mode:
     calls: bool
     retarget: bool
     pinned: Pinned | None = None
+    same_row: SameRow | None = None  # stubs inside the function where the row matches
 
     @property
     def name(self) -> str:
+        if self.same_row is not None:
+            return "with stubs inside the function"
         return "with retargets" if self.retarget else "with calls"
 
     def describe(self, w: PatchWindow) -> str:
@@ -398,10 +413,15 @@ def _rel_size(fc: FunctionCode, src: int, code: bytes) -> int | None:
     return None
 
 
+class _Longer(str):
+    """Why a way in cannot be aimed at the detour, where a longer window may change that (its
+    int3 filler may then hold the 8-bit jump's stub)."""
+
+
 def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e: int,
-             code: bytes, stubs: dict[int, int]) -> list[Retarget] | str:
+             code: bytes, stubs: dict[int, int], mode: _Mode) -> list[Retarget] | str:
     """How to aim every way into `addr` (strictly inside [s, e)) from outside at the detour's
-    copy, or why one cannot be. `stubs` maps a target to the padding stub already chosen."""
+    copy, or why one cannot be. `stubs` maps a target to the stub already chosen."""
     out: list[Retarget] = []
     for src in sources:
         where = src.source
@@ -420,6 +440,15 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
                 stub = stubs.get(addr)
                 if stub is None:
                     stub = _stub_slot(fc, where, s, e, set(stubs.values()))
+                if stub is None and mode.same_row is not None:
+                    stub = _inner_slot(fc, where, addr, s, e, set(stubs.values()), code,
+                                       mode.same_row)
+                if stub is None and mode.same_row is not None:
+                    why = (f"the jump from {where:#x} has an 8-bit displacement and no unused "
+                           f"padding, filler or NOP run in its reach where the unwind row is "
+                           f"the target's can hold a jmp rel32")
+                    # a longer window's filler may hold it
+                    return _Longer(why) if where + 2 + 127 >= s + JMP_REL32_SIZE else why
                 if stub is None:
                     return (f"the jump from {where:#x} has an 8-bit displacement and no unused "
                             f"padding in its reach can hold a jmp rel32")
@@ -502,6 +531,57 @@ def _stub_slot(fc: FunctionCode, src: int, s: int, e: int, taken: set[int]) -> i
     return None
 
 
+def _inner_slot(fc: FunctionCode, src: int, addr: int, s: int, e: int, taken: set[int],
+                code: bytes, same_row: SameRow) -> int | None:
+    """A 5-byte slot inside the function for the `jmp rel32` stub of target `addr` that the
+    8-bit jump at `src` reaches: in the window's own int3 filler [s + 5, e) first, then in a
+    run of unused NOPs/int3 (`unused_runs`), where the `.eh_frame` row at the slot is the row
+    at `addr`: the stub runs in the state the jump leaves, the target's, so an unwinder
+    stopping at it (a signal, a profiler) reads that state right. No slot holds a place the
+    loader writes, or overlaps a stub already chosen."""
+    def fits(at: int) -> bool:
+        return (-128 <= at - (src + 2) <= 127
+                and not any(at < t + STUB_SIZE and t < at + STUB_SIZE for t in taken)
+                and fc.fixed_in(at, at + STUB_SIZE) is None and same_row(at, addr))
+
+    for at in range(s + JMP_REL32_SIZE, e - STUB_SIZE + 1):
+        if fits(at):
+            return at
+    for lo, hi in unused_runs(fc, code):
+        for at in range(lo, hi - STUB_SIZE + 1):
+            if not (at < e and s < at + STUB_SIZE) and fits(at):
+                return at
+    return None
+
+
+def unused_runs(fc: FunctionCode, code: bytes) -> list[tuple[int, int]]:
+    """[lo, hi) of each run of NOP or int3 instructions inside the function that decoding from
+    the function's ways in never reaches and no way in names (alignment padding after a `jmp`
+    or `ret`, before a loop head): no one runs these bytes. None in a function whose ways in
+    are not all known."""
+    got = fc.memo.get("unused")
+    if got is None:
+        reached = fc.reached() if fc.all_targets is None else frozenset(fc.starts)
+        out: set[int] = set()
+        for ins in fc.insns:
+            if ins.address in reached or fc.target(ins.address) is not None or \
+                    not fc.bounds.start < ins.address or ins.end > fc.bounds.end:
+                continue
+            raw = code[ins.address - fc.bounds.start: ins.end - fc.bounds.start]
+            if raw == b"\xcc" or decode_nop(raw) is not None:
+                out.add(ins.address)
+        got = frozenset(out)
+        fc.memo["unused"] = got
+    runs: list[tuple[int, int]] = []
+    for ins in fc.insns:
+        if ins.address in got:
+            if runs and runs[-1][1] == ins.address:
+                runs[-1] = (runs[-1][0], ins.end)
+            else:
+                runs.append((ins.address, ins.end))
+    return runs
+
+
 def _interior(fc: FunctionCode, s: int, e: int, first: int, last: int, mode: _Mode,
               code: bytes) -> tuple[bool, bool, str, tuple[int, ...], tuple[Retarget, ...]]:
     """Check the targets strictly inside [s, e) (instructions first+1 .. last).
@@ -546,9 +626,9 @@ def _interior(fc: FunctionCode, s: int, e: int, first: int, last: int, mode: _Mo
         if later:
             return False, True, why, (), ()
         if outside:
-            ways = _ways_in(fc, addr, tuple(outside), s, e, code, stubs)
+            ways = _ways_in(fc, addr, tuple(outside), s, e, code, stubs, mode)
             if isinstance(ways, str):
-                return False, False, f"{why}: {ways}", (), ()
+                return False, isinstance(ways, _Longer), f"{why}: {ways}", (), ()
             retargets.extend(ways)
         internal.append(addr)
     return True, False, "", tuple(internal), tuple(retargets)

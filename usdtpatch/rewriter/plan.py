@@ -584,9 +584,14 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
     seg.add_code(detour.address, detour.code)
     if lsda is not None:
         seg.add_code(*lsda)
-    seg.patch(win.start, start_off, jmp + bytes([INT3]) * (win.size - len(jmp)))
+    fill = bytearray(jmp + bytes([INT3]) * (win.size - len(jmp)))
+    for a, _off, b, _w in ways:  # a stub in the window's own int3 filler is part of it
+        if win.start <= a < win.end:
+            fill[a - win.start: a - win.start + len(b)] = b
+    seg.patch(win.start, start_off, bytes(fill))
     for a, off, b, _w in ways:
-        seg.patch(a, off, b)
+        if not win.start <= a < win.end:
+            seg.patch(a, off, b)
     seg.new_args.update(new_args)
     mapping = dict(detour.insn_map)
     returns = tuple((c, r, seen if seen is not None else r) for c, r, seen in

@@ -95,6 +95,7 @@ from usdtpatch.findings import (
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
+    WINDOW_WAY_IN,
     Finding,
     Severity,
     lookup,
@@ -393,8 +394,7 @@ def _together(ctx: CodeContext, made: _InOrder,
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
         # a stub outside the window is written as the plan writes it (it claims it too)
-        claimed.extend((r.stub, r.stub + STUB_SIZE) for r in w.retargets
-                       if r.stub is not None and not w.start <= r.stub < w.end)
+        claimed.extend((a, a + STUB_SIZE) for a in _stubs_outside(w))
     return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
 
 
@@ -471,6 +471,13 @@ def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
     return sc.red_zone is None or sc.red_zone.may_use
 
 
+def _stubs_outside(w: PatchWindow) -> list[int]:
+    """The `jmp rel32` stubs a window's rewrite writes outside it: its 8-bit ways in's and a
+    short window's entry stub (one in the window's own filler is part of the window)."""
+    return [a for a in (w.entry_stub, *(r.stub for r in w.retargets))
+            if a is not None and not w.start <= a < w.end]
+
+
 def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
                     members: list[SiteCheck], claimed: Claims,
                     options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
@@ -478,6 +485,10 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
     if claimed.overlaps(w.start, w.end):
         return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
                                            f"([{w.start:#x}, {w.end:#x}))")
+    for a in _stubs_outside(w):  # the plan's _retarget_patches and _entry_stub say the same
+        if claimed.overlaps(a, a + STUB_SIZE):
+            return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "
+                                        f"window")
     guarded = any(_needs_guard(m, options.guard) for m in members)
     for m in members:
         if guarded:

@@ -68,7 +68,7 @@ from usdtpatch.elf.model import fixed_places, place_overlapping
 from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
-from usdtpatch.x86.nops import nop_run_length
+from usdtpatch.x86.nops import decode_nop, nop_run_length
 from usdtpatch.x86.regs import CALLER_SAVED, IMPLICIT_WRITES, alias, sized
 
 if TYPE_CHECKING:  # observed.py reads the windows, which read this module
@@ -129,6 +129,10 @@ class FunctionCode:
     # (start, end, what) of each loader relocation whose place lies in code, sorted (the
     # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
     fixed: Sequence[tuple[int, int, str]] = ()
+    # NOP bytes before the start after the last jmp/ret of a previous function that has no
+    # FDE (crtstuff's frame_dummy padded to the next one's alignment): only a short window's
+    # entry stub goes there (analysis/windows.py)
+    nop_tail_before: int = 0
 
     def fixed_in(self, start: int, end: int) -> str | None:
         """The relocation whose place overlaps [start, end), described, or None."""
@@ -477,7 +481,8 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     after, before = _padding_after(ctx, bounds), _padding_before(ctx, bounds)
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
                         own.sweep.bad, after, {a: tuple(v) for a, v in incoming.items()},
-                        before, fixed=fixed_places(ctx.image))
+                        before, fixed=fixed_places(ctx.image),
+                        nop_tail_before=0 if before else _nop_tail_before(ctx, bounds))
 
 
 def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
@@ -561,6 +566,34 @@ def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
     if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
         return gap
     return 0
+
+
+def _nop_tail_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
+    """The NOPs (or int3) right before `bounds.start` that follow the last `jmp`/`ret` of the
+    code decoded from the previous function symbol, when that symbol is at most 64 bytes
+    before and no FDE covers the bytes: alignment padding after a function the unwind tables
+    do not describe, which no one runs (as `_padding_before` is after an FDE's end); 0 when
+    decoding from the symbol does not end exactly at the start."""
+    i = bisect_left(ctx.symbols.addresses, bounds.start) - 1
+    if i < 0:
+        return 0
+    prev = ctx.symbols.addresses[i]
+    if bounds.start - prev > 64 or ctx.cfi.lookup(bounds.start - 1) is not None:
+        return 0
+    sw = ctx.sweep(prev, bounds.start)
+    if sw.bad or not sw.insns or sw.insns[-1].end != bounds.start:
+        return 0
+    raw = ctx.image.read_vaddr(prev, bounds.start - prev)
+    k = len(sw.insns)
+    while k > 0:
+        ins = sw.insns[k - 1]
+        piece = raw[ins.address - prev: ins.end - prev]
+        if piece != b"\xcc" and decode_nop(piece) is None:
+            break
+        k -= 1
+    if k in (0, len(sw.insns)) or sw.insns[k - 1].flow not in _NO_FALL:
+        return 0
+    return bounds.start - sw.insns[k].address
 
 
 def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:

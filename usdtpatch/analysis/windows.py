@@ -36,7 +36,7 @@ Each shape is tried in rounds, the later ones only when the earlier ones find no
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from usdtpatch.analysis.rules import optimized_where_it_is
@@ -74,6 +74,7 @@ from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
 
 JMP_REL32_SIZE = 5  # e9 rel32: jmp to the detour
+JMP_REL8_SIZE = 2  # eb rel8: a short window's jump to its entry stub
 MAX_BACKWARD_INSNS = 8  # instructions before the probe a backward window may start at
 MAX_WINDOW = 64  # bytes: a window never grows beyond this
 
@@ -166,6 +167,8 @@ class PatchWindow:
     padding_bytes: int = 0  # bytes of unused padding after the function at the window's end
     calls: tuple[int, ...] = ()  # addresses of the `call`s inside the window (moved along)
     retargets: tuple[Retarget, ...] = ()  # ways in from outside to aim at the detour's copy
+    # a window of 2 to 4 bytes: `jmp rel8` at `start` to a `jmp rel32` stub here, to the detour
+    entry_stub: int | None = None
 
     @property
     def probe_offset(self) -> int:
@@ -267,6 +270,12 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
             else:
                 fwd = forward_block.reason if forward_block is not None else "-"
                 tried.append(f"{mode.name}: forward: {fwd}; backward: {b.reason}")
+    if same_row is not None:
+        try:
+            w = _short(fc, i, code, _Mode(True, True, pinned, same_row))
+            return WindowResult(w, None, f"short: {w.end_reason}", (*tried, "short: ok"))
+        except _Blocked as b:
+            tried.append(f"short: {b.reason}")
     assert first is not None
     primary = first[0] if first[0] is not None else first[1]
     assert primary is not None
@@ -634,11 +643,11 @@ def _interior(fc: FunctionCode, s: int, e: int, first: int, last: int, mode: _Mo
     return True, False, "", tuple(internal), tuple(retargets)
 
 
-def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
-          ) -> tuple[int, str, tuple[int, ...], tuple[Retarget, ...]]:
-    """The smallest valid end for a window starting at instruction `first` and holding
-    instruction i: (end, why it ends there, targets inside reached only from inside,
-    ways in from outside to retarget)."""
+def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes,
+          size: int = JMP_REL32_SIZE) -> tuple[int, str, tuple[int, ...], tuple[Retarget, ...]]:
+    """The smallest valid end for a window of at least `size` bytes starting at instruction
+    `first` and holding instruction i: (end, why it ends there, targets inside reached only
+    from inside, ways in from outside to retarget)."""
     insns = fc.insns
     s = insns[first].address
     for k in range(first, i + 1):
@@ -653,7 +662,7 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
     j = i
     while True:
         e = insns[j].end
-        if e - s >= JMP_REL32_SIZE:
+        if e - s >= size:
             ok, fixable, why, internal, retargets = _interior(fc, s, e, first, j, mode, code)
             fixed = fc.fixed_in(s, e)
             if fixed is not None:  # the loader writes there: no extension helps
@@ -661,7 +670,7 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
                                f"the place of {fixed} lies in [{s:#x}, {e:#x})")
             if ok:
                 nxt = fc.target(e)
-                reason = f"5 bytes covered ({e - s})"
+                reason = f"{size} bytes covered ({e - s})"
                 if internal:
                     reason += (f"; {len(internal)} target(s) inside are reached only from "
                                "inside the window" if not retargets else
@@ -676,19 +685,19 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
         j += 1
         if j >= len(insns) or insns[j].address >= fc.bounds.end:
             last = insns[j - 1]
-            need = s + JMP_REL32_SIZE - e
+            need = s + size - e
             if (0 < need <= fc.padding_after and e == fc.bounds.end
                     and last.flow in (Flow.RET, Flow.JMP, Flow.JMP_INDIRECT, Flow.STOP)):
                 ok, _fixable, why, internal, retargets = _interior(fc, s, e, first, j - 1,
                                                                    mode, code)
-                if ok and fc.fixed_in(s, s + JMP_REL32_SIZE) is None and \
+                if ok and fc.fixed_in(s, s + size) is None and \
                         not any(r.how == REL8_STUB for r in retargets):
-                    return s + JMP_REL32_SIZE, (
+                    return s + size, (
                         f"the function ends at {e:#x} after {last.text}; {need} byte(s) of "
                         "the alignment padding after it complete 5 bytes"), internal, retargets
             raise last_block or _Blocked(
-                WINDOW_FUNCTION_END.code, f"the function ends at {fc.bounds.end:#x} before 5 "
-                                       "bytes")
+                WINDOW_FUNCTION_END.code, f"the function ends at {fc.bounds.end:#x} before "
+                                       f"{size} bytes")
         stays = _pinned(insns[j], mode)
         if stays is not None:
             raise last_block or stays
@@ -708,6 +717,43 @@ def _forward(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:
         why = "the probe instruction alone is 5 bytes or more"
     return _window(fc, WindowShape.FORWARD, probe.address, e, probe, code, None,
                    "the probe instruction", why, internal, retargets)
+
+
+def _short(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:
+    """A window of 2 to 4 bytes from the probe, where no window of 5 exists (a probe-only
+    function `nop; ret` last before `.fini`, one packed before the next): `jmp rel8` at its
+    start to a `jmp rel32` stub in the unused padding around the function, or in an unused
+    NOP run inside it where the unwind row is the row at the start, which jumps to the detour
+    (three jumps per pass). The window ends at its first valid end from 2 bytes on, as a
+    forward one does from 5."""
+    probe = fc.insns[i]
+    s = probe.address
+    e, why, internal, retargets = _span(fc, i, i, mode, code, JMP_REL8_SIZE)
+    if e - s >= JMP_REL32_SIZE:
+        raise _Blocked(WINDOW_BRANCH_TARGET.code, f"the first end from {JMP_REL8_SIZE} bytes "
+                                                  f"on, {e:#x}, holds 5 bytes")
+    taken = {r.stub for r in retargets if r.stub is not None}
+    stub = _stub_slot(fc, s, s, e, taken)
+    lo = fc.bounds.start - fc.nop_tail_before
+    for at in range(lo, fc.bounds.start - STUB_SIZE + 1) if stub is None else ():
+        if -128 <= at - (s + JMP_REL8_SIZE) <= 127 and not any(
+                at < t + STUB_SIZE and t < at + STUB_SIZE for t in taken):
+            stub = at
+            break
+    if stub is None and mode.same_row is not None:
+        stub = _inner_slot(fc, s, s, s, e, taken, code, mode.same_row)
+    if stub is None:
+        raise _Blocked(WINDOW_FUNCTION_END.code,
+                       f"[{s:#x}, {e:#x}) holds a jmp rel8 but no unused padding or NOP run in "
+                       f"its reach (where the unwind row is the start's) holds the jmp rel32 "
+                       f"stub")
+    if (moved := fc.fixed_in(stub, stub + STUB_SIZE)) is not None:
+        raise _Blocked(WINDOW_TEXT_RELOCATION.code,
+                       f"the entry stub at {stub:#x} holds the place of {moved}")
+    w = _window(fc, WindowShape.FORWARD, s, e, probe, code, None, "the probe instruction",
+                f"{why}: entered by a jmp rel8 through the jmp rel32 stub at {stub:#x}",
+                internal, retargets)
+    return replace(w, entry_stub=stub, extra_jumps=3)
 
 
 def _backward(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:

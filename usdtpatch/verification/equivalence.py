@@ -80,7 +80,7 @@ from usdtpatch.verification.machine import (
     raw_regs,
 )
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.relocate import Detour, jmp_rel32
+from usdtpatch.x86.relocate import Detour, jmp_rel8, jmp_rel32
 
 _T = TypeVar("_T")
 # verify(image, window, detour, replaced probe addresses) -> None when equivalent, else why
@@ -519,7 +519,8 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
         fresh = []
         patch = detour.code
     else:
-        patch = jmp_rel32(window.start, detour.address)
+        patch = jmp_rel32(window.start, detour.address) if window.entry_stub is None else \
+            jmp_rel8(window.start, window.entry_stub)  # a short window: through its stub
         patch += b"\xcc" * (window.size - len(patch))
         # a way in's stub in the window's own int3 filler (analysis/windows.py)
         for at, raw in inside:
@@ -538,7 +539,8 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     rw.coord = {n: o for o, n in detour.insn_map}
     rw.detour_lo, rw.detour_hi = detour.address, detour.end
     rw.patch_jmp = None if relaid else window.start
-    rw.stubs = frozenset(r.stub for r in window.retargets if r.stub is not None)
+    rw.stubs = frozenset(a for a in (window.entry_stub, *(r.stub for r in window.retargets))
+                         if a is not None)
     # a data read of the bytes the rewrite changes (a random pointer into the window or a
     # patched branch) reads different bytes in the two machines: the state is not judged
     changed = [(window.start, window.end), *extra]

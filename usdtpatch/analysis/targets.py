@@ -129,10 +129,11 @@ class FunctionCode:
     # (start, end, what) of each loader relocation whose place lies in code, sorted (the
     # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
     fixed: Sequence[tuple[int, int, str]] = ()
-    # NOP bytes before the start after the last jmp/ret of a previous function that has no
-    # FDE (crtstuff's frame_dummy padded to the next one's alignment): only a short window's
-    # entry stub goes there (analysis/windows.py)
-    nop_tail_before: int = 0
+    # [lo, hi) of the NOPs after the last jmp/ret of each function symbol up to 160 bytes
+    # before the start, where no FDE covers them (crtstuff's frame_dummy and
+    # __do_global_dtors_aux padded to the next one's alignment): only a short window's entry
+    # stub goes there (analysis/windows.py)
+    tails_before: tuple[tuple[int, int], ...] = ()
 
     def fixed_in(self, start: int, end: int) -> str | None:
         """The relocation whose place overlaps [start, end), described, or None."""
@@ -482,7 +483,7 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     return FunctionCode(bounds, insns, starts, targets, all_targets, own.tables,
                         own.sweep.bad, after, {a: tuple(v) for a, v in incoming.items()},
                         before, fixed=fixed_places(ctx.image),
-                        nop_tail_before=0 if before else _nop_tail_before(ctx, bounds))
+                        tails_before=_tails_before(ctx, bounds))
 
 
 def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
@@ -568,32 +569,37 @@ def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
     return 0
 
 
-def _nop_tail_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
-    """The NOPs (or int3) right before `bounds.start` that follow the last `jmp`/`ret` of the
-    code decoded from the previous function symbol, when that symbol is at most 64 bytes
-    before and no FDE covers the bytes: alignment padding after a function the unwind tables
-    do not describe, which no one runs (as `_padding_before` is after an FDE's end); 0 when
-    decoding from the symbol does not end exactly at the start."""
-    i = bisect_left(ctx.symbols.addresses, bounds.start) - 1
-    if i < 0:
-        return 0
-    prev = ctx.symbols.addresses[i]
-    if bounds.start - prev > 64 or ctx.cfi.lookup(bounds.start - 1) is not None:
-        return 0
-    sw = ctx.sweep(prev, bounds.start)
-    if sw.bad or not sw.insns or sw.insns[-1].end != bounds.start:
-        return 0
-    raw = ctx.image.read_vaddr(prev, bounds.start - prev)
-    k = len(sw.insns)
-    while k > 0:
-        ins = sw.insns[k - 1]
-        piece = raw[ins.address - prev: ins.end - prev]
-        if piece != b"\xcc" and decode_nop(piece) is None:
-            break
-        k -= 1
-    if k in (0, len(sw.insns)) or sw.insns[k - 1].flow not in _NO_FALL:
-        return 0
-    return bounds.start - sw.insns[k].address
+def _tails_before(ctx: CodeContext, bounds: FunctionBounds) -> tuple[tuple[int, int], ...]:
+    """[lo, hi) of the NOPs (or int3) that follow the last `jmp`/`ret` of the code decoded
+    from each function symbol in the 160 bytes before `bounds.start` up to the next symbol,
+    where no FDE covers them: alignment padding after a function the unwind tables do not
+    describe, which no one runs (as `_padding_before` is after an FDE's end). A symbol whose
+    code does not decode to exactly the next symbol gives none."""
+    addrs = ctx.symbols.addresses
+    lo_i = bisect_left(addrs, bounds.start - 160)
+    hi_i = bisect_left(addrs, bounds.start)
+    out: list[tuple[int, int]] = []
+    for k in range(lo_i, hi_i):
+        p, q = addrs[k], addrs[k + 1] if k + 1 < hi_i else bounds.start
+        if q <= p or q - p > 160:
+            continue
+        sw = ctx.sweep(p, q)
+        if sw.bad or not sw.insns or sw.insns[-1].end != q:
+            continue
+        raw = ctx.image.read_vaddr(p, q - p)
+        n = len(sw.insns)
+        while n > 0:
+            ins = sw.insns[n - 1]
+            piece = raw[ins.address - p: ins.end - p]
+            if piece != b"\xcc" and decode_nop(piece) is None:
+                break
+            n -= 1
+        if n in (0, len(sw.insns)) or sw.insns[n - 1].flow not in _NO_FALL:
+            continue
+        lo = sw.insns[n].address
+        if ctx.cfi.lookup(lo) is None and ctx.cfi.lookup(q - 1) is None:
+            out.append((lo, q))
+    return tuple(out)
 
 
 def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:

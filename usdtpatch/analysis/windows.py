@@ -59,6 +59,8 @@ from usdtpatch.analysis.waysin import (
     REL_TABLE,
     RELOCATION,
 )
+from usdtpatch.analysis.waysin import AFTER as WAYS_AFTER
+from usdtpatch.analysis.waysin import BEFORE as WAYS_BEFORE
 from usdtpatch.findings import (
     PROBE_NOT_CODE,
     PROBE_NOT_DECODED,
@@ -544,7 +546,8 @@ def _inner_slot(fc: FunctionCode, src: int, addr: int, s: int, e: int, taken: se
                 code: bytes, same_row: SameRow) -> int | None:
     """A 5-byte slot inside the function for the `jmp rel32` stub of target `addr` that the
     8-bit jump at `src` reaches: in the window's own int3 filler [s + 5, e) first, then in a
-    run of unused NOPs/int3 (`unused_runs`), where the `.eh_frame` row at the slot is the row
+    run of unused NOPs/int3 (`unused_runs`) where the file-wide index of ways in looks (within
+    128 bytes before and 72 after the probe), where the `.eh_frame` row at the slot is the row
     at `addr`: the stub runs in the state the jump leaves, the target's, so an unwinder
     stopping at it (a signal, a profiler) reads that state right. No slot holds a place the
     loader writes, or overlaps a stub already chosen."""
@@ -556,8 +559,10 @@ def _inner_slot(fc: FunctionCode, src: int, addr: int, s: int, e: int, taken: se
     for at in range(s + JMP_REL32_SIZE, e - STUB_SIZE + 1):
         if fits(at):
             return at
+    # only where the file-wide index of ways in looks (around the probe, which is in [s, e))
+    near_lo, near_hi = e - WAYS_BEFORE, s + WAYS_AFTER
     for lo, hi in unused_runs(fc, code):
-        for at in range(lo, hi - STUB_SIZE + 1):
+        for at in range(max(lo, near_lo), min(hi, near_hi) - STUB_SIZE + 1):
             if not (at < e and s < at + STUB_SIZE) and fits(at):
                 return at
     return None
@@ -734,11 +739,13 @@ def _short(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:
                                                   f"on, {e:#x}, holds 5 bytes")
     taken = {r.stub for r in retargets if r.stub is not None}
     stub = _stub_slot(fc, s, s, e, taken)
-    lo = fc.bounds.start - fc.nop_tail_before
-    for at in range(lo, fc.bounds.start - STUB_SIZE + 1) if stub is None else ():
-        if -128 <= at - (s + JMP_REL8_SIZE) <= 127 and not any(
-                at < t + STUB_SIZE and t < at + STUB_SIZE for t in taken):
-            stub = at
+    for lo, hi in fc.tails_before if stub is None else ():
+        for at in range(lo, hi - STUB_SIZE + 1):
+            if -128 <= at - (s + JMP_REL8_SIZE) <= 127 and not any(
+                    at < t + STUB_SIZE and t < at + STUB_SIZE for t in taken):
+                stub = at
+                break
+        if stub is not None:
             break
     if stub is None and mode.same_row is not None:
         stub = _inner_slot(fc, s, s, s, e, taken, code, mode.same_row)

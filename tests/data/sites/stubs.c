@@ -7,6 +7,8 @@
  * - deadstub: OpenJDK 25's NewWeakGlobalRef__return: the instruction after the probe is the
  *   target of a `jmp` rel8 followed by a 10-byte NOP no one runs: the stub goes there, not
  *   into the NOP run that is run (fall-through) nor the one a jump lands on;
+ * - packed: `nop; ret` between two functions, no NOP in an 8-bit jump's reach: stays
+ *   window-function-end (tests/test_rewrite_short_window.py);
  * - rows: a push and a pop (for the unwind-row test). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,16 @@ asm(".text\n"
     ".cfi_endproc\n" END("deadstub")
     CN_NOTE("990b", "0", "sites", "deadstub", "8@%rax")
 
+    /* packed: a probe-only function between two functions with no NOP within 128 bytes
+       (window-function-end, and no short window: no place for its entry stub) */
+    FUNC("packed_a") ".cfi_startproc\n\tmov %rdi, %rax\n" FILL "\tret\n.cfi_endproc\n"
+    END("packed_a")
+    ".globl packed\n.type packed, @function\npacked:\n.cfi_startproc\n"
+    "990: nop\n\tret\n.cfi_endproc\n" END("packed")
+    CN_NOTE("990b", "0", "sites", "packed", "")
+    ".globl packed_c\n.type packed_c, @function\npacked_c:\n.cfi_startproc\n"
+    "\tmov %rdi, %rax\n" FILL "\tret\n.cfi_endproc\n" END("packed_c")
+
     FUNC("rows") ".cfi_startproc\n"
     "\tmov %rdi, %rax\n"
     ".globl rows_pushed\n\tpush %rbx\n.cfi_adjust_cfa_offset 8\nrows_pushed:\n"
@@ -53,7 +65,8 @@ asm(".text\n"
     "\tret\n.cfi_endproc\n" END("rows")
     CN_BASE);
 
-long fillerstub(long), deadstub(long), rows(long);
+long fillerstub(long), deadstub(long), rows(long), packed_a(long), packed_c(long);
+void packed(void);
 
 int main(int argc, char **argv)
 {
@@ -61,5 +74,8 @@ int main(int argc, char **argv)
     for (long i = 0; i < n + 5; i++)
         printf("%ld %ld %ld\n", fillerstub(i), deadstub(i), deadstub(i + 200));
     printf("%ld\n", rows(n));
+    for (long i = 0; i < n; i++)
+        packed();
+    printf("%ld %ld\n", packed_a(n), packed_c(n));
     return 0;
 }

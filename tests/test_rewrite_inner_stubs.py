@@ -27,7 +27,9 @@ from tests.test_analysis_waysin import _site, _symbol
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import CheckReport, check, same_row
 from usdtpatch.analysis.windows import REL8_STUB, STUB_SIZE, find_window, unused_runs
-from usdtpatch.api import load
+from usdtpatch.api import load, rewrite_plan
+from usdtpatch.verification.equivalence import verify_detour
+from usdtpatch.x86.relocate import jmp_rel32
 
 SOURCE = ROOT / "tests" / "data" / "sites" / "stubs.c"
 FLAGS = ["-O2", "-g0", "-I", str(ROOT / "fixtures" / "src"), "-I", str(ROOT / "tests" / "data")]
@@ -151,6 +153,30 @@ def test_rewritten_program_runs_as_the_original(programs: dict[str, Path],
     image = load(out).image
     assert bytes(image.read_vaddr(stub, 1)) == b"\xe9"
     assert bytes(image.read_vaddr(w.window.start, 1)) == b"\xe9"
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_emulator_runs_the_stub_and_rejects_a_wrong_one(programs: dict[str, Path],
+                                                            build: str) -> None:
+    """The stub in the window's filler is run (the jump, then the stub, then the copy): aimed
+    at the copy of its target the detour verifies; aimed at the copy of the probe instead
+    (what a wrong stub would do), the emulator rejects it."""
+    path = _program(programs, build)
+    d = next(s for s in rewrite_plan(path, verify=False, jobs=1).sites
+             if s.probe.name == "fillerstub")
+    assert d.window is not None and d.detour is not None
+    w, detour = d.window, d.detour
+    copy = dict(detour.insn_map)
+    r = w.retargets[0]
+    assert r.stub is not None
+    aim = bytes([(r.stub - (r.source + 2)) & 0xFF])  # the jle's rel8, at source + 1
+    entries = ((r.target, copy[r.target]),)
+    image = load(path).image
+    for to, verdict in ((copy[r.target], True), (copy[w.probe_address], False)):
+        patches = ((r.stub, jmp_rel32(r.stub, to)), (r.source + 1, aim))
+        why = verify_detour(image, w, detour, (w.probe_address,), patches=patches,
+                            entries=entries)
+        assert (why is None) == verdict, why
 
 
 @pytest.mark.live

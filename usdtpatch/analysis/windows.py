@@ -699,7 +699,8 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes,
                         not any(r.how == REL8_STUB for r in retargets):
                     return s + size, (
                         f"the function ends at {e:#x} after {last.text}; {need} byte(s) of "
-                        "the alignment padding after it complete 5 bytes"), internal, retargets
+                        f"the alignment padding after it complete {size} bytes"), internal, \
+                        retargets
             raise last_block or _Blocked(
                 WINDOW_FUNCTION_END.code, f"the function ends at {fc.bounds.end:#x} before "
                                        f"{size} bytes")

@@ -67,8 +67,14 @@ asm(".pushsection .text.getpc, \"ax\", @progbits\n"
     ".popsection\n");
 long getpc(void);
 
-/* window-function-end: `nop; ret` as a whole function, the next one right after it */
+/* window-function-end: `nop; ret` as a whole function, the next one right after it and 140
+   bytes of code before it (fend_0): no NOP within an 8-bit jump's reach for a short window's
+   stub */
 asm(".pushsection .text.fend, \"ax\", @progbits\n"
+    ".globl fend_0\n.type fend_0, @function\n"
+    "fend_0:\n.cfi_startproc\n\tmov %rdi, %rax\n"
+    ".rept 34\n\tadd $1, %rax\n.endr\n\tret\n"
+    ".cfi_endproc\n.size fend_0, .-fend_0\n"
     ".globl fend_a\n.type fend_a, @function\n"
     "fend_a:\n.cfi_startproc\n"
     "990: nop\n\tret\n"

@@ -206,8 +206,13 @@ def test_a_system_call_never_moves(build: str, tmp_path: Path) -> None:
     if "nopie" not in build and all(_arith(s) for s in sites.values()):
         return  # the pie builds' `fn + 8`: every site left alone by the computed-flow rule
     assert sites["fixed"]["action"] == "detour"
-    assert (sites["bare"]["action"], sites["bare"]["code"]) == ("skipped", "window-syscall")
-    assert re.search(r"0x[0-9a-f]+ \(syscall\) is a system call", sites["bare"]["reason"])
+    bare = sites["bare"]
+    if bare["action"] == "skipped":
+        assert bare["code"] == "window-syscall"
+        assert re.search(r"0x[0-9a-f]+ \(syscall\) is a system call", bare["reason"])
+    else:  # a short window [nop, mov] where a stub place is in reach: the syscall stays
+        assert "entered by a jmp rel8 through the stub" in bare["reason"]
+        assert bare["window"]["end"] - bare["window"]["start"] == 3
     assert _pinned_moved(program, doc) == []
     assert _mismatches(program) == []
 

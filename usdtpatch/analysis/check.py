@@ -59,16 +59,20 @@ from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
 from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn
 from usdtpatch.analysis.windows import (
+    STUB_SIZE,
     PatchWindow,
     Pinned,
+    SameRow,
     WindowResult,
     WindowShape,
     find_window,
 )
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
+from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
+from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import (
     ARG_RIP_RELATIVE,
     ARG_USES_RIP,
@@ -92,6 +96,7 @@ from usdtpatch.findings import (
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
+    WINDOW_WAY_IN,
     Finding,
     Severity,
     lookup,
@@ -409,6 +414,8 @@ def _together(ctx: CodeContext, made: _InOrder,
             decided[sc.probe.index] = replace(first, findings=(*first.findings, *said))
         claimed.append((w.start, w.end))
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
+        # a stub outside the window is written as the plan writes it (it claims it too)
+        claimed.extend((a, a + STUB_SIZE) for a in _stubs_outside(w))
     return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
 
 
@@ -450,6 +457,26 @@ def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
     return test
 
 
+def same_row(ctx: CodeContext) -> SameRow | None:
+    """find_window's test of a stub's place inside a function: the `.eh_frame` row in force
+    there is the one at the target (one FDE covers both, its program replays). None (no stub
+    inside a function) for a file with `.debug_frame`, whose rows are not read (a debugger
+    unwinding through the stub would read those)."""
+    if ctx.image.section(".debug_frame") is not None:
+        return None
+
+    def test(at: int, target: int) -> bool:
+        fde = ctx.cfi.lookup(at)
+        if fde is None or not fde.contains(target):
+            return False
+        try:
+            rows = rows_at(fde, sorted({at, target}))
+        except UnsupportedError:
+            return False
+        return rows[at] == rows[target]
+    return test
+
+
 def _in_target_form(sc: SiteCheck, form: Form) -> bool:
     """Whether rewrite leaves the site as it is for `form` (analysis.forms.left_as_is, as
     rewriter/plan.py asks) though 6.18's rules, which judged it, do not optimize it: a 10-byte
@@ -465,6 +492,13 @@ def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
     return sc.red_zone is None or sc.red_zone.may_use
 
 
+def _stubs_outside(w: PatchWindow) -> list[int]:
+    """The `jmp rel32` stubs a window's rewrite writes outside it: its 8-bit ways in's and a
+    short window's entry stub (one in the window's own filler is part of the window)."""
+    return [a for a in (w.entry_stub, *(r.stub for r in w.retargets))
+            if a is not None and not w.start <= a < w.end]
+
+
 def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
                     members: list[SiteCheck], claimed: Claims,
                     options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
@@ -472,6 +506,10 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
     if claimed.overlaps(w.start, w.end):
         return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
                                            f"([{w.start:#x}, {w.end:#x}))")
+    for a in _stubs_outside(w):  # the plan's _retarget_patches and _entry_stub say the same
+        if claimed.overlaps(a, a + STUB_SIZE):
+            return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "
+                                        f"window")
     guarded = any(_needs_guard(m, options.guard) for m in members)
     for m in members:
         if guarded:
@@ -651,7 +689,8 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                 "its code must not move", where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start))
+            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start),
+                                 same_row(ctx))
             if window.window is not None:
                 outcome = window.window.shape.value
             else:

@@ -69,7 +69,7 @@ from usdtpatch.elf.model import fixed_places, place_overlapping
 from usdtpatch.elf.relocs import relative_relocations
 from usdtpatch.elf.symbols import SymbolTable
 from usdtpatch.x86.decode import CodeInsn, Flow, Sweep, sweep
-from usdtpatch.x86.nops import nop_run_length
+from usdtpatch.x86.nops import decode_nop, nop_run_length
 from usdtpatch.x86.regs import CALLER_SAVED, IMPLICIT_WRITES, alias, sized
 
 if TYPE_CHECKING:  # observed.py reads the windows, which read this module
@@ -130,6 +130,11 @@ class FunctionCode:
     # (start, end, what) of each loader relocation whose place lies in code, sorted (the
     # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
     fixed: Sequence[tuple[int, int, str]] = ()
+    # [lo, hi) of the NOPs after the last jmp/ret of each function symbol up to 160 bytes
+    # before the start, where no FDE covers them (crtstuff's frame_dummy and
+    # __do_global_dtors_aux padded to the next one's alignment): only a short window's entry
+    # stub goes there (analysis/windows.py)
+    tails_before: tuple[tuple[int, int], ...] = ()
 
     def fixed_in(self, start: int, end: int) -> str | None:
         """The relocation whose place overlaps [start, end), described, or None."""
@@ -529,7 +534,8 @@ def analyze_function(ctx: CodeContext, bounds: FunctionBounds) -> FunctionCode:
     return FunctionCode(bounds=bounds, insns=insns, starts=starts, targets=targets,
                         all_targets=all_targets, jump_tables=own.tables, bad=own.sweep.bad,
                         padding_after=after, incoming={a: tuple(v) for a, v in incoming.items()},
-                        padding_before=before, fixed=fixed_places(ctx.image))
+                        padding_before=before, fixed=fixed_places(ctx.image),
+                        tails_before=_tails_before(ctx, bounds))
 
 
 def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
@@ -613,6 +619,39 @@ def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
     if all(b in (0xCC, 0x00) for b in raw) or nop_run_length(raw) == gap:
         return gap
     return 0
+
+
+def _tails_before(ctx: CodeContext, bounds: FunctionBounds) -> tuple[tuple[int, int], ...]:
+    """[lo, hi) of the NOPs (or int3) that follow the last `jmp`/`ret` of the code decoded
+    from each function symbol in the 160 bytes before `bounds.start` up to the next symbol,
+    where no FDE covers them: alignment padding after a function the unwind tables do not
+    describe, which no one runs (as `_padding_before` is after an FDE's end). A symbol whose
+    code does not decode to exactly the next symbol gives none."""
+    addrs = ctx.symbols.addresses
+    lo_i = bisect_left(addrs, bounds.start - 160)
+    hi_i = bisect_left(addrs, bounds.start)
+    out: list[tuple[int, int]] = []
+    for k in range(lo_i, hi_i):
+        p, q = addrs[k], addrs[k + 1] if k + 1 < hi_i else bounds.start
+        if q <= p or q - p > 160:
+            continue
+        sw = ctx.sweep(p, q)
+        if sw.bad or not sw.insns or sw.insns[-1].end != q:
+            continue
+        raw = ctx.image.read_vaddr(p, q - p)
+        n = len(sw.insns)
+        while n > 0:
+            ins = sw.insns[n - 1]
+            piece = raw[ins.address - p: ins.end - p]
+            if piece != b"\xcc" and decode_nop(piece) is None:
+                break
+            n -= 1
+        if n in (0, len(sw.insns)) or sw.insns[n - 1].flow not in _NO_FALL:
+            continue
+        lo = sw.insns[n].address
+        if ctx.cfi.lookup(lo) is None and ctx.cfi.lookup(q - 1) is None:
+            out.append((lo, q))
+    return tuple(out)
 
 
 def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:

@@ -25,13 +25,18 @@ Each shape is tried in rounds, the later ones only when the earlier ones find no
    them can be aimed at the detour's copy: a direct `jmp`/`jcc`/`call` with a 32-bit
    displacement (patched), a `jmp`/`jcc` with an 8-bit one (patched to a `jmp rel32` stub written
    into the alignment padding after the function, or before it, when it is in reach), or an
-   entry of a recognized jump table (rewritten).
+   entry of a recognized jump table (rewritten);
+4. as 3, and the `jmp rel32` stub of an 8-bit jump may also lie inside the function (`same_row`
+   given): in the window's own int3 filler [start + 5, end) (the window grows until one fits)
+   or in a run of unused NOPs/int3 inside the function that no way in reaches, where the
+   `.eh_frame` row is the row at the target (the stub runs in the state the jump leaves,
+   which is the target's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from usdtpatch.analysis.rules import optimized_where_it_is
@@ -54,6 +59,8 @@ from usdtpatch.analysis.waysin import (
     REL_TABLE,
     RELOCATION,
 )
+from usdtpatch.analysis.waysin import AFTER as WAYS_AFTER
+from usdtpatch.analysis.waysin import BEFORE as WAYS_BEFORE
 from usdtpatch.findings import (
     PROBE_NOT_CODE,
     PROBE_NOT_DECODED,
@@ -69,6 +76,7 @@ from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import NOP1, NOP5, decode_nop
 
 JMP_REL32_SIZE = 5  # e9 rel32: jmp to the detour
+JMP_REL8_SIZE = 2  # eb rel8: a short window's jump to its entry stub
 MAX_BACKWARD_INSNS = 8  # instructions before the probe a backward window may start at
 MAX_WINDOW = 64  # bytes: a window never grows beyond this
 
@@ -161,6 +169,8 @@ class PatchWindow:
     padding_bytes: int = 0  # bytes of unused padding after the function at the window's end
     calls: tuple[int, ...] = ()  # addresses of the `call`s inside the window (moved along)
     retargets: tuple[Retarget, ...] = ()  # ways in from outside to aim at the detour's copy
+    # a window of 2 to 4 bytes: `jmp rel8` at `start` to a `jmp rel32` stub here, to the detour
+    entry_stub: int | None = None
 
     @property
     def probe_offset(self) -> int:
@@ -203,16 +213,21 @@ def _describe_target(t: Target) -> str:
 
 # (finding code, why) of an instruction that must not move (analysis/observed.py), or None
 Pinned = Callable[[CodeInsn], "tuple[str, str] | None"]
+# whether the `.eh_frame` row in force at the first address is the one at the second (both in
+# one FDE; False when either has no row or the rows cannot be read): analysis/check.py
+SameRow = Callable[[int, int], bool]
 
 
 def find_window(fc: FunctionCode, probe_address: int, code: bytes,
-                pinned: Pinned | None = None) -> WindowResult:
+                pinned: Pinned | None = None, same_row: SameRow | None = None
+                ) -> WindowResult:
     """The best patch window for the probe instruction at `probe_address` in function `fc`.
 
     `code` is the function's bytes (fc.bounds.start .. fc.bounds.end), used for the window's
     `code` and for recognizing NOP padding. `pinned` says why an instruction must not move
     (a system call, a fault a signal handler recognises by its pc: analysis/observed.py):
-    no window that moves holds one.
+    no window that moves holds one. `same_row`, when given, allows a last round whose 8-bit
+    jumps' stubs may lie inside the function where the unwind row matches.
     """
     i = fc.index_of(probe_address)
     if i is None:
@@ -233,8 +248,10 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
     except _Blocked as b:
         tried.append(f"in-place: {b.reason}")
     first: tuple[_Blocked | None, _Blocked | None] | None = None
-    for mode in (_Mode(False, False, pinned), _Mode(True, False, pinned),
-                 _Mode(True, True, pinned)):
+    modes = [_Mode(False, False, pinned), _Mode(True, False, pinned), _Mode(True, True, pinned)]
+    if same_row is not None:
+        modes.append(_Mode(True, True, pinned, same_row))
+    for mode in modes:
         forward_block: _Blocked | None = None
         try:
             w = _forward(fc, i, code, mode)
@@ -255,6 +272,12 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
             else:
                 fwd = forward_block.reason if forward_block is not None else "-"
                 tried.append(f"{mode.name}: forward: {fwd}; backward: {b.reason}")
+    if same_row is not None:
+        try:
+            w = _short(fc, i, code, _Mode(True, True, pinned, same_row))
+            return WindowResult(w, None, f"short: {w.end_reason}", (*tried, "short: ok"))
+        except _Blocked as b:
+            tried.append(f"short: {b.reason}")
     assert first is not None
     primary = first[0] if first[0] is not None else first[1]
     assert primary is not None
@@ -290,9 +313,12 @@ class _Mode:
     calls: bool
     retarget: bool
     pinned: Pinned | None = None
+    same_row: SameRow | None = None  # stubs inside the function where the row matches
 
     @property
     def name(self) -> str:
+        if self.same_row is not None:
+            return "with stubs inside the function"
         return "with retargets" if self.retarget else "with calls"
 
     def describe(self, w: PatchWindow) -> str:
@@ -398,10 +424,15 @@ def _rel_size(fc: FunctionCode, src: int, code: bytes) -> int | None:
     return None
 
 
+class _Longer(str):
+    """Why a way in cannot be aimed at the detour, where a longer window may change that (its
+    int3 filler may then hold the 8-bit jump's stub)."""
+
+
 def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e: int,
-             code: bytes, stubs: dict[int, int]) -> list[Retarget] | str:
+             code: bytes, stubs: dict[int, int], mode: _Mode) -> list[Retarget] | str:
     """How to aim every way into `addr` (strictly inside [s, e)) from outside at the detour's
-    copy, or why one cannot be. `stubs` maps a target to the padding stub already chosen."""
+    copy, or why one cannot be. `stubs` maps a target to the stub already chosen."""
     out: list[Retarget] = []
     for src in sources:
         where = src.source
@@ -420,6 +451,15 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
                 stub = stubs.get(addr)
                 if stub is None:
                     stub = _stub_slot(fc, where, s, e, set(stubs.values()))
+                if stub is None and mode.same_row is not None:
+                    stub = _inner_slot(fc, where, addr, s, e, set(stubs.values()), code,
+                                       mode.same_row)
+                if stub is None and mode.same_row is not None:
+                    why = (f"the jump from {where:#x} has an 8-bit displacement and no unused "
+                           f"padding, filler or NOP run in its reach where the unwind row is "
+                           f"the target's can hold a jmp rel32")
+                    # a longer window's filler may hold it
+                    return _Longer(why) if where + 2 + 127 >= s + JMP_REL32_SIZE else why
                 if stub is None:
                     return (f"the jump from {where:#x} has an 8-bit displacement and no unused "
                             f"padding in its reach can hold a jmp rel32")
@@ -502,6 +542,60 @@ def _stub_slot(fc: FunctionCode, src: int, s: int, e: int, taken: set[int]) -> i
     return None
 
 
+def _inner_slot(fc: FunctionCode, src: int, addr: int, s: int, e: int, taken: set[int],
+                code: bytes, same_row: SameRow) -> int | None:
+    """A 5-byte slot inside the function for the `jmp rel32` stub of target `addr` that the
+    8-bit jump at `src` reaches: in the window's own int3 filler [s + 5, e) first, then in a
+    run of unused NOPs/int3 (`unused_runs`) where the file-wide index of ways in looks (within
+    128 bytes before and 72 after the probe), where the `.eh_frame` row at the slot is the row
+    at `addr`: the stub runs in the state the jump leaves, the target's, so an unwinder
+    stopping at it (a signal, a profiler) reads that state right. No slot holds a place the
+    loader writes, or overlaps a stub already chosen."""
+    def fits(at: int) -> bool:
+        return (-128 <= at - (src + 2) <= 127
+                and not any(at < t + STUB_SIZE and t < at + STUB_SIZE for t in taken)
+                and fc.fixed_in(at, at + STUB_SIZE) is None and same_row(at, addr))
+
+    for at in range(s + JMP_REL32_SIZE, e - STUB_SIZE + 1):
+        if fits(at):
+            return at
+    # only where the file-wide index of ways in looks (around the probe, which is in [s, e))
+    near_lo, near_hi = e - WAYS_BEFORE, s + WAYS_AFTER
+    for lo, hi in unused_runs(fc, code):
+        for at in range(max(lo, near_lo), min(hi, near_hi) - STUB_SIZE + 1):
+            if not (at < e and s < at + STUB_SIZE) and fits(at):
+                return at
+    return None
+
+
+def unused_runs(fc: FunctionCode, code: bytes) -> list[tuple[int, int]]:
+    """[lo, hi) of each run of NOP or int3 instructions inside the function that decoding from
+    the function's ways in never reaches and no way in names (alignment padding after a `jmp`
+    or `ret`, before a loop head): no one runs these bytes. None in a function whose ways in
+    are not all known."""
+    got = fc.memo.get("unused")
+    if got is None:
+        reached = fc.reached() if fc.all_targets is None else frozenset(fc.starts)
+        out: set[int] = set()
+        for ins in fc.insns:
+            if ins.address in reached or fc.target(ins.address) is not None or \
+                    not fc.bounds.start < ins.address or ins.end > fc.bounds.end:
+                continue
+            raw = code[ins.address - fc.bounds.start: ins.end - fc.bounds.start]
+            if raw == b"\xcc" or decode_nop(raw) is not None:
+                out.add(ins.address)
+        got = frozenset(out)
+        fc.memo["unused"] = got
+    runs: list[tuple[int, int]] = []
+    for ins in fc.insns:
+        if ins.address in got:
+            if runs and runs[-1][1] == ins.address:
+                runs[-1] = (runs[-1][0], ins.end)
+            else:
+                runs.append((ins.address, ins.end))
+    return runs
+
+
 def _interior(fc: FunctionCode, s: int, e: int, first: int, last: int, mode: _Mode,
               code: bytes) -> tuple[bool, bool, str, tuple[int, ...], tuple[Retarget, ...]]:
     """Check the targets strictly inside [s, e) (instructions first+1 .. last).
@@ -546,19 +640,19 @@ def _interior(fc: FunctionCode, s: int, e: int, first: int, last: int, mode: _Mo
         if later:
             return False, True, why, (), ()
         if outside:
-            ways = _ways_in(fc, addr, tuple(outside), s, e, code, stubs)
+            ways = _ways_in(fc, addr, tuple(outside), s, e, code, stubs, mode)
             if isinstance(ways, str):
-                return False, False, f"{why}: {ways}", (), ()
+                return False, isinstance(ways, _Longer), f"{why}: {ways}", (), ()
             retargets.extend(ways)
         internal.append(addr)
     return True, False, "", tuple(internal), tuple(retargets)
 
 
-def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
-          ) -> tuple[int, str, tuple[int, ...], tuple[Retarget, ...]]:
-    """The smallest valid end for a window starting at instruction `first` and holding
-    instruction i: (end, why it ends there, targets inside reached only from inside,
-    ways in from outside to retarget)."""
+def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes,
+          size: int = JMP_REL32_SIZE) -> tuple[int, str, tuple[int, ...], tuple[Retarget, ...]]:
+    """The smallest valid end for a window of at least `size` bytes starting at instruction
+    `first` and holding instruction i: (end, why it ends there, targets inside reached only
+    from inside, ways in from outside to retarget)."""
     insns = fc.insns
     s = insns[first].address
     for k in range(first, i + 1):
@@ -573,7 +667,7 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
     j = i
     while True:
         e = insns[j].end
-        if e - s >= JMP_REL32_SIZE:
+        if e - s >= size:
             ok, fixable, why, internal, retargets = _interior(fc, s, e, first, j, mode, code)
             fixed = fc.fixed_in(s, e)
             if fixed is not None:  # the loader writes there: no extension helps
@@ -581,7 +675,7 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
                                f"the place of {fixed} lies in [{s:#x}, {e:#x})")
             if ok:
                 nxt = fc.target(e)
-                reason = f"5 bytes covered ({e - s})"
+                reason = f"{size} bytes covered ({e - s})"
                 if internal:
                     reason += (f"; {len(internal)} target(s) inside are reached only from "
                                "inside the window" if not retargets else
@@ -596,19 +690,20 @@ def _span(fc: FunctionCode, first: int, i: int, mode: _Mode, code: bytes
         j += 1
         if j >= len(insns) or insns[j].address >= fc.bounds.end:
             last = insns[j - 1]
-            need = s + JMP_REL32_SIZE - e
+            need = s + size - e
             if (0 < need <= fc.padding_after and e == fc.bounds.end
                     and last.flow in (Flow.RET, Flow.JMP, Flow.JMP_INDIRECT, Flow.STOP)):
                 ok, _fixable, why, internal, retargets = _interior(fc, s, e, first, j - 1,
                                                                    mode, code)
-                if ok and fc.fixed_in(s, s + JMP_REL32_SIZE) is None and \
+                if ok and fc.fixed_in(s, s + size) is None and \
                         not any(r.how == REL8_STUB for r in retargets):
-                    return s + JMP_REL32_SIZE, (
+                    return s + size, (
                         f"the function ends at {e:#x} after {last.text}; {need} byte(s) of "
-                        "the alignment padding after it complete 5 bytes"), internal, retargets
+                        f"the alignment padding after it complete {size} bytes"), internal, \
+                        retargets
             raise last_block or _Blocked(
-                WINDOW_FUNCTION_END.code, f"the function ends at {fc.bounds.end:#x} before 5 "
-                                       "bytes")
+                WINDOW_FUNCTION_END.code, f"the function ends at {fc.bounds.end:#x} before "
+                                       f"{size} bytes")
         stays = _pinned(insns[j], mode)
         if stays is not None:
             raise last_block or stays
@@ -628,6 +723,45 @@ def _forward(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:
         why = "the probe instruction alone is 5 bytes or more"
     return _window(fc, WindowShape.FORWARD, probe.address, e, probe, code, None,
                    "the probe instruction", why, internal, retargets)
+
+
+def _short(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:
+    """A window of 2 to 4 bytes from the probe, where no window of 5 exists (a probe-only
+    function `nop; ret` last before `.fini`, one packed before the next): `jmp rel8` at its
+    start to a `jmp rel32` stub in the unused padding around the function, or in an unused
+    NOP run inside it where the unwind row is the row at the start, which jumps to the detour
+    (three jumps per pass). The window ends at its first valid end from 2 bytes on, as a
+    forward one does from 5."""
+    probe = fc.insns[i]
+    s = probe.address
+    e, why, internal, retargets = _span(fc, i, i, mode, code, JMP_REL8_SIZE)
+    if e - s >= JMP_REL32_SIZE:
+        raise _Blocked(WINDOW_BRANCH_TARGET.code, f"the first end from {JMP_REL8_SIZE} bytes "
+                                                  f"on, {e:#x}, holds 5 bytes")
+    taken = {r.stub for r in retargets if r.stub is not None}
+    stub = _stub_slot(fc, s, s, e, taken)
+    for lo, hi in fc.tails_before if stub is None else ():
+        for at in range(lo, hi - STUB_SIZE + 1):
+            if -128 <= at - (s + JMP_REL8_SIZE) <= 127 and not any(
+                    at < t + STUB_SIZE and t < at + STUB_SIZE for t in taken):
+                stub = at
+                break
+        if stub is not None:
+            break
+    if stub is None and mode.same_row is not None:
+        stub = _inner_slot(fc, s, s, s, e, taken, code, mode.same_row)
+    if stub is None:
+        raise _Blocked(WINDOW_FUNCTION_END.code,
+                       f"[{s:#x}, {e:#x}) holds a jmp rel8 but no unused padding or NOP run in "
+                       f"its reach (where the unwind row is the start's) holds the jmp rel32 "
+                       f"stub")
+    if (moved := fc.fixed_in(stub, stub + STUB_SIZE)) is not None:
+        raise _Blocked(WINDOW_TEXT_RELOCATION.code,
+                       f"the entry stub at {stub:#x} holds the place of {moved}")
+    w = _window(fc, WindowShape.FORWARD, s, e, probe, code, None, "the probe instruction",
+                f"{why}: entered by a jmp rel8 through the jmp rel32 stub at {stub:#x}",
+                internal, retargets)
+    return replace(w, entry_stub=stub, extra_jumps=3)
 
 
 def _backward(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow:

@@ -50,6 +50,8 @@ def provable(window: PatchWindow) -> str | None:
     """None when the prover is expected to prove the window's detour, else why not."""
     if window.retargets:
         return "ways in from outside the window are left to the emulator"
+    if window.entry_stub is not None:
+        return "a short window's jmp rel8 through its stub is left to the emulator"
     for ins in window.insns:
         why = refused(ins)
         if why is not None:

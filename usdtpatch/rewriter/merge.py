@@ -32,6 +32,8 @@ def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
         return None
     if a.padding_bytes or b.end - a.start > MAX_WINDOW:
         return None
+    if a.entry_stub is not None or b.entry_stub is not None:
+        return None  # a short window's jmp rel8 and its stub are its own
     if any(r.stub is not None for r in (*a.retargets, *b.retargets)):
         return None  # a stub lives in the padding a joined window's end may take
     insns = a.insns + tuple(i for i in b.insns if i.address >= a.end)

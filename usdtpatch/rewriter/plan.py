@@ -109,7 +109,14 @@ from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.rewriter.merge import join_following
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import FORMS, GUARD_ENTER, RED_ZONE
-from usdtpatch.x86.relocate import Detour, RelocationError, Replacement, jmp_rel32, relocate_window
+from usdtpatch.x86.relocate import (
+    Detour,
+    RelocationError,
+    Replacement,
+    jmp_rel8,
+    jmp_rel32,
+    relocate_window,
+)
 
 INT3 = 0xCC
 
@@ -570,6 +577,10 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
     try:
         jmp = jmp_rel32(win.start, detour.address)
         ways = _retarget_patches(inputs.image, win, detour, seg.claimed, inputs.relocs)
+        if win.entry_stub is not None:  # a short window: jmp rel8 to a jmp rel32 stub
+            jmp = jmp_rel8(win.start, win.entry_stub)
+            ways.append(_entry_stub(inputs.image, win.entry_stub, detour.address,
+                                    seg.claimed))
     except _WayIn as exc:
         raise _Skip(findings.WINDOW_WAY_IN.code, str(exc)) from None
     except RelocationError as exc:
@@ -584,9 +595,14 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
     seg.add_code(detour.address, detour.code)
     if lsda is not None:
         seg.add_code(*lsda)
-    seg.patch(win.start, start_off, jmp + bytes([INT3]) * (win.size - len(jmp)))
+    fill = bytearray(jmp + bytes([INT3]) * (win.size - len(jmp)))
+    for a, _off, b, _w in ways:  # a stub in the window's own int3 filler is part of it
+        if win.start <= a < win.end:
+            fill[a - win.start: a - win.start + len(b)] = b
+    seg.patch(win.start, start_off, bytes(fill))
     for a, off, b, _w in ways:
-        seg.patch(a, off, b)
+        if not win.start <= a < win.end:
+            seg.patch(a, off, b)
     seg.new_args.update(new_args)
     mapping = dict(detour.insn_map)
     returns = tuple((c, r, seen if seen is not None else r) for c, r, seen in
@@ -598,16 +614,20 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
                 f"{sc.probe.probe_id}: the call at {c:#x} is moved into the detour: its callee "
                 f"sees the return address {seen:#x} (in the detour), not {r:#x}",
                 sc.probe.probe_id))
+    n_ways = len(ways) - (win.entry_stub is not None)  # the patches, as before short windows
     reason = (f"{win.shape.value} window of {win.size} bytes relocated to {detour.address:#x}"
               + (f"; {len(win.calls)} call(s) {handling.technique}" if win.calls else "")
               + (", with the detour's own LSDA" if handling.eh is not None else "")
-              + (f"; {len(ways)} way(s) in retargeted" if ways else "")
+              + (f"; {n_ways} way(s) in retargeted" if n_ways else "")
+              + (f"; entered by a jmp rel8 through the stub at {win.entry_stub:#x}"
+                 if win.entry_stub is not None else "")
               + observed_text(returns, faults))
     return [SiteDecision(probe=m.probe, code=None,
                          action=Action.DETOUR if m.probe.index == sc.probe.index
                          else Action.MOVED,
                          reason=reason, new_pc=mapping[m.probe.address] + sb.pc_offset,
-                         window=win, detour=detour, guarded=sb.guarded, extra_jumps=2,
+                         window=win, detour=detour, guarded=sb.guarded,
+                         extra_jumps=win.extra_jumps,
                          calls=handling.technique,
                          retargeted=tuple(w for _a, _o, _b, w in ways),
                          verification=verification, returns=returns, faults=faults)
@@ -1030,6 +1050,18 @@ def _retarget_patches(image: ElfImage, win: PatchWindow, detour: Detour,
                 raise RelocationError(f"the way in at {a:#x} is not in the file")
             out.append((a, off, b, what))
     return out
+
+
+def _entry_stub(image: ElfImage, stub: int, detour: int, claimed: Claims
+                ) -> tuple[int, int, bytes, str]:
+    """The edit writing a short window's `jmp rel32` stub to its detour (analysis/windows.py
+    chose the place), or _WayIn when another rewritten site's window or stub holds it."""
+    if claimed.overlaps(stub, stub + 5):
+        raise _WayIn(f"the entry stub at {stub:#x} lies in another rewritten site's window")
+    off = image.vaddr_to_offset(stub)
+    if off is None:
+        raise RelocationError(f"the entry stub at {stub:#x} is not in the file")
+    return stub, off, jmp_rel32(stub, detour), f"entry stub at {stub:#x}"
 
 
 def _one_retarget(image: ElfImage, r: Retarget, copy: int, stubs: dict[int, int],

@@ -80,7 +80,7 @@ from usdtpatch.verification.machine import (
     raw_regs,
 )
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.relocate import Detour, jmp_rel32
+from usdtpatch.x86.relocate import Detour, jmp_rel8, jmp_rel32
 
 _T = TypeVar("_T")
 # verify(image, window, detour, replaced probe addresses) -> None when equivalent, else why
@@ -159,6 +159,7 @@ class _Sandbox:
         self.coord: dict[int, int] = {}
         self.detour_lo = self.detour_hi = 0
         self.patch_jmp: int | None = None  # the rewritten window's start (its `jmp detour`)
+        self.stubs: frozenset[int] = frozenset()  # the 8-bit jumps' `jmp rel32` stubs
         self.uc.hook_add(HOOK_MEM_UNMAPPED, self._on_unmapped)
         self.uc.hook_add(HOOK_MEM_WRITE, self._on_write)
         self.uc.hook_add(HOOK_CODE, self._on_code)
@@ -223,7 +224,7 @@ class _Sandbox:
                 run.exit, run.looped = where, True
                 uc.emu_stop()
                 return
-        else:
+        elif address not in self.stubs:  # a stub is no instruction of the original
             where = self.coord.get(address)
             if where is None and not self.detour_lo <= address < self.detour_hi:
                 where = address
@@ -432,6 +433,7 @@ def _verify(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detour,
     if why_table is not None:
         return why_table
     sources = _patched_sources(image, window, patches)
+    inside = tuple((a, b) for a, b in patches if window.start <= a < window.end)
     written: list[tuple[int, int]] = []
     try:
         for a, b in patches:
@@ -445,7 +447,7 @@ def _verify(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detour,
         runs_from += [(lo, lo, ((lo, hi),)) for lo, hi in sources]
         for orig, new, own in runs_from:
             why = _verify_one(pair, image, window, detour, probes, runs, seed, orig, new,
-                              [*own, *extra])
+                              [*own, *extra], inside)
             if why is not None:
                 where = "" if orig == window.start else (
                     f"entered at {orig:#x} (the detour's {new:#x}): " if orig != new else
@@ -495,7 +497,8 @@ def _patched_sources(image: ElfImage, window: PatchWindow,
 
 def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detour,
                 probes: tuple[int, ...], runs: int, seed: int, entry: int, new_entry: int,
-                extra: list[tuple[int, int]]) -> str | None:
+                extra: list[tuple[int, int]],
+                inside: tuple[tuple[int, bytes], ...] = ()) -> str | None:
     rw = pair.rewritten
     # the detour's bytes are mapped in both machines: a window that loads through a random
     # pointer into the new segment then reads the same bytes in both (otherwise the original
@@ -516,8 +519,12 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
         fresh = []
         patch = detour.code
     else:
-        patch = jmp_rel32(window.start, detour.address)
+        patch = jmp_rel32(window.start, detour.address) if window.entry_stub is None else \
+            jmp_rel8(window.start, window.entry_stub)  # a short window: through its stub
         patch += b"\xcc" * (window.size - len(patch))
+        # a way in's stub in the window's own int3 filler (analysis/windows.py)
+        for at, raw in inside:
+            patch = patch[:at - window.start] + raw + patch[at - window.start + len(raw):]
     rw.uc.mem_write(window.start, patch)
     # unicorn keeps translated blocks across mem_write: without dropping them, a detour laid
     # at the address of an earlier (rejected) one, or the restored window, runs stale code
@@ -532,6 +539,8 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
     rw.coord = {n: o for o, n in detour.insn_map}
     rw.detour_lo, rw.detour_hi = detour.address, detour.end
     rw.patch_jmp = None if relaid else window.start
+    rw.stubs = frozenset(a for a in (window.entry_stub, *(r.stub for r in window.retargets))
+                         if a is not None)
     # a data read of the bytes the rewrite changes (a random pointer into the window or a
     # patched branch) reads different bytes in the two machines: the state is not judged
     changed = [(window.start, window.end), *extra]
@@ -578,6 +587,7 @@ def _verify_one(pair: _Pair, image: ElfImage, window: PatchWindow, detour: Detou
             box.uc.hook_del(h)
         pair.avoid = saved_avoid
         rw.coord, rw.detour_lo, rw.detour_hi, rw.patch_jmp = {}, 0, 0, None
+        rw.stubs = frozenset()
         # the next site starts from the original (all of [start, end): `code` stops short of
         # `end` when the window ends in the padding after a function)
         rw.uc.mem_write(window.start, image.read_vaddr(window.start, window.size))

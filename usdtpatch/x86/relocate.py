@@ -310,6 +310,14 @@ def jmp_rel32(source: int, target: int) -> bytes:
     return b"\xe9" + rel.to_bytes(4, "little", signed=True)
 
 
+def jmp_rel8(source: int, target: int) -> bytes:
+    """`eb rel8`: jmp from `source` to `target` (2 bytes)."""
+    rel = target - (source + 2)
+    if not -128 <= rel <= 127:
+        raise RelocationError(f"jmp from {source:#x} to {target:#x} is out of rel8 reach")
+    return b"\xeb" + rel.to_bytes(1, "little", signed=True)
+
+
 # Intel's recommended multi-byte NOPs (SDM vol. 2B, "NOP"), the fill of a re-laid window
 _FILL = (b"", b"\x90", b"\x66\x90", b"\x0f\x1f\x00", b"\x0f\x1f\x40\x00",
          b"\x0f\x1f\x44\x00\x00", b"\x66\x0f\x1f\x44\x00\x00",

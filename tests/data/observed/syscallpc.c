@@ -3,8 +3,9 @@
  * probe:
  * - ppid_fixed: `mov $110,%eax; nop; syscall; ret`: a window before the probe holds no
  *   system call (the rewrite takes it);
- * - ppid_bare: `nop; mov %edi,%eax; syscall; ret` at the function's start: every window holds
- *   the system call (the site is left alone: window-syscall).
+ * - ppid_bare: `nop; mov %edi,%eax; syscall; ret` at the function's start: every window of 5
+ *   bytes holds the system call (the site is left alone: window-syscall, unless a stub place
+ *   for a short window [nop, mov] is in an 8-bit jump's reach: the syscall then stays).
  * Moved into a detour, the syscall would be refused (EPERM) by the filter.
  * Build: gcc -O2 -I fixtures/src tests/data/observed/syscallpc.c -o syscallpc */
 #define _GNU_SOURCE

@@ -57,7 +57,11 @@ def _rows(fc: FunctionCode, s: SiteCheck, context: int) -> list[dict[str, Any]]:
         if t is not None:
             src = f" from {t.source:#x}" if t.source is not None else ""
             extra = ""
-            if w is not None and ins.address in w.internal_targets:
+            ways = [r for r in w.retargets if r.target == ins.address] if w is not None else []
+            if ways:
+                extra = (f" (reached from outside too: {len(ways)} way(s) in aimed at its "
+                         f"copy in the detour)")
+            elif w is not None and ins.address in w.internal_targets:
                 extra = " (reached only from inside the window: relocated with it)"
             elif w is None and pc < ins.address < pc + 5:
                 extra = " (strictly inside: blocks)"

@@ -6,11 +6,9 @@ below); nothing below the library imports the library, the CLI, report/ or the p
 versioned documents are made in report/ only; every module the page names exists, and so does
 every type of its types table where the table says; each document is made by the module, and
 described on the page, its row gives; the page names every function of the library's face.
-
-Circles that other helpers of this session remove are listed in KNOWN_*_CIRCLES by an import
-that closes them, with their owner: the circle tests leave those imports out, and one strict
-xfail each says the circle through it is still there (when it is gone the xfail passes, fails
-as strict, and its mark is dropped).
+And the rules of issue 35: findings are made from the registry only, the dynamic section is
+read in elf/ only, cli/ and integrate/ use the library's face only, records of five or more
+fields are built by keyword, and tests take no new private name.
 """
 
 from __future__ import annotations

@@ -605,3 +605,47 @@ def undocumented_documents(page: str, docs: Path) -> list[str]:
             if f"`{schema[0]}`" not in text and f'"{schema[0]}"' not in text:
                 out.append(f"{schema[0]} ({link})")
     return out
+
+
+# ----------------------------------------------------------------------------- outputs written
+
+_PATH_WRITERS = {"write_text", "write_bytes", "savefig"}  # methods that write a file by path
+_OS_WRITERS = {("os", "rename"), ("os", "replace"), ("os", "link")}
+_WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT"}
+
+
+def file_writers(package: Path, home: str) -> set[str]:
+    """"module how" for every way a module other than `home` (the one writer, io.py) puts
+    bytes in a file by its path: `.write_text`, `.write_bytes`, `.savefig`, `open` with a
+    writing mode, `os.open` with a writing flag, `os.rename`/`replace`/`link`, and shutil's
+    copies and moves."""
+    out: set[str] = set()
+    for name, path in modules(package).items():
+        if name == home:
+            continue
+        for node in ast.walk(_parsed(path)):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            owner = fn.value.id if isinstance(fn, ast.Attribute) and \
+                isinstance(fn.value, ast.Name) else ""
+            called = _called_name(fn)
+            how = ""
+            if isinstance(fn, ast.Attribute) and called in _PATH_WRITERS:
+                how = f".{called}"
+            elif (owner, called) in _OS_WRITERS or (
+                    owner == "shutil" and ("copy" in called or called == "move")):
+                how = f"{owner}.{called}"
+            elif owner == "os" and called == "open" and len(node.args) > 1 and any(
+                    _called_name(n) in _WRITE_FLAGS for n in ast.walk(node.args[1])
+                    if isinstance(n, ast.Name | ast.Attribute)):
+                how = "os.open"
+            elif isinstance(fn, ast.Name) and called == "open":
+                mode = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "mode"), None)
+                if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and \
+                        set(mode.value) & set("wax+"):
+                    how = "open"
+            if how:
+                out.add(f"{name} {how}")
+    return out

@@ -8,7 +8,8 @@ every type of its types table where the table says; each document is made by the
 described on the page, its row gives; the page names every function of the library's face.
 And the rules of issue 35: findings are made from the registry only, the dynamic section is
 read in elf/ only, cli/ and integrate/ use the library's face only, records of five or more
-fields are built by keyword, and tests take no new private name.
+fields are built by keyword, and tests take no new private name; no new module writes a file
+past io.py's write_atomic.
 """
 
 from __future__ import annotations
@@ -337,6 +338,45 @@ def test_a_document_its_page_does_not_describe_is_found(tmp_path: Path) -> None:
             "| `p/d` | `report/d.py` | [gone.md](gone.md) |\n"
             "| `p/e` | `report/e.py` | not yet |\n")
     assert st.undocumented_documents(page, tmp_path) == ["p/c (a.md)", "p/d (gone.md)"]
+
+
+# What writes a file other than io.py's write_atomic (docs/architecture.md, "The flow": every
+# output but bench --chart's PNG goes through it); the others write no output of a command.
+# The list may only shrink.
+OTHER_WRITERS = frozenset({
+    "usdtpatch.report.bench .savefig",  # bench --chart's PNG, matplotlib's own write
+    "usdtpatch.cli.cmd_dtrace .write_text",  # dtrace -G's C source, in a temporary folder
+    "usdtpatch.forkguard.recipe .write_text",  # forkguard/_code.py: a maintainer's tool
+    # rewrite --tree: the further names of a file write_atomic wrote, one link and rename each
+    "usdtpatch.integrate.tree os.link", "usdtpatch.integrate.tree os.rename",
+    # the bench's programs and its copy of the JDK, in its work folder
+    "usdtpatch.live.bench.runner .write_text", "usdtpatch.live.bench.runner os.replace",
+    "usdtpatch.live.bench.runner shutil.copy2", "usdtpatch.live.bench.runner shutil.copytree",
+    "usdtpatch.live.perf os.open",  # the kernel's uprobe_events (tracefs), not a file's bytes
+})
+
+
+def test_outputs_are_written_by_write_atomic_only() -> None:
+    assert st.file_writers(PACKAGE, "usdtpatch.io") - OTHER_WRITERS == set()
+
+
+def test_a_file_written_past_write_atomic_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/io.py": "import os\ndef write_atomic(p, b):\n    os.rename(p, p)\n",
+        "pkg/a.py": "import os, shutil\nfrom pathlib import Path\n"
+                    "def f(p, fig):\n    Path(p).write_bytes(b'')\n    fig.savefig(p)\n"
+                    "    open(p, 'ab').close()\n    open(p, mode='w').close()\n"
+                    "    os.close(os.open(p, os.O_WRONLY | os.O_CREAT))\n"
+                    "    shutil.move(p, p)\n",
+        "pkg/b.py": "import os\nfrom dataclasses import replace\n"
+                    "def g(p, x):\n    open(p).close(); open(p, 'rb').close()\n"
+                    "    os.close(os.open(p, os.O_RDONLY))\n"
+                    "    return replace(x, a=1), p.replace('a', 'b'), os.replace(p, p)\n",
+    })
+    assert st.file_writers(pkg, "pkg.io") == {
+        "pkg.a .write_bytes", "pkg.a .savefig", "pkg.a open", "pkg.a os.open",
+        "pkg.a shutil.move", "pkg.b os.replace"}
 
 
 def _library_paragraph(page: str) -> str:

@@ -473,3 +473,179 @@ def private_uses(tests: Path, top: str) -> set[str]:
                     and not node.attr.startswith("__")):
                 out.add(f"{bound[node.value.id]}.{node.attr}")
     return out
+
+
+# ------------------------------------------------------------------- the types and the documents
+
+def table_rows(page: str, header: tuple[str, ...]) -> list[list[str]]:
+    """The cells of every row of a page's table whose header row begins with the cells
+    `header` (`| type | module | ...`); the separator row left out."""
+    rows: list[list[str]] = []
+    inside = False
+    for raw in page.splitlines():
+        line = raw.strip()
+        if not line.startswith("|"):
+            inside = False
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if tuple(cells[:len(header)]) == header:
+            inside = True
+        elif inside and not set(line) <= set("|-: "):
+            rows.append(cells)
+    return rows
+
+
+def _made(path: Path) -> set[str]:
+    """The classes a module defines and the names it assigns at its top (not those it
+    imports: a type is made where the page says, not passed through)."""
+    names: set[str] = set()
+    for node in _parsed(path).body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def misplaced_types(page: str, package: Path) -> list[str]:
+    """"Type (module)" for each type the page's types table (`| type | module | what |`)
+    names in its first column that no module of its second column (`elf/image.py`, a
+    package as `forkguard/`) defines: a type renamed, moved or gone."""
+    out = []
+    for cells in table_rows(page, ("type", "module")):
+        homes = _CODE.findall(cells[1])
+        made: set[str] = set()
+        for home in homes:
+            path = package / home
+            files = sorted(path.rglob("*.py")) if home.endswith("/") else [path]
+            for f in files:
+                if f.is_file():
+                    made |= _made(f)
+        out += [f"{name} ({', '.join(homes)})" for name in _CODE.findall(cells[0])
+                if name not in made]
+    return out
+
+
+def _strings(path: Path) -> dict[str, str]:
+    """The names a module assigns a string at its top, with the string."""
+    out: dict[str, str] = {}
+    for node in _parsed(path).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
+                isinstance(node.value.value, str):
+            out.update((t.id, node.value.value) for t in node.targets if isinstance(t, ast.Name))
+    return out
+
+
+def document_homes(package: Path, maker: str = "envelope") -> dict[str, set[str]]:
+    """Each versioned document's schema with the modules that make it (written as a page
+    writes them: `report/plan.py`): every call of `maker` (`envelope(SCHEMA, ...)`) whose
+    first argument is a string, or a name assigned one at the top of the calling module or
+    of the module of the package it is imported from."""
+    mods = modules(package)
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        known = _strings(path)
+        for top in _parsed(path).body:
+            if isinstance(top, ast.ImportFrom):
+                base = _base(name, path.name == "__init__.py", top)
+                if base in mods:
+                    theirs = _strings(mods[base])
+                    known.update((a.asname or a.name, theirs[a.name]) for a in top.names
+                                 if a.name in theirs)
+        for node in ast.walk(_parsed(path)):
+            if not (isinstance(node, ast.Call) and _called_name(node.func) == maker
+                    and node.args):
+                continue
+            first = node.args[0]
+            schema = first.value if isinstance(first, ast.Constant) else \
+                known.get(first.id) if isinstance(first, ast.Name) else None
+            if isinstance(schema, str):
+                out.setdefault(schema, set()).add(path.relative_to(package).as_posix())
+    return out
+
+
+def parse_documents(page: str) -> dict[str, set[str]]:
+    """A page's documents table (`| document (schema) | made by | page |`): each schema (the
+    first name in backticks of a row) with the module that makes it (the first of the
+    second column; `(read back by ...)` after it is not a maker)."""
+    out: dict[str, set[str]] = {}
+    for cells in table_rows(page, ("document (schema)", "made by")):
+        schema, made_by = _CODE.findall(cells[0]), _CODE.findall(cells[1])
+        if schema and made_by:
+            out.setdefault(schema[0], set()).add(made_by[0])
+    return out
+
+
+# ------------------------------------------------------------------------------- the face, named
+
+_LEADING_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def unnamed_functions(text: str, module: Path) -> list[str]:
+    """The functions of a module's face (the lowercase names of its `__all__`) that `text`
+    does not name in backticks (`load`, or with arguments: `load(mapped=True)`)."""
+    named = {m.group() for m in map(_LEADING_NAME.match, _CODE.findall(text)) if m}
+    return sorted(n for n in public_names(module) if n[:1].islower() and n not in named)
+
+
+_LINK = re.compile(r"\]\(([^)#]+)")
+
+
+def undocumented_documents(page: str, docs: Path) -> list[str]:
+    """"schema (page.md)" for each row of a page's documents table whose linked page (third
+    column, in the folder `docs`) does not name its schema (`p/plan` or "p/plan")."""
+    out = []
+    for cells in table_rows(page, ("document (schema)", "made by")):
+        schema = _CODE.findall(cells[0])
+        for link in _LINK.findall(cells[2]) if schema and len(cells) > 2 else []:
+            path = docs / link
+            text = path.read_text() if path.is_file() else ""
+            if f"`{schema[0]}`" not in text and f'"{schema[0]}"' not in text:
+                out.append(f"{schema[0]} ({link})")
+    return out
+
+
+# ----------------------------------------------------------------------------- outputs written
+
+_PATH_WRITERS = {"write_text", "write_bytes", "savefig"}  # methods that write a file by path
+_OS_WRITERS = {("os", "rename"), ("os", "replace"), ("os", "link")}
+_WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT"}
+
+
+def file_writers(package: Path, home: str) -> set[str]:
+    """"module how" for every way a module other than `home` (the one writer, io.py) puts
+    bytes in a file by its path: `.write_text`, `.write_bytes`, `.savefig`, `open` with a
+    writing mode, `os.open` with a writing flag, `os.rename`/`replace`/`link`, and shutil's
+    copies and moves."""
+    out: set[str] = set()
+    for name, path in modules(package).items():
+        if name == home:
+            continue
+        for node in ast.walk(_parsed(path)):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            owner = fn.value.id if isinstance(fn, ast.Attribute) and \
+                isinstance(fn.value, ast.Name) else ""
+            called = _called_name(fn)
+            how = ""
+            if isinstance(fn, ast.Attribute) and called in _PATH_WRITERS:
+                how = f".{called}"
+            elif (owner, called) in _OS_WRITERS or (
+                    owner == "shutil" and ("copy" in called or called == "move")):
+                how = f"{owner}.{called}"
+            elif owner == "os" and called == "open" and len(node.args) > 1 and any(
+                    _called_name(n) in _WRITE_FLAGS for n in ast.walk(node.args[1])
+                    if isinstance(n, ast.Name | ast.Attribute)):
+                how = "os.open"
+            elif isinstance(fn, ast.Name) and called == "open":
+                mode = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "mode"), None)
+                if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and \
+                        set(mode.value) & set("wax+"):
+                    how = "open"
+            if how:
+                out.add(f"{name} {how}")
+    return out

@@ -3,12 +3,13 @@ fake tree it must reject: no import circle between files or between folders (eve
 also inside functions; those under `if TYPE_CHECKING:` never run and are left out); the layers
 of docs/architecture.md hold (every module in one, every import to its own layer or one
 below); nothing below the library imports the library, the CLI, report/ or the package face;
-versioned documents are made in report/ only; every module the page names exists.
-
-Circles that other helpers of this session remove are listed in KNOWN_*_CIRCLES by an import
-that closes them, with their owner: the circle tests leave those imports out, and one strict
-xfail each says the circle through it is still there (when it is gone the xfail passes, fails
-as strict, and its mark is dropped).
+versioned documents are made in report/ only; every module the page names exists, and so does
+every type of its types table where the table says; each document is made by the module, and
+described on the page, its row gives; the page names every function of the library's face.
+And the rules of issue 35: findings are made from the registry only, the dynamic section is
+read in elf/ only, cli/ and integrate/ use the library's face only, records of five or more
+fields are built by keyword, and tests take no new private name; no new module writes a file
+past io.py's write_atomic.
 """
 
 from __future__ import annotations
@@ -268,6 +269,134 @@ def test_a_name_of_a_module_that_is_gone_is_found(tmp_path: Path) -> None:
             "`--form auto` `pkg/io.py`")
     assert st.missing_names(page, pkg) == ["poke/plan.py", "sites/", "pkg.api.no_such",
                                            "sequences.plan.plan_json", "pkg/io.py"]
+
+
+def test_every_type_the_architecture_page_names_is_made_where_it_says() -> None:
+    """The central types table: each type is a class (or a name assigned) of the module its
+    row gives (issue 35, item 6: it named a `Built` that did not exist)."""
+    assert st.misplaced_types(PAGE.read_text(), PACKAGE) == []
+
+
+def test_a_type_gone_or_moved_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/elf/__init__.py": "",
+        "pkg/elf/image.py": "from pkg.x import Section\nclass ElfImage: ...\nSegment = int\n",
+        "pkg/forkguard/__init__.py": "", "pkg/forkguard/b.py": "class GuardBuild: ...\n",
+    })
+    page = ("| type | module | what it is |\n|---|---|---|\n"
+            "| `ElfImage`, `Segment`, `Section` | `elf/image.py` | the file |\n"
+            "| `GuardBuild` | `forkguard/` | the guard |\n"
+            "| `Built` | `rewriter/build.py` | the built file |\n"
+            "| `SiteDecision` (`Action`) | `elf/image.py` | a decision |\n\n"
+            "| engine | role | module |\n|---|---|---|\n| `Nothing` | x | `elf/image.py` |\n")
+    assert st.misplaced_types(page, pkg) == [
+        "Section (elf/image.py)", "Built (rewriter/build.py)", "SiteDecision (elf/image.py)",
+        "Action (elf/image.py)"]
+
+
+def test_each_document_is_made_by_the_module_the_page_names() -> None:
+    """The documents table: each schema's envelope is made by the module of its row, and
+    every schema made has a row."""
+    assert st.document_homes(PACKAGE) == st.parse_documents(PAGE.read_text())
+
+
+def test_a_document_made_elsewhere_than_the_page_says_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "", "pkg/report/__init__.py": "", "pkg/seq/__init__.py": "",
+        "pkg/report/envelope.py": "def envelope(schema, version): ...\n",
+        "pkg/report/a.py": "from pkg.report.envelope import envelope\nA_SCHEMA = 'p/a'\n"
+                           "def d():\n    return envelope(A_SCHEMA, 1)\n",
+        "pkg/seq/plan.py": "PLAN_SCHEMA = 'p/plan'\n",
+        "pkg/report/plan.py": "from pkg.seq.plan import PLAN_SCHEMA as S\n"
+                              "from pkg.report import envelope as e\n"
+                              "def d():\n    return e.envelope(S, 1)\n",
+        "pkg/report/b.py": "from .envelope import envelope\n"
+                           "def d():\n    return envelope('p/b', 1), envelope(x, 1)\n",
+    })
+    page = ("| document (schema) | made by | page |\n|---|---|---|\n"
+            "| `p/a` (a) | `report/a.py` | [a.md](a.md) |\n"
+            "| `p/plan` | `report/plan.py` (read back by `seq/plan.py`) | [p.md](p.md) |\n"
+            "| `p/b` | `report/a.py` | [b.md](b.md) |\n| `p/gone` | `report/gone.py` | - |\n")
+    assert st.document_homes(pkg) == {"p/a": {"report/a.py"}, "p/plan": {"report/plan.py"},
+                                      "p/b": {"report/b.py"}}
+    assert st.parse_documents(page) == {"p/a": {"report/a.py"}, "p/plan": {"report/plan.py"},
+                                        "p/b": {"report/a.py"}, "p/gone": {"report/gone.py"}}
+
+
+def test_each_document_is_documented_on_the_page_its_row_links() -> None:
+    """The documents table links each schema's page; that page names it (the rows of
+    `show` and `bench` linked pages that do not describe them)."""
+    assert st.undocumented_documents(PAGE.read_text(), PAGE.parent) == []
+
+
+def test_a_document_its_page_does_not_describe_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text('# `p/a`\n\n```json\n{"schema": "p/b"}\n```\n')
+    page = ("| document (schema) | made by | page |\n|---|---|---|\n"
+            "| `p/a` (a) | `report/a.py` | [a.md](a.md) |\n"
+            "| `p/b` | `report/b.py` | [a.md](a.md#b) |\n"
+            "| `p/c` | `report/c.py` | [a.md](a.md) |\n"
+            "| `p/d` | `report/d.py` | [gone.md](gone.md) |\n"
+            "| `p/e` | `report/e.py` | not yet |\n")
+    assert st.undocumented_documents(page, tmp_path) == ["p/c (a.md)", "p/d (gone.md)"]
+
+
+# What writes a file other than io.py's write_atomic (docs/architecture.md, "The flow": every
+# output but bench --chart's PNG goes through it); the others write no output of a command.
+# The list may only shrink.
+OTHER_WRITERS = frozenset({
+    "usdtpatch.report.bench .savefig",  # bench --chart's PNG, matplotlib's own write
+    "usdtpatch.cli.cmd_dtrace .write_text",  # dtrace -G's C source, in a temporary folder
+    "usdtpatch.forkguard.recipe .write_text",  # forkguard/_code.py: a maintainer's tool
+    # rewrite --tree: the further names of a file write_atomic wrote, one link and rename each
+    "usdtpatch.integrate.tree os.link", "usdtpatch.integrate.tree os.rename",
+    # the bench's programs and its copy of the JDK, in its work folder
+    "usdtpatch.live.bench.runner .write_text", "usdtpatch.live.bench.runner os.replace",
+    "usdtpatch.live.bench.runner shutil.copy2", "usdtpatch.live.bench.runner shutil.copytree",
+    "usdtpatch.live.perf os.open",  # the kernel's uprobe_events (tracefs), not a file's bytes
+})
+
+
+def test_outputs_are_written_by_write_atomic_only() -> None:
+    assert st.file_writers(PACKAGE, "usdtpatch.io") - OTHER_WRITERS == set()
+
+
+def test_a_file_written_past_write_atomic_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/io.py": "import os\ndef write_atomic(p, b):\n    os.rename(p, p)\n",
+        "pkg/a.py": "import os, shutil\nfrom pathlib import Path\n"
+                    "def f(p, fig):\n    Path(p).write_bytes(b'')\n    fig.savefig(p)\n"
+                    "    open(p, 'ab').close()\n    open(p, mode='w').close()\n"
+                    "    os.close(os.open(p, os.O_WRONLY | os.O_CREAT))\n"
+                    "    shutil.move(p, p)\n",
+        "pkg/b.py": "import os\nfrom dataclasses import replace\n"
+                    "def g(p, x):\n    open(p).close(); open(p, 'rb').close()\n"
+                    "    os.close(os.open(p, os.O_RDONLY))\n"
+                    "    return replace(x, a=1), p.replace('a', 'b'), os.replace(p, p)\n",
+    })
+    assert st.file_writers(pkg, "pkg.io") == {
+        "pkg.a .write_bytes", "pkg.a .savefig", "pkg.a open", "pkg.a os.open",
+        "pkg.a shutil.move", "pkg.b os.replace"}
+
+
+def _library_paragraph(page: str) -> str:
+    return next(p for p in page.split("\n\n") if p.startswith("`usdtpatch.api` is the library"))
+
+
+def test_the_architecture_page_names_every_function_of_the_face() -> None:
+    """The page's paragraph on the library names every function of api's `__all__` (it
+    left out `rewrite_plan`, `read_plan`, `no_match` and the demangler)."""
+    text = _library_paragraph(PAGE.read_text())
+    assert st.unnamed_functions(text, PACKAGE / "api.py") == []
+
+
+def test_a_function_of_the_face_the_page_leaves_out_is_found(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/api.py": "__all__ = ['CODES', 'Plan', 'load', 'plan', 'read_plan', 'rewrite_bytes']\n",
+    })
+    text = "`load(mapped=True)`, `plan(protocol=...)`, `Rewritten`; rewrite_bytes, `read`"
+    assert st.unnamed_functions(text, pkg / "api.py") == ["read_plan", "rewrite_bytes"]
 
 
 def test_the_version_is_the_projects() -> None:

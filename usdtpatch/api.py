@@ -355,15 +355,6 @@ def _validate(data: bytes, original: ElfImage) -> None:
     validate_output(data, original)
 
 
-def _verifier(enabled: bool) -> Verifier | None:
-    """A new verifier for one call (its emulator machines die with it), or None."""
-    if not enabled:
-        return None
-    from usdtpatch.verification.equivalence import DetourVerifier
-
-    return DetourVerifier()
-
-
 def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = True,
             phase: Callable[[str], None] | None = None, **options: Any) -> RewritePlan:
     """plan_rewrite with every detour verified (when `verify`): proved where the prover can

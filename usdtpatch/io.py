@@ -9,8 +9,9 @@ or the old file is untouched; an existing output that is not a regular file (a d
 as /dev/null, a FIFO, a socket, a directory) is refused, never written through; an output
 that is an input (the same file, by any spelling or link) is refused unless --in-place.
 
-write_atomic is the one writer (every output of every command goes through it; what each
-guarantees and how it is tested: docs/reliability.md, "Outputs"): safe for root in a folder
+write_atomic is the one writer (every output of every command goes through it but `bench
+--chart`'s PNG, which matplotlib writes itself; what each guarantees and how it is tested:
+docs/reliability.md, "Outputs"): safe for root in a folder
 another user owns (descriptors only, issue 20), keeping the input's mode, owner, group and
 attributes as `cp -p` does (Origin).
 """

@@ -466,12 +466,12 @@ def same_row(ctx: CodeContext) -> SameRow | None:
         return None
 
     def test(at: int, target: int) -> bool:
-        fde = ctx.cfi.lookup(at)
-        if fde is None or not fde.contains(target):
-            return False
         try:
+            fde = ctx.cfi.lookup(at)
+            if fde is None or not fde.contains(target):
+                return False
             rows = rows_at(fde, sorted({at, target}))
-        except UnsupportedError:
+        except (CfiError, UnsupportedError):  # rows that do not read: no stub there
             return False
         return rows[at] == rows[target]
     return test

@@ -649,7 +649,11 @@ def _tails_before(ctx: CodeContext, bounds: FunctionBounds) -> tuple[tuple[int, 
         if n in (0, len(sw.insns)) or sw.insns[n - 1].flow not in _NO_FALL:
             continue
         lo = sw.insns[n].address
-        if ctx.cfi.lookup(lo) is None and ctx.cfi.lookup(q - 1) is None:
+        try:
+            described = ctx.cfi.lookup(lo) is not None or ctx.cfi.lookup(q - 1) is not None
+        except CfiError:  # an FDE there that does not parse: not a tail no one describes
+            continue
+        if not described:
             out.append((lo, q))
     return tuple(out)
 

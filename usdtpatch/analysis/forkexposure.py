@@ -20,7 +20,6 @@ address space, trampoline included, until it execs.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 from usdtpatch.analysis.guardfile import c_library, needed_objects, object_kind
@@ -30,7 +29,8 @@ from usdtpatch.analysis.hazards import (
     fork_evidence_of,
     imported_fork_family,
 )
-from usdtpatch.elf.image import SHT_DYNSYM, ElfImage
+from usdtpatch.elf.dynsym import defined_function_count
+from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.model import DT_PREINIT_ARRAY, dynamic_entries
 from usdtpatch.elf.relocs import import_slots
 from usdtpatch.elf.symbols import symbol_names, symbol_value
@@ -142,23 +142,9 @@ def constructor_route(image: ElfImage) -> str | None:
     if any(t == DT_PREINIT_ARRAY for t, _v, _o in dyn):
         return None
     others = [n for n in needed_objects(image) if n not in NON_FORKING_LIBRARIES]
-    exported = exported_function_count(image)
+    exported = defined_function_count(image)
     if not others or not exported:
         return None
     return (f"the constructor of a library it loads ({others[0]}) runs before this "
             f"executable's initializers and may call one of the {exported} function(s) it "
             f"exports, which may fork")
-
-
-def exported_function_count(image: ElfImage) -> int:
-    """How many functions the file defines in its `.dynsym` (STT_FUNC or STT_GNU_IFUNC, not
-    undefined, not local)."""
-    n = 0
-    for sec in image.sections:
-        if sec.type != SHT_DYNSYM or not image.is64:
-            continue
-        raw = image.data[sec.offset: sec.offset + sec.size - sec.size % 24]
-        for info, shndx in struct.iter_unpack("<4xBxH16x", raw):
-            if info & 0xF in (2, 10) and info >> 4 != 0 and shndx != 0:
-                n += 1
-    return n

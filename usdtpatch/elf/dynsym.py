@@ -216,3 +216,17 @@ def grow_dynsym(image: ElfImage, entries: list[tuple[str, int, int]], shndx: int
                              got.dynstr.name + ".orig"))
         dyn(DT_STRSZ, len(old_strs) + len(names))
     return DynsymGrowth(tuple(alloc), tuple(patches), tuple(grown))
+
+
+def defined_function_count(image: ElfImage) -> int:
+    """How many functions the file defines in its `.dynsym` (STT_FUNC or STT_GNU_IFUNC, not
+    undefined, not local): what other objects can call by name."""
+    n = 0
+    for sec in image.sections:
+        if sec.type != SHT_DYNSYM or not image.is64:
+            continue
+        raw = image.data[sec.offset: sec.offset + sec.size - sec.size % SYM64_SIZE]
+        for info, shndx in struct.iter_unpack("<4xBxH16x", raw):
+            if info & 0xF in (STT_FUNC, STT_GNU_IFUNC) and info >> 4 != 0 and shndx != 0:
+                n += 1
+    return n

@@ -23,9 +23,9 @@ import pytest
 
 from tests.helpers import ROOT, build_programs
 from usdtpatch.analysis.forms import guard_args
+from usdtpatch.analysis.merge import joined
 from usdtpatch.api import rewrite_plan
 from usdtpatch.elf.args import parse_args
-from usdtpatch.rewriter.merge import joined
 from usdtpatch.rewriter.plan import Action, SiteDecision
 
 pytestmark = [pytest.mark.needs_cc,
@@ -124,6 +124,14 @@ def test_own_programs_convert_every_site(own: dict[str, Path], name: str) -> Non
     assert len(sites) == 13
     bad = [(s.probe.name, s.code, s.reason) for s in sites if s.action is Action.SKIPPED]
     assert bad == []
+    # check says so too: it joins the rows' windows as rewrite does (it said the last site of
+    # a row window-overlaps-site while rewrite moved it along)
+    from usdtpatch.analysis.check import BLOCKED, check
+    from usdtpatch.api import load
+
+    said = [(s.probe.name, s.blocked) for s in check(load(str(own[name]))).sites
+            if s.outcome == BLOCKED]
+    assert said == []
 
 
 def test_guard_rewrites_indexed_stack_arguments() -> None:
@@ -136,15 +144,18 @@ def test_guard_rewrites_indexed_stack_arguments() -> None:
     assert guard_args(parse_args("8@8(%rax,%rsp,1)"))[1] is not None
 
 
-def test_joined_windows_and_what_cannot_be_joined(own: dict[str, Path]) -> None:
+def test_joined_windows_and_what_cannot_be_joined(own: dict[str, Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The joined window is the union, moving both probes; windows of another function, not
     overlapping, or joined past MAX_WINDOW bytes are not joined."""
-    from usdtpatch.analysis.check import check
+    from usdtpatch.analysis import check as check_module
     from usdtpatch.api import load
 
     if "gcc-O2" not in own:
         pytest.skip("no gcc")
-    rep = check(load(str(own["gcc-O2"])))
+    # each site's own window, as check reports it without joining
+    monkeypatch.setattr(check_module, "join_following", lambda w, _order, _n: w)
+    rep = check_module.check(load(str(own["gcc-O2"])))
     wins = sorted((s.window.window for s in rep.sites
                    if s.window is not None and s.window.window is not None),
                   key=lambda w: w.probe_address)

@@ -52,6 +52,7 @@ from usdtpatch.analysis.hazards import (
     semaphore_problems,
 )
 from usdtpatch.analysis.index import Claims  # the planner's claim index (check decides as it does)
+from usdtpatch.analysis.merge import join_following
 from usdtpatch.analysis.observed import NO_OBSERVERS, PcObservers, pc_observers
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.relay import Relaid, relay
@@ -337,6 +338,9 @@ class _InOrder:
     def __len__(self) -> int:
         return len(self.order)
 
+    def __getitem__(self, k: int) -> SiteCheck:
+        return self.at(k)
+
     def at(self, k: int) -> SiteCheck:
         """The check of the k-th site in address order (and of every site before it)."""
         while len(self.made) <= k:
@@ -387,7 +391,6 @@ def _together(ctx: CodeContext, made: _InOrder,
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
             continue
-        members = made.between(w.start, w.end)
         relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard, made.between)
         if relaid is not None and sc.window is not None:
             decided[sc.probe.index] = replace(
@@ -396,6 +399,8 @@ def _together(ctx: CodeContext, made: _InOrder,
                                tried=(*sc.window.tried, "re-laid: ok")))
             claimed.append((relaid.window.start, relaid.window.end))
             continue
+        w = join_following(w, made, k)  # as rewriter/plan.py joins, after the re-laid try
+        members = made.between(w.start, w.end)
         w = used_window(w, sc.probe, [m.probe for m in members], options.form, any(
             _needs_guard(m, options.guard) for m in members))
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)

@@ -55,6 +55,7 @@ from usdtpatch.analysis.forms import (
 )
 from usdtpatch.analysis.hazards import detour_unwind_left_out
 from usdtpatch.analysis.index import Claims, SitesByAddress
+from usdtpatch.analysis.merge import join_following
 from usdtpatch.analysis.observed import may_fault
 from usdtpatch.analysis.probes import (
     BASE_SECTION,
@@ -106,7 +107,6 @@ from usdtpatch.elf.writer import SegmentLayout, added_sections_index, plan_segme
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
 from usdtpatch.rewriter.marker import AlreadyRewritten
-from usdtpatch.rewriter.merge import join_following
 from usdtpatch.x86.decode import sweep
 from usdtpatch.x86.nops import FORMS, GUARD_ENTER, RED_ZONE
 from usdtpatch.x86.relocate import (
@@ -467,7 +467,7 @@ def _debug_kept_true(inputs: _Inputs, win: PatchWindow) -> None:
 def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchWindow:
     """The window the site `order[n]` is rewritten in, or _Skip: not code, already in the
     form, no window. A nop5 the kernel never optimizes where it is (it crosses a page) is
-    moved as it is; a window is joined with the sites that follow it (rewriter/merge.py)."""
+    moved as it is; a window is joined with the sites that follow it (analysis/merge.py)."""
     p = sc.probe
     wr = sc.window
     if wr is not None and wr.window is None and wr.code in REFUSALS:

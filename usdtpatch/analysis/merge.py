@@ -1,5 +1,6 @@
 """Joining the windows of nearby probes, so that a site whose only windows overlap an earlier
-site's is moved along with it instead of skipped (`window-overlaps-site`).
+site's is moved along with it instead of skipped (`window-overlaps-site`). Rewrite's planner
+and check's walk (analysis/check.py `_together`) both join, so check says what rewrite does.
 
 Probes one after another (`nop; nop; nop; nop; nop; nop; jmp`, several DTRACE_PROBEs in a
 row, a probe right after another's window) give windows that overlap: the planner takes the
@@ -15,13 +16,23 @@ the equivalence check runs on the union like on any window.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
 
-from usdtpatch.analysis.check import SiteCheck
 from usdtpatch.analysis.forms import guard_args, uses_numeric_rip
 from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
 from usdtpatch.x86.nops import FORMS
+
+if TYPE_CHECKING:  # check.py calls join_following: its type only
+    from usdtpatch.analysis.check import SiteCheck
+
+
+class SitesInOrder(Protocol):
+    """The sites in address order, by index: rewrite's sorted list, check's walk."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, k: int) -> SiteCheck: ...
 
 
 def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
@@ -55,7 +66,7 @@ def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
 
 
 
-def join_following(win: PatchWindow, order: Sequence[SiteCheck], n: int) -> PatchWindow:
+def join_following(win: PatchWindow, order: SitesInOrder, n: int) -> PatchWindow:
     """`win`, the window of `order[n]` (sites in address order), joined with the window of
     each later 1-byte site whose probe lies past `win`'s end and whose window overlaps it.
     Looks only at the sites within MAX_WINDOW bytes: constant work per site."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,8 @@ def test_joined_windows_and_what_cannot_be_joined(own: dict[str, Path],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The joined window is the union, moving both probes; windows of another function, not
     overlapping, or joined past MAX_WINDOW bytes are not joined."""
+    from dataclasses import replace
+
     from usdtpatch.analysis import check as check_module
     from usdtpatch.api import load
 
@@ -168,12 +171,48 @@ def test_joined_windows_and_what_cannot_be_joined(own: dict[str, Path],
     assert (j.start, j.end) == (a.start, b.end)
     assert [i.address for i in j.insns] == sorted({i.address for i in (*a.insns, *b.insns)})
     assert len(j.code) == j.end - j.start - j.padding_bytes
-    assert joined(b, a) is None  # a does not start inside b and end after it
+    back = joined(b, a)  # led by b: the same union (a starts before b, which it holds)
+    assert back is not None and (back.start, back.end) == (j.start, j.end)
+    assert back.probe_address == b.probe_address and back.code == j.code
+    assert joined(a, replace(a, start=a.end, end=a.end + 5, probe_address=a.end)) is None
     far = [w for w in wins if w.function_start != a.function_start]
     assert far and joined(a, far[0]) is None
-    from dataclasses import replace
-
     assert joined(a, replace(b, end=a.start + 65)) is None
+
+
+JOINBACK = ROOT / "tests" / "data" / "sites" / "joinback.c"
+
+
+def test_a_later_backward_window_holding_the_earlier_is_joined(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fuzz campaign's pair 1-1779: p3's only window is a backward one that starts before
+    p2's and holds it (its 8-bit ways in through a stub in its own filler); joined, both move
+    in one detour (before: p3 window-overlaps-site, check and rewrite alike), and the program
+    prints what the original prints."""
+    from usdtpatch.analysis import check as check_module
+    from usdtpatch.api import load
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    exe, out = tmp_path / "joinback", tmp_path / "joinback.new"
+    subprocess.run(["gcc", "-Os", "-fno-pie", "-no-pie", "-mno-red-zone",
+                    "-fno-omit-frame-pointer", "-g", str(JOINBACK), "-o", str(exe)], check=True)
+    with monkeypatch.context() as m:  # the windows each site finds alone: the shape
+        m.setattr(check_module, "join_following", lambda w, _order, _n: w)
+        alone = {s.probe.name: s.window.base for s in check_module.check(load(str(exe))).sites
+                 if s.window is not None}
+    a, b = alone["p2"], alone["p3"]
+    assert a is not None and b is not None and b.start < a.start < a.end < b.end, (a, b)
+    said = {s.probe.name: s.outcome for s in check_module.check(load(str(exe))).sites}
+    assert check_module.BLOCKED not in said.values(), said
+    sites = {s.probe.name: s for s in _convert(exe)}
+    assert sites["p2"].action is Action.DETOUR and sites["p3"].action is Action.MOVED
+    done = subprocess.run([sys.executable, "-m", "usdtpatch", "rewrite", "-o", str(out),
+                           str(exe)], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    runs = [subprocess.run([str(p)], capture_output=True, timeout=30, check=False)
+            for p in (exe, out)]
+    assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
 
 
 def _bpftrace_builds(tmp: Path) -> list[Path]:

@@ -5,13 +5,14 @@ and check's walk (analysis/check.py `_together`) both join, so check says what r
 Probes one after another (`nop; nop; nop; nop; nop; nop; jmp`, several DTRACE_PROBEs in a
 row, a probe right after another's window) give windows that overlap: the planner takes the
 sites in address order and each window claims its bytes, so the later site found its window
-taken. When the later window B starts inside the earlier one A (A.start <= B.start < A.end)
-and ends after it, their union [A.start, B.end) is a window too: every address strictly
-inside it is strictly inside A (below A.end) or strictly inside B (from A.end on, since
-B.start < A.end), so whatever made A and B windows (no branch target from outside strictly
-inside, or one reached only from inside, or a way in aimed at the detour) holds for the
-union. Its detour holds both probes (relocate_window takes one replacement per probe), and
-the equivalence check runs on the union like on any window.
+taken. When the later window B overlaps the earlier one A (it starts inside A and ends after
+it, or, a backward window, starts before A), their union is a window too: with L the one
+that starts first, every address strictly inside the union is strictly inside L (below
+L.end) or strictly inside the other (from L.end on, since the other starts before L ends),
+so whatever made A and B windows (no branch target from outside strictly inside, or one
+reached only from inside, or a way in aimed at the detour) holds for the union. Its detour
+holds both probes (relocate_window takes one replacement per probe), and the equivalence
+check runs on the union like on any window.
 """
 
 from __future__ import annotations
@@ -36,34 +37,49 @@ class SitesInOrder(Protocol):
 
 
 def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
-    """The union of `a` and the later window `b` that overlaps its end, or None when they
-    cannot be joined (another function, no overlap, `a` ending in padding, a stub in the
-    padding, too long)."""
-    if a.function_start != b.function_start or not a.start <= b.start < a.end < b.end:
+    """The union of `a` and the later site's window `b` that overlaps it, or None when they
+    cannot be joined (another function, no overlap, `a` ending in padding, a stub, too long).
+
+    `b` may start inside `a` and end after it, or start before `a` (a backward window of the
+    later probe) and end inside or after it. With L the window that starts first and O the
+    other, every address strictly inside the union is strictly inside L (below L.end) or
+    strictly inside O (from L.end on, since O starts before L ends): whatever made L and O
+    windows holds for the union, and O's start, strictly inside L, was judged by L."""
+    if a.function_start != b.function_start or max(a.start, b.start) >= min(a.end, b.end):
         return None
-    if a.padding_bytes or b.end - a.start > MAX_WINDOW:
-        return None
+    first, other = (b, a) if b.start < a.start else (a, b)
+    last = b if b.end > a.end else a
+    ends_first = a if last is b else b
+    if (ends_first.padding_bytes and ends_first.end < last.end) or \
+            last.end - first.start > MAX_WINDOW:
+        return None  # a window ending in padding is not continued; a joined one stays short
     if a.entry_stub is not None or b.entry_stub is not None:
         return None  # a short window's jmp rel8 and its stub are its own
-    if any(r.stub is not None for r in (*a.retargets, *b.retargets)):
-        return None  # a stub lives in the padding a joined window's end may take
-    insns = a.insns + tuple(i for i in b.insns if i.address >= a.end)
-    if not insns or insns[len(a.insns) - 1].end != a.end or \
-            (len(insns) > len(a.insns) and insns[len(a.insns)].address != a.end):
-        return None  # b's instructions do not continue a's at its end
-    code = a.code + b.code[a.end - b.start:]
-    shape = WindowShape.FORWARD if a.shape is WindowShape.IN_PLACE else a.shape
+    # a stub in the padding a joined window's end may take is refused; one in the filler of
+    # a window that holds the other is that window's own, laid out as it is
+    own = first.retargets if first is last else ()
+    if any(r.stub is not None and not (r in own and first.start <= r.stub < first.end)
+           for r in (*a.retargets, *b.retargets)):
+        return None
+    if first is last:  # one holds the other
+        insns, code = first.insns, first.code
+    else:
+        insns = first.insns + tuple(i for i in other.insns if i.address >= first.end)
+        if not insns or insns[len(first.insns) - 1].end != first.end or \
+                (len(insns) > len(first.insns) and insns[len(first.insns)].address != first.end):
+            return None  # the later instructions do not continue the first's at its end
+        code = first.code + other.code[first.end - other.start:]
+    shape = first.shape if first.shape is not WindowShape.IN_PLACE else WindowShape.FORWARD
     return replace(
-        a, shape=shape, end=b.end, insns=insns, code=code, replacement=None,
-        relocated_bytes=len(code), extra_jumps=2,
-        end_reason=f"{b.end_reason}; joined with the window of the probe at "
+        a, shape=shape, start=first.start, end=last.end, insns=insns, code=code,
+        replacement=None, relocated_bytes=len(code), extra_jumps=2,
+        start_reason=first.start_reason, targets_at_start=first.targets_at_start,
+        end_reason=f"{last.end_reason}; joined with the window of the probe at "
                    f"{b.probe_address:#x}",
         internal_targets=tuple(sorted({*a.internal_targets, *b.internal_targets})),
-        padding_bytes=b.padding_bytes,
+        padding_bytes=last.padding_bytes,
         calls=tuple(sorted({*a.calls, *b.calls})),
         retargets=(*a.retargets, *(r for r in b.retargets if r not in a.retargets)))
-
-
 
 
 def join_following(win: PatchWindow, order: SitesInOrder, n: int) -> PatchWindow:

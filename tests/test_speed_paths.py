@@ -59,7 +59,7 @@ def test_help_is_as_wide_as_argparse_would_make_it(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("first", ["import usdtpatch.rewriter.plan",
-                                   "from usdtpatch.rewriter import merge",
+                                   "from usdtpatch.rewriter import build",
                                    "import usdtpatch.api", "pass"])
 def test_the_package_attribute_rewrite_is_the_function(first: str) -> None:
     # whatever was imported first, usdtpatch.rewrite is api.rewrite (as when bound eagerly):

@@ -442,6 +442,50 @@ def test_workers_die_with_their_parent(tmp_path: Path, pool: str, sig: int) -> N
         parent.wait(timeout=30)
 
 
+_LATE_WORKER = """
+    import os, time
+    from usdtpatch import api
+    from usdtpatch.rewriter import plan as plan_module
+    def slow(*args, **kwargs):
+        print("working", flush=True)
+        time.sleep(60)
+    plan_module.plan_rewrite = slow
+    init = api._worker_init
+    def late(*args):
+        init(*args)  # Ctrl-C ignored from here on while idle
+        try:  # the second worker to start takes its file 2 s late
+            os.close(os.open({flag!r}, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(2)
+    api._worker_init = late
+    from usdtpatch.cli import main
+    main(["rewrite", "-j", "2", "--no-verify", "-o", {out!r}, {fixture!r}, {other!r}])
+"""
+
+
+def test_a_file_a_worker_begins_after_the_interrupt_stops_too(tmp_path: Path) -> None:
+    """A worker that was idle or starting when its parent was stopped (SIGTERM: its Ctrl-C
+    ignored then) and takes a file after it stops that file at once (before: it ran it to its
+    end, 60 s here, the parent waiting; seen on a loaded machine as a parent that outlived its
+    SIGTERM by 30 s)."""
+    code = _LATE_WORKER.format(fixture=str(fixture("demo")), other=str(fixture("pie")),
+                               out=str(tmp_path), flag=str(tmp_path / "first"))
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    workers: list[int] = []
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().startswith("working")
+        workers = _children(parent.pid)
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=20)
+    finally:
+        for w in [parent.pid, *workers]:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+        parent.wait(timeout=30)
+
+
 def test_interrupt_of_rewrite_j_names_what_its_workers_wrote(tmp_path: Path) -> None:
     """Item 6 with -j: the parent is interrupted just after a worker renamed its output; the
     line names exactly the outputs that are in place."""

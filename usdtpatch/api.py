@@ -643,9 +643,10 @@ def _in_workers(files: list[tuple[str, str | None]], jobs: int,
 
     sizes = {p: _size(p) for p, _ in files}  # before any file is rewritten in place
     # forked (as on Linux by default up to Python 3.13): a worker's parent is this process
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()  # set before the workers' Ctrl-C: a file begun after it stops
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init,
-                               initargs=(os.getpid(),),
-                               mp_context=multiprocessing.get_context("fork"))
+                               initargs=(os.getpid(), stop), mp_context=context)
     futures: list[tuple[str, Future[tuple[RewriteOutcome, float]]]] = []
     try:
         futures = [(p, pool.submit(_rewrite_in_worker, p, t, options)) for p, t in files]
@@ -659,6 +660,7 @@ def _in_workers(files: list[tuple[str, str | None]], jobs: int,
             yield FileRewrite(path=p, outcome=o, error=None, seconds=took, size_before=sizes[p])
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
+            stop.set()
             _interrupt_workers(pool)
         pool.shutdown(wait=True, cancel_futures=True)
         _note_written(f for _, f in futures)
@@ -666,13 +668,19 @@ def _in_workers(files: list[tuple[str, str | None]], jobs: int,
     pool.shutdown(wait=True)
 
 
-def _worker_init(parent: int) -> None:
+# In a worker of rewrite_files: "stop", the event the parent sets before it sends its workers
+# Ctrl-C.
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(parent: int, stop: Any) -> None:
     """A worker ignores Ctrl-C while idle (the parent stops the pool: no tracebacks) and
     dies with its parent."""
     import signal
 
     from usdtpatch.lifetime import die_with_parent
 
+    _WORKER["stop"] = stop
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -711,6 +719,12 @@ def _rewrite_in_worker(path: str, target: str | None,
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops this file cleanly
     mark = len(WRITTEN)
     try:
+        # A Ctrl-C the parent sent while this worker was idle or starting (ignored then) is
+        # seen here: the parent sets the event first, so either it is set now or the signal
+        # comes after the handler above (before: the file ran to its end, the parent waiting)
+        stop = _WORKER.get("stop")
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         t0 = time.monotonic()
         # the files run in parallel: one process per file (jobs=1), no verifying workers
         o = rewrite(path, target, jobs=1, **options)

@@ -137,6 +137,9 @@ def _with_fault_tables(image: ElfImage, cfi: CfiIndex, win: PatchWindow,
     it needs it and the detour cannot get it."""
     need = faults_unwind(image, cfi, win)
     if need is None:
+        lost = _fault_frames_lost(image, cfi, win)
+        if lost is not None:
+            return Refusal(WINDOW_EH_UNWIND.code, lost)
         return Handling(technique, emulate, None)
     if cfi.lookup(win.start) is not None and eh_frame_unindexed(image) is not None:
         return Refusal(WINDOW_EH_UNWIND.code,
@@ -146,6 +149,24 @@ def _with_fault_tables(image: ElfImage, cfi: CfiIndex, win: PatchWindow,
     if isinstance(eh, str):
         return Refusal(WINDOW_EH_UNWIND.code, f"{need}; the detour's LSDA cannot be built ({eh})")
     return Handling(technique, emulate, eh)
+
+
+def _fault_frames_lost(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
+    """Why an exception thrown from a signal at one of the window's instructions could not
+    unwind through the detour, where the original frame can: the detour gets no FDE (as
+    `detour_frames_lost` says for calls) and the file has C++ exception tables, so a handler
+    may throw through the faulting frame to a caller (-fnon-call-exceptions code; the fuzz
+    campaign's pair 1-1948, a gcc static link, ended in std::terminate). None otherwise."""
+    if image.section(".gcc_except_table") is None or \
+            detour_frames_lost(image, cfi, win) is None:
+        return None
+    for ins in win.insns:
+        if may_fault(ins):
+            return (f"the instruction at {ins.address:#x} can fault and the file has C++ "
+                    f"exception tables: an exception thrown from a signal there unwinds "
+                    f"through its frame, and the file has no PT_GNU_EH_FRAME header, so the "
+                    f"detour would get no FDE")
+    return None
 
 
 def detour_frames_lost(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:

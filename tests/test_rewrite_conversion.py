@@ -215,6 +215,43 @@ def test_a_later_backward_window_holding_the_earlier_is_joined(
     assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
 
 
+JOINSTUB = ROOT / "tests" / "data" / "sites" / "joinstub.c"
+
+
+def test_windows_holding_their_stubs_are_joined(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fuzz campaign's pair 1-6968 (csmith, gcc -O1 static-pie): p1's and p4's windows
+    overlap their neighbours' and hold the stubs of their 8-bit ways in, in their filler;
+    joined, each stub stays where it was (before: window-overlaps-site, three sites), and
+    the program prints what the original prints."""
+    from usdtpatch.analysis import check as check_module
+    from usdtpatch.api import load
+
+    if shutil.which("gcc") is None or not Path("/usr/include/csmith/csmith.h").is_file():
+        pytest.skip("needs gcc and csmith.h")
+    exe, out = tmp_path / "joinstub", tmp_path / "joinstub.new"
+    subprocess.run(["gcc", "-w", "-O1", "-fno-omit-frame-pointer", "-g",
+                    "-I/usr/include/csmith", "-fPIE", "-static-pie", str(JOINSTUB), "-o",
+                    str(exe)], check=True)
+    with monkeypatch.context() as m:  # the windows each site finds alone: the shape
+        m.setattr(check_module, "join_following", lambda w, _order, _n: w)
+        alone = {s.probe.name: s.window.base for s in check_module.check(load(str(exe))).sites
+                 if s.window is not None}
+    a, b = alone["p0"], alone["p1"]
+    assert a is not None and b is not None and b.start < a.end
+    assert any(r.stub is not None and b.start <= r.stub < b.end for r in b.retargets)
+    said = {s.probe.name: s.outcome for s in check_module.check(load(str(exe))).sites}
+    assert check_module.BLOCKED not in said.values(), said
+    sites = {s.probe.name: s for s in _convert(exe)}
+    assert [n for n, s in sites.items() if s.action is Action.SKIPPED] == []
+    done = subprocess.run([sys.executable, "-m", "usdtpatch", "rewrite", "-o", str(out),
+                           str(exe)], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    runs = [subprocess.run([str(p)], capture_output=True, timeout=30, check=False)
+            for p in (exe, out)]
+    assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
+
+
 def _bpftrace_builds(tmp: Path) -> list[Path]:
     tests = BPFTRACE_SRC / "tests"
     progs = sorted((tests / "testprogs").glob("usdt_*.c"))

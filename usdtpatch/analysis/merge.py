@@ -12,16 +12,18 @@ L.end) or strictly inside the other (from L.end on, since the other starts befor
 so whatever made A and B windows (no branch target from outside strictly inside, or one
 reached only from inside, or a way in aimed at the detour) holds for the union. Its detour
 holds both probes (relocate_window takes one replacement per probe), and the equivalence
-check runs on the union like on any window.
+check runs on the union like on any window. The stubs of its 8-bit ways in stay where each
+window put them, in the union's filler.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from typing import TYPE_CHECKING, Protocol
 
 from usdtpatch.analysis.forms import guard_args, uses_numeric_rip
-from usdtpatch.analysis.windows import MAX_WINDOW, PatchWindow, WindowShape
+from usdtpatch.analysis.windows import MAX_WINDOW, STUB_SIZE, PatchWindow, WindowShape
 from usdtpatch.x86.nops import FORMS
 
 if TYPE_CHECKING:  # check.py calls join_following: its type only
@@ -55,11 +57,12 @@ def joined(a: PatchWindow, b: PatchWindow) -> PatchWindow | None:
         return None  # a window ending in padding is not continued; a joined one stays short
     if a.entry_stub is not None or b.entry_stub is not None:
         return None  # a short window's jmp rel8 and its stub are its own
-    # a stub in the padding a joined window's end may take is refused; one in the filler of
-    # a window that holds the other is that window's own, laid out as it is
-    own = first.retargets if first is last else ()
-    if any(r.stub is not None and not (r in own and first.start <= r.stub < first.end)
-           for r in (*a.retargets, *b.retargets)):
+    # the stubs of 8-bit ways in stay where they are: each must lie in the union's int3
+    # filler (after its entry jmp, before any padding the end may take), apart from the others
+    stubs = sorted({r.stub for r in (*a.retargets, *b.retargets) if r.stub is not None})
+    lo, hi = first.start + STUB_SIZE, last.end - last.padding_bytes
+    if any(not lo <= s <= hi - STUB_SIZE for s in stubs) or \
+            any(y < x + STUB_SIZE for x, y in pairwise(stubs)):
         return None
     if first is last:  # one holds the other
         insns, code = first.insns, first.code

@@ -154,16 +154,17 @@ def _with_fault_tables(image: ElfImage, cfi: CfiIndex, win: PatchWindow,
 def _fault_frames_lost(image: ElfImage, cfi: CfiIndex, win: PatchWindow) -> str | None:
     """Why an exception thrown from a signal at one of the window's instructions could not
     unwind through the detour, where the original frame can: the detour gets no FDE (as
-    `detour_frames_lost` says for calls) and the file has C++ exception tables, so a handler
+    `detour_frames_lost` says for calls) and the file links the C++ runtime, so a handler
     may throw through the faulting frame to a caller (-fnon-call-exceptions code; the fuzz
     campaign's pair 1-1948, a gcc static link, ended in std::terminate). None otherwise."""
-    if image.section(".gcc_except_table") is None or \
-            detour_frames_lost(image, cfi, win) is None:
+    # the C++ runtime linked in (its exception's type name, in a stripped file too): a static
+    # C program carries glibc's and libgcc's exception tables but throws nothing
+    if detour_frames_lost(image, cfi, win) is None or b"St9exception\0" not in image.data:
         return None
     for ins in win.insns:
         if may_fault(ins):
-            return (f"the instruction at {ins.address:#x} can fault and the file has C++ "
-                    f"exception tables: an exception thrown from a signal there unwinds "
+            return (f"the instruction at {ins.address:#x} can fault and the file links the C++ "
+                    f"runtime: an exception thrown from a signal there unwinds "
                     f"through its frame, and the file has no PT_GNU_EH_FRAME header, so the "
                     f"detour would get no FDE")
     return None

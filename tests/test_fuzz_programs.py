@@ -52,13 +52,15 @@ def _need(*tools: str) -> None:
 
 
 @pytest.mark.slow
-def test_fixed_pairs_find_no_difference(tmp_path: Path) -> None:
+def test_fixed_pairs_find_no_difference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
     _need("csmith", "gcc", "clang")
+    monkeypatch.chdir(tmp_path)  # a relative work folder, as `--work build/x` gives
     if not (fp.CSMITH_INCLUDE / "csmith.h").is_file():
         pytest.skip("csmith.h is not installed (libcsmith-dev)")
     traced = 20 if _tracing_reason() is None else 0
     results = tmp_path / "results.jsonl"
-    pairs = fp.campaign(SEED, COUNT, None, results, tmp_path / "work", start=0,
+    pairs = fp.campaign(SEED, COUNT, None, results, Path("work"), start=0,
                         traced_percent=traced, quiet=True)
     t = fp.totals(list(fp.load_results(results).values()))
     assert t["differences"] == 0, [(p.index, p.program, p.build, p.difference) for p in pairs

@@ -585,6 +585,7 @@ def run_pair(seed: int, index: int, folder: Path, traced_percent: int = TRACED_P
     """Make, build, rewrite, run (and maybe trace) pair (seed, index) in folder; `kind`
     names its program's template (or "csmith") instead of drawing it."""
     started = time.monotonic()
+    folder = folder.absolute()  # its programs run with their own folder as working directory
     rng = pair_random(seed, index)
     pair = Pair(seed, index)
     folder.mkdir(parents=True, exist_ok=True)

@@ -369,3 +369,36 @@ def test_a_broken_rewrite_is_kept_and_reduced(tmp_path: Path, monkeypatch: pytes
     assert fp.interesting(kept, build, want, traced)
     monkeypatch.delenv(fp.DAMAGE)
     assert not fp.interesting(kept, build, want, traced)  # undamaged: no difference
+
+
+# --- the campaign's record and its page -----------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+RECORD = DOCS / "campaigns" / "fuzz-programs-seed1.jsonl.gz"
+PAGE = DOCS / "reliability.md"
+
+
+def _figure(n: int) -> str:
+    return f"{n:,}"
+
+
+def test_the_pages_campaign_figures_are_its_records() -> None:
+    """docs/reliability.md's campaign figures are the totals of the record kept beside it
+    (the campaign's results file, compressed): a figure typed by hand, or a record replaced
+    without the page, fails here."""
+    t = fp.totals(list(fp.load_results(RECORD).values()))
+    page = PAGE.read_text()
+    section = page[page.index("### The campaign so far"):page.index("## Running it")]
+    assert f"**{_figure(t['programs'])} program-and-build\npairs**" in section or \
+        f"**{_figure(t['programs'])} program-and-build pairs**" in section
+    assert f"**{_figure(t['traced'])} traced**" in section
+    assert f"{_figure(t['compared'])} compared" in section
+    assert f"| tried | {_figure(t['sites'])} |" in section
+    assert f"| rewritten | {_figure(t['rewritten'])} |" in section
+    for code, n in t["refused"].items():
+        rows = [ln for ln in section.splitlines()
+                if ln.startswith("| refused ") and ln.endswith(f"| {_figure(n)} |")]
+        named = code.removeprefix("file: ")
+        assert any(f"`{code}`" in ln or named in ln for ln in rows), (code, n)
+    assert f"| **{t['differences']}**, found and fixed" in section
+    assert t["programs"] >= 5000 and t["traced"] >= 500  # issue 32's campaign size

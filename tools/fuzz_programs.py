@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gzip
 import json
 import os
 import random
@@ -768,10 +769,14 @@ def parse_build(text: str) -> Build:
 
 
 def load_results(path: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    """Every pair in the file, the last line of a (seed, index) winning."""
+    """Every pair in the file (gzip-compressed when its name ends in .gz), the last line of
+    a (seed, index) winning."""
     out: dict[tuple[int, int], dict[str, Any]] = {}
     if path.is_file():
-        for ln in path.read_text().splitlines():
+        data = path.read_bytes()
+        if path.suffix == ".gz":  # a campaign's record as kept in docs/campaigns/
+            data = gzip.decompress(data)
+        for ln in data.decode().splitlines():
             if ln.strip():
                 d = json.loads(ln)
                 out[(d["seed"], d["index"])] = d

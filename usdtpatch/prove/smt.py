@@ -55,6 +55,116 @@ ACCESSES = ("the memory accessed at", "the instructions that access memory")
 TRAMPOLINE_BYTES = 32  # 6.18's optimized hit: call (8) + push rcx, r11, rax (24) below rsp
 
 
+# Terms made through z3's C API directly: the same terms, in the same order, as z3's Python
+# operators make for operands of one sort (what every call below has), without their
+# checks and coercions (several C calls each: most of a proof's time was spent in them).
+# tests/test_prove_terms.py holds each to the operator it replaces.
+_BitVecRef: Any = z3.BitVecRef
+_BoolRef: Any = z3.BoolRef
+_BitVecNumRef: Any = z3.BitVecNumRef
+_Ast: Any = z3.Ast
+
+
+def _ite(c: Z, t: Z, f: Z) -> Z:
+    """z3.If(c, t, f) of a Boolean and two bit-vectors of one size."""
+    ctx = t.ctx
+    r = ctx.ref()
+    e = z3.Z3_mk_ite(r, c.as_ast(), t.as_ast(), f.as_ast())
+    return (_BitVecNumRef if z3.Z3_is_numeral_ast(r, e) else _BitVecRef)(e, ctx)
+
+
+def _eq(a: Z, b: Z) -> Z:
+    """a == b, both of one sort (as Python evaluates it: a right operand of a subclass of
+    the left's type, a numeral's BitVecNumRef against a BitVecRef, is asked first, and
+    the term is then (= b a))."""
+    if type(b) is not type(a) and isinstance(b, type(a)):
+        a, b = b, a
+    ctx = a.ctx
+    return _BoolRef(z3.Z3_mk_eq(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
+
+
+def _extract(hi: int, lo: int, v: Z) -> Z:
+    """z3.Extract(hi, lo, v) of a bit-vector."""
+    ctx = v.ctx
+    return _BitVecRef(z3.Z3_mk_extract(ctx.ref(), hi, lo, v.as_ast()), ctx)
+
+
+def _concat(parts: Sequence[Z]) -> Z:
+    """z3.Concat(*parts) of bit-vectors (two or more): made pair by pair as z3 makes it."""
+    ctx = parts[0].ctx
+    c = ctx.ref()
+    r = parts[0]
+    for p in parts[1:]:
+        r = _BitVecRef(z3.Z3_mk_concat(c, r.as_ast(), p.as_ast()), ctx)
+    return r
+
+
+def _app1(f: Z, a: Z) -> Z:
+    """f(a), `a` of f's domain."""
+    ctx = a.ctx
+    args = (_Ast * 1)()
+    args[0] = a.as_ast()
+    return _ref(z3.Z3_mk_app(ctx.ref(), f.ast, 1, args), ctx)
+
+
+def _app(f: Z, terms: Sequence[Z]) -> Z:
+    """f(*terms), each of its domain's sort."""
+    if not terms:
+        return f()
+    ctx = terms[0].ctx
+    args = (_Ast * len(terms))()
+    for i, t in enumerate(terms):
+        args[i] = t.as_ast()
+    return _ref(z3.Z3_mk_app(ctx.ref(), f.ast, len(terms), args), ctx)
+
+
+def _nary(mk: Any, terms: Sequence[Z]) -> Z:
+    ctx = terms[0].ctx
+    args = (_Ast * len(terms))()
+    for i, t in enumerate(terms):
+        args[i] = t.as_ast()
+    return _BoolRef(mk(ctx.ref(), len(terms), args), ctx)
+
+
+def _and(*terms: Z) -> Z:
+    """z3.And of Boolean terms (at least one)."""
+    return _nary(z3.Z3_mk_and, terms)
+
+
+def _or(*terms: Z) -> Z:
+    """z3.Or of Boolean terms (at least one)."""
+    return _nary(z3.Z3_mk_or, terms)
+
+
+def _val(k: int, like: Z) -> Z:
+    """The numeral `k` of `like`'s sort, made anew as z3's operators make a Python int
+    operand (z3.BitVecVal: not the kept bv_const)."""
+    ctx = like.ctx
+    c = ctx.ref()
+    return _BitVecNumRef(z3.Z3_mk_numeral(c, str(k), z3.Z3_get_sort(c, like.as_ast())), ctx)
+
+
+def _bin(mk: Any, a: Z, b: Z) -> Z:
+    ctx = a.ctx
+    return _BitVecRef(mk(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
+
+
+def _cmp(mk: Any, a: Z, b: Z) -> Z:
+    ctx = a.ctx
+    return _BoolRef(mk(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
+
+
+def _bits_of(e: Z) -> int:
+    """e.size() of a bit-vector."""
+    ctx = e.ctx.ref()
+    return int(z3.Z3_get_bv_sort_size(ctx, z3.Z3_get_sort(ctx, e.as_ast())))
+
+
+def _numeral(e: Z) -> bool:
+    """z3.is_bv_value(e) of a bit-vector term."""
+    return bool(z3.Z3_is_numeral_ast(e.ctx.ref(), e.as_ast()))
+
+
 class Unprovable(Exception):
     """Outside what the prover models (or the path/step limits); the message says what."""
 
@@ -202,18 +312,22 @@ def bv_const(v: int, bits: int) -> Z:
 
 
 def _is_value(e: Z) -> bool:
-    return bool(z3.is_bv_value(e))
+    """z3.is_bv_value of a bit-vector term."""
+    return bool(z3.Z3_is_numeral_ast(e.ctx.ref(), e.as_ast()))
 
 
 def _split(e: Z) -> tuple[Z, int]:
     """e as (base, constant): `base + c`, or (None, c) for a constant."""
-    if z3.is_bv_value(e):
+    c, ast = e.ctx.ref(), e.as_ast()
+    if z3.Z3_is_numeral_ast(c, ast):
         return None, e.as_long()
-    if z3.is_app_of(e, z3.Z3_OP_BADD) and e.num_args() == 2:
+    if z3.Z3_get_ast_kind(c, ast) == z3.Z3_APP_AST and \
+            z3.Z3_get_decl_kind(c, z3.Z3_get_app_decl(c, ast)) == z3.Z3_OP_BADD and \
+            z3.Z3_get_app_num_args(c, ast) == 2:
         a, b = e.arg(0), e.arg(1)
-        if z3.is_bv_value(a):
+        if _is_value(a):
             return b, a.as_long()
-        if z3.is_bv_value(b):
+        if _is_value(b):
             return a, b.as_long()
     return e, 0
 
@@ -280,8 +394,8 @@ class Machine:
         slot = p.regs.get(off)
         if slot is not None and slot[0] == off and slot[1] == nbytes:
             return slot[2]
-        if off % 8 == 0 and nbytes % 8 == 0 and all(off + k not in p.regs
-                                                    for k in range(nbytes)):
+        if off % 8 == 0 and nbytes % 8 == 0 and p.regs.keys().isdisjoint(
+                range(off, off + nbytes)):
             if nbytes == 8:
                 return self.s.chunk(off)
             return self.s.wide(off, nbytes)
@@ -290,23 +404,25 @@ class Machine:
             sl = p.regs.get(b)
             if sl is None:
                 q = b - b % 8
-                parts.append(z3.Extract(8 * (b - q) + 7, 8 * (b - q), self.s.chunk(q)))
+                parts.append(_extract(8 * (b - q) + 7, 8 * (b - q), self.s.chunk(q)))
             else:
                 start, _n, v = sl
-                parts.append(z3.Extract(8 * (b - start) + 7, 8 * (b - start), v))
-        out = parts[0] if len(parts) == 1 else z3.Concat(*parts)
+                parts.append(_extract(8 * (b - start) + 7, 8 * (b - start), v))
+        out = parts[0] if len(parts) == 1 else _concat(parts)
         return z3.simplify(out)
 
     def put(self, p: Path, off: int, value: Z) -> None:
-        n = max(1, value.size() // 8)
-        if value.size() < 8:
-            value = z3.ZeroExt(8 - value.size(), value)
-        old = {p.regs[b] for b in range(off, off + n) if b in p.regs}
+        bits = _bits_of(value)
+        n = max(1, bits // 8)
+        if bits < 8:
+            value = z3.ZeroExt(8 - bits, value)
+        regs = p.regs
+        old = {regs[b] for b in range(off, off + n) if b in regs}
         for start, size, v in old:
             if start < off or start + size > off + n:
                 for b in range(start, start + size):
                     if not off <= b < off + n:
-                        p.regs[b] = (b, 1, z3.Extract(8 * (b - start) + 7, 8 * (b - start), v))
+                        regs[b] = (b, 1, _extract(8 * (b - start) + 7, 8 * (b - start), v))
         slot = (off, n, value)
         for b in range(off, off + n):
             p.regs[b] = slot
@@ -326,10 +442,10 @@ class Machine:
             if same is None:
                 chain.append((wa, wv))
         if out is None:
-            out = self.s.m0(a.e)
+            out = _app1(self.s.m0, a.e)
             p.loads.append(a.e)
         for wa, wv in reversed(chain):
-            out = z3.If(a.e == wa.e, wv, out)
+            out = _ite(_eq(a.e, wa.e), wv, out)
         return out
 
     def load(self, p: Path, addr_e: Z, bits: int, insn: int) -> Z:
@@ -337,14 +453,14 @@ class Machine:
         addr = Addr(addr_e)
         self._access(p, insn, addr, n)
         parts = [self.load_byte(p, addr.plus(k)) for k in range(n - 1, -1, -1)]
-        return parts[0] if n == 1 else z3.Concat(*parts)
+        return parts[0] if n == 1 else _concat(parts)
 
     def store(self, p: Path, addr_e: Z, value: Z, insn: int) -> None:
-        n = max(1, value.size() // 8)
+        n = max(1, _bits_of(value) // 8)
         addr = Addr(addr_e)
         self._access(p, insn, addr, n)
         for k in range(n):
-            p.writes.append((addr.plus(k), z3.Extract(8 * k + 7, 8 * k, value), True))
+            p.writes.append((addr.plus(k), _extract(8 * k + 7, 8 * k, value), True))
 
     def _access(self, p: Path, insn: int, addr: Addr, n: int) -> None:
         orig = self.origin(insn)
@@ -391,10 +507,10 @@ class Machine:
             if _is_value(args[1]) and args[1].as_long() == 0:
                 v = _condition(c & ~1, args[2])  # COPY: the flags are cc_dep1
             else:
-                base = self.s.func(f"{name}{c & ~1}", tuple(a.size() for a in args[1:]), 1)
-                v = base(*args[1:])
+                base = self.s.func(f"{name}{c & ~1}", tuple(_bits_of(a) for a in args[1:]), 1)
+                v = _app(base, args[1:])
             return z3.ZeroExt(bits - 1, ~v if c & 1 else v)
-        return self.s.func(name, tuple(a.size() for a in args), bits)(*args)
+        return _app(self.s.func(name, tuple(_bits_of(a) for a in args), bits), args)
 
     def op(self, name: str, a: list[Z], bits: int, arg_bits: tuple[int, ...]) -> Z:
         if "Div" in name:
@@ -472,7 +588,7 @@ class Machine:
         if name in vec:
             return vec[name]()
         # any other pure operation: a function of its operands
-        return self.s.func(name, arg_bits, bits)(*a)
+        return _app(self.s.func(name, arg_bits, bits), a)
 
     # ---- statements
     def snapshot(self, p: Path) -> tuple[Z, ...]:
@@ -482,10 +598,10 @@ class Machine:
 
     def flags(self, p: Path) -> Z:
         thunk = [self.get(p, o, 8) for o in (CC_OP, CC_DEP1, CC_DEP2, CC_NDEP)]
-        if _is_value(thunk[0]) and thunk[0].as_long() == 0:
-            return thunk[1] & STATUS_FLAGS  # COPY: the flags are cc_dep1
-        return self.s.func("amd64g_calculate_rflags_all", (64, 64, 64, 64), 64)(*thunk) \
-            & STATUS_FLAGS
+        if _is_value(thunk[0]) and thunk[0].as_long() == 0:  # COPY: the flags are cc_dep1
+            return _bin(z3.Z3_mk_bvand, thunk[1], _val(STATUS_FLAGS, thunk[1]))
+        f = _app(self.s.func("amd64g_calculate_rflags_all", (64, 64, 64, 64), 64), thunk)
+        return _bin(z3.Z3_mk_bvand, f, _val(STATUS_FLAGS, f))
 
     def tracer_writes(self, p: Path, at: int) -> None:
         """The optimized hit at the detour's NOP: `call` pushes at+5, the trampoline pushes
@@ -497,7 +613,7 @@ class Machine:
                   self.get(p, 16, 8)]
         for k, v in enumerate(values):
             for b in range(8):
-                p.writes.append((rsp.plus(-8 * (k + 1) + b), z3.Extract(8 * b + 7, 8 * b, v),
+                p.writes.append((rsp.plus(-8 * (k + 1) + b), _extract(8 * b + 7, 8 * b, v),
                                  False))
 
     def run(self, entry: int) -> list[Path]:
@@ -645,10 +761,10 @@ def _final_byte(path: Path, a: Addr, shared: Shared, hidden: bool = True) -> Z:
             break
         chain.append((wa, wv, seen))
     if out is None:
-        out = shared.m0(a.e)
+        out = _app1(shared.m0, a.e)
     for wa, wv, seen in reversed(chain):
-        new = wv if seen else z3.If(shared.traced, wv, out)
-        out = new if same_address(a, wa) is True else z3.If(a.e == wa.e, new, out)
+        new = wv if seen else _ite(shared.traced, wv, out)
+        out = new if same_address(a, wa) is True else _ite(_eq(a.e, wa.e), new, out)
     return out
 
 
@@ -849,9 +965,12 @@ def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
                         out.append(z3.BoolVal(False))
                     continue
                 e = a.e
-                out.append(z3.UGE(e, 0x10000))
-                out.append(z3.ULE(e, (1 << 47) - n))
-                out += [z3.Or(z3.ULE(e + n, lo), z3.UGE(e, hi)) for lo, hi in code]
+                out.append(_cmp(z3.Z3_mk_bvuge, e, _val(0x10000, e)))
+                out.append(_cmp(z3.Z3_mk_bvule, e, _val((1 << 47) - n, e)))
+                for lo, hi in code:
+                    end = _bin(z3.Z3_mk_bvadd, e, _val(n, e))
+                    below = _cmp(z3.Z3_mk_bvule, end, _val(lo, e))
+                    out.append(_or(below, _cmp(z3.Z3_mk_bvuge, e, _val(hi, e))))
     for t in d.tracer_rsp:  # the stack the tracer writes to is user memory too
         out += [z3.UGE(t, 0x10000 + TRAMPOLINE_BYTES), z3.ULE(t, 1 << 47)]
     return out
@@ -912,7 +1031,7 @@ def witnessed(facts: list[Z], shared: Shared) -> bool:
     (a fact may name a variable or function no state gives a value: it does not fold)."""
     if not facts:
         return True
-    goal = z3.And(*facts)
+    goal = _and(*facts)
     ctx = goal.ctx
     for vs, fs in _witness_states(shared):
         t = _ref(z3.Z3_substitute(ctx.ref(), goal.as_ast(), len(vs[0]), vs[0], vs[1]), ctx)
@@ -981,7 +1100,12 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
         nonlocal used
         s = z3.Solver()
         s.set("rlimit", rlimit - used if rlimit > used else 1)
-        s.add(*facts)
+        c, solver = s.ctx.ref(), s.solver
+        for f in facts:  # s.add(*facts) of Boolean terms
+            if isinstance(f, _BoolRef):
+                z3.Z3_solver_assert(c, solver, f.as_ast())
+            else:
+                s.add(f)
         before = _rlimit_count(s)
         res = s.check()
         used += _rlimit_count(s) - before
@@ -1038,9 +1162,18 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
 def _rlimit_count(s: Z) -> int:
     """z3's resource count so far (one counter for the context: the difference across a
     check is what the check used)."""
-    stats = s.statistics()
-    keys = stats.keys()
-    return int(stats.get_key_value("rlimit count")) if "rlimit count" in keys else 0
+    c = s.ctx.ref()
+    stats = z3.Z3_solver_get_statistics(c, s.solver)
+    z3.Z3_stats_inc_ref(c, stats)
+    try:  # s.statistics().get_key_value("rlimit count"), 0 when it has none
+        for i in range(z3.Z3_stats_size(c, stats)):
+            if z3.Z3_stats_get_key(c, stats, i) == "rlimit count":
+                if z3.Z3_stats_is_uint(c, stats, i):
+                    return int(z3.Z3_stats_get_uint_value(c, stats, i))
+                return int(z3.Z3_stats_get_double_value(c, stats, i))
+        return 0
+    finally:
+        z3.Z3_stats_dec_ref(c, stats)
 
 
 def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -> Model:

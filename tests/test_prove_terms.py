@@ -64,6 +64,9 @@ def _terms(fast: bool) -> list[Z]:
         made(lambda k=k: smt._cmp(z3.Z3_mk_bvuge, y, smt._val(k, y)),
              lambda k=k: z3.UGE(y, k))
     made(lambda: smt._bin(z3.Z3_mk_bvand, b8, smt._val(0xD5, b8)), lambda: b8 & 0xD5)
+    for k in (1, 8, (1 << 64) - 8):  # a kept constant added: base + bv_const(k, 64)
+        made(lambda k=k: smt._bin(z3.Z3_mk_bvadd, x, z3.BitVecVal(k, 64)),
+             lambda k=k: x + z3.BitVecVal(k, 64))
     return out
 
 
@@ -118,3 +121,19 @@ def test_the_work_counted_is_the_statistics() -> None:
         want = int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys() \
             else 0  # noqa: SIM118 (Statistics has keys(), not `in`)
         assert smt._rlimit_count(s) == want > 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: z3.BoolVal(True), lambda: z3.BoolVal(False), lambda: z3.Bool("p"),
+    lambda: z3.Not(z3.BoolVal(True)), lambda: z3.simplify(z3.Not(z3.BoolVal(True))),
+    lambda: z3.BitVec("v", 8) == 3, lambda: z3.BitVecVal(1, 1), lambda: z3.BitVecVal(0, 1),
+    lambda: z3.And(z3.BoolVal(True)), lambda: True, lambda: False,
+])
+def test_truth_and_sameness_are_read_as_before(make: Callable[[], Z]) -> None:
+    e = make()
+    assert smt._is_true(e) == z3.is_true(e)
+    assert smt._is_false(e) == z3.is_false(e)
+    if isinstance(e, z3.ExprRef):
+        for other in (make(), z3.BoolVal(True), z3.BitVecVal(1, 1), z3.simplify(e)):
+            if isinstance(other, z3.ExprRef):
+                assert smt._same(e, other) == e.eq(other)

@@ -154,6 +154,28 @@ def _cmp(mk: Any, a: Z, b: Z) -> Z:
     return _BoolRef(mk(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
 
 
+def _is_op(e: Z, kind: int) -> bool:
+    """z3.is_app_of(e, kind) of a term (z3.is_true: Z3_OP_TRUE, z3.is_false: Z3_OP_FALSE)."""
+    if not isinstance(e, z3.ExprRef):
+        return False
+    c, a = e.ctx.ref(), e.as_ast()
+    return z3.Z3_get_ast_kind(c, a) in (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST) and \
+        z3.Z3_get_decl_kind(c, z3.Z3_get_app_decl(c, a)) == kind
+
+
+def _is_true(e: Z) -> bool:
+    return _is_op(e, z3.Z3_OP_TRUE)
+
+
+def _is_false(e: Z) -> bool:
+    return _is_op(e, z3.Z3_OP_FALSE)
+
+
+def _same(a: Z, b: Z) -> bool:
+    """a.eq(b): the same term."""
+    return bool(z3.Z3_is_eq_ast(a.ctx.ref(), a.as_ast(), b.as_ast()))
+
+
 def _bits_of(e: Z) -> int:
     """e.size() of a bit-vector."""
     ctx = e.ctx.ref()
@@ -337,7 +359,7 @@ def _add_const(e: Z, c: int) -> Z:
     total = (k + c) & ((1 << e.size()) - 1)
     if base is None:
         return bv_const(total, e.size())
-    return base if total == 0 else base + bv_const(total, e.size())
+    return base if total == 0 else _bin(z3.Z3_mk_bvadd, base, bv_const(total, e.size()))
 
 
 class Addr:
@@ -358,7 +380,7 @@ class Addr:
         if self._e is None:
             k = self.k
             self._e = bv_const(k, 64) if self.base is None else (
-                self.base if k == 0 else self.base + bv_const(k, 64))
+                self.base if k == 0 else _bin(z3.Z3_mk_bvadd, self.base, bv_const(k, 64)))
         return self._e
 
     def plus(self, c: int) -> Addr:
@@ -800,10 +822,10 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                      if not any(b in r for r in _NOT_STATE)})
     for q in chunks:
         a, b = m_w.get(w, q, 8), m_d.get(d, q, 8)
-        if not a.eq(b):
+        if not _same(a, b):
             out.append((_reg_name(q), a != b, None))
     fw, fd = m_w.flags(w), m_d.flags(d)
-    if not fw.eq(fd):
+    if not _same(fw, fd):
         out.append(("the flags", fw != fd, None))
     # memory: each byte either side wrote
     # the tracer's bytes lie where the assumption says nothing reads them (the detour's rsp
@@ -838,18 +860,18 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                 differ = _ne(vw, vd)
         else:
             differ = _ne(vw, vd)
-        if d.tracer_at and not (contained and z3.is_false(differ)):
+        if d.tracer_at and not (contained and _is_false(differ)):
             # a byte the traced hit wrote last: not compared when it lies in the dead bytes
             # (the assumption), a difference (if its value differs) when it does not
             clobbered = _clobbered(d, a, shared)
-            if not z3.is_false(clobbered):
+            if not _is_false(clobbered):
                 dead_here = _in_dead(a, w, dead)
                 if contained:  # the tracer's bytes are the dead ones
                     differ = z3.And(z3.Not(clobbered), differ)
                 else:
                     full = _final_byte(d, a, shared)
                     differ = z3.If(clobbered, z3.And(z3.Not(dead_here), vw != full), differ)
-        if z3.is_false(differ):
+        if _is_false(differ):
             continue
         out.append((MEMORY, differ, a.e))
     # the probe: reached as often, with the same registers
@@ -858,7 +880,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                     z3.BoolVal(True), None))
     else:
         for i, (hw, hd) in enumerate(zip(w.hits, d.hits, strict=True)):
-            ne = [x != y for x, y in zip(hw, hd, strict=True) if not x.eq(y)]
+            ne = [x != y for x, y in zip(hw, hd, strict=True) if not _same(x, y)]
             if ne:
                 out.append((f"the registers at probe hit {i}", z3.Or(*ne), None))
     # faults: the same accesses, instruction by instruction
@@ -879,7 +901,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
 
 
 def _ne(a: Z, b: Z) -> Z:
-    return z3.BoolVal(False) if a.eq(b) else a != b
+    return z3.BoolVal(False) if _same(a, b) else a != b
 
 
 def _in_dead(a: Addr, w: Path, dead: Dead | None) -> Z:
@@ -1112,8 +1134,8 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
         return res, s
 
     for cond, diffs, reads, assume_all, witness, prefer in pairs:
-        assume = [a for a in assume_all if not z3.is_true(a)]
-        live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
+        assume = [a for a in assume_all if not _is_true(a)]
+        live = [(w, c, x) for w, c, x in diffs if not _is_false(c)]
         # what a run shows first (the exit, registers, memory, probe hits), then where it
         # would fault: a model of the first kind is one the emulator can confirm
         shown = [d for d in live if not d[0].startswith(ACCESSES)]

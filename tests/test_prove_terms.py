@@ -1,5 +1,6 @@
-"""The prover's terms made through z3's C API (usdtpatch.prove.smt's _ite, _eq, _extract,
-_concat, _app, _and, _or, _val, _bin, _cmp, _is_value, _split, _rlimit_count) are the terms
+"""The prover's terms made through z3's C API (usdtpatch.prove.smt's mk_ite, mk_eq,
+mk_extract, mk_concat, mk_app, mk_and, mk_or, mk_val, mk_bin, mk_cmp; is_value, split_sum,
+is_true_term, is_false_term, same_term, rlimit_count read them) are the terms
 z3's Python operators make, made in the same order: the same term, the same Python class,
 and in a fresh context the same ids one after the other (z3 orders a sum's operands by
 their ids, and a model follows the order: a proof's answer, its work and its
@@ -35,37 +36,37 @@ def _terms(fast: bool) -> list[Z]:
         out.append(t)
         return t
 
-    made(lambda: smt._ite(p, b8, c8), lambda: z3.If(p, b8, c8))
-    made(lambda: smt._ite(p, one, one), lambda: z3.If(p, one, one))  # same branches
-    made(lambda: smt._ite(z3.BoolVal(True), b8, one), lambda: z3.If(z3.BoolVal(True), b8, one))
-    made(lambda: smt._eq(x, y), lambda: x == y)
-    made(lambda: smt._eq(b8, one), lambda: b8 == one)  # Python asks the numeral first
-    made(lambda: smt._eq(one, b8), lambda: one == b8)
-    made(lambda: smt._eq(one, z3.BitVecVal(9, 8)), lambda: one == z3.BitVecVal(9, 8))
+    made(lambda: smt.mk_ite(p, b8, c8), lambda: z3.If(p, b8, c8))
+    made(lambda: smt.mk_ite(p, one, one), lambda: z3.If(p, one, one))  # same branches
+    made(lambda: smt.mk_ite(z3.BoolVal(True), b8, one), lambda: z3.If(z3.BoolVal(True), b8, one))
+    made(lambda: smt.mk_eq(x, y), lambda: x == y)
+    made(lambda: smt.mk_eq(b8, one), lambda: b8 == one)  # Python asks the numeral first
+    made(lambda: smt.mk_eq(one, b8), lambda: one == b8)
+    made(lambda: smt.mk_eq(one, z3.BitVecVal(9, 8)), lambda: one == z3.BitVecVal(9, 8))
     for hi, lo in ((7, 0), (63, 56), (15, 8), (0, 0), (63, 0)):
-        made(lambda h=hi, lo=lo: smt._extract(h, lo, x),
+        made(lambda h=hi, lo=lo: smt.mk_extract(h, lo, x),
              lambda h=hi, lo=lo: z3.Extract(h, lo, x))
-    made(lambda: smt._extract(3, 0, one), lambda: z3.Extract(3, 0, one))  # of a constant
+    made(lambda: smt.mk_extract(3, 0, one), lambda: z3.Extract(3, 0, one))  # of a constant
     for parts in ((b8, c8), (b8, c8, one, b8), (x, b8)):
-        made(lambda ps=parts: smt._concat(ps), lambda ps=parts: z3.Concat(*ps))
-    made(lambda: smt._app1(m0, x), lambda: m0(x))
-    made(lambda: smt._app1(m0, x + 3), lambda: m0(x + 3))
-    made(lambda: smt._app(f3, (x, b8, y)), lambda: f3(x, b8, y))
+        made(lambda ps=parts: smt.mk_concat(ps), lambda ps=parts: z3.Concat(*ps))
+    made(lambda: smt.mk_app1(m0, x), lambda: m0(x))
+    made(lambda: smt.mk_app1(m0, x + 3), lambda: m0(x + 3))
+    made(lambda: smt.mk_app(f3, (x, b8, y)), lambda: f3(x, b8, y))
     g0 = z3.Function("g0", z3.BitVecSort(32))
-    made(lambda: smt._app(g0, ()), g0)
+    made(lambda: smt.mk_app(g0, ()), g0)
     for args in ((p,), (p, q), (p, q, x == y, z3.Not(p))):
-        made(lambda a=args: smt._and(*a), lambda a=args: z3.And(*a))
-        made(lambda a=args: smt._or(*a), lambda a=args: z3.Or(*a))
+        made(lambda a=args: smt.mk_and(*a), lambda a=args: z3.And(*a))
+        made(lambda a=args: smt.mk_or(*a), lambda a=args: z3.Or(*a))
     for k in (0, 1, 0x10000, (1 << 47) - 8, (1 << 64) - 1):
-        made(lambda k=k: smt._bin(z3.Z3_mk_bvand, x, smt._val(k, x)), lambda k=k: x & k)
-        made(lambda k=k: smt._bin(z3.Z3_mk_bvadd, y, smt._val(k, y)), lambda k=k: y + k)
-        made(lambda k=k: smt._cmp(z3.Z3_mk_bvule, x, smt._val(k, x)),
+        made(lambda k=k: smt.mk_bin(z3.Z3_mk_bvand, x, smt.mk_val(k, x)), lambda k=k: x & k)
+        made(lambda k=k: smt.mk_bin(z3.Z3_mk_bvadd, y, smt.mk_val(k, y)), lambda k=k: y + k)
+        made(lambda k=k: smt.mk_cmp(z3.Z3_mk_bvule, x, smt.mk_val(k, x)),
              lambda k=k: z3.ULE(x, k))
-        made(lambda k=k: smt._cmp(z3.Z3_mk_bvuge, y, smt._val(k, y)),
+        made(lambda k=k: smt.mk_cmp(z3.Z3_mk_bvuge, y, smt.mk_val(k, y)),
              lambda k=k: z3.UGE(y, k))
-    made(lambda: smt._bin(z3.Z3_mk_bvand, b8, smt._val(0xD5, b8)), lambda: b8 & 0xD5)
+    made(lambda: smt.mk_bin(z3.Z3_mk_bvand, b8, smt.mk_val(0xD5, b8)), lambda: b8 & 0xD5)
     for k in (1, 8, (1 << 64) - 8):  # a kept constant added: base + bv_const(k, 64)
-        made(lambda k=k: smt._bin(z3.Z3_mk_bvadd, x, z3.BitVecVal(k, 64)),
+        made(lambda k=k: smt.mk_bin(z3.Z3_mk_bvadd, x, z3.BitVecVal(k, 64)),
              lambda k=k: x + z3.BitVecVal(k, 64))
     return out
 
@@ -95,9 +96,9 @@ def test_the_helpers_make_what_the_operators_make() -> None:
 ])
 def test_values_and_sums_are_read_as_before(make: Callable[[], Z]) -> None:
     e = make()
-    assert smt._is_value(e) == z3.is_bv_value(e)
-    assert smt._bits_of(e) == e.size()
-    base, k = smt._split(e)
+    assert smt.is_value(e) == z3.is_bv_value(e)
+    assert smt.bits_of(e) == e.size()
+    base, k = smt.split_sum(e)
     # what _split said before: a constant, `base + c` with a constant operand, or e itself
     if z3.is_bv_value(e):
         want: tuple[Z, int] = (None, e.as_long())
@@ -120,7 +121,7 @@ def test_the_work_counted_is_the_statistics() -> None:
         stats = s.statistics()
         want = int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys() \
             else 0  # noqa: SIM118 (Statistics has keys(), not `in`)
-        assert smt._rlimit_count(s) == want > 0
+        assert smt.rlimit_count(s) == want > 0
 
 
 @pytest.mark.parametrize("make", [
@@ -131,9 +132,9 @@ def test_the_work_counted_is_the_statistics() -> None:
 ])
 def test_truth_and_sameness_are_read_as_before(make: Callable[[], Z]) -> None:
     e = make()
-    assert smt._is_true(e) == z3.is_true(e)
-    assert smt._is_false(e) == z3.is_false(e)
+    assert smt.is_true_term(e) == z3.is_true(e)
+    assert smt.is_false_term(e) == z3.is_false(e)
     if isinstance(e, z3.ExprRef):
         for other in (make(), z3.BoolVal(True), z3.BitVecVal(1, 1), z3.simplify(e)):
             if isinstance(other, z3.ExprRef):
-                assert smt._same(e, other) == e.eq(other)
+                assert smt.same_term(e, other) == e.eq(other)

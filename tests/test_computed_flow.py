@@ -194,3 +194,37 @@ def test_the_jump_scan_says_what_the_part_scan_says(programs: dict[str, Path],
         assert (tables, computed) == (list(part.tables), list(part.computed)), hex(start)
         with_jumps += bool(tables or computed)
     assert with_jumps >= 5
+
+
+def test_the_kept_register_writes_are_the_texts(programs: dict[str, Path]) -> None:
+    """targets.may_write keeps may_write_text's answer by what it reads (the mnemonic, its
+    base and the operands' text): over every instruction of a build and of /usr/bin's
+    python3.11 where there is one, and every register the searches ask about, asked twice
+    (the second answer from the memo), it says what the text says; an instruction made
+    without its base mnemonic is another question."""
+    from usdtpatch.analysis.targets import may_write, may_write_text
+    from usdtpatch.x86.decode import CodeInsn, Flow
+
+    regs = ["rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
+            *(f"r{i}" for i in range(8, 16))]
+    paths = list(programs.values())
+    if Path("/usr/bin/python3.11").exists():
+        paths.append(Path("/usr/bin/python3.11"))
+    asked = writes = 0
+    for path in paths:
+        ctx = check(load(path)).context
+        for start in sorted(ctx.cfi.starts)[:400]:
+            b = ctx.bounds(start)
+            if b is None:
+                continue
+            for ins in ctx.sweep(b.start, b.end).insns:
+                for reg in regs:
+                    want = may_write_text(ins, reg)
+                    assert may_write(ins, reg) == want == may_write(ins, reg), (ins, reg)
+                    asked += 1
+                    writes += want
+    assert asked > 10_000 and 0 < writes < asked
+    # "xchg %rax, %rbx" read with and without its base mnemonic: two answers
+    bare = CodeInsn(0x1000, 3, "xchgq", "%rax, %rbx", Flow.NONE, None, None, None)
+    full = bare._replace(base_mnemonic="xchgq")
+    assert [may_write(i, "rax") for i in (bare, full, bare, full)] == [False, True] * 2

@@ -730,7 +730,7 @@ def _indirect(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, .
         ins = prev[j]
         if ins.flow is not Flow.NONE:
             break
-        if not _writes(ins, reg):
+        if not may_write(ins, reg):
             continue
         mn = ins.base_mnemonic
         added = _added_registers(ins, reg)
@@ -873,7 +873,7 @@ def _reaching_defs(g: _Graph, at: int, reg: str) -> list[tuple[str, int]] | None
                 continue
             seen.add(p)
             ins = g.insns[p]
-            if _writes(ins, reg):
+            if may_write(ins, reg):
                 out.append(("def", p))
             elif ins.flow in (Flow.CALL, Flow.CALL_INDIRECT) and reg in CALLER_SAVED:
                 out.append(("call", p))
@@ -882,8 +882,25 @@ def _reaching_defs(g: _Graph, at: int, reg: str) -> list[tuple[str, int]] | None
     return out
 
 
-def _writes(ins: CodeInsn, reg: str) -> bool:
-    """Conservatively, whether `ins` may write the 64-bit register `reg`."""
+_WRITES: dict[tuple[str, str, str, str], bool] = {}  # what may_write_text said, by its input
+_MAX_WRITES = 1 << 16
+
+
+def may_write(ins: CodeInsn, reg: str) -> bool:
+    """`may_write_text(ins, reg)`, kept by what it reads (the mnemonic, its base and the
+    operands' text: the reaching-definition searches ask the same few hundred thousand
+    questions of the same few thousand instruction texts)."""
+    key = (ins.mnemonic, ins.base_mnemonic, ins.op_str, reg)
+    got = _WRITES.get(key)
+    if got is None:
+        got = may_write_text(ins, reg)
+        if len(_WRITES) < _MAX_WRITES:
+            _WRITES[key] = got
+    return got
+
+
+def may_write_text(ins: CodeInsn, reg: str) -> bool:
+    """Conservatively, whether `ins` may write the 64-bit register `reg` (from its text)."""
     base = ins.base_mnemonic
     ops = ins.operands
     if base in IMPLICIT_WRITES.get(reg, ()):
@@ -1184,7 +1201,7 @@ def _same_value(before: tuple[CodeInsn, ...], between: tuple[CodeInsn, ...], com
     same: dict[str, set[str]] = {}
     for ins in before:
         cp = _copies(ins)
-        for r in [r for r in same if _writes(ins, r)]:
+        for r in [r for r in same if may_write(ins, r)]:
             same.pop(r).discard(r)
         if cp is not None:
             g = same.setdefault(cp[0], {cp[0]})
@@ -1199,7 +1216,7 @@ def _same_value(before: tuple[CodeInsn, ...], between: tuple[CodeInsn, ...], com
         if cp is not None and cp[0] in holders:
             holders.add(cp[1])
             continue
-        holders = {r for r in holders if not _writes(ins, r)}
+        holders = {r for r in holders if not may_write(ins, r)}
     return index in holders
 
 
@@ -1320,7 +1337,7 @@ def _feeds_other_jump(g: _Graph, p: int, reg: str, k: int) -> bool:
         if ins.flow is Flow.JMP_INDIRECT:
             return q != k and ins.mem is None and \
                 _regs_alias(ins.op_str.lstrip("*")) == reg
-        if ins.flow is not Flow.NONE or _writes(ins, reg):
+        if ins.flow is not Flow.NONE or may_write(ins, reg):
             return False
     return False
 

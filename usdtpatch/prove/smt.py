@@ -55,6 +55,138 @@ ACCESSES = ("the memory accessed at", "the instructions that access memory")
 TRAMPOLINE_BYTES = 32  # 6.18's optimized hit: call (8) + push rcx, r11, rax (24) below rsp
 
 
+# Terms made through z3's C API directly: the same terms, in the same order, as z3's Python
+# operators make for operands of one sort (what every call below has), without their
+# checks and coercions (several C calls each: most of a proof's time was spent in them).
+# tests/test_prove_terms.py holds each to the operator it replaces.
+_BitVecRef: Any = z3.BitVecRef
+_BoolRef: Any = z3.BoolRef
+_BitVecNumRef: Any = z3.BitVecNumRef
+_Ast: Any = z3.Ast
+
+
+def mk_ite(c: Z, t: Z, f: Z) -> Z:
+    """z3.If(c, t, f) of a Boolean and two bit-vectors of one size."""
+    ctx = t.ctx
+    r = ctx.ref()
+    e = z3.Z3_mk_ite(r, c.as_ast(), t.as_ast(), f.as_ast())
+    return (_BitVecNumRef if z3.Z3_is_numeral_ast(r, e) else _BitVecRef)(e, ctx)
+
+
+def mk_eq(a: Z, b: Z) -> Z:
+    """a == b, both of one sort (as Python evaluates it: a right operand of a subclass of
+    the left's type, a numeral's BitVecNumRef against a BitVecRef, is asked first, and
+    the term is then (= b a))."""
+    if type(b) is not type(a) and isinstance(b, type(a)):
+        a, b = b, a
+    ctx = a.ctx
+    return _BoolRef(z3.Z3_mk_eq(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
+
+
+def mk_extract(hi: int, lo: int, v: Z) -> Z:
+    """z3.Extract(hi, lo, v) of a bit-vector."""
+    ctx = v.ctx
+    return _BitVecRef(z3.Z3_mk_extract(ctx.ref(), hi, lo, v.as_ast()), ctx)
+
+
+def mk_concat(parts: Sequence[Z]) -> Z:
+    """z3.Concat(*parts) of bit-vectors (two or more): made pair by pair as z3 makes it."""
+    ctx = parts[0].ctx
+    c = ctx.ref()
+    r = parts[0]
+    for p in parts[1:]:
+        r = _BitVecRef(z3.Z3_mk_concat(c, r.as_ast(), p.as_ast()), ctx)
+    return r
+
+
+def mk_app1(f: Z, a: Z) -> Z:
+    """f(a), `a` of f's domain."""
+    ctx = a.ctx
+    args = (_Ast * 1)()
+    args[0] = a.as_ast()
+    return _ref(z3.Z3_mk_app(ctx.ref(), f.ast, 1, args), ctx)
+
+
+def mk_app(f: Z, terms: Sequence[Z]) -> Z:
+    """f(*terms), each of its domain's sort."""
+    if not terms:
+        return f()
+    ctx = terms[0].ctx
+    args = (_Ast * len(terms))()
+    for i, t in enumerate(terms):
+        args[i] = t.as_ast()
+    return _ref(z3.Z3_mk_app(ctx.ref(), f.ast, len(terms), args), ctx)
+
+
+def _mk_nary(mk: Any, terms: Sequence[Z]) -> Z:
+    ctx = terms[0].ctx
+    args = (_Ast * len(terms))()
+    for i, t in enumerate(terms):
+        args[i] = t.as_ast()
+    return _BoolRef(mk(ctx.ref(), len(terms), args), ctx)
+
+
+def mk_and(*terms: Z) -> Z:
+    """z3.And of Boolean terms (at least one)."""
+    return _mk_nary(z3.Z3_mk_and, terms)
+
+
+def mk_or(*terms: Z) -> Z:
+    """z3.Or of Boolean terms (at least one)."""
+    return _mk_nary(z3.Z3_mk_or, terms)
+
+
+def mk_val(k: int, like: Z) -> Z:
+    """The numeral `k` of `like`'s sort, made anew as z3's operators make a Python int
+    operand (z3.BitVecVal: not the kept bv_const)."""
+    ctx = like.ctx
+    c = ctx.ref()
+    return _BitVecNumRef(z3.Z3_mk_numeral(c, str(k), z3.Z3_get_sort(c, like.as_ast())), ctx)
+
+
+def mk_bin(mk: Any, a: Z, b: Z) -> Z:
+    ctx = a.ctx
+    return _BitVecRef(mk(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
+
+
+def mk_cmp(mk: Any, a: Z, b: Z) -> Z:
+    ctx = a.ctx
+    return _BoolRef(mk(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
+
+
+def is_op(e: Z, kind: int) -> bool:
+    """z3.is_app_of(e, kind) of a term (z3.is_true: Z3_OP_TRUE, z3.is_false: Z3_OP_FALSE)."""
+    if not isinstance(e, z3.ExprRef):
+        return False
+    c, a = e.ctx.ref(), e.as_ast()
+    return z3.Z3_get_ast_kind(c, a) in (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST) and \
+        z3.Z3_get_decl_kind(c, z3.Z3_get_app_decl(c, a)) == kind
+
+
+def is_true_term(e: Z) -> bool:
+    return is_op(e, z3.Z3_OP_TRUE)
+
+
+def is_false_term(e: Z) -> bool:
+    return is_op(e, z3.Z3_OP_FALSE)
+
+
+def same_term(a: Z, b: Z) -> bool:
+    """a.eq(b): the same term."""
+    return bool(z3.Z3_is_eq_ast(a.ctx.ref(), a.as_ast(), b.as_ast()))
+
+
+def bits_of(e: Z) -> int:
+    """e.size() of a bit-vector."""
+    ctx = e.ctx.ref()
+    return int(z3.Z3_get_bv_sort_size(ctx, z3.Z3_get_sort(ctx, e.as_ast())))
+
+
+def _numeral(e: Z) -> bool:
+    """z3.is_bv_value(e) of a bit-vector term."""
+    return bool(z3.Z3_is_numeral_ast(e.ctx.ref(), e.as_ast()))
+
+
 class Unprovable(Exception):
     """Outside what the prover models (or the path/step limits); the message says what."""
 
@@ -201,29 +333,33 @@ def bv_const(v: int, bits: int) -> Z:
     return z3.BitVecVal(v, bits)
 
 
-def _is_value(e: Z) -> bool:
-    return bool(z3.is_bv_value(e))
+def is_value(e: Z) -> bool:
+    """z3.is_bv_value of a bit-vector term."""
+    return bool(z3.Z3_is_numeral_ast(e.ctx.ref(), e.as_ast()))
 
 
-def _split(e: Z) -> tuple[Z, int]:
+def split_sum(e: Z) -> tuple[Z, int]:
     """e as (base, constant): `base + c`, or (None, c) for a constant."""
-    if z3.is_bv_value(e):
+    c, ast = e.ctx.ref(), e.as_ast()
+    if z3.Z3_is_numeral_ast(c, ast):
         return None, e.as_long()
-    if z3.is_app_of(e, z3.Z3_OP_BADD) and e.num_args() == 2:
+    if z3.Z3_get_ast_kind(c, ast) == z3.Z3_APP_AST and \
+            z3.Z3_get_decl_kind(c, z3.Z3_get_app_decl(c, ast)) == z3.Z3_OP_BADD and \
+            z3.Z3_get_app_num_args(c, ast) == 2:
         a, b = e.arg(0), e.arg(1)
-        if z3.is_bv_value(a):
+        if is_value(a):
             return b, a.as_long()
-        if z3.is_bv_value(b):
+        if is_value(b):
             return a, b.as_long()
     return e, 0
 
 
 def _add_const(e: Z, c: int) -> Z:
-    base, k = _split(e)
+    base, k = split_sum(e)
     total = (k + c) & ((1 << e.size()) - 1)
     if base is None:
         return bv_const(total, e.size())
-    return base if total == 0 else base + bv_const(total, e.size())
+    return base if total == 0 else mk_bin(z3.Z3_mk_bvadd, base, bv_const(total, e.size()))
 
 
 class Addr:
@@ -234,7 +370,7 @@ class Addr:
 
     def __init__(self, e: Z, base: Z = None, bid: int = -2, k: int = 0) -> None:
         if bid == -2:
-            base, k = _split(e)
+            base, k = split_sum(e)
             bid = -1 if base is None else base.get_id()
         self._e, self.base, self.bid, self.k = e, base, bid, k
 
@@ -244,7 +380,7 @@ class Addr:
         if self._e is None:
             k = self.k
             self._e = bv_const(k, 64) if self.base is None else (
-                self.base if k == 0 else self.base + bv_const(k, 64))
+                self.base if k == 0 else mk_bin(z3.Z3_mk_bvadd, self.base, bv_const(k, 64)))
         return self._e
 
     def plus(self, c: int) -> Addr:
@@ -280,8 +416,8 @@ class Machine:
         slot = p.regs.get(off)
         if slot is not None and slot[0] == off and slot[1] == nbytes:
             return slot[2]
-        if off % 8 == 0 and nbytes % 8 == 0 and all(off + k not in p.regs
-                                                    for k in range(nbytes)):
+        if off % 8 == 0 and nbytes % 8 == 0 and p.regs.keys().isdisjoint(
+                range(off, off + nbytes)):
             if nbytes == 8:
                 return self.s.chunk(off)
             return self.s.wide(off, nbytes)
@@ -290,23 +426,25 @@ class Machine:
             sl = p.regs.get(b)
             if sl is None:
                 q = b - b % 8
-                parts.append(z3.Extract(8 * (b - q) + 7, 8 * (b - q), self.s.chunk(q)))
+                parts.append(mk_extract(8 * (b - q) + 7, 8 * (b - q), self.s.chunk(q)))
             else:
                 start, _n, v = sl
-                parts.append(z3.Extract(8 * (b - start) + 7, 8 * (b - start), v))
-        out = parts[0] if len(parts) == 1 else z3.Concat(*parts)
+                parts.append(mk_extract(8 * (b - start) + 7, 8 * (b - start), v))
+        out = parts[0] if len(parts) == 1 else mk_concat(parts)
         return z3.simplify(out)
 
     def put(self, p: Path, off: int, value: Z) -> None:
-        n = max(1, value.size() // 8)
-        if value.size() < 8:
-            value = z3.ZeroExt(8 - value.size(), value)
-        old = {p.regs[b] for b in range(off, off + n) if b in p.regs}
+        bits = bits_of(value)
+        n = max(1, bits // 8)
+        if bits < 8:
+            value = z3.ZeroExt(8 - bits, value)
+        regs = p.regs
+        old = {regs[b] for b in range(off, off + n) if b in regs}
         for start, size, v in old:
             if start < off or start + size > off + n:
                 for b in range(start, start + size):
                     if not off <= b < off + n:
-                        p.regs[b] = (b, 1, z3.Extract(8 * (b - start) + 7, 8 * (b - start), v))
+                        regs[b] = (b, 1, mk_extract(8 * (b - start) + 7, 8 * (b - start), v))
         slot = (off, n, value)
         for b in range(off, off + n):
             p.regs[b] = slot
@@ -326,10 +464,10 @@ class Machine:
             if same is None:
                 chain.append((wa, wv))
         if out is None:
-            out = self.s.m0(a.e)
+            out = mk_app1(self.s.m0, a.e)
             p.loads.append(a.e)
         for wa, wv in reversed(chain):
-            out = z3.If(a.e == wa.e, wv, out)
+            out = mk_ite(mk_eq(a.e, wa.e), wv, out)
         return out
 
     def load(self, p: Path, addr_e: Z, bits: int, insn: int) -> Z:
@@ -337,14 +475,14 @@ class Machine:
         addr = Addr(addr_e)
         self._access(p, insn, addr, n)
         parts = [self.load_byte(p, addr.plus(k)) for k in range(n - 1, -1, -1)]
-        return parts[0] if n == 1 else z3.Concat(*parts)
+        return parts[0] if n == 1 else mk_concat(parts)
 
     def store(self, p: Path, addr_e: Z, value: Z, insn: int) -> None:
-        n = max(1, value.size() // 8)
+        n = max(1, bits_of(value) // 8)
         addr = Addr(addr_e)
         self._access(p, insn, addr, n)
         for k in range(n):
-            p.writes.append((addr.plus(k), z3.Extract(8 * k + 7, 8 * k, value), True))
+            p.writes.append((addr.plus(k), mk_extract(8 * k + 7, 8 * k, value), True))
 
     def _access(self, p: Path, insn: int, addr: Addr, n: int) -> None:
         orig = self.origin(insn)
@@ -370,13 +508,13 @@ class Machine:
             c = self.expr(p, tmps, e[1], insn)
             t = self.expr(p, tmps, e[2], insn)
             f = self.expr(p, tmps, e[3], insn)
-            if _is_value(c):
+            if is_value(c):
                 return t if c.as_long() else f
             return z3.If(c == 1, t, f)
         if kind == "op":
             args = [self.expr(p, tmps, a, insn) for a in e[2]]
             out = self.op(e[1], args, e[3], e[4])
-            if all(_is_value(a) for a in args):
+            if all(is_value(a) for a in args):
                 out = z3.simplify(out)
             return out
         if kind == "cc":
@@ -385,16 +523,16 @@ class Machine:
         raise Unprovable(f"expression {kind}")
 
     def ccall(self, name: str, args: list[Z], bits: int) -> Z:
-        if name == "amd64g_calculate_condition" and _is_value(args[0]):
+        if name == "amd64g_calculate_condition" and is_value(args[0]):
             # cond codes come in pairs (O/NO, B/NB, ...): the odd one is the even one negated
             c = args[0].as_long()
-            if _is_value(args[1]) and args[1].as_long() == 0:
+            if is_value(args[1]) and args[1].as_long() == 0:
                 v = _condition(c & ~1, args[2])  # COPY: the flags are cc_dep1
             else:
-                base = self.s.func(f"{name}{c & ~1}", tuple(a.size() for a in args[1:]), 1)
-                v = base(*args[1:])
+                base = self.s.func(f"{name}{c & ~1}", tuple(bits_of(a) for a in args[1:]), 1)
+                v = mk_app(base, args[1:])
             return z3.ZeroExt(bits - 1, ~v if c & 1 else v)
-        return self.s.func(name, tuple(a.size() for a in args), bits)(*args)
+        return mk_app(self.s.func(name, tuple(bits_of(a) for a in args), bits), args)
 
     def op(self, name: str, a: list[Z], bits: int, arg_bits: tuple[int, ...]) -> Z:
         if "Div" in name:
@@ -408,10 +546,10 @@ class Machine:
                       "Or": lambda: a[0] | a[1], "Xor": lambda: a[0] ^ a[1],
                       "Not": lambda: ~a[0]}
             if base in simple and not signed:
-                if base in ("Add", "Sub") and _is_value(a[1]) and not _is_value(a[0]):
+                if base in ("Add", "Sub") and is_value(a[1]) and not is_value(a[0]):
                     k = a[1].as_long()
                     return _add_const(a[0], k if base == "Add" else -k)
-                if base == "Add" and _is_value(a[0]) and not _is_value(a[1]):
+                if base == "Add" and is_value(a[0]) and not is_value(a[1]):
                     return _add_const(a[1], a[0].as_long())
                 return simple[base]()
             if base in ("Shl", "Shr", "Sar"):
@@ -472,7 +610,7 @@ class Machine:
         if name in vec:
             return vec[name]()
         # any other pure operation: a function of its operands
-        return self.s.func(name, arg_bits, bits)(*a)
+        return mk_app(self.s.func(name, arg_bits, bits), a)
 
     # ---- statements
     def snapshot(self, p: Path) -> tuple[Z, ...]:
@@ -482,10 +620,10 @@ class Machine:
 
     def flags(self, p: Path) -> Z:
         thunk = [self.get(p, o, 8) for o in (CC_OP, CC_DEP1, CC_DEP2, CC_NDEP)]
-        if _is_value(thunk[0]) and thunk[0].as_long() == 0:
-            return thunk[1] & STATUS_FLAGS  # COPY: the flags are cc_dep1
-        return self.s.func("amd64g_calculate_rflags_all", (64, 64, 64, 64), 64)(*thunk) \
-            & STATUS_FLAGS
+        if is_value(thunk[0]) and thunk[0].as_long() == 0:  # COPY: the flags are cc_dep1
+            return mk_bin(z3.Z3_mk_bvand, thunk[1], mk_val(STATUS_FLAGS, thunk[1]))
+        f = mk_app(self.s.func("amd64g_calculate_rflags_all", (64, 64, 64, 64), 64), thunk)
+        return mk_bin(z3.Z3_mk_bvand, f, mk_val(STATUS_FLAGS, f))
 
     def tracer_writes(self, p: Path, at: int) -> None:
         """The optimized hit at the detour's NOP: `call` pushes at+5, the trampoline pushes
@@ -497,7 +635,7 @@ class Machine:
                   self.get(p, 16, 8)]
         for k, v in enumerate(values):
             for b in range(8):
-                p.writes.append((rsp.plus(-8 * (k + 1) + b), z3.Extract(8 * b + 7, 8 * b, v),
+                p.writes.append((rsp.plus(-8 * (k + 1) + b), mk_extract(8 * b + 7, 8 * b, v),
                                  False))
 
     def run(self, entry: int) -> list[Path]:
@@ -545,14 +683,14 @@ class Machine:
                                    self.expr(p, tmps, st[2], insn), insn)
                     elif kind == "exit":
                         g = z3.simplify(self.expr(p, tmps, st[1], insn))
-                        if _is_value(g) and g.as_long() == 0:
+                        if is_value(g) and g.as_long() == 0:
                             continue
                         target = bv_const(st[2], 64)
                         if st[3] in FAULTS:  # the instruction faults: the path ends at it
                             target, jk = bv_const(self.origin(insn), 64), FAULT
                         else:
                             jk = st[3]
-                        if _is_value(g):
+                        if is_value(g):
                             nxt = (target, jk)
                             break
                         other = p.fork()
@@ -573,13 +711,13 @@ class Machine:
                         alt = self.expr(p, tmps, alt_e, insn)
                         # a guard that depends on the state would fork inside one
                         # instruction; not modelled: the emulator checks such a detour
-                        if cvt is not None or not _is_value(g):
+                        if cvt is not None or not is_value(g):
                             raise Unprovable("a guarded load with a symbolic guard")
                         tmps[dst] = self.load(p, self.expr(p, tmps, addr_e, insn), lbits,
                                               insn) if g.as_long() else alt
                     elif kind == "stg":
                         g = z3.simplify(self.expr(p, tmps, st[3], insn))
-                        if not _is_value(g):
+                        if not is_value(g):
                             raise Unprovable("a guarded store with a symbolic guard")
                         if g.as_long():
                             self.store(p, self.expr(p, tmps, st[1], insn),
@@ -600,7 +738,7 @@ class Machine:
     def _inside(self, target: Z, jk: str = "") -> bool:
         if jk == FAULT:
             return False
-        if not _is_value(target):
+        if not is_value(target):
             return False
         t = target.as_long()
         return self.region.lo <= t < self.region.hi and t not in self.region.stops
@@ -645,10 +783,10 @@ def _final_byte(path: Path, a: Addr, shared: Shared, hidden: bool = True) -> Z:
             break
         chain.append((wa, wv, seen))
     if out is None:
-        out = shared.m0(a.e)
+        out = mk_app1(shared.m0, a.e)
     for wa, wv, seen in reversed(chain):
-        new = wv if seen else z3.If(shared.traced, wv, out)
-        out = new if same_address(a, wa) is True else z3.If(a.e == wa.e, new, out)
+        new = wv if seen else mk_ite(shared.traced, wv, out)
+        out = new if same_address(a, wa) is True else mk_ite(mk_eq(a.e, wa.e), new, out)
     return out
 
 
@@ -673,7 +811,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
     if w.jumpkind == "Ijk_Call":
         rsp = m_w.get(w, RSP, 8)
         ret = z3.simplify(m_w.load(w.fork(), rsp, 64, 0))
-        if _is_value(ret) and ret.as_long() in returns:
+        if is_value(ret) and ret.as_long() in returns:
             slot = (rsp, returns[ret.as_long()])
     if (w.jumpkind == FAULT) != (d.jumpkind == FAULT):
         out.append(("a fault on one side only", z3.BoolVal(True), None))
@@ -684,10 +822,10 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                      if not any(b in r for r in _NOT_STATE)})
     for q in chunks:
         a, b = m_w.get(w, q, 8), m_d.get(d, q, 8)
-        if not a.eq(b):
+        if not same_term(a, b):
             out.append((_reg_name(q), a != b, None))
     fw, fd = m_w.flags(w), m_d.flags(d)
-    if not fw.eq(fd):
+    if not same_term(fw, fd):
         out.append(("the flags", fw != fd, None))
     # memory: each byte either side wrote
     # the tracer's bytes lie where the assumption says nothing reads them (the detour's rsp
@@ -722,18 +860,18 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                 differ = _ne(vw, vd)
         else:
             differ = _ne(vw, vd)
-        if d.tracer_at and not (contained and z3.is_false(differ)):
+        if d.tracer_at and not (contained and is_false_term(differ)):
             # a byte the traced hit wrote last: not compared when it lies in the dead bytes
             # (the assumption), a difference (if its value differs) when it does not
             clobbered = _clobbered(d, a, shared)
-            if not z3.is_false(clobbered):
+            if not is_false_term(clobbered):
                 dead_here = _in_dead(a, w, dead)
                 if contained:  # the tracer's bytes are the dead ones
                     differ = z3.And(z3.Not(clobbered), differ)
                 else:
                     full = _final_byte(d, a, shared)
                     differ = z3.If(clobbered, z3.And(z3.Not(dead_here), vw != full), differ)
-        if z3.is_false(differ):
+        if is_false_term(differ):
             continue
         out.append((MEMORY, differ, a.e))
     # the probe: reached as often, with the same registers
@@ -742,7 +880,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
                     z3.BoolVal(True), None))
     else:
         for i, (hw, hd) in enumerate(zip(w.hits, d.hits, strict=True)):
-            ne = [x != y for x, y in zip(hw, hd, strict=True) if not x.eq(y)]
+            ne = [x != y for x, y in zip(hw, hd, strict=True) if not same_term(x, y)]
             if ne:
                 out.append((f"the registers at probe hit {i}", z3.Or(*ne), None))
     # faults: the same accesses, instruction by instruction
@@ -763,7 +901,7 @@ def differences(w: Path, d: Path, m_w: Machine, m_d: Machine, shared: Shared,
 
 
 def _ne(a: Z, b: Z) -> Z:
-    return z3.BoolVal(False) if a.eq(b) else a != b
+    return z3.BoolVal(False) if same_term(a, b) else a != b
 
 
 def _in_dead(a: Addr, w: Path, dead: Dead | None) -> Z:
@@ -849,9 +987,12 @@ def plausible(w: Path, d: Path, code: list[tuple[int, int]]) -> list[Z]:
                         out.append(z3.BoolVal(False))
                     continue
                 e = a.e
-                out.append(z3.UGE(e, 0x10000))
-                out.append(z3.ULE(e, (1 << 47) - n))
-                out += [z3.Or(z3.ULE(e + n, lo), z3.UGE(e, hi)) for lo, hi in code]
+                out.append(mk_cmp(z3.Z3_mk_bvuge, e, mk_val(0x10000, e)))
+                out.append(mk_cmp(z3.Z3_mk_bvule, e, mk_val((1 << 47) - n, e)))
+                for lo, hi in code:
+                    end = mk_bin(z3.Z3_mk_bvadd, e, mk_val(n, e))
+                    below = mk_cmp(z3.Z3_mk_bvule, end, mk_val(lo, e))
+                    out.append(mk_or(below, mk_cmp(z3.Z3_mk_bvuge, e, mk_val(hi, e))))
     for t in d.tracer_rsp:  # the stack the tracer writes to is user memory too
         out += [z3.UGE(t, 0x10000 + TRAMPOLINE_BYTES), z3.ULE(t, 1 << 47)]
     return out
@@ -889,7 +1030,7 @@ def replayable(w: Path, d: Path) -> list[Z]:
     Asked for, not assumed: a difference only such states show is still one."""
     out: list[Z] = []
     for path in (w, d):
-        if path.jumpkind != FAULT and not _is_value(path.exit):
+        if path.jumpkind != FAULT and not is_value(path.exit):
             out += [z3.UGE(path.exit, 0x10000), z3.ULT(path.exit, 1 << 47)]
     return out
 
@@ -912,7 +1053,7 @@ def witnessed(facts: list[Z], shared: Shared) -> bool:
     (a fact may name a variable or function no state gives a value: it does not fold)."""
     if not facts:
         return True
-    goal = z3.And(*facts)
+    goal = mk_and(*facts)
     ctx = goal.ctx
     for vs, fs in _witness_states(shared):
         t = _ref(z3.Z3_substitute(ctx.ref(), goal.as_ast(), len(vs[0]), vs[0], vs[1]), ctx)
@@ -981,15 +1122,20 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
         nonlocal used
         s = z3.Solver()
         s.set("rlimit", rlimit - used if rlimit > used else 1)
-        s.add(*facts)
-        before = _rlimit_count(s)
+        c, solver = s.ctx.ref(), s.solver
+        for f in facts:  # s.add(*facts) of Boolean terms
+            if isinstance(f, _BoolRef):
+                z3.Z3_solver_assert(c, solver, f.as_ast())
+            else:
+                s.add(f)
+        before = rlimit_count(s)
         res = s.check()
-        used += _rlimit_count(s) - before
+        used += rlimit_count(s) - before
         return res, s
 
     for cond, diffs, reads, assume_all, witness, prefer in pairs:
-        assume = [a for a in assume_all if not z3.is_true(a)]
-        live = [(w, c, x) for w, c, x in diffs if not z3.is_false(c)]
+        assume = [a for a in assume_all if not is_true_term(a)]
+        live = [(w, c, x) for w, c, x in diffs if not is_false_term(c)]
         # what a run shows first (the exit, registers, memory, probe hits), then where it
         # would fault: a model of the first kind is one the emulator can confirm
         shown = [d for d in live if not d[0].startswith(ACCESSES)]
@@ -1035,12 +1181,21 @@ def solve(pairs: Sequence[tuple[list[Z], list[tuple[str, Z, Z]], list[Z], list[Z
     return "proved", None, used
 
 
-def _rlimit_count(s: Z) -> int:
+def rlimit_count(s: Z) -> int:
     """z3's resource count so far (one counter for the context: the difference across a
     check is what the check used)."""
-    stats = s.statistics()
-    keys = stats.keys()
-    return int(stats.get_key_value("rlimit count")) if "rlimit count" in keys else 0
+    c = s.ctx.ref()
+    stats = z3.Z3_solver_get_statistics(c, s.solver)
+    z3.Z3_stats_inc_ref(c, stats)
+    try:  # s.statistics().get_key_value("rlimit count"), 0 when it has none
+        for i in range(z3.Z3_stats_size(c, stats)):
+            if z3.Z3_stats_get_key(c, stats, i) == "rlimit count":
+                if z3.Z3_stats_is_uint(c, stats, i):
+                    return int(z3.Z3_stats_get_uint_value(c, stats, i))
+                return int(z3.Z3_stats_get_double_value(c, stats, i))
+        return 0
+    finally:
+        z3.Z3_stats_dec_ref(c, stats)
 
 
 def _model(m: Z, shared: Shared, live: list[tuple[str, Z, Z]], reads: list[Z]) -> Model:

@@ -146,9 +146,10 @@ def _lite_rows(code: bytes, address: int, mode64: bool) -> list[tuple[int, int, 
         return list(_capstone(mode64).disasm_lite(code, address))  # its CsError
     try:
         # the array as bytes, unpacked by one struct (reading each field through ctypes costs
-        # several times more); the strings end at their first NUL
+        # several times more); the strings end at their first NUL (what follows it is stale)
         raw = ctypes.string_at(first, count * ctypes.sizeof(insn_type))
-        return [(a, n, m[:m.index(0)].decode("ascii"), o[:o.index(0)].decode("ascii"))
+        return [(a, n, m.partition(b"\0")[0].decode("ascii"),
+                 o.partition(b"\0")[0].decode("ascii"))
                 for a, n, m, o in _cs_rows(ctypes.sizeof(insn_type)).iter_unpack(raw)]
     finally:
         lib.cs_free(first, count)

@@ -2,11 +2,13 @@
 
 Every renderer (rich table, SARIF, HTML) reads this document, so the outputs cannot drift apart.
 
-Deferred imports: elf/demangle.py (c++filt), only when result_json is not given the names.
+Deferred imports: elf/demangle.py (c++filt), only when result_json is not given the names;
+json and zlib, only for the JSON text (not for the table).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from usdtpatch.analysis.check import (
@@ -17,13 +19,16 @@ from usdtpatch.analysis.check import (
     NOT_APPLICABLE,
     OPTIMIZABLE,
     CheckReport,
+    Keep,
     SiteCheck,
 )
+from usdtpatch.analysis.probes import ProbeSet
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.findings import Finding, Severity
 from usdtpatch.prove.support import provable
 from usdtpatch.report.envelope import envelope
 from usdtpatch.report.listing import function_label, site_disassembly
+from usdtpatch.report.plain import check_cells, finding_line
 
 if TYPE_CHECKING:
     from usdtpatch.api import CheckResult
@@ -90,10 +95,14 @@ def _provable_json(w: PatchWindow) -> dict[str, Any]:
     return {"expected": why is None, "reason": why}
 
 
-def summary_json(r: CheckReport) -> dict[str, Any]:
+def summary_json(r: CheckReport, counted: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The file's summary; `counted`: (windows, provable) counted as the sites' entries were
+    made (a report whose sites kept no window: cmd_check's writer)."""
     oc = r.outcome_counts()
     windows = [s.window.window for s in r.sites if s.window is not None
                and s.window.window is not None]
+    n_windows, n_provable = counted if counted is not None else (
+        len(windows), sum(1 for w in windows if provable(w) is None))
     return {
         "sites": len(r.sites),
         "optimizable": oc[OPTIMIZABLE],
@@ -104,12 +113,17 @@ def summary_json(r: CheckReport) -> dict[str, Any]:
         "not_applicable": oc[NOT_APPLICABLE],
         # of the sites with a window: how many a rewrite should prove when it moves the
         # window to a detour (usdtpatch.prove.support)
-        "windows": len(windows),
-        "provable": sum(1 for w in windows if provable(w) is None),
+        "windows": n_windows,
+        "provable": n_provable,
     }
 
 
-def check_file_json(path: str, r: CheckReport, names: dict[str, str]) -> dict[str, Any]:
+def check_file_json(path: str, r: CheckReport, names: dict[str, str],
+                    sites: Any = None, counted: tuple[int, int] | None = None
+                    ) -> dict[str, Any]:
+    """The file's entry; `sites` and `counted`, when given, stand for its sites' entries and
+    the summary's window counts (cmd_check's writer, which made them as each site was
+    decided)."""
     img = r.probeset.image
     return {
         "path": path,
@@ -118,8 +132,8 @@ def check_file_json(path: str, r: CheckReport, names: dict[str, str]) -> dict[st
                 "machine": img.machine_name, "type": img.type},
         "cfi": {"source": r.cfi_source, "fdes": r.cfi_fdes},
         "fork_imports": list(r.fork_imports),
-        "summary": summary_json(r),
-        "sites": [site_json(s, names, img.is64) for s in r.sites],
+        "summary": summary_json(r, counted),
+        "sites": [site_json(s, names, img.is64) for s in r.sites] if sites is None else sites,
         "findings": [f.to_json() for f in r.findings],
     }
 
@@ -134,6 +148,104 @@ def result_json(result: CheckResult, names: dict[str, str] | None = None,
 
         names = demangle([s.probe.function for s in result.report.sites if s.probe.function])
     return check_file_json(result.path if path is None else path, result.report, names)
+
+
+class Encoded(list[bytes]):
+    """The items of a list of a JSON document encoded ahead of it: each item's compact
+    json.dumps text, zlib-compressed (a site's entry is ~1.5 KB of text, a fifth of it
+    compressed), read back one at a time as json_pieces writes the list. Only json_pieces
+    writes it (json's indented encoder iterates a list with `for`, which reads it back; the
+    compact encoder would not)."""
+
+    @staticmethod
+    def encode(item: Any) -> bytes:
+        import json  # here, as in json_pieces: the table does not pay for importing it
+        import zlib
+
+        return zlib.compress(json.dumps(item).encode(), 1)
+
+    def __iter__(self) -> Iterator[Any]:
+        import json
+        import zlib
+
+        for blob in super().__iter__():
+            yield json.loads(zlib.decompress(blob))
+
+
+def json_pieces(doc: Any) -> Iterator[str]:
+    """The text of json.dumps(doc, indent=2) and a newline, in pieces of about 64 KiB (an
+    Encoded list written as its items). With an indent, json.dumps joins a list of every
+    token (a few small strings per field: 120 MB at 10,000 sites, more than the analysis and
+    the document together); a few large pieces keep the writes few and the memory the
+    text's."""
+    import json
+
+    pieces: list[str] = []
+    size = 0
+    for token in json.JSONEncoder(indent=2).iterencode(doc):
+        pieces.append(token)
+        size += len(token)
+        if size >= 1 << 16:
+            yield "".join(pieces)
+            pieces.clear()
+            size = 0
+    pieces.append("\n")
+    yield "".join(pieces)
+
+
+class SiteWriter:
+    """The entries of `check --json` and the table made site by site (cmd_check's
+    written_document): each site's entry made when the check decides the site (its JSON
+    text, compressed, or its table row and finding lines), and nothing of the site's window
+    kept past it; `start` is usdtpatch.api.check_keeping's `keep`."""
+
+    def __init__(self, table: bool) -> None:
+        self.table = table
+        self.functions: list[str] = []  # every file's, for the note of a missing c++filt
+        self.entries: dict[int, Any] = {}  # the file's: a site's entry by its note's index
+        self.windows = 0
+        self.provable = 0
+        self.names: dict[str, str] = {}
+        self.mode64 = True
+        self.shared: dict[str, str] = {}  # one string for the cells many rows repeat
+
+    def start(self, probes: ProbeSet) -> Keep:
+        """api.check's `keep`: the file's names and a fresh tally, then `_keep`."""
+        functions = [p.function for p in probes.probes if p.function]
+        self.functions += functions
+        from usdtpatch.elf.demangle import demangle
+
+        self.names = demangle(functions)
+        self.mode64 = probes.image.is64
+        self.entries = {}
+        self.windows = self.provable = 0
+        return self._keep
+
+    def _keep(self, sc: SiteCheck) -> SiteCheck:
+        entry = site_json(sc, self.names, self.mode64)
+        if entry["window"] is not None:
+            self.windows += 1
+            self.provable += entry["provable"]["expected"]
+        if self.table:
+            cells = tuple(self.shared.setdefault(c, c) for c in check_cells(entry))
+            self.entries[sc.probe.index] = (cells, tuple(finding_line(f)
+                                                         for f in entry["findings"]))
+        else:
+            self.entries[sc.probe.index] = Encoded.encode(entry)
+        # what the file's own findings, the summary and the exit status read
+        return SiteCheck(probe=sc.probe, candidacy=sc.candidacy, outcome=sc.outcome,
+                         blocked=sc.blocked, window=None, red_zone=None, function=None,
+                         findings=sc.findings)
+
+    def file(self, r: CheckResult) -> dict[str, Any]:
+        """The file's entry of the document, its sites' entries in note order."""
+        made = [self.entries.pop(s.probe.index) for s in r.report.sites]
+        counted = (self.windows, self.provable)
+        if self.table:
+            got = check_file_json(r.path, r.report, {}, [], counted)
+            got["rows"] = made
+            return got
+        return check_file_json(r.path, r.report, {}, Encoded(made), counted)
 
 
 def check_document(files: list[dict[str, Any]], errors: list[dict[str, str]],

@@ -343,12 +343,17 @@ def check_text(doc: dict[str, Any], summary_only: bool = False,
             elf = f["elf"]
             out += _page_lines(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
                                f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)")
-            if f["sites"] and not summary_only:
-                out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]],
+            # "rows": each site's cells and finding lines, made as the site was decided
+            # (cmd_check's writer), in place of its entries
+            made = f.get("rows")
+            if (f["sites"] or made) and not summary_only:
+                out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]]
+                             if made is None else [cells for cells, _ in made],
                              (False,) * 7 + (True,), _width(width))
             if not summary_only:
                 out += [_plain(finding_line(fd)) for fd in f["findings"]]
-                out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]]
+                out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]] \
+                    if made is None else [_plain(line) for _, lines in made for line in lines]
             out += _page_lines(check_summary_line(f))
         return "".join(line + "\n" for line in out)
     except _Unsupported:

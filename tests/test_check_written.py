@@ -16,6 +16,7 @@ import pytest
 from bench.synthetic_asm import build
 from tests.helpers import fixture_files
 from usdtpatch import api
+from usdtpatch.analysis import candidacy
 from usdtpatch.analysis import check as check_module
 from usdtpatch.analysis.check import Keep, SiteCheck, check
 from usdtpatch.cli.cmd_check import build_document, written_document
@@ -74,12 +75,12 @@ def test_keep_is_given_a_site_before_the_last_is_checked(many_sites: Path,
     """The first site is settled while the walk is a few sites past it, not at the end."""
     made: list[int] = []
     at_keep: list[int] = []
-    real = check_module._check_site
+    real = candidacy.site_candidacy  # asked once by each site's own check
 
-    def counted(*args: Any, **kwargs: Any) -> SiteCheck:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         made.append(1)
         return real(*args, **kwargs)
-    monkeypatch.setattr(check_module, "_check_site", counted)
+    monkeypatch.setattr(check_module, "site_candidacy", counted)
 
     def keep(sc: SiteCheck) -> SiteCheck:
         at_keep.append(len(made))

@@ -22,7 +22,7 @@ from usdtpatch.analysis.check import Keep, SiteCheck, check
 from usdtpatch.cli.cmd_check import build_document, written_document
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.checkjson import Encoded, SiteWriter, json_pieces
-from usdtpatch.report.plain import check_text
+from usdtpatch.report.plain import JoinedRows, check_text, table
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +131,25 @@ def test_json_pieces_write_encoded_lists_as_json_dumps(doc: Any) -> None:
     assert len(pieces) > 2
     assert "".join(pieces) == json.dumps({"sites": [{"i": i, "t": "w" * 50}
                                                     for i in range(3000)]}, indent=2) + "\n"
+
+
+def test_joined_rows_lay_out_as_their_cells() -> None:
+    """A table of 9,000 rows (read 4,096 at a time) from JoinedRows is the table of the same
+    cells as tuples, on an unlimited page and on narrow ones (folded, or below the row); a
+    cell holding the separator keeps its row as cells."""
+    import random
+
+    rng = random.Random(38)
+    words = ["a", "bb", "ccc-dd", "eeeeeeeeeeee", "-", "", "x y z"]
+    headers = ("probe", "address", "findings")
+    rows = [tuple(" ".join(rng.choice(words) for _ in range(rng.randrange(4)))
+                  for _ in headers) for _ in range(9000)]
+    joined = JoinedRows([JoinedRows.join(r) for r in rows])
+    assert [tuple(r) for r in joined] == rows and len(joined) == 9000
+    assert [tuple(r) for r in joined[4000:4100]] == rows[4000:4100]
+    for width in (None, 30, 45, 200):
+        got = table(headers, joined, (False, False, True), width)
+        assert got == table(headers, rows, (False, False, True), width)
+        assert len(got) > 9000
+    assert JoinedRows.join(("a", "b\x1fc")) == ("a", "b\x1fc")
+    assert JoinedRows([JoinedRows.join(("a", "b\x1fc"))])[0] == ("a", "b\x1fc")

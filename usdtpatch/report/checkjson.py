@@ -28,7 +28,7 @@ from usdtpatch.findings import Finding, Severity
 from usdtpatch.prove.support import provable
 from usdtpatch.report.envelope import envelope
 from usdtpatch.report.listing import function_label, site_disassembly
-from usdtpatch.report.plain import check_cells, finding_line
+from usdtpatch.report.plain import JoinedRows, check_cells, finding_line
 
 if TYPE_CHECKING:
     from usdtpatch.api import CheckResult
@@ -202,22 +202,24 @@ class SiteWriter:
     def __init__(self, table: bool) -> None:
         self.table = table
         self.functions: list[str] = []  # every file's, for the note of a missing c++filt
-        self.entries: dict[int, Any] = {}  # the file's: a site's entry by its note's index
+        # the file's sites' entries (JSON) or rows (table), by their notes' index
+        self.entries: list[Any] = []
+        self.lines: dict[int, tuple[str, ...]] = {}  # the finding lines of a site with any
         self.windows = 0
         self.provable = 0
         self.names: dict[str, str] = {}
         self.mode64 = True
-        self.shared: dict[str, str] = {}  # one string for the cells many rows repeat
 
     def start(self, probes: ProbeSet) -> Keep:
         """api.check's `keep`: the file's names and a fresh tally, then `_keep`."""
-        functions = [p.function for p in probes.probes if p.function]
-        self.functions += functions
         from usdtpatch.elf.demangle import demangle
 
+        functions = [p.function for p in probes.probes if p.function]
+        self.functions += functions
         self.names = demangle(functions)
         self.mode64 = probes.image.is64
-        self.entries = {}
+        self.entries = [None] * (max((p.index for p in probes.probes), default=-1) + 1)
+        self.lines = {}
         self.windows = self.provable = 0
         return self._keep
 
@@ -226,12 +228,13 @@ class SiteWriter:
         if entry["window"] is not None:
             self.windows += 1
             self.provable += entry["provable"]["expected"]
+        index = sc.probe.index
         if self.table:
-            cells = tuple(self.shared.setdefault(c, c) for c in check_cells(entry))
-            self.entries[sc.probe.index] = (cells, tuple(finding_line(f)
-                                                         for f in entry["findings"]))
+            self.entries[index] = JoinedRows.join(check_cells(entry))
+            if entry["findings"]:
+                self.lines[index] = tuple(finding_line(f) for f in entry["findings"])
         else:
-            self.entries[sc.probe.index] = Encoded.encode(entry)
+            self.entries[index] = Encoded.encode(entry)
         # what the file's own findings, the summary and the exit status read
         return SiteCheck(probe=sc.probe, candidacy=sc.candidacy, outcome=sc.outcome,
                          blocked=sc.blocked, window=None, red_zone=None, function=None,
@@ -239,13 +242,16 @@ class SiteWriter:
 
     def file(self, r: CheckResult) -> dict[str, Any]:
         """The file's entry of the document, its sites' entries in note order."""
-        made = [self.entries.pop(s.probe.index) for s in r.report.sites]
+        order = [s.probe.index for s in r.report.sites]
+        made = [self.entries[i] for i in order]
+        self.entries = []
         counted = (self.windows, self.provable)
-        if self.table:
-            got = check_file_json(r.path, r.report, {}, [], counted)
-            got["rows"] = made
-            return got
-        return check_file_json(r.path, r.report, {}, Encoded(made), counted)
+        if not self.table:
+            return check_file_json(r.path, r.report, {}, Encoded(made), counted)
+        got = check_file_json(r.path, r.report, {}, [], counted)
+        got["rows"] = JoinedRows(made)
+        got["finding_lines"] = [line for i in order for line in self.lines.get(i, ())]
+        return got
 
 
 def check_document(files: list[dict[str, Any]], errors: list[dict[str, str]],

@@ -126,7 +126,7 @@ def test_json_pieces_write_encoded_lists_as_json_dumps(doc: Any) -> None:
             return Encoded(Encoded.encode(x) for x in v)
         return v
     assert "".join(json_pieces(encoded(doc))) == json.dumps(doc, indent=2) + "\n"
-    like = Encoded.text({"i": 1, "t": "w" * 50})  # compressed against a preset dictionary
+    like = Encoded.plain({"i": 1, "t": "w" * 50})  # compressed against a preset dictionary
     with_dict = Encoded((Encoded.encode({"i": i, "t": "w" * 50}, like) for i in range(3)), like)
     read: list[Any] = [*with_dict]
     assert read == [{"i": i, "t": "w" * 50} for i in range(3)]

@@ -3,7 +3,7 @@
 Every renderer (rich table, SARIF, HTML) reads this document, so the outputs cannot drift apart.
 
 Deferred imports: elf/demangle.py (c++filt), only when result_json is not given the names;
-json and zlib, only for the JSON text (not for the table).
+json, marshal and zlib, only for the JSON text (not for the table).
 """
 
 from __future__ import annotations
@@ -151,38 +151,39 @@ def result_json(result: CheckResult, names: dict[str, str] | None = None,
 
 
 class Encoded(list[bytes]):
-    """The items of a list of a JSON document encoded ahead of it: each item's compact
-    json.dumps text, zlib-compressed, with `zdict` (the text of an item like them: a site's
-    entry, ~1.4 KB of text, is ~90 bytes so, ~640 without), read back one at a time as
-    json_pieces writes the list. Only json_pieces writes it (json's indented encoder
-    iterates a list with `for`, which reads it back; the compact encoder would not)."""
+    """The items of a list of a JSON document encoded ahead of it: each item marshalled
+    (the same values back, dict order kept, in this process; twice as fast as JSON text
+    and back) and zlib-compressed with `zdict` (an item like them marshalled: a site's
+    entry, ~1.1 KB, is ~100 bytes so, ~600 without), read back one at a time as json_pieces
+    writes the list. Only json_pieces writes it (json's indented encoder iterates a list
+    with `for`, which reads it back; the compact encoder would not)."""
 
     def __init__(self, items: Iterable[bytes] = (), zdict: bytes | None = None) -> None:
         super().__init__(items)
         self.zdict = zdict
 
     @staticmethod
-    def text(item: Any) -> bytes:
-        """The compact JSON text of `item` (a `zdict` for items like it)."""
-        import json  # here, as in json_pieces: the table does not pay for importing it
+    def plain(item: Any) -> bytes:
+        """`item` marshalled, uncompressed (a `zdict` for items like it)."""
+        import marshal
 
-        return json.dumps(item).encode()
+        return marshal.dumps(item)
 
     @staticmethod
     def encode(item: Any, zdict: bytes | None = None) -> bytes:
         import zlib
 
         packer = zlib.compressobj(1) if zdict is None else zlib.compressobj(1, zdict=zdict)
-        return packer.compress(Encoded.text(item)) + packer.flush()
+        return packer.compress(Encoded.plain(item)) + packer.flush()
 
     def __iter__(self) -> Iterator[Any]:
-        import json
+        import marshal
         import zlib
 
         for blob in super().__iter__():
             unpacker = zlib.decompressobj() if self.zdict is None else \
                 zlib.decompressobj(zdict=self.zdict)
-            yield json.loads(unpacker.decompress(blob) + unpacker.flush())
+            yield marshal.loads(unpacker.decompress(blob) + unpacker.flush())
 
 
 def json_pieces(doc: Any) -> Iterator[str]:
@@ -249,8 +250,8 @@ class SiteWriter:
             if entry["findings"]:
                 self.lines[index] = tuple(finding_line(f) for f in entry["findings"])
         else:
-            if self.zdict is None:  # the file's first site's text: its sites are alike
-                self.zdict = Encoded.text(entry)
+            if self.zdict is None:  # the file's first site's: its sites are alike
+                self.zdict = Encoded.plain(entry)
             self.entries[index] = Encoded.encode(entry, self.zdict)
         # what the file's own findings, the summary and the exit status read
         return SiteCheck(probe=sc.probe, candidacy=sc.candidacy, outcome=sc.outcome,

@@ -228,7 +228,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     target = "-" if report is None else report
     if fmt in ("json", None) and not args.probe:  # written site by site
         doc, failed = written_document(args.files, err, args.fail_on, fmt is None,
-                                                 _options(args))
+                                       _options(args))
         if fmt == "json":
             _emit(json_pieces(doc), target, out)
         else:

@@ -46,7 +46,7 @@ def reference(data: bytes, vaddr: int, protected: set[int]) -> list[Hit]:
 def fast(data: bytes, vaddr: int, sites: list[tuple[int, int, int]],
          starts: list[int]) -> tuple[list[Hit], set[int]]:
     protected = _regions(sites, starts)
-    return _code_hits(data, vaddr, protected, _spans(sites, CHUNK)), protected
+    return _code_hits(data, vaddr, protected, _spans(sites, CHUNK)), set(protected)
 
 
 def _plant(buf: bytearray, vaddr: int, at: int, kind: int, target: int) -> None:
@@ -82,7 +82,7 @@ def test_random_buffers_match_the_reference(seed: int, size: int, vaddr: int, ns
         else:
             sites.append((pc, pc, pc))
     starts = sorted({s[1] for s in sites})
-    protected = _regions(sites, starts)
+    protected = set(_regions(sites, starts))
     spans = _spans(sites, CHUNK)
     edges = [a for lo, hi in spans for a in (lo - 1, lo, hi - 1, hi)]
     for _ in range(planted):
@@ -243,3 +243,62 @@ def test_wide_chunks_fall_back_to_the_plain_opcode(monkeypatch: pytest.MonkeyPat
         data = bytes(image.data[off:off + size])
         got, protected = fast(data, vaddr, sites, [])
         assert got == reference(data, vaddr, protected)
+
+
+def _span(pc: int, fstart: int, fend: int) -> tuple[int, int]:
+    """The bytes a window of the probe at `pc` may cover (waysin's rule, docs/rewrite.md)."""
+    lo, hi = pc - waysin.BEFORE, pc + waysin.AFTER
+    if fstart < fend:
+        lo, hi = max(lo, fstart), min(hi, fend + 64)
+    return max(0, lo), hi
+
+
+def _regions_as_a_set(sites: list[tuple[int, int, int]], starts: list[int]) -> set[int]:
+    """The protected addresses as the branch start's _regions made them: every address of
+    each probe's span, less the function starts in it."""
+    out: set[int] = set()
+    for site in set(sites):
+        lo, hi = _span(*site)
+        out.update(range(lo, hi))
+        out.difference_update(a for a in starts if lo <= a < hi)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), nsites=st.integers(0, 12))
+def test_regions_answer_as_the_set_of_addresses(seed: int, nsites: int) -> None:
+    """`in`, `intersection` and iteration of the protected regions say what the set of every
+    protected address says, at and around every span's edges and function start."""
+    rng = random.Random(seed)
+    sites = []
+    for _ in range(nsites):
+        pc = rng.choice([0, 5, 0x1000, 0x400000, 1 << 32]) + rng.randrange(600)
+        sites.append((pc, max(0, pc - rng.randrange(300)), pc + rng.randrange(1, 300))
+                     if rng.random() < 0.6 else (pc, pc, pc))
+    starts = sorted({s[1] for s in sites} | {rng.randrange(0x400800) for _ in range(5)})
+    want = _regions_as_a_set(sites, starts)
+    got = _regions(sites, starts)
+    assert sorted(got) == sorted(want)
+    probe = sorted({a + d for s in sites for a in (*_span(*s), *s)
+                    for d in (-2, -1, 0, 1, 2)} | set(starts) | {-1, 1 << 64})
+    assert [a in got for a in probe] == [a in want for a in probe]
+    assert got.intersection(probe) == want.intersection(probe)
+    assert got.intersection(iter(probe)) == want.intersection(probe)
+
+
+def test_regions_hold_no_object_per_address() -> None:
+    """10,000 probes in 16-byte functions (the synthetic library's layout): the protected
+    regions take a few hundred KB, not an int object and a set slot per address (13 MB)."""
+    import tracemalloc
+
+    sites = [(0x10004 + 16 * k, 0x10000 + 16 * k, 0x10010 + 16 * k) for k in range(10_000)]
+    starts = [s[1] for s in sites]
+    tracemalloc.start()
+    try:
+        got = _regions(sites, starts)
+        size, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    last = 0x10004 + 16 * 9_999 + waysin.AFTER - 1
+    assert 0x10004 in got and 0x10000 not in got and last in got and last + 1 not in got
+    assert size < 2_000_000

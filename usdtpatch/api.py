@@ -86,7 +86,7 @@ if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for ty
     from typing import Any, TypeVar
 
     from usdtpatch.analysis.calls import CALL_CHOICES
-    from usdtpatch.analysis.check import CheckReport, GuardBuilder
+    from usdtpatch.analysis.check import CheckReport, GuardBuilder, Keep
     from usdtpatch.live.bench.runner import SYSTEM_JDK, BenchReport
     from usdtpatch.live.kcheck import KcheckReport
     from usdtpatch.rewriter.kernel import FormChoice
@@ -139,6 +139,7 @@ __all__ = [
     "bench",
     "check",
     "check_bytes",
+    "check_keeping",
     "check_output",
     "copy",
     "demangle",
@@ -281,6 +282,18 @@ def check(path: StrPath, *, form: Form | str = Form.NOP5,
     """Judge every probe site of one file as a candidate for the kernel's optimized uprobes;
     the outcomes predict `rewrite` with the same options (`form` "auto" and `kernel` as for
     `rewrite`; UnsupportedError when "auto" finds a kernel that optimizes nothing)."""
+    return check_keeping(path, None, form=form, redzone_guard=redzone_guard,
+                         fork_guard=fork_guard, calls=calls, kernel=kernel)
+
+
+def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
+                  form: Form | str = Form.NOP5, redzone_guard: Guard | str = Guard.AUTO,
+                  fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
+                  kernel: str | None = None) -> CheckResult:
+    """`check`, for a writer that puts each site out as it is decided: `keep`, given the
+    file's probes before the check, returns what is kept of each site's check once final
+    (in address order; usdtpatch.analysis.check.check's `keep`), and the report's sites are
+    what that keeps."""
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
@@ -292,8 +305,10 @@ def check(path: StrPath, *, form: Form | str = Form.NOP5,
         raise ValueError(f"calls={calls!r}: expected one of {', '.join(CALL_CHOICES)}")
     options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
                            _enum(ForkGuard, fork_guard, "fork_guard"))
-    return CheckResult(os.fspath(path), check_probes(load(path), options=options,
-                                                     guard_builder=_guard_builder()))
+    probes = load(path)
+    return CheckResult(os.fspath(path), check_probes(
+        probes, options=options, guard_builder=_guard_builder(),
+        keep=None if keep is None else keep(probes)))
 
 
 def _guard_builder() -> GuardBuilder:

@@ -176,12 +176,26 @@ class CheckReport:
         return dict(sorted(Counter(s.blocked for s in self.sites if s.blocked).items()))
 
 
+# What a caller keeps of each site's check once its decision is final (check's `keep`).
+Keep = Callable[[SiteCheck], SiteCheck]
+
+# How far behind the walk in address order a site's decision is final: a window taken for a
+# later site starts at most BEFORE bytes before its probe (the ways-in index knows no way in
+# further back, so no window reaches there), and a window that moves a site along starts at
+# or before it. _InOrder.between checks it of every window the walk asks about.
+SETTLED = 4 * BEFORE
+
+
 def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
           options: CheckOptions = DEFAULT_OPTIONS,
-          guard_builder: GuardBuilder | None = None) -> CheckReport:
+          guard_builder: GuardBuilder | None = None, keep: Keep | None = None) -> CheckReport:
     """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions.
     The outcomes are what `rewrite` with `options` decides; with `guard_builder`, also
-    whether rewrite refuses the file for a fork guard it cannot add."""
+    whether rewrite refuses the file for a fork guard it cannot add. `keep`, when given, is
+    called with each site's check once its decision is final (in address order) and the
+    report's sites are what it returns: a writer makes the site's entry there and keeps a
+    smaller SiteCheck (the file's own findings read only each site's probe, outcome and
+    findings), so that no window is held past its site."""
     image = probeset.image
     findings: list[Finding] = list(probeset.findings)
     if symbols is None:
@@ -201,7 +215,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
     sites = _together(ctx, _InOrder(probeset.probes,
-                                    lambda p: _check_site(ctx, p, rseq, stacks)), options)
+                                    lambda p: _check_site(ctx, p, rseq, stacks)), options, keep)
     findings.extend(_fork_findings(image, sites, forks))
     if not any(f in FORK_COPIES_MM for f in forks):
         findings.extend(_code_fork_findings(ctx, sites))
@@ -334,6 +348,7 @@ class _InOrder:
         self.addresses = [p.address for p in self.order]
         self.made: list[SiteCheck] = []
         self.make = make
+        self.settled = 0  # the sites before this one (address order) are given to `keep`
 
     def __len__(self) -> int:
         return len(self.order)
@@ -350,6 +365,8 @@ class _InOrder:
     def between(self, lo: int, hi: int) -> list[SiteCheck]:
         """The checks of the sites with lo <= address < hi, in address order."""
         i, j = bisect_left(self.addresses, lo), bisect_left(self.addresses, hi)
+        if i < self.settled and j > i:  # SETTLED too small: a decision would have changed
+            raise AssertionError(f"a window at {lo:#x} reaches a settled site")
         if j > i:
             self.at(j - 1)
         return self.made[i:j]
@@ -362,8 +379,8 @@ class _InOrder:
         return tuple(by_index[p.index] for p in self.probes)
 
 
-def _together(ctx: CodeContext, made: _InOrder,
-              options: CheckOptions = DEFAULT_OPTIONS) -> tuple[SiteCheck, ...]:
+def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_OPTIONS,
+              keep: Keep | None = None) -> tuple[SiteCheck, ...]:
     """The sites as rewrite (with `options`) decides them together, walking them in address
     order as usdtpatch.rewriter.plan does: a site already in the target's form is left as it
     is (`optimizable`); the sites inside one window go along with the first (one detour;
@@ -376,11 +393,26 @@ def _together(ctx: CodeContext, made: _InOrder,
     (`guard-impossible`), one that would move an argument read relative to rip
     (`arg-rip-relative`), or one with a debugger's breakpoint address inside that the
     rewrite does not keep true (analysis/debuglines.py: `window-line-row`,
-    `window-debug-entry`)."""
+    `window-debug-entry`). With `keep` (check's), each site is given to it once the walk is
+    SETTLED bytes past it, and what it returns replaces the site's check."""
     shstk: list[bool] = []
     decided: dict[int, SiteCheck] = {}
+    kept: dict[int, SiteCheck] = {}
     claimed = Claims()  # overlap tests by bisection: a scan per site was quadratic
+
+    def settle(before: int | None) -> None:
+        """Give `keep` the sites more than SETTLED bytes before `before` (None: all)."""
+        assert keep is not None
+        while made.settled < len(made.made) and (
+                before is None or made.addresses[made.settled] + SETTLED < before):
+            index = made.made[made.settled].probe.index
+            made.made[made.settled] = kept[index] = keep(
+                decided.pop(index, made.made[made.settled]))
+            made.settled += 1
+
     for k in range(len(made)):
+        if keep is not None:
+            settle(made.addresses[k])
         sc = made.at(k)
         if sc.probe.index in decided:
             continue
@@ -421,6 +453,9 @@ def _together(ctx: CodeContext, made: _InOrder,
         claimed.extend((r.source, r.source + 1) for r in w.retargets)
         # a stub outside the window is written as the plan writes it (it claims it too)
         claimed.extend((a, a + STUB_SIZE) for a in _stubs_outside(w))
+    if keep is not None:
+        settle(None)
+        return tuple(kept[p.index] for p in made.probes)
     return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
 
 

@@ -22,7 +22,7 @@ report/rewrite.py (report_kind, only with --report), report/text.py (only for th
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import IO, Any
 
 from usdtpatch import api
@@ -43,7 +43,14 @@ from usdtpatch.api import (
     write_atomic,
 )
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
-from usdtpatch.report.checkjson import check_document, document_findings, reaches, result_json
+from usdtpatch.report.checkjson import (
+    SiteWriter,
+    check_document,
+    document_findings,
+    json_pieces,
+    reaches,
+    result_json,
+)
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 
 FAIL_LEVELS = ("info", "warning", "error", "never")
@@ -129,6 +136,29 @@ def build_document(paths: list[str], err: IO[str] | None = None,
     return check_document([result_json(r, names) for r in results], errors, fail_on)
 
 
+def written_document(paths: list[str], err: IO[str], fail_on: str, table: bool,
+                     options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """build_document's document, made as each site is decided (for the table, its sites'
+    rows; for json_pieces, their entries Encoded); and whether a finding reaches
+    `fail_on`."""
+    written = SiteWriter(table)
+    files: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    failed = False
+    for path in paths:
+        try:
+            r = api.check_keeping(path, written.start, **options)
+        except UsdtpatchError as exc:
+            errors.append({"path": path, "error": str(exc)})
+            error_line(path, exc, err)
+            continue
+        files.append(written.file(r))
+        failed = failed or reaches(list(r.findings), fail_on)
+    if demangle_unavailable(written.functions):
+        print(f"usdtpatch: note: {NOT_FOUND}", file=err)
+    return check_document(files, errors, fail_on), failed
+
+
 def _selected(results: list[api.CheckResult], probes: list[str],
               errors: list[dict[str, str]], err: IO[str] | None) -> list[api.CheckResult]:
     """The results with only the sites `probes` select; when they select none in any file,
@@ -173,26 +203,6 @@ def _emit(text: str | Iterable[str], target: str, out: IO[str]) -> None:
         write_atomic(target, b"".join([p.encode() for p in pieces]), mode=umask_mode())
 
 
-def _json_pieces(doc: Any) -> Iterator[str]:
-    """The text of json.dumps(doc, indent=2) and a newline, in pieces of about 64 KiB. With
-    an indent, json.dumps joins a list of every token (a few small strings per field: 120 MB
-    at 10,000 sites, more than the analysis and the document together); a few large pieces
-    keep the writes few and the memory the text's."""
-    import json  # here: the table form does not pay for importing it
-
-    pieces: list[str] = []
-    size = 0
-    for token in json.JSONEncoder(indent=2).iterencode(doc):
-        pieces.append(token)
-        size += len(token)
-        if size >= 1 << 16:
-            yield "".join(pieces)
-            pieces.clear()
-            size = 0
-    pieces.append("\n")
-    yield "".join(pieces)
-
-
 def report_format(fmt: str | None, report: str | None) -> str | None:
     """The report format: the switch's, else (with --report) FILE's extension; None for the
     table. Raises OutputError for a --report FILE whose extension names no format."""
@@ -216,14 +226,26 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print(printable(f"usdtpatch: check: {exc}"), file=err)
         return EXIT_UNUSABLE
     target = "-" if report is None else report
+    if fmt in ("json", None) and not args.probe:  # written site by site
+        doc, failed = written_document(args.files, err, args.fail_on, fmt is None,
+                                       _options(args))
+        if fmt == "json":
+            _emit(json_pieces(doc), target, out)
+        else:
+            from usdtpatch.report.text import print_check
+
+            print_check(out, doc, summary_only=args.summary, forms_line=not args.summary,
+                        whole=lambda: build_document(args.files, None, args.fail_on, None,
+                                                     _options(args)))
+        return EXIT_UNUSABLE if doc["errors"] else EXIT_FAIL if failed else EXIT_OK
     views: list[list[dict[str, Any]]] | None = [] if fmt == "html" else None
     doc = build_document(args.files, err, args.fail_on, views, _options(args), args.probe)
     if fmt == "json":
-        _emit(_json_pieces(doc), target, out)
+        _emit(json_pieces(doc), target, out)
     elif fmt == "sarif":
         from usdtpatch.report.sarif import sarif_document
 
-        _emit(_json_pieces(sarif_document(doc)), target, out)
+        _emit(json_pieces(sarif_document(doc)), target, out)
     elif fmt == "html":
         from usdtpatch.report.html import html_page
 

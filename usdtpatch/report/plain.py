@@ -37,7 +37,7 @@ from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:
-    from typing import IO, Any
+    from typing import IO, Any, overload
 
 
 def page_width() -> int | None:
@@ -206,23 +206,31 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Seq
     next is made: no list of lines, no joined string). The cells are checked and the widths
     chosen here, before the first line: text rich must lay out raises _Unsupported now."""
     ncols = len(headers)
-    columns = list(zip(headers, *rows, strict=True))
-    if not all(_printable("".join(col)) for col in columns):
+    longest = [max(len(h), 1) for h in headers]
+    if not _printable("".join(headers)):
         raise _Unsupported
+    for columns in _column_slices(rows, ncols):
+        for i, col in enumerate(columns):
+            if not _printable("".join(col)):
+                raise _Unsupported
+            longest[i] = max(longest[i], *map(len, col))
     pads = [(0 if i == 0 else 1) + (0 if i == ncols - 1 else 1) for i in range(ncols)]
-    widths = [max(*map(len, col), 1) + pad for col, pad in zip(columns, pads, strict=True)]
+    widths = [n + pad for n, pad in zip(longest, pads, strict=True)]
     if (max_width is not None and sum(widths) > max_width and fold[-1]
             and not any(fold[:-1])
             and widths[-1] > BELOW_UNDER and max_width - sum(widths[:-1]) < BELOW_UNDER):
-        del columns
         return _below(headers, rows, widths, max_width)
     if max_width is not None and sum(widths) > max_width:
         # a column of words: no narrower than its heading or its longest word
-        minimum = [max(len(col[0]), max((len(x) for c in col[1:] for x in c.split()), default=1))
-                   + pad if f else w
-                   for w, f, col, pad in zip(widths, fold, columns, pads, strict=True)]
+        words = [1] * ncols
+        for columns in _column_slices(rows, ncols):
+            for i, col in enumerate(columns):
+                if fold[i]:
+                    words[i] = max(words[i], max((len(x) for c in col for x in c.split()),
+                                                 default=1))
+        minimum = [max(len(h), n) + pad if f else w
+                   for w, f, h, n, pad in zip(widths, fold, headers, words, pads, strict=True)]
         widths = _shrink(widths, minimum, max_width)
-    del columns
     inner = [w - pad for w, pad in zip(widths, pads, strict=True)]
     # one format per line: the cell after its left padding, filled to the column's width
     line_format = "".join(("{:<%d}" if i == 0 else " {:<%d}") % max(1, w - (1 if i else 0))
@@ -240,6 +248,58 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Seq
                 yield line_format.format(*(c[n] if n < len(c) else "" for c in cells))
 
     return lines()
+
+
+class JoinedRows(Sequence[Sequence[str]]):
+    """A table's rows kept as one string each, the cells joined by SEP (a row with SEP in a
+    cell, which the plain layout does not print anyway, kept as its cells): a row of eight
+    short cells is ~130 bytes so, ~550 as a tuple of strings (cmd_check's table, made as
+    each site is decided, holds one per site)."""
+
+    SEP = "\x1f"
+
+    def __init__(self, rows: list[str | tuple[str, ...]]) -> None:
+        self.rows = rows
+
+    @classmethod
+    def join(cls, cells: Sequence[str]) -> str | tuple[str, ...]:
+        return tuple(cells) if any(cls.SEP in c for c in cells) else cls.SEP.join(cells)
+
+    def _cells(self, row: str | tuple[str, ...]) -> Sequence[str]:
+        return row.split(self.SEP) if isinstance(row, str) else row
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    if TYPE_CHECKING:
+        @overload
+        def __getitem__(self, k: int) -> Sequence[str]: ...
+
+        @overload
+        def __getitem__(self, k: slice) -> list[Sequence[str]]: ...
+
+    def __getitem__(self, k: int | slice) -> Sequence[str] | list[Sequence[str]]:
+        if isinstance(k, slice):
+            return [self._cells(r) for r in self.rows[k]]
+        return self._cells(self.rows[k])
+
+    def __iter__(self) -> Iterator[Sequence[str]]:
+        return map(self._cells, self.rows)
+
+
+_SLICE = 4096  # rows a table's columns are read in at a time
+
+
+def _column_slices(rows: Sequence[Sequence[str]], ncols: int
+                   ) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """The columns of `rows`, a slice of rows at a time (the whole table's columns would be
+    every cell at once: a table whose rows are made when read, cmd_check's, would hold them
+    all); each row must have `ncols` cells (ValueError)."""
+    for k in range(0, len(rows), _SLICE):
+        columns = tuple(zip(*rows[k:k + _SLICE], strict=True))
+        if len(columns) != ncols:
+            raise ValueError(f"a row of {len(columns)} cells in a table of {ncols} columns")
+        yield columns
 
 
 # a last column of words that would be narrower than this on the page goes below its row
@@ -343,12 +403,16 @@ def check_text(doc: dict[str, Any], summary_only: bool = False,
             elf = f["elf"]
             out += _page_lines(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
                                f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)")
-            if f["sites"] and not summary_only:
-                out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]],
-                             (False,) * 7 + (True,), _width(width))
+            # "rows" (JoinedRows) and "finding_lines": the sites' cells and finding lines,
+            # made as each site was decided (cmd_check's writer), in place of their entries
+            made = f.get("rows")
+            if (f["sites"] or made) and not summary_only:
+                out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]]
+                             if made is None else made, (False,) * 7 + (True,), _width(width))
             if not summary_only:
                 out += [_plain(finding_line(fd)) for fd in f["findings"]]
-                out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]]
+                out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]] \
+                    if made is None else [_plain(line) for line in f["finding_lines"]]
             out += _page_lines(check_summary_line(f))
         return "".join(line + "\n" for line in out)
     except _Unsupported:

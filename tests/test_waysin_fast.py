@@ -302,3 +302,38 @@ def test_regions_hold_no_object_per_address() -> None:
     last = 0x10004 + 16 * 9_999 + waysin.AFTER - 1
     assert 0x10004 in got and 0x10000 not in got and last in got and last + 1 not in got
     assert size < 2_000_000
+
+
+_ADDR = st.integers(min_value=0, max_value=(1 << 33))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_ADDR, st.integers(min_value=-8, max_value=1 << 20)), max_size=40),
+       _ADDR, st.integers(min_value=0, max_value=1 << 21))
+def test_reach_gives_the_halves_span_by_span(pairs: list[tuple[int, int]], emin: int,
+                                             extent: int) -> None:
+    """Reach.halves, half by half where there are more spans than halves to test, says what
+    the span-by-span walk says, for any sorted spans (empty and far ones too: displacements
+    past 2 GiB are clipped alike)."""
+    spans = sorted((lo, lo + size) for lo, size in pairs)
+    emax = emin + extent
+    assert waysin.Reach(spans).halves(emin, emax) == waysin.high_halves(spans, emin, emax)
+    # the same spans packed into 256 KiB near a source: fewer halves to test than spans
+    packed = sorted((emin + (lo & 0x3FFFF) - (1 << 17), emin + (lo & 0x3FFFF) - (1 << 17)
+                     + (size & 0xFFF)) for lo, size in pairs)
+    assert waysin.Reach(packed).halves(emin, emax) == waysin.high_halves(packed, emin, emax)
+
+
+def test_reach_tests_halves_not_spans_where_spans_are_many(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A chunk asked of 50,000 spans in 3 MiB tests its ~50 halves, not every span (asked of
+    every span per chunk, the index of a million-probe file was quadratic); the answer is the
+    span-by-span one."""
+    spans = [(0x400000 + 64 * k, 0x400000 + 64 * k + 8) for k in range(50_000)]
+    want = waysin.high_halves(spans, 0x500000, 0x540000)
+    walked: list[int] = []
+    real = waysin.high_halves
+    monkeypatch.setattr(waysin, "high_halves",
+                        lambda s, a, b: walked.append(len(s)) or real(s, a, b))
+    assert waysin.Reach(spans).halves(0x500000, 0x540000) == want and want
+    assert walked == []

@@ -261,11 +261,46 @@ CHUNK = 1 << 18  # sources per prefilter pattern
 _WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
 
 
-def _high_halves(spans: list[tuple[int, int]], emin: int, emax: int) -> set[int]:
-    """The upper 16 bits (unsigned) of every rel32 displacement that takes an instruction
-    ending in [emin, emax] into one of `spans`."""
+class Reach:
+    """Which upper halves of a rel32 displacement can take an instruction into `spans` (sorted
+    [lo, hi) ranges), asked once per chunk of sources: `halves`."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        spans = [(lo, hi) for lo, hi in spans if lo < hi]  # nothing lands in an empty one
+        self.spans = spans
+        self.los = [lo for lo, _hi in spans]
+        self.top: list[int] = []  # the largest hi of spans[:i + 1]
+        for _lo, hi in spans:
+            self.top.append(max(hi, self.top[-1]) if self.top else hi)
+
+    def halves(self, emin: int, emax: int) -> set[int]:
+        """The upper 16 bits (unsigned) of every rel32 displacement that takes an instruction
+        ending in [emin, emax] into one of the spans. Span by span, or (where a span list is
+        longer than the halves there are to test: a chunk asked of every span made the index
+        of a million-probe file quadratic) half by half: a half h is one when the targets it
+        reaches, [(h << 16) + emin, (h << 16) + 0xFFFF + emax], meet a span."""
+        if not self.spans:
+            return set()
+        first = max((self.los[0] - emax) >> 16, -(1 << 15))
+        last = min((self.top[-1] - 1 - emin) >> 16, (1 << 15) - 1)
+        if last - first + 1 >= len(self.spans):
+            return high_halves(self.spans, emin, emax)
+        out: set[int] = set()
+        los, top = self.los, self.top
+        for h in range(first, last + 1):
+            base = h << 16
+            j = bisect_right(los, base + 0xFFFF + emax) - 1
+            if j >= 0 and top[j] - 1 >= base + emin:
+                out.add(h & 0xFFFF)
+        return out
+
+
+def high_halves(spans: list[tuple[int, int]], emin: int, emax: int) -> set[int]:
+    """Reach.halves span by span (any list of spans)."""
     out: set[int] = set()
     for lo, hi in spans:
+        if lo >= hi:
+            continue
         dlo, dhi = max(lo - emax, -(1 << 31)), min(hi - 1 - emin, (1 << 31) - 1)
         if dlo <= dhi:
             out.update(h & 0xFFFF for h in range(dlo >> 16, (dhi >> 16) + 1))
@@ -313,10 +348,11 @@ def _candidates(data: bytes, vaddr: int, opcode: bytes, head: int,
     displacement's upper half against the halves that can reach a span from the chunk."""
     out: list[int] = []
     plain: re.Pattern[bytes] | None = None
+    reach = Reach(sorted(spans))
     for c0 in range(0, len(data), CHUNK):
         c1 = min(c0 + CHUNK, len(data))
         # displacement ends: vaddr + q + head + 4 for the opcode offsets q in [c0, c1)
-        halves = _high_halves(spans, vaddr + c0 + head + 4, vaddr + c1 - 1 + head + 4)
+        halves = reach.halves(vaddr + c0 + head + 4, vaddr + c1 - 1 + head + 4)
         if not halves:
             continue
         if len(halves) > _WIDE:
@@ -586,10 +622,11 @@ def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[in
     los = [lo for lo, _hi in wide]
     out: list[tuple[int, int]] = []
     data = image.data
+    reach = Reach(wide)
     for vaddr, off, size in _table_sections(image):
         for c0 in range(0, size - 3, CHUNK):
             c1 = min(c0 + CHUNK, size - 3)
-            halves = _high_halves(wide, vaddr + c0, vaddr + c1 - 1)
+            halves = reach.halves(vaddr + c0, vaddr + c1 - 1)
             if not halves:
                 continue
             if len(halves) > _WIDE:

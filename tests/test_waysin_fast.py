@@ -333,7 +333,11 @@ def test_reach_tests_halves_not_spans_where_spans_are_many(monkeypatch: pytest.M
     want = waysin.high_halves(spans, 0x500000, 0x540000)
     walked: list[int] = []
     real = waysin.high_halves
-    monkeypatch.setattr(waysin, "high_halves",
-                        lambda s, a, b: walked.append(len(s)) or real(s, a, b))
+
+    def counted(s: list[tuple[int, int]], a: int, b: int) -> set[int]:
+        walked.append(len(s))
+        return real(s, a, b)
+
+    monkeypatch.setattr(waysin, "high_halves", counted)
     assert waysin.Reach(spans).halves(0x500000, 0x540000) == want and want
     assert walked == []

@@ -1,16 +1,22 @@
-"""jsondoc.nesting (the depth bound read before every marker and plan is parsed) holds no
-memory that grows with the document's strings (issue 38, rewrite's memory): the output
-check of a 10,000-site rewrite read the marker's 480,000-character string with ~65 MB."""
+"""What rewrite holds at its peak (issue 38, rewrite's memory): jsondoc.nesting (the depth
+bound read before every marker and plan is parsed) holds no memory that grows with the
+document's strings (the output check of a 10,000-site rewrite read the marker's
+480,000-character string with ~65 MB); the plan is gone when the output check runs."""
 
 from __future__ import annotations
 
+import gc
 import re
 import tracemalloc
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from usdtpatch import jsondoc
+from tests.helpers import fixture
+from usdtpatch import api, jsondoc
+from usdtpatch.rewriter.plan import RewritePlan
 
 
 def _former(data: bytes) -> int:
@@ -43,3 +49,19 @@ def test_nesting_of_a_long_string_and_many_strings_holds_no_copy() -> None:
                                  b"\\\\", b'"[{"', b"\\["]), max_size=40).map(b"".join))
 def test_nesting_counts_the_brackets_outside_strings_as_before(data: bytes) -> None:
     assert jsondoc.nesting(data) == _former(data)
+
+
+def test_the_plan_is_gone_when_the_output_is_checked(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    validate = api._validate
+
+    def counting(data: bytes, original: object) -> None:
+        gc.collect()
+        seen.append(sum(isinstance(o, RewritePlan) for o in gc.get_objects()))
+        validate(data, original)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "_validate", counting)
+    out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
+    assert out.changed and out.sites
+    assert seen == [0]

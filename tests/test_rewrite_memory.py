@@ -65,3 +65,10 @@ def test_the_plan_is_gone_when_the_output_is_checked(tmp_path: Path,
     out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
     assert out.changed and out.sites
     assert seen == [0]
+
+
+def test_the_plan_keeps_each_distinct_unwind_row_once() -> None:
+    plan = api.rewrite_plan(fixture("demo"), verify=False)
+    rows = [r for u in plan.unwind for _, r in u.rows]
+    assert len(plan.unwind) == 4 and len(rows) > len(set(rows))  # the detours share rows
+    assert len({id(r) for r in rows}) == len(set(rows))

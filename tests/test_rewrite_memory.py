@@ -9,6 +9,7 @@ import gc
 import re
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import fixture
 from usdtpatch import api, jsondoc
+from usdtpatch.elf import validate as validate_mod
+from usdtpatch.elf.image import ElfImage
 from usdtpatch.rewriter.plan import RewritePlan
 
 
@@ -54,17 +57,32 @@ def test_nesting_counts_the_brackets_outside_strings_as_before(data: bytes) -> N
 def test_the_plan_is_gone_when_the_output_is_checked(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
-    validate = api._validate
+    validate = validate_mod.validate_output
 
-    def counting(data: bytes, original: object) -> None:
+    def counting(data: bytes, original: ElfImage | None = None) -> None:
         gc.collect()
         seen.append(sum(isinstance(o, RewritePlan) for o in gc.get_objects()))
-        validate(data, original)  # type: ignore[arg-type]
+        validate(data, original)
 
-    monkeypatch.setattr(api, "_validate", counting)
+    monkeypatch.setattr(validate_mod, "validate_output", counting)
     out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
     assert out.changed and out.sites
     assert seen == [0]
+
+
+def test_the_output_check_reads_the_markers_sites_as_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[Any] = []
+    loads = jsondoc.loads
+
+    def keeping(data: bytes | str, object_hook: Any = None) -> Any:
+        read.append(loads(data, object_hook) if object_hook is not None else loads(data))
+        return read[-1]
+
+    monkeypatch.setattr(jsondoc, "loads", keeping)
+    out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
+    assert out.changed and len(read) == 1
+    assert read[0]["sites"] == [None] * len(out.sites) and read[0]["patches"]
 
 
 def test_the_plan_keeps_each_distinct_unwind_row_once() -> None:

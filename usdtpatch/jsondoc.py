@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 MAX_DEPTH = 64  # a plan nests 6 levels, the marker 3
@@ -36,14 +37,15 @@ def nesting(data: bytes) -> int:
     return deepest
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | str, object_hook: Callable[[dict[str, Any]], Any] | None = None
+          ) -> Any:
     """The document in `data`; ValueError (one sentence) when it is not JSON or nests
-    deeper than MAX_DEPTH."""
+    deeper than MAX_DEPTH. `object_hook` is json's: what each object is read as."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     deep = nesting(raw)
     if deep > MAX_DEPTH:
         raise ValueError(f"arrays and objects nested {deep} deep (at most {MAX_DEPTH})")
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_hook=object_hook)
     except RecursionError as exc:  # unreachable below MAX_DEPTH; kept as a last guard
         raise ValueError("arrays and objects nested too deep") from exc

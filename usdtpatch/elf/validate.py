@@ -214,7 +214,7 @@ def _marker(image: ElfImage) -> dict[str, Any]:
 def _no_site(obj: dict[str, Any]) -> dict[str, Any] | None:
     """The marker's objects as the output check reads them: a site's entry (an object with a
     "probe", not the marker's own) as None, since the check reads no site (issue 38, rewrite's
-    memory: every site's object held at once was ~1 KB a site)."""
+    memory: every site's object held at once was ~0.7 KB a site)."""
     return None if "probe" in obj and "original_sha256" not in obj else obj
 
 

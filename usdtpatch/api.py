@@ -565,18 +565,22 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
         return answer(outcome(False, note=str(exc)), copy)
     if rp.fork_refusal is not None:  # the plan's decision: a dry run refuses it too
         raise UnsupportedError(rp.fork_refusal)
+    changed, sites, found = rp.changed, rp.sites, rp.findings
     if target is None:
-        return answer(outcome(rp.changed, rp.sites, rp.findings), None)
+        return answer(outcome(changed, sites, found), None)
     result = data
     say = phase if phase is not None else (lambda _name: None)
-    if rp.changed:
+    if changed:
         from usdtpatch.rewriter.build import build_rewrite
 
         say("build")
         result = build_rewrite(rp, keep_build_id)
+        # the outcome keeps the decisions only: the plan's segment, unwind rows and tables
+        # go before the output check reads the new file again (issue 38, rewrite's memory)
+        del rp
         say("check")
         _validate(result, image)
-    return answer(outcome(rp.changed, rp.sites, rp.findings), result)
+    return answer(outcome(changed, sites, found), result)
 
 
 def copy(path: StrPath, out: StrPath) -> None:

@@ -23,7 +23,7 @@ argument: a caller that skips verification says so with `verify=None`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from itertools import pairwise
 from typing import Any
@@ -343,6 +343,9 @@ class _Inputs:
     relocs: Relocations
     by_address: SitesByAddress[SiteCheck]  # every site at each address (two notes may name one pc)
     ctx: CodeContext | None = None  # check's analysis (re-laying asks it, as check does)
+    # each distinct unwind row once: the detours' rows repeat the functions' few rows
+    # (issue 38, rewrite's memory: ~0.8 KB a detour held until the build otherwise)
+    rows: dict[Row, Row] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -712,6 +715,8 @@ def _detour_unwind(inputs: _Inputs, p: Probe, win: PatchWindow, detour: Detour,
     (address, bytes) where it moves a call the function's exception tables cover; _Skip where
     a moved call needs them and they cannot be built."""
     rows = _detour_rows(inputs.cfi, win, detour, sb.guarded, handling.emulate)
+    if not isinstance(rows, str):
+        rows = [(a, inputs.rows.setdefault(r, r)) for a, r in rows]
     lsda: tuple[int, bytes] | None = None
     eh = handling.eh
     code = findings.WINDOW_CALL_UNWIND.code if handling.technique == MOVED \

@@ -1,0 +1,92 @@
+"""What rewrite holds at its peak (issue 38, rewrite's memory): jsondoc.nesting (the depth
+bound read before every marker and plan is parsed) holds no memory that grows with the
+document's strings (the output check of a 10,000-site rewrite read the marker's
+480,000-character string with ~65 MB); the plan is gone when the output check runs."""
+
+from __future__ import annotations
+
+import gc
+import re
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.helpers import fixture
+from usdtpatch import api, jsondoc
+from usdtpatch.elf import validate as validate_mod
+from usdtpatch.elf.image import ElfImage
+from usdtpatch.rewriter.plan import RewritePlan
+
+
+def _former(data: bytes) -> int:
+    """The definition as it was: the strings cut out, then the brackets counted."""
+    depth = deepest = 0
+    for m in re.finditer(rb"[\[\]{}]", re.sub(rb'"(?:[^"\\]|\\.)*"', b"", data, flags=re.DOTALL)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def test_nesting_of_a_long_string_and_many_strings_holds_no_copy() -> None:
+    doc = (b'{"notes": "' + b"0a" * 250_000 + b'", "sites": [' +
+           b", ".join(b'{"probe": "p%d", "reason": "x[y]"}' % i for i in range(20_000)) + b"]}")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        depth = jsondoc.nesting(doc)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert depth == 3
+    assert peak < 100_000, f"{peak} bytes held reading {len(doc)} bytes"
+
+
+@given(st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b"\n", b",", b'\\"',
+                                 b"\\\\", b'"[{"', b"\\["]), max_size=40).map(b"".join))
+def test_nesting_counts_the_brackets_outside_strings_as_before(data: bytes) -> None:
+    assert jsondoc.nesting(data) == _former(data)
+
+
+def test_the_plan_is_gone_when_the_output_is_checked(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    validate = validate_mod.validate_output
+
+    def counting(data: bytes, original: ElfImage | None = None) -> None:
+        gc.collect()
+        seen.append(sum(isinstance(o, RewritePlan) for o in gc.get_objects()))
+        validate(data, original)
+
+    monkeypatch.setattr(validate_mod, "validate_output", counting)
+    out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
+    assert out.changed and out.sites
+    assert seen == [0]
+
+
+def test_the_output_check_reads_the_markers_sites_as_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[Any] = []
+    loads = jsondoc.loads
+
+    def keeping(data: bytes | str, object_hook: Any = None) -> Any:
+        read.append(loads(data, object_hook) if object_hook is not None else loads(data))
+        return read[-1]
+
+    monkeypatch.setattr(jsondoc, "loads", keeping)
+    out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
+    assert out.changed and len(read) == 1
+    assert read[0]["sites"] == [None] * len(out.sites) and read[0]["patches"]
+
+
+def test_the_plan_keeps_each_distinct_unwind_row_once() -> None:
+    plan = api.rewrite_plan(fixture("demo"), verify=False)
+    rows = [r for u in plan.unwind for _, r in u.rows]
+    assert len(plan.unwind) == 4 and len(rows) > len(set(rows))  # the detours share rows
+    assert len({id(r) for r in rows}) == len(set(rows))

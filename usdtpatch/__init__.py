@@ -4,8 +4,9 @@ The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `r
 `plan`, `verify`, `kcheck`, `dtrace_header`, `rewrite_plan` (the decisions of a rewrite),
 `read_plan` (a plan document read back), and what the command line (`usdtpatch.cli`) and the
 build integration (`usdtpatch.integrate`), which are built on it and use nothing else of the
-library, need besides: `check_bytes` and `rewrite_bytes` (bytes in and out), `rewrite_files`
-(many files, in `jobs` processes), `copy`, `marked` (rewritten before), `read_protocol` (for
+library, need besides: `check_bytes` and `rewrite_bytes` (bytes in and out), `check_keeping`
+(each site handed over as it is decided), `rewrite_files` (many files, in `jobs` processes),
+`copy`, `marked` (rewritten before), `read_protocol` (for
 `plan(protocol=...)`), `dtrace_semaphores`, `bench`, the checked output writes `check_output`,
 `write_atomic` and `umask_mode`, and `no_match`, `demangle` and `demangle_unavailable`.
 """
@@ -69,6 +70,7 @@ __all__ = [
     "bench",
     "check",
     "check_bytes",
+    "check_keeping",
     "check_output",
     "copy",
     "demangle",

@@ -360,6 +360,32 @@ def _group() -> Iterator[list[subprocess.Popen[bytes]]]:
                 proc.wait(timeout=10)
             if proc.stdout is not None:
                 proc.stdout.close()
+            _gone(proc.pid)
+
+
+def _gone(pgid: int, seconds: float = 5.0) -> None:
+    """Wait until no live process of group `pgid` is left: SIGKILL reaches the leader's
+    children too (a shell's child between fork and exec still bears the shell's name), but
+    only the leader is ours to reap, and a killed process runs on until it exits. The
+    zombies left are their new parent's to reap (this machine's init does it every second
+    or so): not waited for."""
+    deadline = time.monotonic() + seconds
+    while _live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _live_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after the command name
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,30 +190,16 @@ def test_a_later_backward_window_holding_the_earlier_is_joined(
     p2's and holds it (its 8-bit ways in through a stub in its own filler); joined, both move
     in one detour (before: p3 window-overlaps-site, check and rewrite alike), and the program
     prints what the original prints."""
-    from usdtpatch.analysis import check as check_module
-    from usdtpatch.api import load
-
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
     exe, out = tmp_path / "joinback", tmp_path / "joinback.new"
     subprocess.run(["gcc", "-Os", "-fno-pie", "-no-pie", "-mno-red-zone",
                     "-fno-omit-frame-pointer", "-g", str(JOINBACK), "-o", str(exe)], check=True)
-    with monkeypatch.context() as m:  # the windows each site finds alone: the shape
-        m.setattr(check_module, "join_following", lambda w, _order, _n: w)
-        alone = {s.probe.name: s.window.base for s in check_module.check(load(str(exe))).sites
-                 if s.window is not None}
+    alone = _windows_alone(exe, monkeypatch)
     a, b = alone["p2"], alone["p3"]
     assert a is not None and b is not None and b.start < a.start < a.end < b.end, (a, b)
-    said = {s.probe.name: s.outcome for s in check_module.check(load(str(exe))).sites}
-    assert check_module.BLOCKED not in said.values(), said
-    sites = {s.probe.name: s for s in _convert(exe)}
+    sites = _joined_and_run_the_same(exe, out)
     assert sites["p2"].action is Action.DETOUR and sites["p3"].action is Action.MOVED
-    done = subprocess.run([sys.executable, "-m", "usdtpatch", "rewrite", "-o", str(out),
-                           str(exe)], capture_output=True, text=True, cwd=ROOT, check=False)
-    assert done.returncode == 0, done.stderr
-    runs = [subprocess.run([str(p)], capture_output=True, timeout=30, check=False)
-            for p in (exe, out)]
-    assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
 
 
 JOINSTUB = ROOT / "tests" / "data" / "sites" / "joinstub.c"
@@ -224,32 +211,48 @@ def test_windows_holding_their_stubs_are_joined(tmp_path: Path,
     overlap their neighbours' and hold the stubs of their 8-bit ways in, in their filler;
     joined, each stub stays where it was (before: window-overlaps-site, three sites), and
     the program prints what the original prints."""
-    from usdtpatch.analysis import check as check_module
-    from usdtpatch.api import load
-
     if shutil.which("gcc") is None or not Path("/usr/include/csmith/csmith.h").is_file():
         pytest.skip("needs gcc and csmith.h")
     exe, out = tmp_path / "joinstub", tmp_path / "joinstub.new"
     subprocess.run(["gcc", "-w", "-O1", "-fno-omit-frame-pointer", "-g",
                     "-I/usr/include/csmith", "-fPIE", "-static-pie", str(JOINSTUB), "-o",
                     str(exe)], check=True)
-    with monkeypatch.context() as m:  # the windows each site finds alone: the shape
-        m.setattr(check_module, "join_following", lambda w, _order, _n: w)
-        alone = {s.probe.name: s.window.base for s in check_module.check(load(str(exe))).sites
-                 if s.window is not None}
+    alone = _windows_alone(exe, monkeypatch)
     a, b = alone["p0"], alone["p1"]
     assert a is not None and b is not None and b.start < a.end
     assert any(r.stub is not None and b.start <= r.stub < b.end for r in b.retargets)
+    sites = _joined_and_run_the_same(exe, out)
+    assert [n for n, s in sites.items() if s.action is Action.SKIPPED] == []
+
+
+def _windows_alone(exe: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Each site's window as check finds it without joining (the shape a join test needs),
+    by probe name."""
+    from usdtpatch.analysis import check as check_module
+    from usdtpatch.api import load
+
+    with monkeypatch.context() as m:
+        m.setattr(check_module, "join_following", lambda w, _order, _n: w)
+        return {s.probe.name: s.window.base for s in check_module.check(load(str(exe))).sites
+                if s.window is not None}
+
+
+def _joined_and_run_the_same(exe: Path, out: Path) -> dict[str, SiteDecision]:
+    """check blocks no site of `exe`; `rewrite -o out` succeeds and `out` exits 0 and prints
+    what `exe` prints. The rewrite's decisions, by probe name."""
+    from usdtpatch.analysis import check as check_module
+    from usdtpatch.api import load
+
     said = {s.probe.name: s.outcome for s in check_module.check(load(str(exe))).sites}
     assert check_module.BLOCKED not in said.values(), said
     sites = {s.probe.name: s for s in _convert(exe)}
-    assert [n for n, s in sites.items() if s.action is Action.SKIPPED] == []
     done = subprocess.run([sys.executable, "-m", "usdtpatch", "rewrite", "-o", str(out),
                            str(exe)], capture_output=True, text=True, cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
     runs = [subprocess.run([str(p)], capture_output=True, timeout=30, check=False)
             for p in (exe, out)]
     assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
+    return sites
 
 
 def _bpftrace_builds(tmp: Path) -> list[Path]:

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from tests.helpers import fixture
 from usdtpatch import api, jsondoc
 from usdtpatch.elf import validate as validate_mod
-from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.cfi import load_cfi
+from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.rewriter.build import build_rewrite
 from usdtpatch.rewriter.plan import RewritePlan
 
 
@@ -85,8 +87,18 @@ def test_the_output_check_reads_the_markers_sites_as_nothing(
     assert read[0]["sites"] == [None] * len(out.sites) and read[0]["patches"]
 
 
-def test_the_plan_keeps_each_distinct_unwind_row_once() -> None:
+def test_the_plan_holds_each_detours_unwind_as_its_frame_program() -> None:
+    """A detour's unwind entry is its bounds and call frame instructions (a few bytes), not
+    its rows or the Detour: the program is what the output's FDE carries."""
     plan = api.rewrite_plan(fixture("demo"), verify=False)
-    rows = [r for u in plan.unwind for _, r in u.rows]
-    assert len(plan.unwind) == 4 and len(rows) > len(set(rows))  # the detours share rows
-    assert len({id(r) for r in rows}) == len(set(rows))
+    detours = {s.detour.address: s.detour for s in plan.sites if s.detour is not None}
+    assert len(plan.unwind) == 4
+    for u in plan.unwind:
+        assert u.end == detours[u.start].end and isinstance(u.program, bytes) and u.program
+        assert {type(getattr(u, f)) for f in u.__slots__} <= {int, bytes, type(None)}
+    out = parse_elf(build_rewrite(plan))
+    cfi = load_cfi(out)
+    for u in plan.unwind:
+        fde = cfi.lookup(u.start)
+        assert fde is not None and (fde.pc_begin, fde.pc_end) == (u.start, u.end)
+        assert fde.instructions.startswith(u.program)

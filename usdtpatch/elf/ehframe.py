@@ -330,13 +330,13 @@ def fde_program(pc_begin: int, rows: list[tuple[int, Row]]) -> bytes:
     return bytes(prog)
 
 
-def build_fde(fde_addr: int, cie_addr: int, pc_begin: int, pc_end: int,
-              rows: list[tuple[int, Row]], lsda: int | None = None) -> bytes:
-    """An FDE at `fde_addr` for [pc_begin, pc_end) whose rows change at the given addresses.
+def build_fde(fde_addr: int, cie_addr: int, pc_begin: int, pc_end: int, program: bytes,
+              lsda: int | None = None) -> bytes:
+    """An FDE at `fde_addr` for [pc_begin, pc_end) with the call frame instructions
+    `program` (fde_program's, for rows from `pc_begin`).
 
     With `lsda` (the address of the detour's LSDA), the FDE's augmentation data holds it,
     pcrel|sdata4: the CIE must be one of `build_personality_cie`."""
-    prog = fde_program(pc_begin, rows)
     cie_ptr = fde_addr + 4 - cie_addr
     pc_field = fde_addr + 8
     aug = uleb(0)
@@ -344,16 +344,15 @@ def build_fde(fde_addr: int, cie_addr: int, pc_begin: int, pc_end: int,
         aug = uleb(4) + _field("i", lsda - (fde_addr + 17), "FDE LSDA pointer")
     body = (_field("I", cie_ptr, "FDE CIE pointer") + _field("i", pc_begin - pc_field,
                                                                 "FDE pc_begin")
-            + _field("I", pc_end - pc_begin, "FDE pc_range") + aug + bytes(prog))
+            + _field("I", pc_end - pc_begin, "FDE pc_range") + aug + program)
     body += b"\0" * ((-(len(body) + 4)) % 8)  # DW_CFA_nop padding
     return struct.pack("<I", len(body)) + body
 
 
-def build_debug_frame(existing: bytes, fdes: list[tuple[int, int, list[tuple[int, Row]]]]
-                      ) -> bytes:
+def build_debug_frame(existing: bytes, fdes: list[tuple[int, int, bytes]]) -> bytes:
     """A `.debug_frame` (DWARF 4 section 6.4, version 1 CIE) holding `existing` (an original
     `.debug_frame`, kept byte for byte: its CIE pointers are offsets from the section start)
-    and then one CIE and an FDE per (pc_begin, pc_end, rows).
+    and then one CIE and an FDE per (pc_begin, pc_end, program: fde_program's).
 
     Why: gdb reads one section named `.eh_frame` (the original, left in place) and merges the
     FDEs of `.debug_frame` into it; the runtime unwinder reads PT_GNU_EH_FRAME's table instead.
@@ -365,9 +364,8 @@ def build_debug_frame(existing: bytes, fdes: list[tuple[int, int, list[tuple[int
             + sleb(DETOUR_DATA_ALIGN) + bytes([RIP]))
     body += b"\0" * ((-(len(body) + 4)) % 8)
     out += struct.pack("<I", len(body)) + body
-    for pc_begin, pc_end, rows in fdes:
-        body = (struct.pack("<IQQ", cie_at, pc_begin, pc_end - pc_begin)
-                + fde_program(pc_begin, rows))
+    for pc_begin, pc_end, program in fdes:
+        body = struct.pack("<IQQ", cie_at, pc_begin, pc_end - pc_begin) + program
         body += b"\0" * ((-(len(body) + 4)) % 8)
         out += struct.pack("<I", len(body)) + body
     return bytes(out)

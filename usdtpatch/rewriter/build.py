@@ -100,9 +100,8 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
                 personality_cies[du.personality] = got
             cie_addr = got
         fde_addr = blob_addr + len(blob)
-        blob += build_fde(fde_addr, cie_addr, du.detour.address, du.detour.end,
-                          list(du.rows), du.lsda)
-        table.append((du.detour.address, fde_addr))
+        blob += build_fde(fde_addr, cie_addr, du.start, du.end, du.program, du.lsda)
+        table.append((du.start, fde_addr))
     blob += b"\0\0\0\0"  # terminator
     hdr_addr = (blob_addr + len(blob) + 3) & ~3
     hdr = build_eh_frame_hdr(hdr_addr, where.eh_frame, table)
@@ -113,7 +112,7 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
     old = image.section(".debug_frame")
     if where.debug_frame:
         existing = image.section_data(old) if old is not None else b""
-        data = build_debug_frame(existing, [(du.detour.address, du.detour.end, list(du.rows))
+        data = build_debug_frame(existing, [(du.start, du.end, du.program)
                                             for du in plan.unwind])
         at = (hdr_addr + len(hdr) + 7) & ~7
         # the input's own (its functions' rows with the detours') takes its header over;

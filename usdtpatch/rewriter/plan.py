@@ -23,7 +23,7 @@ argument: a caller that skips verification says so with `verify=None`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import pairwise
 from typing import Any
@@ -85,6 +85,7 @@ from usdtpatch.elf.ehframe import (
     Row,
     build_detour_lsda,
     detour_call_sites,
+    fde_program,
     rows_at,
 )
 from usdtpatch.elf.image import (
@@ -193,12 +194,16 @@ class SiteDecision:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DetourUnwind:
-    """A detour and its unwind rows (new address, row), from the FDE of its window; with
-    `lsda` (the address of the detour's own LSDA, in the new segment's text) and
-    `personality` when it moves a call the function's exception tables cover."""
+    """A detour's unwind information: its [start, end) in the new segment and the call frame
+    instructions of its rows (usdtpatch.elf.ehframe.fde_program, from the FDE of its window:
+    the same bytes go to `.eh_frame` and `.debug_frame`; made when the detour is, so that the
+    plan holds a few bytes a detour, not its rows); with `lsda` (the address of the detour's
+    own LSDA, in the new segment's text) and `personality` when it moves a call the
+    function's exception tables cover."""
 
-    detour: Detour
-    rows: tuple[tuple[int, Row], ...]
+    start: int
+    end: int
+    program: bytes
     lsda: int | None = None
     personality: Personality | None = None
 
@@ -343,9 +348,6 @@ class _Inputs:
     relocs: Relocations
     by_address: SitesByAddress[SiteCheck]  # every site at each address (two notes may name one pc)
     ctx: CodeContext | None = None  # check's analysis (re-laying asks it, as check does)
-    # each distinct unwind row once: the detours' rows repeat the functions' few rows
-    # (issue 38, rewrite's memory: ~0.8 KB a detour held until the build otherwise)
-    rows: dict[Row, Row] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -715,8 +717,6 @@ def _detour_unwind(inputs: _Inputs, p: Probe, win: PatchWindow, detour: Detour,
     (address, bytes) where it moves a call the function's exception tables cover; _Skip where
     a moved call needs them and they cannot be built."""
     rows = _detour_rows(inputs.cfi, win, detour, sb.guarded, handling.emulate)
-    if not isinstance(rows, str):
-        rows = [(a, inputs.rows.setdefault(r, r)) for a, r in rows]
     lsda: tuple[int, bytes] | None = None
     eh = handling.eh
     code = findings.WINDOW_CALL_UNWIND.code if handling.technique == MOVED \
@@ -737,7 +737,8 @@ def _detour_unwind(inputs: _Inputs, p: Probe, win: PatchWindow, detour: Detour,
         raise _Skip(code, f"the detour's FDE cannot be built: {rows}")
     if isinstance(rows, str):
         return rows, None
-    return DetourUnwind(detour=detour, rows=tuple(rows),
+    return DetourUnwind(start=detour.address, end=detour.end,
+                        program=fde_program(detour.address, rows),
                         lsda=lsda[0] if lsda is not None else None,
                         personality=eh.personality if eh is not None else None), lsda
 

@@ -559,7 +559,8 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
 
     try:
         rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
-                     fork_guard=fg, progress=progress, calls=calls, phase=phase)
+                     fork_guard=fg, progress=progress, calls=calls, phase=phase,
+                     windows=False)  # the decisions keep their windows' spans only
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         return answer(outcome(False, note=str(exc)), copy)

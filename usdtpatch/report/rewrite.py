@@ -40,8 +40,8 @@ def site_json(o: SiteDecision) -> dict[str, Any]:
         "provider": o.probe.provider, "name": o.probe.name, "address": o.probe.address,
         "action": o.action.value, "code": o.code, "reason": o.reason, "new_pc": o.new_pc,
         "guarded": o.guarded, "extra_jumps_per_pass": o.extra_jumps,
-        "window": None if o.window is None else {
-            "start": o.window.start, "end": o.window.end, "shape": o.window.shape.value},
+        "window": None if o.span is None else {
+            "start": o.span.start, "end": o.span.end, "shape": o.span.shape.value},
         "detour": None if o.detour is None else {
             "address": o.detour.address, "size": len(o.detour.code)},
         "calls": o.calls, "retargeted": list(o.retargeted), "verification": o.verification,

@@ -193,7 +193,7 @@ def _line_moves(plan: RewritePlan, info: DebugInfo) -> dict[int, LineMove]:
     with its instruction."""
     out = {}
     for o in plan.sites:
-        w = o.window
+        w = o.span
         if w is None or o.action not in (Action.DETOUR, Action.IN_PLACE):
             continue
         sp = info.subprogram_at(w.start)
@@ -237,7 +237,7 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
     inside, `window-line-row`; the detours keep their symbols)."""
     image = plan.image
     detours = [o for o in plan.sites if o.action is Action.DETOUR and o.detour is not None
-               and o.window is not None]
+               and o.span is not None]
     if plan.dwarf is None:
         return []
     info, lines = plan.dwarf.info, plan.dwarf.lines
@@ -248,9 +248,9 @@ def _debug_info(plan: RewritePlan, names: dict[int, str], low: int, high: int
         out: list[DetourLines] = []
         unit = None
         for o in detours:
-            assert o.detour is not None and o.window is not None
-            rows = _detour_rows(lines, moves[o.window.start], o.detour.insn_map)
-            sp = info.subprogram_at(o.window.start)
+            assert o.detour is not None and o.span is not None
+            rows = _detour_rows(lines, moves[o.span.start], o.detour.insn_map)
+            sp = info.subprogram_at(o.span.start)
             if sp is None and not rows:
                 continue
             if unit is None and sp is not None:
@@ -320,7 +320,7 @@ def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[T
         "sites": [{"probe": o.probe.probe_id, "address": o.probe.address,
                    "action": o.action.value, "new_pc": o.new_pc, "guarded": o.guarded,
                    "reason": o.reason,
-                   "window": None if o.window is None else [o.window.start, o.window.end]}
+                   "window": None if o.span is None else [o.span.start, o.span.end]}
                   for o in plan.sites],
     }
     if layout.cut is not None:  # the input from `cut` on lies at `copy` in the output

@@ -156,8 +156,28 @@ def sites_failed(sites: Iterable[SiteDecision]) -> bool:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WindowSpan:
+    """What the output's build, its restore marker and the report read of a decided window:
+    its bounds, its shape and its function's bounds (PatchWindow's fields of those names)."""
+
+    shape: WindowShape
+    start: int
+    end: int
+    function_start: int
+    function_end: int
+
+    @classmethod
+    def of(cls, win: PatchWindow) -> WindowSpan:
+        return cls(shape=win.shape, start=win.start, end=win.end,
+                   function_start=win.function_start, function_end=win.function_end)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SiteDecision:
-    """The decision on one probe's site."""
+    """The decision on one probe's site. `span` is set wherever `window` was: the window
+    itself (its instructions and bytes) is dropped once the site is decided where the plan
+    is made for the output only (plan_rewrite's `windows=False`: rewrite's memory, issue 38),
+    its span is kept."""
 
     probe: Probe
     action: Action
@@ -184,6 +204,7 @@ class SiteDecision:
     # instruction that can fault (a signal handler reads the second)
     returns: tuple[tuple[int, int, int], ...] = ()
     faults: tuple[tuple[int, int], ...] = ()
+    span: WindowSpan | None = None
 
     @property
     def status(self) -> Status:
@@ -381,12 +402,14 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                  fork_guard: ForkGuard = ForkGuard.AUTO, verify: Verifier | None,
                  report: CheckReport | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 calls: str = CALLS_AUTO) -> RewritePlan:
+                 calls: str = CALLS_AUTO, windows: bool = True) -> RewritePlan:
     """Decide every site of `image` (pure: no I/O). `verify=None` skips the emulator's check.
 
     `progress(done, total)`, when given, is called after each site is decided. `calls` says
     how a window's calls are handled (CALL_CHOICES; docs/rewrite.md, "Windows that hold a
-    call").
+    call"). With `windows=False` (a plan made to build the output), each decision keeps its
+    window's span only, and the check's windows are let go as the walk passes them
+    (issue 38: rewrite's memory); the decisions are the same.
     """
     if calls not in CALL_CHOICES:
         raise ValueError(f"calls must be one of {', '.join(CALL_CHOICES)}, not {calls!r}")
@@ -397,33 +420,49 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                            fork_guard=fork_guard, verified=verify is not None, sites=(),
                            findings=ps.findings, layout=None)
     rep = report if report is not None else check(ps)
+    order = sorted(rep.sites, key=lambda s: s.probe.address)
     base_sec = image.section(BASE_SECTION)
     layout = plan_segment(image, base_sec.addr if base_sec is not None else None)
     inputs = _Inputs(image=image, form=form, guard=guard, calls=calls, verify=verify,
                      cfi=load_cfi(image), shstk=shadow_stack_marked(image),
                      relocs=Relocations(image),  # read on the first question
-                     by_address=SitesByAddress(rep.sites), ctx=rep.context)
+                     by_address=SitesByAddress(order), ctx=rep.context)
     seg = _Segment(text_addr=layout.payload_vaddr, cursor=layout.payload_vaddr,
                    text=bytearray(), patches=[], claimed=Claims(), unwind=[], new_args={},
                    # said again below only where a detour is added (_whole_file)
                    found=[f for f in rep.findings
                           if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code])
+    del rep  # its sites are `order`'s: let go below where this plan made them
+    let_go = not windows and report is None
     decided: dict[int, SiteDecision] = {}
-    order = sorted(rep.sites, key=lambda s: s.probe.address)
     for n, sc in enumerate(order):
+        if let_go and n:
+            _passed(order, inputs.by_address, n - 1)
         if progress is not None:
-            progress(n, len(rep.sites))
+            progress(n, len(order))
         if sc.probe.index in decided:
             continue  # moved along in an earlier site's window
         try:
             for d in _decide_site(inputs, seg, order, n):
-                decided[d.probe.index] = d
+                decided[d.probe.index] = d if windows else replace(d, window=None)
         except _Skip as skip:
             decided[sc.probe.index] = _skip(sc, skip.code, skip.reason, skip.verification)
     return _whole_file(RewritePlan(image=image, probeset=ps, form=form, guard=guard,
                                    fork_guard=fork_guard, verified=verify is not None,
                                    sites=tuple(decided[p.index] for p in ps.probes),
                                    findings=tuple(seg.found), layout=layout), seg)
+
+
+def _passed(order: list[SiteCheck], by_address: SitesByAddress[SiteCheck], k: int) -> None:
+    """Let go of the window of `order[k]`, a site the walk has passed: a site's decision reads
+    the windows of the site and of those after it (_window, join_following), of the sites
+    before it their probes and red zones only."""
+    sc = order[k]
+    if sc.window is None:
+        return
+    order[k] = slim = replace(sc, window=None)
+    same = by_address.at[sc.probe.address]
+    same[next(i for i, m in enumerate(same) if m is sc)] = slim
 
 
 def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
@@ -454,7 +493,8 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
         seg.new_args.update(new_args)
         return [SiteDecision(probe=sc.probe, action=Action.IN_PLACE, code=None,
                              reason=f"{inputs.form.value} written over {win.size} bytes of NOPs",
-                             new_pc=sc.probe.address + sb.pc_offset, window=win, detour=None,
+                             new_pc=sc.probe.address + sb.pc_offset, window=win,
+                             span=WindowSpan.of(win), detour=None,
                              guarded=guarded, extra_jumps=0, verification=NOT_VERIFIED)]
     handling = _call_handling(inputs, win)
     _debug_kept_true(inputs, win)
@@ -521,7 +561,8 @@ def _relaid(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
                          reason=f"re-laid in place: {w.size} bytes re-encoded, "
                                 f"{inputs.form.value} at the probe's address"
                                 + observed_text(returns, faults),
-                         new_pc=sc.probe.address, window=w, detour=None, guarded=False,
+                         new_pc=sc.probe.address, window=w, span=WindowSpan.of(w),
+                         detour=None, guarded=False,
                          extra_jumps=0, calls=None, verification=verification,
                          relaid=laid, returns=returns, faults=faults)]
 
@@ -627,11 +668,12 @@ def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
               + (f"; entered by a jmp rel8 through the stub at {win.entry_stub:#x}"
                  if win.entry_stub is not None else "")
               + observed_text(returns, faults))
+    span = WindowSpan.of(win)
     return [SiteDecision(probe=m.probe, code=None,
                          action=Action.DETOUR if m.probe.index == sc.probe.index
                          else Action.MOVED,
                          reason=reason, new_pc=mapping[m.probe.address] + sb.pc_offset,
-                         window=win, detour=detour, guarded=sb.guarded,
+                         window=win, span=span, detour=detour, guarded=sb.guarded,
                          extra_jumps=win.extra_jumps,
                          calls=handling.technique,
                          retargeted=tuple(w for _a, _o, _b, w in ways),

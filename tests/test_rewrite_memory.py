@@ -15,13 +15,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.synthetic_asm import build
 from tests.helpers import fixture
 from usdtpatch import api, jsondoc
+from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf import validate as validate_mod
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.rewriter import plan as plan_mod
 from usdtpatch.rewriter.build import build_rewrite
-from usdtpatch.rewriter.plan import RewritePlan
+from usdtpatch.rewriter.plan import Action, RewritePlan, SiteDecision, WindowSpan
 
 
 def _former(data: bytes) -> int:
@@ -102,3 +105,36 @@ def test_the_plan_holds_each_detours_unwind_as_its_frame_program() -> None:
         fde = cfi.lookup(u.start)
         assert fde is not None and (fde.pc_begin, fde.pc_end) == (u.start, u.end)
         assert fde.instructions.startswith(u.program)
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated shared library of 400 probes, each in its own function (bench/)."""
+    return build(tmp_path_factory.mktemp("synthetic"), 400)
+
+
+def test_the_plan_for_the_output_holds_no_window_past_its_site(
+        library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rewrite's plan (windows=False) lets go of each check window once the walk has passed
+    its site, and its decisions keep the spans only: the windows alive fall as the walk
+    decides 400 sites (they stayed 400: the check's, then the decisions'), and the output is
+    the bytes of the plan that keeps every window."""
+    alive: list[int] = []
+    decide = plan_mod._decide_site
+
+    def counting(inputs: Any, seg: Any, order: list[Any], n: int) -> list[SiteDecision]:
+        if n % 50 == 0:
+            gc.collect()
+            alive.append(sum(isinstance(o, PatchWindow) for o in gc.get_objects()))
+        return decide(inputs, seg, order, n)
+
+    monkeypatch.setattr(plan_mod, "_decide_site", counting)
+    out = api.rewrite_bytes(library, library.parent / "out.so", verify=False,
+                            fork_guard="never", form="nop5")
+    monkeypatch.undo()
+    assert len(alive) == 8 and alive == sorted(alive, reverse=True) and alive[-1] < 80, alive
+    assert sum(s.action is not Action.SKIPPED for s in out.outcome.sites) == 400
+    assert all(s.window is None and s.span is not None for s in out.outcome.sites)
+    whole = api.rewrite_plan(library, verify=False, fork_guard="never", form="nop5")
+    assert all(s.window is not None and s.span == WindowSpan.of(s.window) for s in whole.sites)
+    assert build_rewrite(whole) == out.data

@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from bench.synthetic_asm import build
 from tests.helpers import fixture
 from usdtpatch import api, jsondoc
+from usdtpatch.analysis.targets import CodeContext
 from usdtpatch.analysis.windows import PatchWindow
 from usdtpatch.elf import validate as validate_mod
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.image import ElfImage, parse_elf
+from usdtpatch.rewriter import build as build_mod
 from usdtpatch.rewriter import plan as plan_mod
 from usdtpatch.rewriter.build import build_rewrite
 from usdtpatch.rewriter.plan import Action, RewritePlan, SiteDecision, WindowSpan
@@ -73,6 +75,23 @@ def test_the_plan_is_gone_when_the_output_is_checked(tmp_path: Path,
     out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
     assert out.changed and out.sites
     assert seen == [0]
+
+
+def test_the_checks_context_is_gone_when_the_output_is_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's context (each site's function, FDE and index entries, kept for the fork
+    guard's questions) is let go once the plan is made: the build reads none of it."""
+    seen: list[int] = []
+    build = build_mod.build_rewrite
+
+    def counting(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
+        gc.collect()
+        seen.append(sum(isinstance(o, CodeContext) for o in gc.get_objects()))
+        return build(plan, keep_build_id)
+
+    monkeypatch.setattr(build_mod, "build_rewrite", counting)
+    out = api.rewrite(fixture("demo"), tmp_path / "out", verify=False)
+    assert out.changed and seen == [0]
 
 
 def test_the_output_check_reads_the_markers_sites_as_nothing(

@@ -564,6 +564,9 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         return answer(outcome(False, note=str(exc)), copy)
+    from usdtpatch.analysis.hazards import forget_context
+
+    forget_context()  # the plan is made: the check's context is not read again
     if rp.fork_refusal is not None:  # the plan's decision: a dry run refuses it too
         raise UnsupportedError(rp.fork_refusal)
     changed, sites, found = rp.changed, rp.sites, rp.findings

@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import REAL_BINARIES, fixture_files, run_cli
+from tests.helpers import REAL_BINARIES, fixture, fixture_files, run_cli
+from usdtpatch import cli
+from usdtpatch.analysis import check as check_mod
+from usdtpatch.cli.cmd_check import build_document
 from usdtpatch.report.plain import (
     BELOW_UNDER,
     check_text,
@@ -24,6 +27,7 @@ from usdtpatch.report.plain import (
     wrap_words,
 )
 from usdtpatch.report.render import make_console, render_check, render_list
+from usdtpatch.report.text import FORMS_LINE
 
 FILES = [*fixture_files(), *(p for p in REAL_BINARIES.values() if p.exists())]
 
@@ -201,3 +205,27 @@ def test_several_files_and_an_unreadable_one_are_richs(tmp_path: Path) -> None:
     res = run_cli("list", "--json", fixture("demo"), fixture("bad-args"), fixture("noprobes"))
     doc = json.loads(res.out)
     assert list_text(doc) == _rich_list(doc)
+
+
+def test_a_check_table_rich_lays_out_is_made_from_one_analysis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table the plain layout leaves to rich (a path that is not ASCII) is rich's layout of
+    the rows written as the sites were decided: the file is analysed once (it was twice: the
+    whole document made again for rich), and the text is rich's of the whole document."""
+    copy = tmp_path / "prögram"
+    copy.write_bytes(fixture("demo").read_bytes())
+    ran: list[str] = []
+    analysis = check_mod.check
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        ran.append("check")
+        return analysis(*args, **kw)
+
+    monkeypatch.setattr(check_mod, "check", counting)
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.main(["check", "--fail-on", "never", str(copy)], out, err)
+    assert rc == 0 and ran == ["check"], err.getvalue()
+    whole = build_document([str(copy)], None, "never")
+    assert check_text(whole) is None  # rich lays it out
+    assert out.getvalue() == _rich_check(whole) + FORMS_LINE + "\n"
+    assert "error [" in out.getvalue() or "warning [" in out.getvalue()  # site findings too

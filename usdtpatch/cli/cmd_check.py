@@ -234,9 +234,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         else:
             from usdtpatch.report.text import print_check
 
-            print_check(out, doc, summary_only=args.summary, forms_line=not args.summary,
-                        whole=lambda: build_document(args.files, None, args.fail_on, None,
-                                                     _options(args)))
+            print_check(out, doc, summary_only=args.summary, forms_line=not args.summary)
         return EXIT_UNUSABLE if doc["errors"] else EXIT_FAIL if failed else EXIT_OK
     views: list[list[dict[str, Any]]] | None = [] if fmt == "html" else None
     doc = build_document(args.files, err, args.fail_on, views, _options(args), args.probe)

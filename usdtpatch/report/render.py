@@ -90,24 +90,32 @@ def render_findings(console: Console, findings: list[dict[str, str]]) -> None:
 
 def render_check(console: Console, doc: dict[str, Any], summary_only: bool = False) -> None:
     """`check`'s table per file, its findings and the summary line (an unusable input's
-    line is on stderr, once)."""
+    line is on stderr, once). A file written site by site (cmd_check's writer) carries its
+    sites' cells (`rows`) and finding lines (`finding_lines`) in place of their entries:
+    the same text, the lines' severity styled (not their hints)."""
     for f in doc["files"]:
         elf = f["elf"]
         console.print(Text(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
                            f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)", style="bold"))
-        if f["sites"] and not summary_only:
+        made = f.get("rows")
+        if (f["sites"] or made) and not summary_only:
             table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
             for col in ("probe", "address", "site", "6.18", "nop10 (unreleased)", "outcome"):
                 table.add_column(col, no_wrap=True)
             table.add_column("function", overflow="fold", ratio=1)
             table.add_column("findings", overflow="fold", ratio=1)
-            for s in f["sites"]:
-                table.add_row(*(Text(c) for c in check_cells(s)))
+            for cells in (check_cells(s) for s in f["sites"]) if made is None else made:
+                table.add_row(*(Text(c) for c in cells))
             console.print(table)
         if not summary_only:
             render_findings(console, f["findings"])
-            for s in f["sites"]:
-                render_findings(console, s["findings"])
+            if made is None:
+                for s in f["sites"]:
+                    render_findings(console, s["findings"])
+            for line in f.get("finding_lines", ()) if made is not None else ():
+                severity, space, rest = line.partition(" ")
+                console.print(Text(severity, style=_SEVERITY_STYLE.get(severity, "")) +
+                              Text(space + rest), soft_wrap=True)
         console.print(Text(check_summary_line(f)))
 
 

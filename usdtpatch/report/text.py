@@ -25,7 +25,6 @@ from usdtpatch.report.plain import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import IO, Any
 
 # which site form each kernel generation optimizes (docs/rewrite.md, "Site forms")
@@ -69,20 +68,16 @@ def print_list(out: IO[str], doc: dict[str, Any]) -> None:
 
 
 def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False,
-                forms_line: bool = False,
-                whole: Callable[[], dict[str, Any]] | None = None) -> None:
-    """Print `check`'s table report: plain text (rich for what plain.py leaves to it); with
-    `forms_line`, FORMS_LINE after it when a file has sites. `whole`: for a document whose
-    files carry their sites' rows instead of their entries (cmd_check's writer), the whole
-    document, made again for rich."""
+                forms_line: bool = False) -> None:
+    """`check`'s table report: plain text (rich for what plain.py leaves to it, from the
+    same document: a file's sites' rows where cmd_check's writer made them); with
+    `forms_line`, FORMS_LINE after it when a file has sites."""
     text = check_text(doc, summary_only, terminal_width(out))
     if text is not None:
         out.write(text)
     else:
         from usdtpatch.report.render import make_console, render_check
 
-        if whole is not None:
-            doc = whole()
         render_check(make_console(out, width=rich_width(out)), doc, summary_only=summary_only)
     if forms_line and any(f.get("sites") or f.get("rows") for f in doc.get("files", [])):
         out.write(FORMS_LINE + "\n")

@@ -212,7 +212,8 @@ def test_verifier_accepts_the_moved_call_and_rejects_a_wrong_one() -> None:
     assert _verify(plan, "each", replace(d.detour, code=bytes(code))) is not None
     # the return address must be the detour's copy of the original one
     wrong = tuple((o, n + 1 if o == d.window.end else n) for o, n in d.detour.insn_map)
-    why = _verify(plan, "each", replace(d.detour, insn_map=wrong))
+    why = _verify(plan, "each", Detour(d.detour.address, d.detour.code,
+                                       d.detour.probe_address, d.detour.site_length, wrong))
     assert why is not None and "memory written differs" in why
 
 

@@ -176,9 +176,15 @@ def first_note(data: bytes, byteorder: str = "<") -> OneNote | None:
 
 def make_note(owner: bytes, ntype: int, desc: bytes, byteorder: str = "<") -> bytes:
     """One note's bytes: `owner` (NUL included) and `desc`, each padded to 4 bytes."""
-    return (struct.pack(byteorder + "III", len(owner), len(desc), ntype)
-            + owner + b"\0" * (_align4(len(owner)) - len(owner))
+    return (note_head(owner, ntype, len(desc), byteorder)
             + desc + b"\0" * (_align4(len(desc)) - len(desc)))
+
+
+def note_head(owner: bytes, ntype: int, descsz: int, byteorder: str = "<") -> bytes:
+    """A note's bytes up to its descriptor: the header and `owner` (NUL included), padded
+    to 4 bytes."""
+    return (struct.pack(byteorder + "III", len(owner), descsz, ntype)
+            + owner + b"\0" * (_align4(len(owner)) - len(owner)))
 
 
 def build_id(data: bytes, byteorder: str = "<") -> str | None:

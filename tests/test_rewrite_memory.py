@@ -1,11 +1,16 @@
 """What rewrite holds at its peak (issue 38, rewrite's memory): jsondoc.nesting (the depth
 bound read before every marker and plan is parsed) holds no memory that grows with the
 document's strings (the output check of a 10,000-site rewrite read the marker's
-480,000-character string with ~65 MB); the plan is gone when the output check runs."""
+480,000-character string with ~65 MB); the plan is gone when the output check runs; the
+build holds the output once and little else (a dict per site for the marker, the file
+joined from pieces and copied again for a moved build-id: ~1.9 KB a probe over the
+output), and the output check reads the marker, the notes and the recipe's bytes where
+they lie (~1.3 KB a probe before)."""
 
 from __future__ import annotations
 
 import gc
+import json
 import re
 import tracemalloc
 from pathlib import Path
@@ -15,10 +20,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.synthetic_asm import build
 from tests.helpers import fixture
 from usdtpatch import api, jsondoc
 from usdtpatch.elf import validate as validate_mod
 from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.marker import MARKER_OWNER, MARKER_TYPE, marker_note
+from usdtpatch.elf.notes import make_note
+from usdtpatch.rewriter.build import build_rewrite
 from usdtpatch.rewriter.plan import RewritePlan
 
 
@@ -90,3 +99,61 @@ def test_the_plan_keeps_each_distinct_unwind_row_once() -> None:
     rows = [r for u in plan.unwind for _, r in u.rows]
     assert len(plan.unwind) == 4 and len(rows) > len(set(rows))  # the detours share rows
     assert len({id(r) for r in rows}) == len(set(rows))
+
+
+PROBES = 2000  # a generated library (bench/synthetic_asm.py): ~4 s for both tests
+
+
+@pytest.fixture(scope="module")
+def synthetic_plan(tmp_path_factory: pytest.TempPathFactory) -> RewritePlan:
+    lib = build(tmp_path_factory.mktemp("memory"), PROBES)
+    plan = api.rewrite_plan(lib, verify=False, fork_guard="never", form="nop5")
+    assert plan.changed and len(plan.sites) == PROBES
+    return plan
+
+
+def _traced_peak(run: Any) -> tuple[Any, int]:
+    """run()'s value and the peak of the memory it allocated (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        got = run()
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return got, peak
+
+
+def test_the_build_holds_the_output_once(synthetic_plan: RewritePlan) -> None:
+    # at most the output and 800 bytes a probe (its new tables and marker, ~560 bytes a
+    # probe); before: 1,865 bytes a probe over the output (3.9 times the output)
+    out, peak = _traced_peak(lambda: build_rewrite(synthetic_plan))
+    over = (peak - len(out)) / PROBES
+    assert over < 800, f"the build's peak: {peak} bytes, {over:.0f} a probe over the output"
+
+
+def test_the_output_check_reads_the_output_where_it_lies(synthetic_plan: RewritePlan) -> None:
+    out = build_rewrite(synthetic_plan)
+    validate_mod.validate_output(out, synthetic_plan.image)  # its imports, once
+    _none, peak = _traced_peak(lambda: validate_mod.validate_output(out, synthetic_plan.image))
+    # ~490 bytes a probe; before: 1,330 (three copies of the marker, the notes of both files
+    # at once, the recipe's bytes copied)
+    assert peak / PROBES < 700, f"the output check's peak: {peak} bytes"
+
+
+@pytest.mark.parametrize("doc", [
+    {"tool": "usdtpatch", "build_id": None, "cut": [1, 2], "fork_guard": {"z": 1, "a": [True]}},
+    {"elf_header": "7f454c46", "reason": "caf\u00e9 \"quoted\"\n\\", "n": -3},
+    {},
+])
+def test_the_marker_is_the_json_of_the_whole_document(doc: dict[str, object]) -> None:
+    sites = [{"probe": f"p:{i}\u2603", "address": i, "action": "detour", "new_pc": None,
+              "guarded": i % 2 == 0, "reason": None if i else "why \"not\"",
+              "window": [i, i + 5]} for i in range(3)]
+    every: list[dict[str, list[Any]]] = [{}, {"patches": [[64, "00ff"]], "sites": sites},
+                                         {"sites": []}]
+    for arrays in every:
+        whole = {**doc, **arrays}
+        text = json.dumps(whole, sort_keys=True, separators=(",", ":")).encode()
+        want = make_note(MARKER_OWNER, MARKER_TYPE, text + b"\0" * (-len(text) % 4))
+        assert marker_note(doc, {k: iter(v) for k, v in arrays.items()}) == want

@@ -632,7 +632,7 @@ def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
     for off, data in rw.patches:
         if off < 64 or off + len(data) > len(image.data):
             raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
-        edits.append((off, data))
+    edits += rw.patches  # the caller's pairs themselves (a new pair per patch: 56 bytes each)
     in_copy: list[tuple[int, bytes]] = []
     for t in rw.tail:
         if t.place is None:

@@ -376,9 +376,10 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
     symbols = _symtab(image, plan.symbols)
     names = {a: n for n, a, _s in plan.symbols.symbols}
     tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *symbols,
-            *_debug_info(plan, names, text_addr, text_addr + len(text)),
-            TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
-                        _marker(plan, patches, symbols, alloc), 4)]
+            *_debug_info(plan, names, text_addr, text_addr + len(text))]
+    del names  # the detours' names, a dict entry each, are not held while the file is made
+    tail.append(TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
+                            _marker(plan, patches, symbols, alloc), 4))
     return write(image, Rewrite(layout=plan.layout, patches=tuple(patches), alloc=tuple(alloc),
                                 tail=tuple(tail), renames=renames, eh_frame_hdr=hdr_addr,
                                 grown=grown, moved_patches=moved))

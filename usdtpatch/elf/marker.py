@@ -17,7 +17,8 @@ that was never rewritten loads no json).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import BinaryIO
 
 from usdtpatch.elf.image import SHT_PROGBITS, ElfImage
 from usdtpatch.elf.notes import first_note, note_head
@@ -52,37 +53,58 @@ def marker_of(image: ElfImage) -> dict[str, object] | None:
     return doc
 
 
-def marker_note(doc: Mapping[str, object],
-                arrays: Mapping[str, Iterable[object]] | None = None) -> bytes:
-    """The marker note's bytes for `doc` with the arrays of `arrays` among its keys, each
-    given item by item: every item is encoded as it comes and dropped, so that a marker of
-    many sites is never held as objects (a dict per site held 570 bytes a probe at the
-    rewrite's peak, issue 38). The JSON text is the one json.dumps gives the whole document
-    with sorted keys and no spaces; the note is written into one buffer (`io.BytesIO`, whose
-    getvalue hands its bytes over without a copy)."""
-    import io
-    import json
+class MarkerNote:
+    """The marker note for `doc` with the arrays of `arrays` among its keys, never held
+    whole: each array is a callable that gives its items anew, each item encoded as it
+    comes, once to count the note's bytes (`len`) and once as it is written (`write_to`),
+    straight into the output file (usdtpatch.elf.writer; a 100,000-site marker held and
+    then copied was ~35 MiB of the rewrite's peak, issue 38). The JSON text is the one
+    json.dumps gives the whole document with sorted keys and no spaces."""
 
-    enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-    arrays = arrays or {}
+    def __init__(self, doc: Mapping[str, object],
+                 arrays: Mapping[str, Callable[[], Iterable[object]]] | None = None) -> None:
+        self._doc = doc
+        self._arrays = arrays or {}
+        text = sum(len(chunk) for chunk in self._text())
+        self._descsz = text + (-text) % 4  # descsz counts the padding (as it always has)
+        self._head = note_head(MARKER_OWNER, MARKER_TYPE, self._descsz)
+
+    def __len__(self) -> int:
+        return len(self._head) + self._descsz
+
+    def _text(self) -> Iterator[bytes]:
+        import json
+
+        enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+        yield b"{"
+        for i, key in enumerate(sorted([*self._doc, *self._arrays])):
+            yield f"{',' if i else ''}{enc.encode(key)}:".encode()
+            if key not in self._arrays:
+                yield enc.encode(self._doc[key]).encode()
+                continue
+            yield b"["
+            for j, item in enumerate(self._arrays[key]()):
+                yield f"{',' if j else ''}{enc.encode(item)}".encode()
+            yield b"]"
+        yield b"}"
+
+    def write_to(self, out: BinaryIO) -> None:
+        """The note's bytes written to `out` (len(self) of them)."""
+        out.write(self._head)
+        text = 0
+        for chunk in self._text():
+            out.write(chunk)
+            text += len(chunk)
+        if text + (-text) % 4 != self._descsz:
+            raise AssertionError("the marker's arrays gave other items the second time")
+        out.write(bytes((-text) % 4))
+
+
+def marker_note(doc: Mapping[str, object],
+                arrays: Mapping[str, Callable[[], Iterable[object]]] | None = None) -> bytes:
+    """The marker note's bytes (MarkerNote's, whole)."""
+    import io
+
     out = io.BytesIO()
-    head = note_head(MARKER_OWNER, MARKER_TYPE, 0)  # descsz written once known
-    out.write(head)
-    start = len(head)  # the descriptor: the JSON text
-    out.write(b"{")
-    for i, key in enumerate(sorted([*doc, *arrays])):
-        out.write(f"{',' if i else ''}{enc.encode(key)}:".encode())
-        if key not in arrays:
-            out.write(enc.encode(doc[key]).encode())
-            continue
-        out.write(b"[")
-        for j, item in enumerate(arrays[key]):
-            out.write(f"{',' if j else ''}{enc.encode(item)}".encode())
-        out.write(b"]")
-    out.write(b"}")
-    out.write(bytes((-(out.tell() - start)) % 4))  # descsz counts the padding (as it
-    # always has)
-    descsz = out.tell() - start
-    out.seek(0)
-    out.write(note_head(MARKER_OWNER, MARKER_TYPE, descsz))
+    MarkerNote(doc, arrays).write_to(out)
     return out.getvalue()

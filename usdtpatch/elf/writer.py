@@ -55,7 +55,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from usdtpatch.elf.image import (
     PF_R,
@@ -453,6 +453,15 @@ class AllocSection:
     old_name: str | None = None
 
 
+class Deferred(Protocol):
+    """A section's bytes made as they are written into the output, never held whole (the
+    restore marker, usdtpatch.elf.marker.MarkerNote): `len` of them, by `write_to`."""
+
+    def __len__(self) -> int: ...
+
+    def write_to(self, out: BinaryIO) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TailSection:
     """A non-allocated section appended after the segment. `link_name` names the section its
@@ -460,7 +469,7 @@ class TailSection:
 
     name: str
     type: int
-    data: bytes
+    data: bytes | Deferred
     align: int = 8
     entsize: int = 0
     link_name: str | None = None
@@ -522,7 +531,7 @@ class ProgramHeader:
                                      f"the rewritten file, past 64 bits")
 
 
-Piece = tuple[int, bytes | memoryview]  # (file offset, bytes written there)
+Piece = tuple[int, bytes | memoryview | Deferred]  # (file offset, what is written there)
 
 
 @dataclass(slots=True)
@@ -613,12 +622,12 @@ def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[Progra
 
 
 def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
-           ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+           ) -> tuple[list[Piece], list[Piece]]:
     """(file offset, bytes) written over the input before the cut, and (offset in the copy,
     bytes) past it: the program header table (or its room in the new segment), the moved
     hash tables' `.dynamic` entries, the patches, and the sections grown in place."""
     lay = rw.layout
-    edits: list[tuple[int, bytes]] = []
+    edits: list[Piece] = []
     if lay.in_place:
         edits.append((64, table))
         for at in lay.moved.dynamic if lay.moved is not None else ():
@@ -633,7 +642,7 @@ def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
         if off < 64 or off + len(data) > len(image.data):
             raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
     edits += rw.patches  # the caller's pairs themselves (a new pair per patch: 56 bytes each)
-    in_copy: list[tuple[int, bytes]] = []
+    in_copy: list[Piece] = []
     for t in rw.tail:
         if t.place is None:
             continue
@@ -648,7 +657,7 @@ def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
     return edits, in_copy
 
 
-def _head(image: ElfImage, lay: SegmentLayout, edits: list[tuple[int, bytes]]) -> int:
+def _head(image: ElfImage, lay: SegmentLayout, edits: list[Piece]) -> int:
     """Where the input from byte 64 to the cut (or its end) with the edits ends: the room up
     to the new segment is the gap (`_Tail`). Refuses edits that overlap or lie past the
     cut."""
@@ -690,12 +699,12 @@ class _Tail:
             return offset
         return self.copy_at + offset - self.cut
 
-    def put(self, at: int, data: bytes | memoryview) -> None:
+    def put(self, at: int, data: bytes | memoryview | Deferred) -> None:
         """`data` at file offset `at` from `base` on (the file grows to hold it)."""
         self.pieces.append((at, data))
         self.end = max(self.end, at + len(data))
 
-    def append(self, data: bytes, align: int) -> int:
+    def append(self, data: bytes | Deferred, align: int) -> int:
         """`data` at the next offset aligned to `align`, in the gap when it fits there; its
         file offset."""
         at = _align(self.gap_end, align)
@@ -709,7 +718,7 @@ class _Tail:
 
 
 def _segment_and_copy(image: ElfImage, rw: Rewrite, seg: _Segment,
-                      in_copy: list[tuple[int, bytes]], gap_at: int) -> _Tail:
+                      in_copy: list[Piece], gap_at: int) -> _Tail:
     """The new segment, then (with a cut) the input from the cut on with the edits that fall
     there: no second copy of a large end (a symbol table)."""
     lay = rw.layout
@@ -937,7 +946,10 @@ def _assemble(size: int, pieces: list[Piece]) -> bytes:
         if at + len(data) > size:
             raise AssertionError(f"a piece at {at:#x} runs past the file's end {size:#x}")
         out.seek(at)
-        out.write(data)
+        if isinstance(data, bytes | bytearray | memoryview):
+            out.write(data)
+        else:
+            data.write_to(out)
     return out.getvalue()
 
 

@@ -12,6 +12,8 @@ out the file.
 from __future__ import annotations
 
 import hashlib
+from array import array
+from collections.abc import Iterator
 from dataclasses import replace
 
 from usdtpatch.analysis.probes import NOTE_SECTION
@@ -45,7 +47,7 @@ from usdtpatch.elf.image import (
     SHT_SYMTAB,
     ElfImage,
 )
-from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, marker_note
+from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, MarkerNote
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_with_functions
 from usdtpatch.elf.writer import (
@@ -297,20 +299,25 @@ def _notes(plan: RewritePlan) -> bytes:
 
 
 def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[TailSection],
-            alloc: list[AllocSection]) -> bytes:
+            alloc: list[AllocSection]) -> MarkerNote:
     """The restore marker's note: the in-place edits' original bytes and the original bytes
     under a section grown in place (restore truncates the file, so only bytes inside it
-    count), the sites, the cut and the fork guard. The patches and the sites are handed to
-    marker_note one by one (a dict per site held at once was 570 bytes a probe, issue 38)."""
+    count), the sites, the cut and the fork guard. The patches and the sites are encoded one
+    by one as the note is written into the output (MarkerNote; a dict per site held at once
+    was 570 bytes a probe, the note's bytes held 250, issue 38)."""
     image, layout = plan.image, plan.layout
     assert layout is not None
-    kept = list(patches) + [(t.place[2], t.data) for t in symbols if t.place is not None
-                            and t.place[2] < len(image.data)]
-    kept += [(off, bytes(size)) for off, size in in_place_regions(image, layout)]
+    kept = [*((off, len(code)) for off, code in patches),
+            *((t.place[2], len(t.data)) for t in symbols if t.place is not None
+              and t.place[2] < len(image.data)),
+            *in_place_regions(image, layout)]
     lengths: dict[int, int] = {}
-    for off, code in kept:  # one entry per offset, the longest range written there
-        lengths[off] = max(lengths.get(off, 0), len(code))
+    for off, size in kept:  # one entry per offset, the longest range written there
+        lengths[off] = max(lengths.get(off, 0), size)
     del kept
+    offsets = array("q", sorted(lengths))
+    sizes = array("q", (lengths[off] for off in offsets))
+    del lengths
     marker: dict[str, object] = {
         "tool": "usdtpatch", "version": __version__, "form": plan.form.value,
         "guard": plan.guard.value,
@@ -323,12 +330,19 @@ def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[T
         marker["cut"] = [layout.cut, cut_copy_at(layout, alloc)]
     if plan.fork_guard_code is not None:  # absent without a guard: as it always was
         marker["fork_guard"] = dict(plan.fork_guard_code.marker)
-    patched = ([off, image.data[off : off + n].hex()] for off, n in sorted(lengths.items()))
-    sites = ({"probe": o.probe.probe_id, "address": o.probe.address, "action": o.action.value,
-              "new_pc": o.new_pc, "guarded": o.guarded, "reason": o.reason,
-              "window": None if o.window is None else [o.window.start, o.window.end]}
-             for o in plan.sites)
-    return marker_note(marker, {"patches": patched, "sites": sites})
+
+    def patched() -> Iterator[list[object]]:
+        return ([off, image.data[off : off + n].hex()]
+                for off, n in zip(offsets, sizes, strict=True))
+
+    def sites() -> Iterator[dict[str, object]]:
+        return ({"probe": o.probe.probe_id, "address": o.probe.address,
+                 "action": o.action.value, "new_pc": o.new_pc, "guarded": o.guarded,
+                 "reason": o.reason,
+                 "window": None if o.window is None else [o.window.start, o.window.end]}
+                for o in plan.sites)
+
+    return MarkerNote(marker, {"patches": patched, "sites": sites})
 
 
 def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:

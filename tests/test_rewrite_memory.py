@@ -163,3 +163,17 @@ def test_the_marker_is_the_json_of_the_whole_document(doc: dict[str, object]) ->
         text = json.dumps(whole, sort_keys=True, separators=(",", ":")).encode()
         want = make_note(MARKER_OWNER, MARKER_TYPE, text + b"\0" * (-len(text) % 4))
         assert marker_note(doc, {k: _again(v) for k, v in arrays.items()}) == want
+
+
+def test_a_patch_given_as_text_in_pieces() -> None:
+    from usdtpatch.elf.marker import Encoded
+    from usdtpatch.rewriter.build import _hex_pair
+
+    data = bytes(range(256)) * 600  # 150 KiB: three pieces of hex
+    pairs = [(64, 5), (1000, len(data) - 1000)]
+    doc = {"tool": "usdtpatch", "patches": [[o, data[o : o + n].hex()] for o, n in pairs]}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    want = make_note(MARKER_OWNER, MARKER_TYPE, text + b"\0" * (-len(text) % 4))
+    got = marker_note({"tool": "usdtpatch"},
+                      {"patches": lambda: (Encoded(_hex_pair(data, o, n)) for o, n in pairs)})
+    assert got == want

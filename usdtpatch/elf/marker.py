@@ -18,6 +18,7 @@ that was never rewritten loads no json).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from usdtpatch.elf.image import SHT_PROGBITS, ElfImage
@@ -53,6 +54,14 @@ def marker_of(image: ElfImage) -> dict[str, object] | None:
     return doc
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An item of a MarkerNote array given as its JSON text, in pieces (a large patch's
+    hex, a 4.8 MB string at 100,000 symbols, is never one string)."""
+
+    text: Iterator[bytes]
+
+
 class MarkerNote:
     """The marker note for `doc` with the arrays of `arrays` among its keys, never held
     whole: each array is a callable that gives its items anew, each item encoded as it
@@ -84,7 +93,12 @@ class MarkerNote:
                 continue
             yield b"["
             for j, item in enumerate(self._arrays[key]()):
-                yield f"{',' if j else ''}{enc.encode(item)}".encode()
+                if j:
+                    yield b","
+                if isinstance(item, Encoded):
+                    yield from item.text
+                else:
+                    yield enc.encode(item).encode()
             yield b"]"
         yield b"}"
 

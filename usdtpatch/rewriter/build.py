@@ -46,8 +46,9 @@ from usdtpatch.elf.image import (
     SHT_STRTAB,
     SHT_SYMTAB,
     ElfImage,
+    FileBytes,
 )
-from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, MarkerNote
+from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, Encoded, MarkerNote
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_with_functions
 from usdtpatch.elf.writer import (
@@ -298,6 +299,14 @@ def _notes(plan: RewritePlan) -> bytes:
     return serialize_notes(new_notes, 8, "<")
 
 
+def _hex_pair(data: FileBytes, off: int, n: int) -> Iterator[bytes]:
+    """The JSON text of [off, data[off : off + n] in hex], a piece at a time."""
+    yield b"[%d,\"" % off
+    for at in range(off, off + n, 1 << 16):
+        yield data[at : min(at + (1 << 16), off + n)].hex().encode()
+    yield b"\"]"
+
+
 def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[TailSection],
             alloc: list[AllocSection]) -> MarkerNote:
     """The restore marker's note: the in-place edits' original bytes and the original bytes
@@ -331,9 +340,9 @@ def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[T
     if plan.fork_guard_code is not None:  # absent without a guard: as it always was
         marker["fork_guard"] = dict(plan.fork_guard_code.marker)
 
-    def patched() -> Iterator[list[object]]:
-        return ([off, image.data[off : off + n].hex()]
-                for off, n in zip(offsets, sizes, strict=True))
+    def patched() -> Iterator[Encoded]:  # [offset, "hex"], json's text, 64 KiB at a time
+        return (Encoded(_hex_pair(image.data, off, n)) for off, n in zip(offsets, sizes,
+                                                                         strict=True))
 
     def sites() -> Iterator[dict[str, object]]:
         return ({"probe": o.probe.probe_id, "address": o.probe.address,

@@ -126,7 +126,7 @@ def _traced_peak(run: Any) -> tuple[Any, int]:
 
 
 def test_the_build_holds_the_output_once(synthetic_plan: RewritePlan) -> None:
-    # at most the output and 800 bytes a probe (its new tables and marker, ~560 bytes a
+    # at most the output and 800 bytes a probe (its new tables and the rest, ~430 bytes a
     # probe); before: 1,865 bytes a probe over the output (3.9 times the output)
     out, peak = _traced_peak(lambda: build_rewrite(synthetic_plan))
     over = (peak - len(out)) / PROBES

@@ -167,7 +167,12 @@ def test_the_marker_is_the_json_of_the_whole_document(doc: dict[str, object]) ->
 
 def test_a_patch_given_as_text_in_pieces() -> None:
     from usdtpatch.elf.marker import Encoded
-    from usdtpatch.rewriter.build import _hex_pair
+
+    def _hex_pair(data: bytes, off: int, n: int) -> Iterator[bytes]:  # as the build's
+        yield b"[%d,\"" % off
+        for at in range(off, off + n, 1 << 16):
+            yield data[at : min(at + (1 << 16), off + n)].hex().encode()
+        yield b"\"]"
 
     data = bytes(range(256)) * 600  # 150 KiB: three pieces of hex
     pairs = [(64, 5), (1000, len(data) - 1000)]

@@ -13,6 +13,7 @@ from tests.helpers import REAL_BINARIES, fixture, fixture_files
 from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.image import PT_LOAD, ElfImage, parse_elf
 from usdtpatch.elf.marker import MARKER_SECTION
+from usdtpatch.elf.notes import SdtNote, parse_notes
 from usdtpatch.elf.validate import SDT_NOTE_SECTION, validate_output
 from usdtpatch.errors import OutputError, UnsupportedError
 from usdtpatch.rewriter.build import build_rewrite
@@ -174,6 +175,26 @@ def test_notes_changed() -> None:
     out = bytearray(data)
     out[at : at + 5] = b"BASIC"
     _rejects(bytes(out), "other notes than the original", original=image)
+
+
+def test_a_note_fewer_or_moved_out_of_the_segments() -> None:
+    """The notes are compared a pair at a time (issue 38, the output check's memory): the
+    count still names both sides, and a pc moved out of every PT_LOAD is still found."""
+    data, image = _pie()
+    out = parse_elf(data)
+    sec = out.sections[_index(data, SDT_NOTE_SECTION)]
+    notes = parse_notes(out.section_data(sec), 8, "<").notes
+    assert len(notes) >= 2
+    fewer = _set_shdr(data, sec.index, size=notes[-1].offset)
+    _rejects(fewer, "other notes than the original",
+             f"({len(notes) - 1} against {len(notes)})", original=image)
+    moved = bytearray(data)
+    last = notes[-1]
+    assert isinstance(last, SdtNote)
+    end = max(s.vaddr + s.memsz for s in out.segments if s.type == PT_LOAD)
+    struct.pack_into("<Q", moved, sec.offset + last.offset + 12 + 8, end + 0x1000)
+    _rejects(bytes(moved), f"probe {last.provider}:{last.name}", "lies in no PT_LOAD",
+             original=image)
 
 
 def test_pyelftools_reads_another_name() -> None:

@@ -161,3 +161,37 @@ def test_a_section_past_the_end_of_the_file_is_refused(tmp_path: Path) -> None:
     line = _one_line_exit_2(res.rc, res.err, src)
     assert f"section {comment.index} (.comment)" in line and "past the end of the file" in line
     assert not out.exists()
+
+
+def test_a_moved_sections_patch_lands_where_its_header_points() -> None:
+    """Rewrite.moved_patches (the moved build-id's new id, usdtpatch.rewriter.build): written
+    over the sections moved into the new segment, at their new place, which is where the
+    output's section header points (build_rewrite parsed and copied the whole output to
+    find it); a patch outside the moved bytes, or with nothing moved, is refused."""
+    from dataclasses import replace
+
+    from usdtpatch import api
+    from usdtpatch.elf.image import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS
+    from usdtpatch.elf.writer import AllocSection, Rewrite, write
+    from usdtpatch.errors import UnsupportedError
+
+    plan = api.rewrite_plan(fixture("demo"), verify=False)
+    lay, image = plan.layout, plan.image
+    assert lay is not None and lay.moved is not None
+    mv = lay.moved
+    sec = next(s for s in image.sections if s.size and mv.lo <= s.offset < mv.hi)
+    text = AllocSection(".usdtpatch.text", SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR,
+                        plan.text_addr, plan.text)
+    rw = Rewrite(layout=lay, patches=(), alloc=(text,), tail=(),
+                 moved_patches=((sec.offset + 1, b"\xaa\xbb"),))
+    out = parse_elf(write(image, rw))
+    moved = out.section(sec.name)
+    assert moved is not None and moved.offset != sec.offset
+    data = out.section_data(moved)
+    assert data == image.section_data(sec)[:1] + b"\xaa\xbb" + image.section_data(sec)[3:]
+    assert out.data[sec.offset : sec.offset + sec.size] != data  # the old place: headers
+    for bad in ((mv.hi - 1, b"\0\0"), (mv.lo - 1, b"\0")):
+        with pytest.raises(UnsupportedError, match="outside the sections moved"):
+            write(image, replace(rw, moved_patches=(bad,)))
+    with pytest.raises(UnsupportedError, match="no section moves"):
+        write(image, replace(rw, layout=replace(lay, moved=None, in_place=False)))

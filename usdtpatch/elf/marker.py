@@ -17,8 +17,12 @@ that was never rewritten loads no json).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import BinaryIO
+
 from usdtpatch.elf.image import SHT_PROGBITS, ElfImage
-from usdtpatch.elf.notes import first_note, make_note
+from usdtpatch.elf.notes import first_note, note_head
 from usdtpatch.errors import UnsupportedError
 
 MARKER_SECTION = ".note.usdtpatch"
@@ -50,10 +54,71 @@ def marker_of(image: ElfImage) -> dict[str, object] | None:
     return doc
 
 
-def marker_note(doc: dict[str, object]) -> bytes:
-    """The marker note's bytes for `doc`."""
-    import json
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An item of a MarkerNote array given as its JSON text, in pieces (a large patch's
+    hex, a 4.8 MB string at 100,000 symbols, is never one string)."""
 
-    desc = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    desc += b"\0" * ((-len(desc)) % 4)  # descsz counts the padding (as it always has)
-    return make_note(MARKER_OWNER, MARKER_TYPE, desc)
+    text: Iterator[bytes]
+
+
+class MarkerNote:
+    """The marker note for `doc` with the arrays of `arrays` among its keys, never held
+    whole: each array is a callable that gives its items anew, each item encoded as it
+    comes, once to count the note's bytes (`len`) and once as it is written (`write_to`),
+    straight into the output file (usdtpatch.elf.writer; a 100,000-site marker held and
+    then copied was ~35 MiB of the rewrite's peak, issue 38). The JSON text is the one
+    json.dumps gives the whole document with sorted keys and no spaces."""
+
+    def __init__(self, doc: Mapping[str, object],
+                 arrays: Mapping[str, Callable[[], Iterable[object]]] | None = None) -> None:
+        self._doc = doc
+        self._arrays = arrays or {}
+        text = sum(len(chunk) for chunk in self._text())
+        self._descsz = text + (-text) % 4  # descsz counts the padding (as it always has)
+        self._head = note_head(MARKER_OWNER, MARKER_TYPE, self._descsz)
+
+    def __len__(self) -> int:
+        return len(self._head) + self._descsz
+
+    def _text(self) -> Iterator[bytes]:
+        import json
+
+        enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+        yield b"{"
+        for i, key in enumerate(sorted([*self._doc, *self._arrays])):
+            yield f"{',' if i else ''}{enc.encode(key)}:".encode()
+            if key not in self._arrays:
+                yield enc.encode(self._doc[key]).encode()
+                continue
+            yield b"["
+            for j, item in enumerate(self._arrays[key]()):
+                if j:
+                    yield b","
+                if isinstance(item, Encoded):
+                    yield from item.text
+                else:
+                    yield enc.encode(item).encode()
+            yield b"]"
+        yield b"}"
+
+    def write_to(self, out: BinaryIO) -> None:
+        """The note's bytes written to `out` (len(self) of them)."""
+        out.write(self._head)
+        text = 0
+        for chunk in self._text():
+            out.write(chunk)
+            text += len(chunk)
+        if text + (-text) % 4 != self._descsz:
+            raise AssertionError("the marker's arrays gave other items the second time")
+        out.write(bytes((-text) % 4))
+
+
+def marker_note(doc: Mapping[str, object],
+                arrays: Mapping[str, Callable[[], Iterable[object]]] | None = None) -> bytes:
+    """The marker note's bytes (MarkerNote's, whole)."""
+    import io
+
+    out = io.BytesIO()
+    MarkerNote(doc, arrays).write_to(out)
+    return out.getvalue()

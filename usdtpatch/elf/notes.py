@@ -15,6 +15,7 @@ the reason, so that `serialize_notes(parse_notes(x)) == x` for every input.
 from __future__ import annotations
 
 import struct
+from collections.abc import Generator
 from dataclasses import dataclass
 
 SDT_OWNER = b"stapsdt\0"
@@ -80,52 +81,63 @@ def _encode(s: str) -> bytes:
 def parse_notes(data: bytes, word_size: int, byteorder: str) -> NoteSection:
     """Walk a note section. `word_size` is 8 for ELFCLASS64, 4 for ELFCLASS32."""
     notes: list[Note] = []
+    walk = iter_notes(data, word_size, byteorder)
+    while True:
+        try:
+            notes.append(next(walk))
+        except StopIteration as stop:
+            trailer, reason = stop.value
+            return NoteSection(tuple(notes), trailer, reason)
+
+
+def iter_notes(data: bytes, word_size: int, byteorder: str
+               ) -> Generator[Note, None, tuple[bytes, str]]:
+    """The notes of a note section one at a time (parse_notes' walk: none is kept); the
+    generator returns the trailer and its reason (NoteSection's)."""
     hdr = struct.Struct(byteorder + "III")
     words = byteorder + ("QQQ" if word_size == 8 else "III")
     fixed = 3 * word_size
     pos = 0
     while pos < len(data):
         if pos + _NOTE_HEADER > len(data):
-            return NoteSection(tuple(notes), data[pos:],
-                               f"{len(data) - pos} bytes left, too few for a "
-                               f"12-byte note header")
+            return data[pos:], (f"{len(data) - pos} bytes left, too few for a "
+                                f"12-byte note header")
         namesz, descsz, ntype = hdr.unpack_from(data, pos)
         name_off = pos + _NOTE_HEADER
         desc_off = name_off + _align4(namesz)
         end = desc_off + _align4(descsz)
         if desc_off + descsz > len(data):
-            return NoteSection(tuple(notes), data[pos:],
-                               f"namesz {namesz} and descsz {descsz} run past the "
-                               f"end of the section ({len(data):#x} bytes)")
+            return data[pos:], (f"namesz {namesz} and descsz {descsz} run past the "
+                                f"end of the section ({len(data):#x} bytes)")
         end = min(end, len(data))  # the last note's padding may be missing
         whole = data[pos:end]
         name = data[name_off : name_off + namesz]
         desc = data[desc_off : desc_off + descsz]
         pad = data[desc_off + descsz : end]
         if name != SDT_OWNER or ntype != NT_STAPSDT:
-            notes.append(RawNote(pos, whole, "", foreign=True))
+            yield RawNote(pos, whole, "", foreign=True)
         elif descsz < fixed:
-            notes.append(RawNote(pos, whole, f"descsz {descsz} is smaller than the {fixed} "
-                                             f"bytes of pc/base/semaphore"))
+            yield RawNote(pos, whole, f"descsz {descsz} is smaller than the {fixed} "
+                                      f"bytes of pc/base/semaphore")
         elif len(pad) != _align4(descsz) - descsz or (
             _align4(namesz) != namesz and any(data[name_off + namesz : desc_off])
         ):
-            notes.append(RawNote(pos, whole, "the note's padding is missing or not zero"))
+            yield RawNote(pos, whole, "the note's padding is missing or not zero")
         else:
             pc, base, sem = struct.unpack_from(words, desc, 0)
             strings = desc[fixed:]
             parts = strings.split(b"\0", 3)
             if len(parts) < 4:
-                notes.append(RawNote(pos, whole, f"desc holds {len(parts) - 1} NUL-terminated "
-                                                 f"strings, expected provider, name and args"))
+                yield RawNote(pos, whole, f"desc holds {len(parts) - 1} NUL-terminated "
+                                          f"strings, expected provider, name and args")
             else:
                 provider, pname, args, tail = parts
-                notes.append(SdtNote(offset=pos, pc=pc, base=base, semaphore=sem,
-                                     provider=_decode(provider), name=_decode(pname),
-                                     args=_decode(args), desc_tail=tail,
-                                     pad=pad if any(pad) else None))
+                yield SdtNote(offset=pos, pc=pc, base=base, semaphore=sem,
+                              provider=_decode(provider), name=_decode(pname),
+                              args=_decode(args), desc_tail=tail,
+                              pad=pad if any(pad) else None)
         pos = end
-    return NoteSection(tuple(notes), b"", "")
+    return b"", ""
 
 
 def serialize_note(note: Note, word_size: int, byteorder: str) -> bytes:
@@ -176,9 +188,15 @@ def first_note(data: bytes, byteorder: str = "<") -> OneNote | None:
 
 def make_note(owner: bytes, ntype: int, desc: bytes, byteorder: str = "<") -> bytes:
     """One note's bytes: `owner` (NUL included) and `desc`, each padded to 4 bytes."""
-    return (struct.pack(byteorder + "III", len(owner), len(desc), ntype)
-            + owner + b"\0" * (_align4(len(owner)) - len(owner))
+    return (note_head(owner, ntype, len(desc), byteorder)
             + desc + b"\0" * (_align4(len(desc)) - len(desc)))
+
+
+def note_head(owner: bytes, ntype: int, descsz: int, byteorder: str = "<") -> bytes:
+    """A note's bytes up to its descriptor: the header and `owner` (NUL included), padded
+    to 4 bytes."""
+    return (struct.pack(byteorder + "III", len(owner), descsz, ntype)
+            + owner + b"\0" * (_align4(len(owner)) - len(owner)))
 
 
 def build_id(data: bytes, byteorder: str = "<") -> str | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import struct
-from itertools import pairwise
+from itertools import pairwise, zip_longest
 from typing import Any
 
 from usdtpatch import jsondoc
@@ -46,7 +46,7 @@ from usdtpatch.elf.image import (
     parse_elf,
 )
 from usdtpatch.elf.marker import MARKER_OWNER, MARKER_SECTION, MARKER_TYPE
-from usdtpatch.elf.notes import NoteSection, SdtNote, parse_notes
+from usdtpatch.elf.notes import Note, SdtNote, iter_notes
 from usdtpatch.errors import ElfFormatError, OutputError
 
 SDT_NOTE_SECTION = ".note.stapsdt"
@@ -63,7 +63,7 @@ def validate_output(data: bytes, original: ElfImage | None = None) -> None:
         raise OutputError(f"output check: our ELF reader rejects it: {exc}") from exc
     _check_layout(image)
     _check_against_pyelftools(image)
-    notes = _sdt_notes(image)
+    notes = _only(image, SDT_NOTE_SECTION)  # read note by note against the original's
     marker = _marker(image)
     if original is not None:
         _check_against_original(image, notes, marker, original)
@@ -164,14 +164,11 @@ def _only(image: ElfImage, name: str) -> Section:
     return found[0]
 
 
-def _sdt_notes(image: ElfImage) -> NoteSection:
-    sec = _only(image, SDT_NOTE_SECTION)
-    return parse_notes(image.section_data(sec), image.word_size, image.byteorder)
-
-
 def _marker(image: ElfImage) -> dict[str, Any]:
     sec = _only(image, MARKER_SECTION)
-    data = image.section_data(sec)
+    # read where it lies (_check_layout: inside the file), not copied out
+    data = memoryview(image.data)[sec.offset : sec.offset + sec.size] \
+        if sec.type != SHT_NOBITS else memoryview(b"")
     bo = "<" if image.little_endian else ">"
     if len(data) < 12:
         raise _fail(f"{MARKER_SECTION} holds {len(data)} bytes, too few for a note")
@@ -179,11 +176,11 @@ def _marker(image: ElfImage) -> dict[str, Any]:
     desc_at = 12 + ((namesz + 3) & ~3)
     if data[12 : 12 + namesz] != MARKER_OWNER or ntype != MARKER_TYPE:
         raise _fail(f"{MARKER_SECTION} is not a usdtpatch marker (owner "
-                    f"{data[12 : 12 + namesz]!r}, type {ntype})")
+                    f"{bytes(data[12 : 12 + namesz])!r}, type {ntype})")
     if desc_at + descsz > len(data):
         raise _fail(f"{MARKER_SECTION}: descsz {descsz} runs past the section")
     try:
-        doc = jsondoc.loads(data[desc_at : desc_at + descsz].rstrip(b"\0"), _no_site)
+        doc = jsondoc.loads(_without_nuls(data[desc_at : desc_at + descsz]), _no_site)
     except ValueError as exc:
         raise _fail(f"{MARKER_SECTION} does not hold JSON: {exc}") from exc
     if not isinstance(doc, dict):
@@ -211,6 +208,19 @@ def _marker(image: ElfImage) -> dict[str, Any]:
     return {"size": size, "header": header, "patches": patches, "sha256": sha, "cut": cut}
 
 
+def _without_nuls(view: memoryview) -> memoryview:
+    """`view` without its trailing NUL bytes (bytes.rstrip without the copy), 4 KiB at a
+    time."""
+    end = len(view)
+    while end:
+        chunk = view[max(0, end - 4096) : end].tobytes()
+        kept = len(chunk.rstrip(b"\0"))
+        end -= len(chunk) - kept
+        if kept:
+            break
+    return view[:end]
+
+
 def _no_site(obj: dict[str, Any]) -> dict[str, Any] | None:
     """The marker's objects as the output check reads them: a site's entry (an object with a
     "probe", not the marker's own) as None, since the check reads no site (issue 38, rewrite's
@@ -218,7 +228,7 @@ def _no_site(obj: dict[str, Any]) -> dict[str, Any] | None:
     return None if "probe" in obj and "original_sha256" not in obj else obj
 
 
-def _check_against_original(image: ElfImage, notes: NoteSection, marker: dict[str, Any],
+def _check_against_original(image: ElfImage, notes: Section, marker: dict[str, Any],
                             original: ElfImage) -> None:
     for what in ("elfclass", "byteorder", "machine", "type", "entry"):
         if getattr(image, what) != getattr(original, what):
@@ -239,32 +249,49 @@ def _check_against_original(image: ElfImage, notes: NoteSection, marker: dict[st
                         f"appended data")
     before = _original_notes(original)
     if before is not None:
-        old = [(n.provider, n.name) if isinstance(n, SdtNote) else None for n in before.notes]
-        new = [(n.provider, n.name) if isinstance(n, SdtNote) else None for n in notes.notes]
-        if old != new:
-            raise _fail(f"{SDT_NOTE_SECTION} lists other notes than the original "
-                        f"({len(new)} against {len(old)})")
-        for a, b in zip(before.notes, notes.notes, strict=True):
-            if isinstance(a, SdtNote) and isinstance(b, SdtNote) and \
-                    original.vaddr_to_offset(a.pc) is not None and \
-                    image.vaddr_to_offset(b.pc) is None:
-                raise _fail(f"probe {b.provider}:{b.name}: the new pc {b.pc:#x} lies in no "
-                            f"PT_LOAD")
+        _check_notes(before, original, image.section_data(notes), image)
     want = hashlib.sha256(original.data).hexdigest()
     if marker["sha256"] != want or _replayed_sha256(image.data, marker) != want:
         raise _fail(f"the {MARKER_SECTION} marker would not restore the original byte for "
                     f"byte")
 
 
-def _original_notes(original: ElfImage) -> NoteSection | None:
+def _original_notes(original: ElfImage) -> bytes | None:
     secs = [s for s in original.sections if s.name == SDT_NOTE_SECTION]
     if len(secs) != 1:
         return None
     try:
-        data = original.section_data(secs[0])
+        return original.section_data(secs[0])
     except ElfFormatError:
         return None
-    return parse_notes(data, original.word_size, original.byteorder)
+
+
+def _check_notes(before: bytes, original: ElfImage, after: bytes, image: ElfImage) -> None:
+    """The output's notes (`after`) are the original's (`before`), in the same order
+    (provider and name; other notes in the same places), each still mapped where it was.
+    Read a note of each at a time (issue 38: both sections' notes held at once were ~700
+    bytes a probe at the output check's peak)."""
+    def key(n: Note | None) -> tuple[str, str] | None:
+        return (n.provider, n.name) if isinstance(n, SdtNote) else None
+
+    count_old = count_new = 0
+    same = True
+    unmapped: str | None = None  # the first note whose new pc lies in no PT_LOAD
+    for a, b in zip_longest(iter_notes(before, original.word_size, original.byteorder),
+                            iter_notes(after, image.word_size, image.byteorder)):
+        count_old += a is not None
+        count_new += b is not None
+        if a is None or b is None or key(a) != key(b):
+            same = False
+        elif same and unmapped is None and isinstance(a, SdtNote) and \
+                isinstance(b, SdtNote) and original.vaddr_to_offset(a.pc) is not None and \
+                image.vaddr_to_offset(b.pc) is None:
+            unmapped = f"probe {b.provider}:{b.name}: the new pc {b.pc:#x} lies in no PT_LOAD"
+    if not same:
+        raise _fail(f"{SDT_NOTE_SECTION} lists other notes than the original "
+                    f"({count_new} against {count_old})")
+    if unmapped is not None:
+        raise _fail(unmapped)
 
 
 __all__ = ["MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "SDT_NOTE_SECTION",
@@ -273,28 +300,40 @@ __all__ = ["MARKER_OWNER", "MARKER_SECTION", "MARKER_TYPE", "SDT_NOTE_SECTION",
 
 def _replayed_sha256(data: FileBytes | bytearray, marker: dict[str, Any]) -> str | None:
     """The sha256 of what the marker's recipe gives back from `data` (the first `size` bytes,
-    the ELF header and the patches written over them), hashed piece by piece without a copy
-    of the file; None when the recipe would not give `size` bytes."""
+    or with a cut the bytes up to it and the copy of the rest, with the ELF header and the
+    patches written over them), hashed piece by piece without a copy of the file; None when
+    the recipe would not give `size` bytes."""
     size = marker["size"]
-    if marker.get("cut") is not None:  # the original's end was copied: replay on a copy
+    view = memoryview(data)
+    parts = [view]
+    if marker.get("cut") is not None:  # the original's end was copied: read it there
         at, copy = marker["cut"]
-        joined = bytearray(memoryview(data)[:at])  # one copy (a large end is not copied twice)
-        joined += memoryview(data)[copy : copy + size - at]
-        data = joined
+        parts = [view[:at], view[copy : copy + size - at]]
     edits = sorted([(0, marker["header"]), *marker["patches"]], key=lambda e: e[0])
-    if size > len(data) or any(off + len(raw) > size for off, raw in edits):
+    if size > sum(len(p) for p in parts) or any(off + len(raw) > size for off, raw in edits):
         return None
     if any(a + len(ra) > b for (a, ra), (b, _rb) in pairwise(edits)):
-        out = bytearray(memoryview(data)[:size])  # overlapping edits: replay them in order
+        out = bytearray()  # overlapping edits: replay them in order
+        for p in parts:
+            out += p
+        del out[size:]
         for off, raw in [(0, marker["header"]), *marker["patches"]]:
             out[off : off + len(raw)] = raw
         return hashlib.sha256(out).hexdigest()
     h = hashlib.sha256()
-    view = memoryview(data)
+
+    def feed(lo: int, hi: int) -> None:  # the recipe's bytes [lo, hi) before the edits
+        start = 0
+        for p in parts:
+            a, b = max(lo, start), min(hi, start + len(p))
+            if a < b:
+                h.update(p[a - start : b - start])
+            start += len(p)
+
     pos = 0
     for off, raw in edits:
-        h.update(view[pos:off])
+        feed(pos, off)
         h.update(raw)
         pos = off + len(raw)
-    h.update(view[pos:size])
+    feed(pos, size)
     return h.hexdigest()

@@ -55,7 +55,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from usdtpatch.elf.image import (
     PF_R,
@@ -453,6 +453,15 @@ class AllocSection:
     old_name: str | None = None
 
 
+class Deferred(Protocol):
+    """A section's bytes made as they are written into the output, never held whole (the
+    restore marker, usdtpatch.elf.marker.MarkerNote): `len` of them, by `write_to`."""
+
+    def __len__(self) -> int: ...
+
+    def write_to(self, out: BinaryIO) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TailSection:
     """A non-allocated section appended after the segment. `link_name` names the section its
@@ -460,7 +469,7 @@ class TailSection:
 
     name: str
     type: int
-    data: bytes
+    data: bytes | Deferred
     align: int = 8
     entsize: int = 0
     link_name: str | None = None
@@ -486,6 +495,9 @@ class Rewrite:
     eh_frame_hdr: int | None = None  # vaddr of the new .eh_frame_hdr (PT_GNU_EH_FRAME)
     # original allocated sections grown in place (the bytes written by a patch): name, size
     grown: tuple[tuple[str, int], ...] = ()
+    # (file offset in the input, new bytes) inside the sections moved into the new segment
+    # (SegmentLayout.moved), written where they land there: a moved build-id note's new id
+    moved_patches: tuple[tuple[int, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,12 +531,17 @@ class ProgramHeader:
                                      f"the rewritten file, past 64 bits")
 
 
+Piece = tuple[int, bytes | memoryview | Deferred]  # (file offset, what is written there)
+
+
 @dataclass(slots=True)
 class _Segment:
-    """The new PT_LOAD's bytes from the layout's vaddr on, where its first section starts
+    """The new PT_LOAD from the layout's vaddr on, as pieces (offset from the layout's
+    file offset, bytes; zeros between them) up to `size`: where its first section starts
     (`start`, from the layout's vaddr), and how far the moved sections went (`shift`)."""
 
-    data: bytearray
+    pieces: list[Piece]
+    size: int
     start: int
     shift: int
 
@@ -532,25 +549,35 @@ class _Segment:
 def _new_segment(image: ElfImage, rw: Rewrite) -> _Segment:
     """[room for the program headers or the moved sections] [the caller's sections]."""
     lay = rw.layout
-    seg = bytearray(lay.phdr_size)
+    pieces: list[Piece] = []
+    size = lay.phdr_size
     mv = lay.moved
     shift = 0  # how far the moved sections go (vaddr and file offset alike)
     if mv is not None:
         shift = lay.moved_vaddr - mv.vaddr
         at = lay.moved_vaddr - lay.vaddr
-        seg[at : at + mv.hi - mv.lo] = image.data[mv.lo : mv.hi]
+        pieces.append((at, memoryview(image.data)[mv.lo : mv.hi]))
+        size = max(size, at + mv.hi - mv.lo)
+        for off, data in rw.moved_patches:
+            if not mv.lo <= off <= off + len(data) <= mv.hi:
+                raise UnsupportedError(f"patch at file offset {off:#x} is outside the sections "
+                                       f"moved into the new segment")
+            pieces.append((at + off - mv.lo, data))
+    elif rw.moved_patches:
+        raise UnsupportedError("patches of moved sections, but no section moves")
     for piece in rw.alloc:
         start = piece.vaddr - lay.vaddr
-        if start < len(seg):
+        if start < size:
             raise UnsupportedError(f"section {piece.name} at {piece.vaddr:#x} overlaps another")
-        seg += b"\0" * (start - len(seg)) + piece.data
+        pieces.append((start, piece.data))
+        size = start + len(piece.data)
     # the PT_LOAD starts at its first section (strip lays a segment out from its first
     # section; the file offset stays congruent with the vaddr modulo the page size)
     first = 0
     if lay.in_place:
         first = (lay.moved_vaddr - lay.vaddr) if mv is not None else \
             min((a.vaddr - lay.vaddr for a in rw.alloc), default=0)
-    return _Segment(seg, first, shift)
+    return _Segment(pieces, size, first, shift)
 
 
 def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[ProgramHeader]:
@@ -582,7 +609,7 @@ def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[Progra
         align = strip_align(lay.vaddr - lay.offset, lay.offset + seg.start,
                             max(sg.offset + sg.filesz for sg in image.segments
                                 if sg.type == PT_LOAD))
-    size = len(seg.data) - seg.start
+    size = seg.size - seg.start
     last_load = max(i for i, sg in enumerate(image.segments) if sg.type == PT_LOAD)
     out.insert(last_load + 1, ProgramHeader(type=PT_LOAD, flags=PF_R | PF_X,
                                             offset=lay.offset + seg.start,
@@ -595,24 +622,27 @@ def _program_headers(image: ElfImage, rw: Rewrite, seg: _Segment) -> list[Progra
 
 
 def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
-           ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+           ) -> tuple[list[Piece], list[Piece]]:
     """(file offset, bytes) written over the input before the cut, and (offset in the copy,
     bytes) past it: the program header table (or its room in the new segment), the moved
     hash tables' `.dynamic` entries, the patches, and the sections grown in place."""
     lay = rw.layout
-    edits: list[tuple[int, bytes]] = []
+    edits: list[Piece] = []
     if lay.in_place:
         edits.append((64, table))
         for at in lay.moved.dynamic if lay.moved is not None else ():
             (old,) = struct.unpack_from("<Q", image.data, at)
             edits.append((at, struct.pack("<Q", old + seg.shift)))
     else:
-        seg.data[: lay.phdr_size] = table
+        if len(table) != lay.phdr_size:
+            raise UnsupportedError(f"{len(table)} bytes of program headers for a room of "
+                                   f"{lay.phdr_size}")
+        seg.pieces.insert(0, (0, table))
     for off, data in rw.patches:
         if off < 64 or off + len(data) > len(image.data):
             raise UnsupportedError(f"patch at file offset {off:#x} is outside the file's code")
-        edits.append((off, data))
-    in_copy: list[tuple[int, bytes]] = []
+    edits += rw.patches  # the caller's pairs themselves (a new pair per patch: 56 bytes each)
+    in_copy: list[Piece] = []
     for t in rw.tail:
         if t.place is None:
             continue
@@ -627,42 +657,41 @@ def _edits(image: ElfImage, rw: Rewrite, table: bytes, seg: _Segment
     return edits, in_copy
 
 
-def _head(image: ElfImage, lay: SegmentLayout, edits: list[tuple[int, bytes]]
-          ) -> tuple[list[bytes | memoryview], int]:
-    """The input from byte 64 to the cut (or its end) with the edits, as pieces joined once
-    at the end (no copy of the whole file is made before the result), and where they end:
-    the room up to the new segment is the gap (`_Tail`)."""
-    view = memoryview(image.data)
-    head: list[bytes | memoryview] = []
+def _head(image: ElfImage, lay: SegmentLayout, edits: list[Piece]) -> int:
+    """Where the input from byte 64 to the cut (or its end) with the edits ends: the room up
+    to the new segment is the gap (`_Tail`). Refuses edits that overlap or lie past the
+    cut."""
     pos = 64
     for off, data in sorted(edits, key=lambda e: e[0]):
         if off < pos:
             raise UnsupportedError(f"two edits overlap at file offset {off:#x}")
-        head += [view[pos:off], data]
         pos = off + len(data)
     if lay.cut is None:  # names of a grown table may run past the input's end
-        head.append(view[pos:])
-        return head, max(pos, len(image.data))
+        return max(pos, len(image.data))
     end = min(lay.cut, len(image.data))
     if pos > end:
         raise UnsupportedError(f"an edit at file offset {pos:#x} lies past the cut at "
                                f"{end:#x}")
-    head.append(view[pos:end])
-    return head, end
+    return end
 
 
 @dataclass(slots=True)
 class _Tail:
-    """The file from the end of the kept input (`gap_at`) on, as it is built: the gap up to
-    the new segment's offset (`base`), where the tables go first when they fit (the zeros
-    a kept delta forces, plan_segment), then `out`, the file from `base` on."""
+    """The file from the end of the kept input (`gap_at`) on, as it is laid out: the gap up
+    to the new segment's offset (`base`), where the tables go first when they fit (the zeros
+    a kept delta forces, plan_segment), up to `gap_end`, then the file from `base` on, up to
+    `end`. What goes where is in `pieces` (file offset, bytes), zeros between them."""
 
-    out: bytearray
     base: int
     cut: int | None
     copy_at: int | None
     gap_at: int
-    gap: bytearray = field(default_factory=bytearray)
+    end: int
+    gap_end: int = 0
+    pieces: list[Piece] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.gap_end = self.gap_at
 
     def copied(self, offset: int) -> int:
         """The output's file offset of the input's `offset` (moved when past the cut)."""
@@ -670,39 +699,42 @@ class _Tail:
             return offset
         return self.copy_at + offset - self.cut
 
-    def append(self, data: bytes, align: int) -> int:
+    def put(self, at: int, data: bytes | memoryview | Deferred) -> None:
+        """`data` at file offset `at` from `base` on (the file grows to hold it)."""
+        self.pieces.append((at, data))
+        self.end = max(self.end, at + len(data))
+
+    def append(self, data: bytes | Deferred, align: int) -> int:
         """`data` at the next offset aligned to `align`, in the gap when it fits there; its
         file offset."""
-        at = _align(self.gap_at + len(self.gap), align)
+        at = _align(self.gap_end, align)
         if at + len(data) <= self.base:
-            self.gap += b"\0" * (at - self.gap_at - len(self.gap)) + data
+            self.gap_end = at + len(data)
+            self.pieces.append((at, data))
             return at
-        self.out += b"\0" * (_align(len(self.out), align) - len(self.out))
-        at = self.base + len(self.out)
-        self.out += data
+        at = self.base + _align(self.end - self.base, align)
+        self.put(at, data)
         return at
-
-    def pieces(self) -> list[bytes | bytearray]:
-        """The gap, its zeros, and the rest."""
-        return [self.gap, b"\0" * (self.base - self.gap_at - len(self.gap)), self.out]
 
 
 def _segment_and_copy(image: ElfImage, rw: Rewrite, seg: _Segment,
-                      in_copy: list[tuple[int, bytes]], gap_at: int) -> _Tail:
+                      in_copy: list[Piece], gap_at: int) -> _Tail:
     """The new segment, then (with a cut) the input from the cut on with the edits that fall
-    there, appended in place: no second copy of a large end (a symbol table)."""
+    there: no second copy of a large end (a symbol table)."""
     lay = rw.layout
-    tail = _Tail(out=bytearray(seg.data), base=lay.offset, cut=lay.cut, copy_at=None, gap_at=gap_at)
+    tail = _Tail(base=lay.offset, cut=lay.cut, copy_at=None, gap_at=gap_at,
+                 end=lay.offset + seg.size)
+    for at, data in seg.pieces:
+        tail.put(lay.offset + at, data)
     if lay.cut is None:
         return tail
-    tail.copy_at = cut_copy_at(lay, rw.alloc)
-    out = tail.out
-    out += b"\0" * (tail.copy_at - lay.offset - len(out))
-    start = len(out)
-    out += memoryview(image.data)[lay.cut :]
+    tail.copy_at = start = cut_copy_at(lay, rw.alloc)
+    if start < tail.end:
+        raise UnsupportedError(f"the copy of the input at file offset {start:#x} would overlap "
+                               f"the new segment")
+    tail.put(start, memoryview(image.data)[lay.cut :])
     for rel, data in in_copy:
-        out += b"\0" * max(0, start + rel - len(out))
-        out[start + rel : start + rel + len(data)] = data
+        tail.put(start + rel, data)
     return tail
 
 
@@ -890,12 +922,35 @@ def write(image: ElfImage, rw: Rewrite) -> bytes:
     seg = _new_segment(image, rw)
     phdrs = _program_headers(image, rw, seg)
     edits, in_copy = _edits(image, rw, b"".join(p.pack() for p in phdrs), seg)
-    head, gap_at = _head(image, lay, edits)
+    gap_at = _head(image, lay, edits)
     tail = _segment_and_copy(image, rw, seg, in_copy, gap_at)
     placed = _place_tail(image, rw, tail)
     table, shoff, shstrndx = _section_headers(image, rw, tail, placed)
     ehdr = _elf_header(image, lay, len(phdrs), len(table) // _SHDR.size, shoff, shstrndx)
-    return b"".join([ehdr, *head, *tail.pieces()])
+    kept = len(image.data) if lay.cut is None else min(lay.cut, len(image.data))
+    return _assemble(tail.end, [(0, ehdr), (64, memoryview(image.data)[64:kept]), *edits,
+                                *tail.pieces])
+
+
+def _assemble(size: int, pieces: list[Piece]) -> bytes:
+    """The file of `size` bytes with each piece written at its offset, in order (a later
+    one over an earlier), zeros elsewhere: into one buffer allocated once, whose bytes
+    io.BytesIO's getvalue hands over without a copy (the pieces joined took a second copy
+    of the output, the rewrite's peak, issue 38)."""
+    import io
+
+    out = io.BytesIO()
+    out.seek(size - 1)
+    out.write(b"\0")  # the whole file, zeros (BytesIO fills what a write skips)
+    for at, data in pieces:
+        if at + len(data) > size:
+            raise AssertionError(f"a piece at {at:#x} runs past the file's end {size:#x}")
+        out.seek(at)
+        if isinstance(data, bytes | bytearray | memoryview):
+            out.write(data)
+        else:
+            data.write_to(out)
+    return out.getvalue()
 
 
 def _shstrndx(image: ElfImage) -> int:

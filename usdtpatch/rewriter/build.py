@@ -12,6 +12,8 @@ out the file.
 from __future__ import annotations
 
 import hashlib
+from array import array
+from collections.abc import Iterator
 from dataclasses import replace
 
 from usdtpatch.analysis.probes import NOTE_SECTION
@@ -44,9 +46,9 @@ from usdtpatch.elf.image import (
     SHT_STRTAB,
     SHT_SYMTAB,
     ElfImage,
-    parse_elf,
+    FileBytes,
 )
-from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, marker_note
+from usdtpatch.elf.marker import MARKER_SECTION, MARKER_SECTION_TYPE, Encoded, MarkerNote
 from usdtpatch.elf.notes import NoteSection, SdtNote, build_id, serialize_notes
 from usdtpatch.elf.symbols import symtab_with_functions
 from usdtpatch.elf.writer import (
@@ -296,19 +298,34 @@ def _notes(plan: RewritePlan) -> bytes:
     return serialize_notes(new_notes, 8, "<")
 
 
+def _hex_pair(data: FileBytes, off: int, n: int) -> Iterator[bytes]:
+    """The JSON text of [off, data[off : off + n] in hex], a piece at a time."""
+    yield b"[%d,\"" % off
+    for at in range(off, off + n, 1 << 16):
+        yield data[at : min(at + (1 << 16), off + n)].hex().encode()
+    yield b"\"]"
+
+
 def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[TailSection],
-            alloc: list[AllocSection]) -> dict[str, object]:
-    """What the restore marker records: the in-place edits' original bytes and the original
-    bytes under a section grown in place (restore truncates the file, so only bytes inside
-    it count), the sites, the cut and the fork guard."""
+            alloc: list[AllocSection]) -> MarkerNote:
+    """The restore marker's note: the in-place edits' original bytes and the original bytes
+    under a section grown in place (restore truncates the file, so only bytes inside it
+    count), the sites, the cut and the fork guard. The patches and the sites are encoded one
+    by one as the note is written into the output (MarkerNote; a dict per site held at once
+    was 570 bytes a probe, the note's bytes held 250, issue 38)."""
     image, layout = plan.image, plan.layout
     assert layout is not None
-    kept = list(patches) + [(t.place[2], t.data) for t in symbols if t.place is not None
-                            and t.place[2] < len(image.data)]
-    kept += [(off, bytes(size)) for off, size in in_place_regions(image, layout)]
+    kept = [*((off, len(code)) for off, code in patches),
+            *((t.place[2], len(t.data)) for t in symbols if t.place is not None
+              and t.place[2] < len(image.data)),
+            *in_place_regions(image, layout)]
     lengths: dict[int, int] = {}
-    for off, code in kept:  # one entry per offset, the longest range written there
-        lengths[off] = max(lengths.get(off, 0), len(code))
+    for off, size in kept:  # one entry per offset, the longest range written there
+        lengths[off] = max(lengths.get(off, 0), size)
+    del kept
+    offsets = array("q", sorted(lengths))
+    sizes = array("q", (lengths[off] for off in offsets))
+    del lengths
     marker: dict[str, object] = {
         "tool": "usdtpatch", "version": __version__, "form": plan.form.value,
         "guard": plan.guard.value,
@@ -316,18 +333,24 @@ def _marker(plan: RewritePlan, patches: list[tuple[int, bytes]], symbols: list[T
         "original_sha256": hashlib.sha256(image.data).hexdigest(),
         "elf_header": image.data[:64].hex(),
         "build_id": _build_id(image),
-        "patches": [[off, image.data[off : off + n].hex()] for off, n in sorted(lengths.items())],
-        "sites": [{"probe": o.probe.probe_id, "address": o.probe.address,
-                   "action": o.action.value, "new_pc": o.new_pc, "guarded": o.guarded,
-                   "reason": o.reason,
-                   "window": None if o.span is None else [o.span.start, o.span.end]}
-                  for o in plan.sites],
     }
     if layout.cut is not None:  # the input from `cut` on lies at `copy` in the output
         marker["cut"] = [layout.cut, cut_copy_at(layout, alloc)]
     if plan.fork_guard_code is not None:  # absent without a guard: as it always was
         marker["fork_guard"] = dict(plan.fork_guard_code.marker)
-    return marker
+
+    def patched() -> Iterator[Encoded]:  # [offset, "hex"], json's text, 64 KiB at a time
+        return (Encoded(_hex_pair(image.data, off, n)) for off, n in zip(offsets, sizes,
+                                                                         strict=True))
+
+    def sites() -> Iterator[dict[str, object]]:
+        return ({"probe": o.probe.probe_id, "address": o.probe.address,
+                 "action": o.action.value, "new_pc": o.new_pc, "guarded": o.guarded,
+                 "reason": o.reason,
+                 "window": None if o.span is None else [o.span.start, o.span.end]}
+                for o in plan.sites)
+
+    return MarkerNote(marker, {"patches": patched, "sites": sites})
 
 
 def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
@@ -348,13 +371,14 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
     alloc = [AllocSection(name=TEXT_SECTION, type=SHT_PROGBITS, flags=SHF_ALLOC | SHF_EXECINSTR,
                           vaddr=text_addr, data=text)]
     bid = None if keep_build_id else _build_id_place(image)
-    moved_bid: bytes | None = None  # a build-id note moved into the new segment (head_room)
+    moved: tuple[tuple[int, bytes], ...] = ()  # a build-id note moved into the new segment
     if bid is not None:
         at, old_id = bid
         new_id = new_build_id(old_id, text, patches)
         mv = plan.layout.moved
         if mv is not None and mv.lo <= at < mv.hi:
-            moved_bid = new_id  # written where the note lands (its old place is the headers')
+            moved = ((at, new_id),)  # written where the note lands (its old place is the
+            # headers')
         else:
             patches.append((at, new_id))  # in place: the marker keeps the original bytes
     renames: dict[str, str] = {}
@@ -374,17 +398,10 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
     symbols = _symtab(image, plan.symbols)
     names = {a: n for n, a, _s in plan.symbols.symbols}
     tail = [TailSection(NOTE_SECTION, SHT_NOTE, _notes(plan), 4), *symbols,
-            *_debug_info(plan, names, text_addr, text_addr + len(text)),
-            TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
-                        marker_note(_marker(plan, patches, symbols, alloc)), 4)]
-    out = write(image, Rewrite(layout=plan.layout, patches=tuple(patches), alloc=tuple(alloc),
-                               tail=tuple(tail), renames=renames, eh_frame_hdr=hdr_addr,
-                               grown=grown))
-    if moved_bid is not None and bid is not None:
-        placed = _build_id_place(parse_elf(out))
-        if placed is None or placed[1] != bid[1]:
-            raise UnsupportedError("the moved build-id note is not where the layout put it")
-        buf = bytearray(out)
-        buf[placed[0] : placed[0] + len(moved_bid)] = moved_bid
-        out = bytes(buf)
-    return out
+            *_debug_info(plan, names, text_addr, text_addr + len(text))]
+    del names  # the detours' names, a dict entry each, are not held while the file is made
+    tail.append(TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
+                            _marker(plan, patches, symbols, alloc), 4))
+    return write(image, Rewrite(layout=plan.layout, patches=tuple(patches), alloc=tuple(alloc),
+                                tail=tuple(tail), renames=renames, eh_frame_hdr=hdr_addr,
+                                grown=grown, moved_patches=moved))

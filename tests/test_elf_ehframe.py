@@ -142,7 +142,18 @@ def test_rows_are_not_replayed_from_a_cie_not_understood() -> None:
 
 def test_header_table_refuses_out_of_range_addresses() -> None:
     with pytest.raises(UnsupportedError, match="does not fit a 4-byte field"):
-        build_eh_frame_hdr(0x1000, 0x2000, [(0x1000 + (1 << 40), 0x3000)])
+        build_eh_frame_hdr(0x1000, 0x2000, [0x1000 + (1 << 40)], [0x3000])
+    with pytest.raises(UnsupportedError, match="entry for 0x1100"):
+        build_eh_frame_hdr(0x1000, 0x2000, [0x1000, 0x1100], [0x3000, 0x1000 - (1 << 31) - 1])
+
+
+def test_header_table_is_sorted_by_location_then_fde() -> None:
+    got = build_eh_frame_hdr(0x1000, 0x2000, [0x1300, 0x1100, 0x1100], [0x30, 0x20, 0x10])
+    rows = list(struct.iter_unpack("<ii", got[12:]))
+    assert struct.unpack_from("<I", got, 8)[0] == 3
+    assert rows == [(0x100, 0x10 - 0x1000), (0x100, 0x20 - 0x1000), (0x300, 0x30 - 0x1000)]
+    assert build_eh_frame_hdr(0x1000, 0x2000, [0x1100, 0x1100, 0x1300],
+                              [0x10, 0x20, 0x30]) == got
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,9 +32,8 @@ from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.marker import MARKER_OWNER, MARKER_TYPE, marker_note
 from usdtpatch.elf.notes import make_note
 from usdtpatch.rewriter import build as build_mod
-from usdtpatch.rewriter import plan as plan_mod
 from usdtpatch.rewriter.build import build_rewrite
-from usdtpatch.rewriter.plan import Action, RewritePlan, SiteDecision, WindowSpan
+from usdtpatch.rewriter.plan import Action, RewritePlan, WindowSpan
 
 
 def _former(data: bytes) -> int:
@@ -144,24 +143,20 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_plan_for_the_output_holds_no_window_past_its_site(
-        library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        library: Path) -> None:
     """rewrite's plan (windows=False) lets go of each check window once the walk has passed
     its site, and its decisions keep the spans only: the windows alive fall as the walk
     decides its sites (they stayed as many: the check's, then the decisions'), and the output is
     the bytes of the plan that keeps every window."""
     alive: list[int] = []
-    decide = plan_mod._decide_site
 
-    def counting(inputs: Any, seg: Any, order: list[Any], n: int) -> list[SiteDecision]:
+    def counting(n: int, _total: int) -> None:  # as each site's decision starts
         if n % (PROBES // 8) == 0:
             gc.collect()
             alive.append(sum(isinstance(o, PatchWindow) for o in gc.get_objects()))
-        return decide(inputs, seg, order, n)
 
-    monkeypatch.setattr(plan_mod, "_decide_site", counting)
     out = api.rewrite_bytes(library, library.parent / "out.so", verify=False,
-                            fork_guard="never", form="nop5")
-    monkeypatch.undo()
+                            fork_guard="never", form="nop5", progress=counting)
     assert len(alive) == 8 and alive == sorted(alive, reverse=True), alive
     assert alive[0] >= PROBES and alive[-1] < PROBES // 8 + 40, alive
     assert sum(s.action is not Action.SKIPPED for s in out.outcome.sites) == PROBES

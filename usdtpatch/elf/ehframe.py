@@ -18,7 +18,12 @@ renamed `.eh_frame_hdr.orig`), and the same FDEs go to `.debug_frame` for gdb an
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise, repeat
+from operator import sub
 
 from usdtpatch.elf.cfi import (
     CallSite,
@@ -371,23 +376,37 @@ def build_debug_frame(existing: bytes, fdes: list[tuple[int, int, bytes]]) -> by
     return bytes(out)
 
 
-def build_eh_frame_hdr(hdr_addr: int, eh_frame_addr: int,
-                       table: list[tuple[int, int]]) -> bytes:
+def build_eh_frame_hdr(hdr_addr: int, eh_frame_addr: int, locations: Sequence[int],
+                       fdes: Sequence[int]) -> bytes:
     """`.eh_frame_hdr` at `hdr_addr`: version 1, eh_frame_ptr pcrel|sdata4, count udata4,
-    table datarel|sdata4 of (initial location, FDE address), sorted by location. The FDEs
-    may lie in any section (the table holds each one's address), `eh_frame_addr` names the
-    `.eh_frame` a linear reader starts from."""
-    rows = sorted(table)
+    table datarel|sdata4 of (initial location `locations[i]`, FDE address `fdes[i]`), sorted
+    by location (then FDE). The FDEs may lie in any section (the table holds each one's
+    address), `eh_frame_addr` names the `.eh_frame` a linear reader starts from.
+
+    The columns are packed through arrays, not a tuple a row: a rewrite of 100,000 sites
+    writes 200,000 rows (issue 38: ~45 MB of pairs and lists before)."""
+    if len(locations) != len(fdes):
+        raise ValueError("build_eh_frame_hdr: a location and an FDE address each")
+    if not all(p <= q for p, q in pairwise(zip(locations, fdes, strict=True))):
+        rows = sorted(zip(locations, fdes, strict=True))
+        locations, fdes = [r[0] for r in rows], [r[1] for r in rows]
     out = bytearray([1, DW_EH_PE_pcrel | DW_EH_PE_sdata4, DW_EH_PE_udata4,
                      DW_EH_PE_datarel | DW_EH_PE_sdata4])
     out += _field("i", eh_frame_addr - (hdr_addr + 4), ".eh_frame_hdr eh_frame_ptr")
-    out += _field("I", len(rows), ".eh_frame_hdr fde_count")
-    flat = [v - hdr_addr for row in rows for v in row]
-    if flat and not (min(flat) >= -(1 << 31) and max(flat) < 1 << 31):
-        bad = next(r for r in rows if not all(-(1 << 31) <= v - hdr_addr < 1 << 31 for v in r))
+    out += _field("I", len(locations), ".eh_frame_hdr fde_count")
+    table = array("i", bytes(8 * len(locations)))
+    try:
+        table[0::2] = array("i", map(sub, locations, repeat(hdr_addr)))
+        table[1::2] = array("i", map(sub, fdes, repeat(hdr_addr)))
+    except OverflowError:
+        bad = next(r for r in zip(locations, fdes, strict=True)
+                   if not all(-(1 << 31) <= v - hdr_addr < 1 << 31 for v in r))
         _field("i", max(bad[0] - hdr_addr, bad[1] - hdr_addr, key=abs),
                f".eh_frame_hdr entry for {bad[0]:#x}")
-    out += struct.pack(f"<{len(flat)}i", *flat)
+        raise
+    if sys.byteorder != "little":
+        table.byteswap()
+    out += table.tobytes()
     return bytes(out)
 
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from usdtpatch.elf.image import (
     PF_R,
@@ -84,19 +84,17 @@ from usdtpatch.elf.model import (
     SHT_HASH,
     dynamic_entries,
 )
-from usdtpatch.elf.notes import parse_notes
+from usdtpatch.elf.notes import SdtNote, iter_notes
 from usdtpatch.elf.symbols import (
     DETOUR_PREFIX,
     SYM64_SIZE,
+    SymbolTable,
     load_symbols,
     symbol_room,
     symtab_region,
 )
 from usdtpatch.errors import ElfFormatError, UnsupportedError
 from usdtpatch.kernelfacts import PAGE
-
-if TYPE_CHECKING:
-    from usdtpatch.elf.notes import SdtNote
 
 ADDRESS_LIMIT = 1 << 64
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -151,9 +149,11 @@ class SegmentLayout:
         return self.offset + (vaddr - self.vaddr)
 
 
-def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
+def plan_segment(image: ElfImage, anchor_vaddr: int | None,
+                 symbols: SymbolTable | None = None) -> SegmentLayout:
     """Choose the new segment's place. `anchor_vaddr`: an address in the segment whose delta
-    the new one must share (`.stapsdt.base`); None: the first executable PT_LOAD's."""
+    the new one must share (`.stapsdt.base`); None: the first executable PT_LOAD's.
+    `symbols`: the file's symbol table, when the caller has read it."""
     if not image.is64 or not image.little_endian:
         raise UnsupportedError("rewriting needs a little-endian ELF64 file")
     loads = [s for s in image.segments if s.type == PT_LOAD]
@@ -183,7 +183,7 @@ def plan_segment(image: ElfImage, anchor_vaddr: int | None) -> SegmentLayout:
         phdr_size = max(phdr_size, moved.vaddr % 64 + moved.hi - moved.lo)
     low = _align(vend, PAGE)
     loads_end = max(s.offset + s.filesz for s in loads)
-    room = _symbol_room(image)
+    room = _symbol_room(image, symbols)
     best = None
     for limit in zero_fill_limits(len(image.data)):  # the size rule's first, perf's after
         best = best or _delta_place(image, low - delta, loads_end, room, delta, phdr_size,
@@ -402,34 +402,46 @@ def _refuse_ranges_past_the_end(image: ElfImage) -> None:
                 f"it cover the new data")
 
 
-def _symbol_room(image: ElfImage) -> int:
+def _symbol_room(image: ElfImage, symbols: SymbolTable | None = None) -> int:
     """Bytes to leave after the input's content for the names of the symbols a rewrite adds
-    (at most one per probe) when `.symtab` can grow in place (usdtpatch.elf.symbols)."""
+    (at most one per probe) when `.symtab` can grow in place (usdtpatch.elf.symbols).
+    `symbols`: the file's table when the caller has it (else it is read here).
+
+    The notes are walked one at a time (iter_notes), none kept: a file's 100,000 notes held
+    at once were ~40 MiB of the rewrite's peak (issue 38)."""
 
     sec = image.section(".note.stapsdt")
     if sec is None or not image.is64 or not image.little_endian:
         return 0
+    count = named = 0
+    pcs: list[int] = []
     try:
-        notes = parse_notes(image.section_data(sec), 8, "<").sdt_notes
+        for n in iter_notes(image.section_data(sec), 8, "<"):
+            if isinstance(n, SdtNote):
+                count += 1
+                named += (len(DETOUR_PREFIX) + len(n.provider.encode("utf-8", "surrogateescape"))
+                          + len(n.name.encode("utf-8", "surrogateescape")) + 3)
+                pcs.append(n.pc)
     except (ValueError, UnsupportedError, ElfFormatError):
         return 0
-    digits = len(str(len(notes)))
-    bound = sum(len(DETOUR_PREFIX) + len(n.provider.encode("utf-8", "surrogateescape"))
-                + len(n.name.encode("utf-8", "surrogateescape")) + digits + 3 for n in notes)
-    return symbol_room(image, max(bound, _split_part_names_bound(image, notes, digits)))
+    digits = len(str(count))
+    return symbol_room(image, max(named + count * digits,
+                                  _split_part_names_bound(image, pcs, digits, symbols)))
 
 
-def _split_part_names_bound(image: ElfImage, notes: Sequence[SdtNote], digits: int) -> int:
+def _split_part_names_bound(image: ElfImage, pcs: Sequence[int], digits: int,
+                            symbols: SymbolTable | None) -> int:
     """An upper bound of the string bytes of detour symbols named after their function
-    (`f.usdtpatch.N`, usdtpatch.rewriter.build.detour_symbols), one per note."""
+    (`f.usdtpatch.N`, usdtpatch.rewriter.build.detour_symbols), one per note's pc."""
 
-    try:
-        symbols = load_symbols(image)
-    except (ValueError, UnsupportedError, ElfFormatError):
-        return 0
+    if symbols is None:
+        try:
+            symbols = load_symbols(image)
+        except (ValueError, UnsupportedError, ElfFormatError):
+            return 0
     total = 0
-    for n in notes:
-        found = symbols.lookup(n.pc)
+    for pc in pcs:
+        found = symbols.lookup(pc)
         name = found[0].name if found is not None else ""
         total += len(name.encode("utf-8", "surrogateescape")) + len(".usdtpatch.") + digits + 1
     return total

@@ -90,7 +90,7 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
     blob_addr = (end + 7) & ~7
     blob = bytearray(build_cie())
     cfi = load_cfi(image)
-    table = list(zip(cfi.starts, cfi.fde_addresses, strict=True))
+    starts, fdes = list(cfi.starts), list(cfi.fde_addresses)  # then the detours'
     personality_cies: dict[Personality, int] = {}  # detours with an LSDA (moved calls)
     for du in plan.unwind:
         cie_addr = blob_addr
@@ -103,10 +103,12 @@ def _unwind_tables(plan: RewritePlan, where: UnwindTables, end: int
             cie_addr = got
         fde_addr = blob_addr + len(blob)
         blob += build_fde(fde_addr, cie_addr, du.start, du.end, du.program, du.lsda)
-        table.append((du.start, fde_addr))
+        starts.append(du.start)
+        fdes.append(fde_addr)
     blob += b"\0\0\0\0"  # terminator
     hdr_addr = (blob_addr + len(blob) + 3) & ~3
-    hdr = build_eh_frame_hdr(hdr_addr, where.eh_frame, table)
+    hdr = build_eh_frame_hdr(hdr_addr, where.eh_frame, starts, fdes)
+    del starts, fdes
     alloc = [AllocSection(name=EH_FRAME_SECTION, type=SHT_PROGBITS, flags=SHF_ALLOC,
                           vaddr=blob_addr, data=bytes(blob), align=8),
              AllocSection(name=".eh_frame_hdr", type=SHT_PROGBITS, flags=SHF_ALLOC,

@@ -422,7 +422,7 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     rep = report if report is not None else check(ps)
     order = sorted(rep.sites, key=lambda s: s.probe.address)
     base_sec = image.section(BASE_SECTION)
-    layout = plan_segment(image, base_sec.addr if base_sec is not None else None)
+    layout = plan_segment(image, base_sec.addr if base_sec is not None else None, ps.symbols)
     inputs = _Inputs(image=image, form=form, guard=guard, calls=calls, verify=verify,
                      cfi=load_cfi(image), shstk=shadow_stack_marked(image),
                      relocs=Relocations(image),  # read on the first question

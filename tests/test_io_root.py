@@ -486,6 +486,38 @@ def test_a_file_a_worker_begins_after_the_interrupt_stops_too(tmp_path: Path) ->
         parent.wait(timeout=30)
 
 
+def test_a_second_interrupt_while_the_workers_stop_keeps_the_record(tmp_path: Path) -> None:
+    """rewrite -j interrupted twice: the second comes while the parent waits for its
+    workers to stop; the line still names the output that was renamed into place (the
+    second interrupt lost the record, and the line said nothing was written)."""
+    for name in ("demo", "pie"):  # two files: two workers, forked by the command
+        shutil.copy(fixture(name), tmp_path / name)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = _driver(tmp_path, """
+        import os, signal, time
+        for name in ("rename", "replace"):
+            def later(*a, _real=getattr(os, name), _command=os.getpid(), **k):
+                _real(*a, **k)
+                command = os.getppid()
+                if command != _command:
+                    return  # not in a worker
+                os.kill(command, signal.SIGINT)
+                time.sleep(0.3)  # it is waiting for this worker to stop now
+                if os.getppid() == command:  # never another process
+                    os.kill(command, signal.SIGINT)
+                time.sleep(0.3)
+            setattr(os, name, later)
+    """, ["rewrite", "--no-verify", "-j", "2", "-o", str(out), str(tmp_path / "demo"),
+          str(tmp_path / "pie")])
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    there = sorted(os.listdir(out))
+    assert there and "nothing was written" not in lines[0], (there, lines)
+    assert all(str(out / name) in lines[0] for name in there), (there, lines)
+
+
 def test_interrupt_of_rewrite_j_names_what_its_workers_wrote(tmp_path: Path) -> None:
     """Item 6 with -j: the parent is interrupted just after a worker renamed its output; the
     line names exactly the outputs that are in place."""

@@ -28,9 +28,9 @@ no other command's machinery it does not use (docs/performance.md, "Deferred imp
 - engines: rewriter/plan.py and rewriter/build.py (iced-x86, through x86/relocate.py), the
   verifiers (unicorn: verification/, its equivalence.py, plans.py and fork.py), the prover
   (z3 and pyvex: prove/), the output's validation (elf/validate.py: pyelftools, hashlib);
-- the site analysis (analysis/check.py, analysis/calls.py and rewriter/marker.py, with the
-  windows, targets and capstone's sweep they load): `list` imports this module and reads
-  probes only;
+- the site analysis (analysis/check.py, analysis/calls.py, analysis/hazards.py and
+  rewriter/marker.py, with the windows, targets and capstone's sweep they load): `list`
+  imports this module and reads probes only;
 - other commands' machinery, each of which `check` would otherwise load (together 23 ms of
   `check`'s 94 ms start-up, 2026-12-01): live/ (kcheck's ctypes bindings of ptrace and perf,
   tempfile; procfs; live/bench/), rewriter/kernel.py (ctypes: the uprobe syscall's answer),
@@ -76,6 +76,7 @@ from usdtpatch.io import (
     read_elf,
     read_input,
     read_source,
+    signals_held,
     umask_mode,
     write_atomic,
 )
@@ -682,11 +683,15 @@ def _in_workers(files: list[tuple[str, str | None]], jobs: int,
                 continue
             yield FileRewrite(path=p, outcome=o, error=None, seconds=took, size_before=sizes[p])
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
-            stop.set()
-            _interrupt_workers(pool)
-        pool.shutdown(wait=True, cancel_futures=True)
-        _note_written(f for _, f in futures)
+        # a second interrupt (each worker that renamed an output may be signalled, or a
+        # second Ctrl-C) comes after the workers stopped and what they wrote is noted: it
+        # lost the record once, and the line said that nothing was written
+        with signals_held():
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM, SIGHUP of this process
+                stop.set()
+                _interrupt_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+            _note_written(f for _, f in futures)
         raise
     pool.shutdown(wait=True)
 

@@ -425,6 +425,13 @@ class _Deferred:
             signal.raise_signal(sig)  # the handler it would have met (e.g. KeyboardInterrupt)
 
 
+def signals_held() -> _Deferred:
+    """SIGINT, SIGTERM and SIGHUP held back for a `with` block and raised after it: a
+    second interrupt while a command stops its work after the first comes after the record
+    of what was written (api.rewrite_files' workers)."""
+    return _Deferred()
+
+
 def write_atomic(path: StrPath, data: bytes, mode: int | None = None, *,
                  origin: Origin | None = None, in_place: bool = False) -> None:
     """Write `data` to `path` as a new file put in place by one rename.

@@ -17,13 +17,17 @@ that was never rewritten loads no json).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from usdtpatch.elf.image import SHT_PROGBITS, ElfImage
 from usdtpatch.elf.notes import first_note, note_head
 from usdtpatch.errors import UnsupportedError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` reads markers)
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 MARKER_SECTION = ".note.usdtpatch"
 MARKER_OWNER = b"usdtpatch\0"
@@ -117,7 +121,6 @@ class MarkerNote:
 def marker_note(doc: Mapping[str, object],
                 arrays: Mapping[str, Callable[[], Iterable[object]]] | None = None) -> bytes:
     """The marker note's bytes (MarkerNote's, whole)."""
-    import io
 
     out = io.BytesIO()
     MarkerNote(doc, arrays).write_to(out)

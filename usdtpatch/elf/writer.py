@@ -52,6 +52,7 @@ them a reader takes is not defined.
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -949,8 +950,6 @@ def _assemble(size: int, pieces: list[Piece]) -> bytes:
     one over an earlier), zeros elsewhere: into one buffer allocated once, whose bytes
     io.BytesIO's getvalue hands over without a copy (the pieces joined took a second copy
     of the output, the rewrite's peak, issue 38)."""
-    import io
-
     out = io.BytesIO()
     out.seek(size - 1)
     out.write(b"\0")  # the whole file, zeros (BytesIO fills what a write skips)

@@ -149,7 +149,14 @@ def test_perf_names_a_detour_s_samples_in_a_stripped_library(
     got = _perf_samples(lib[(how, "rw")], lib[("prog", "")], tmp_path / "rw")
     assert len(want) > 50 and len(got) > 50
     assert got.count("[unknown]") <= want.count("[unknown]") + 1, got
-    assert {DETOUR.sub("", s) for s in got} <= {DETOUR.sub("", s) for s in want} | {"[unknown]"}
+    # every name is one of the library's functions (what a stripped file names: .dynsym);
+    # compared with the names the original's run sampled, a function sampled rarely
+    # (lib_entry) made the test fail by chance
+    # (perf names a PLT entry name@plt)
+    names = {ln.split()[-1] for ln in _nm_d(lib[(how, "orig")]) if ln.split()[-2] in "Tt"}
+    for run_ in (want, got):
+        named = {DETOUR.sub("", s).removesuffix("@plt") for s in run_}
+        assert named <= names | {"[unknown]"}, run_
     assert any(DETOUR.search(s) for s in got), got
 
 

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from usdtpatch import heap
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
 from usdtpatch.analysis.probes import Probe, ProbeSet, no_match, read_probes
 from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
@@ -583,6 +584,7 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
         # the outcome keeps the decisions only: the plan's segment, unwind rows and tables
         # go before the output check reads the new file again (issue 38, rewrite's memory)
         del rp
+        heap.give_back()  # what the plan freed, before the output check allocates (usdtpatch.heap)
         say("check")
         _validate(result, image)
     return answer(outcome(changed, sites, found), result)

@@ -188,14 +188,17 @@ SETTLED = 4 * BEFORE
 
 def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
           options: CheckOptions = DEFAULT_OPTIONS,
-          guard_builder: GuardBuilder | None = None, keep: Keep | None = None) -> CheckReport:
+          guard_builder: GuardBuilder | None = None, keep: Keep | None = None,
+          context: Callable[[CodeContext], None] | None = None) -> CheckReport:
     """Judge every probe site of `probeset`; pure: no I/O, findings instead of exceptions.
     The outcomes are what `rewrite` with `options` decides; with `guard_builder`, also
     whether rewrite refuses the file for a fork guard it cannot add. `keep`, when given, is
     called with each site's check once its decision is final (in address order) and the
     report's sites are what it returns: a writer makes the site's entry there and keeps a
     smaller SiteCheck (the file's own findings read only each site's probe, outcome and
-    findings), so that no window is held past its site."""
+    findings), so that no window is held past its site. `context`, when given, is called
+    with the file's analysis context before the first site is checked (rewrite's plan,
+    decided as the sites are kept, asks it too)."""
     image = probeset.image
     findings: list[Finding] = list(probeset.findings)
     if symbols is None:
@@ -210,6 +213,8 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     ctx.ways_in = _ways_in_index(ctx, probeset)
     ctx.observers = _observers(ctx, probeset)
     remember_context(ctx)
+    if context is not None:
+        context(ctx)
     rseq = rseq_sections(ctx) if probeset.probes else ()
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()

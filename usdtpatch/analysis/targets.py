@@ -234,6 +234,7 @@ class CodeContext:
         self._functions: dict[int, FunctionCode] = Recent()
         self._parts: dict[tuple[int, int], PartScan] = Recent()
         self._bounds: dict[int, FunctionBounds | None] = {}
+        self._fde_users: dict[int, int] = {}  # the sites in _bounds held by each kept FDE
         self._reached: dict[int, tuple[PartScan, frozenset[int]]] = Recent()
         self.tables: dict[tuple[int, int, int, int | None, int, int], tuple[int, ...] | str] = \
             Recent()
@@ -268,7 +269,21 @@ class CodeContext:
         self._bounds[address] = got
         if got is not None and got.fde is not None:
             self.cfi.keep(got.fde)  # held here for the run: the site's later questions
+            self._fde_users[got.fde.address] = self._fde_users.get(got.fde.address, 0) + 1
         return got
+
+    def forget_site(self, address: int) -> None:
+        """Let go of what is kept for the site at `address` (its function's bounds, and its
+        FDE once no other kept site's bounds hold it): a walk that has passed the site asks
+        no more of it (rewrite's plan: issue 38); asked again, it is worked out again."""
+        got = self._bounds.pop(address, None)
+        if got is None or got.fde is None:
+            return
+        users = self._fde_users.pop(got.fde.address, 1) - 1
+        if users > 0:
+            self._fde_users[got.fde.address] = users
+        else:
+            self.cfi.forget(got.fde)
 
     def function(self, bounds: FunctionBounds) -> FunctionCode:
         got = self._functions.get(bounds.start)

@@ -463,6 +463,11 @@ class CfiIndex:
         FDE its caller holds for as long as this index lives (no copy is made)."""
         self._kept[fde.address] = fde
 
+    def forget(self, fde: Fde) -> None:
+        """No longer answer with `fde` (`keep`'s caller let it go); asked again, it is parsed
+        again, to an equal Fde."""
+        self._kept.pop(fde.address, None)
+
     def fde_at(self, i: int) -> Fde:
         got = self._fdes.get(i)
         if got is None:

@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import replace
 
+from usdtpatch import heap
 from usdtpatch.analysis.probes import NOTE_SECTION
 from usdtpatch.elf.cfi import load_cfi
 from usdtpatch.elf.dwarf import (
@@ -407,6 +408,7 @@ def build_rewrite(plan: RewritePlan, keep_build_id: bool = False) -> bytes:
     del names  # the detours' names, a dict entry each, are not held while the file is made
     tail.append(TailSection(MARKER_SECTION, MARKER_SECTION_TYPE,
                             _marker(plan, patches, symbols, alloc), 4))
+    heap.give_back()  # the output, a buffer the size of the file, does not sit on freed pages
     return write(image, Rewrite(layout=plan.layout, patches=tuple(patches), alloc=tuple(alloc),
                                 tail=tuple(tail), renames=renames, eh_frame_hdr=hdr_addr,
                                 grown=grown, moved_patches=moved))

@@ -22,6 +22,7 @@ argument: a caller that skips verification says so with `verify=None`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -54,7 +55,7 @@ from usdtpatch.analysis.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.analysis.hazards import detour_unwind_left_out
-from usdtpatch.analysis.index import Claims, SitesByAddress
+from usdtpatch.analysis.index import Claims
 from usdtpatch.analysis.merge import join_following
 from usdtpatch.analysis.observed import may_fault
 from usdtpatch.analysis.probes import (
@@ -67,6 +68,7 @@ from usdtpatch.analysis.probes import (
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext
 from usdtpatch.analysis.windows import (
+    MAX_WINDOW,
     REL8_STUB,
     REL32,
     TABLE4,
@@ -367,7 +369,7 @@ class _Inputs:
     cfi: CfiIndex
     shstk: bool
     relocs: Relocations
-    by_address: SitesByAddress[SiteCheck]  # every site at each address (two notes may name one pc)
+    by_address: _FedSites  # every site at each address (two notes may name one pc)
     ctx: CodeContext | None = None  # check's analysis (re-laying asks it, as check does)
 
 
@@ -405,11 +407,14 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                  calls: str = CALLS_AUTO, windows: bool = True) -> RewritePlan:
     """Decide every site of `image` (pure: no I/O). `verify=None` skips the emulator's check.
 
-    `progress(done, total)`, when given, is called after each site is decided. `calls` says
-    how a window's calls are handled (CALL_CHOICES; docs/rewrite.md, "Windows that hold a
-    call"). With `windows=False` (a plan made to build the output), each decision keeps its
-    window's span only, and the check's windows are let go as the walk passes them
-    (issue 38: rewrite's memory); the decisions are the same.
+    `progress(done, total)`, when given, is called as each site's decision starts (`done`
+    sites decided before it). `calls` says how a window's calls are handled (CALL_CHOICES;
+    docs/rewrite.md, "Windows that hold a call"). Without `report`, the sites are decided
+    during the check's walk, each once the check has settled every site its decision reads
+    (`_Walk`). With `windows=False` (a plan made to build the output), each decision keeps
+    its window's span only, and each site's window is let go once the walk has passed it,
+    so that no more than a stretch of the file's windows is held at once (issue 38:
+    rewrite's memory); the decisions are the same.
     """
     if calls not in CALL_CHOICES:
         raise ValueError(f"calls must be one of {', '.join(CALL_CHOICES)}, not {calls!r}")
@@ -419,50 +424,141 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
         return RewritePlan(image=image, probeset=ps, form=form, guard=guard,
                            fork_guard=fork_guard, verified=verify is not None, sites=(),
                            findings=ps.findings, layout=None)
-    rep = report if report is not None else check(ps)
-    order = sorted(rep.sites, key=lambda s: s.probe.address)
     base_sec = image.section(BASE_SECTION)
     layout = plan_segment(image, base_sec.addr if base_sec is not None else None, ps.symbols)
-    inputs = _Inputs(image=image, form=form, guard=guard, calls=calls, verify=verify,
-                     cfi=load_cfi(image), shstk=shadow_stack_marked(image),
-                     relocs=Relocations(image),  # read on the first question
-                     by_address=SitesByAddress(order), ctx=rep.context)
     seg = _Segment(text_addr=layout.payload_vaddr, cursor=layout.payload_vaddr,
                    text=bytearray(), patches=[], claimed=Claims(), unwind=[], new_args={},
-                   # said again below only where a detour is added (_whole_file)
-                   found=[f for f in rep.findings
-                          if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code])
-    del rep  # its sites are `order`'s: let go below where this plan made them
-    let_go = not windows and report is None
-    decided: dict[int, SiteDecision] = {}
-    for n, sc in enumerate(order):
-        if let_go and n:
-            _passed(order, inputs.by_address, n - 1)
-        if progress is not None:
-            progress(n, len(order))
-        if sc.probe.index in decided:
-            continue  # moved along in an earlier site's window
-        try:
-            for d in _decide_site(inputs, seg, order, n):
-                decided[d.probe.index] = d if windows else replace(d, window=None)
-        except _Skip as skip:
-            decided[sc.probe.index] = _skip(sc, skip.code, skip.reason, skip.verification)
+                   found=[])
+    walk = _Walk(image, form=form, guard=guard, calls=calls, verify=verify, seg=seg,
+                 total=len(ps.probes), progress=progress, windows=windows,
+                 let_go=not windows and report is None)
+    if report is not None:  # its windows are the caller's: another plan may read them
+        walk.start(report.context)
+        for sc in sorted(report.sites, key=lambda s: s.probe.address):
+            walk.feed(sc, sc)
+        rep = report
+    else:
+        rep = check(ps, keep=walk.keep, context=walk.start)
+    walk.finish()
+    # the check's findings first (said again in _whole_file only where a detour is added)
+    seg.found[:0] = [f for f in rep.findings if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code]
+    del rep
     return _whole_file(RewritePlan(image=image, probeset=ps, form=form, guard=guard,
                                    fork_guard=fork_guard, verified=verify is not None,
-                                   sites=tuple(decided[p.index] for p in ps.probes),
+                                   sites=tuple(walk.decided[p.index] for p in ps.probes),
                                    findings=tuple(seg.found), layout=layout), seg)
 
 
-def _passed(order: list[SiteCheck], by_address: SitesByAddress[SiteCheck], k: int) -> None:
-    """Let go of the window of `order[k]`, a site the walk has passed: a site's decision reads
-    the windows of the site and of those after it (_window, join_following), of the sites
-    before it their probes and red zones only."""
-    sc = order[k]
-    if sc.window is None:
-        return
-    order[k] = slim = replace(sc, window=None)
-    same = by_address.at[sc.probe.address]
-    same[next(i for i, m in enumerate(same) if m is sc)] = slim
+# How far past a site (bytes, address order) the sites its decision reads may lie: a window
+# and the windows it joins end within MAX_WINDOW bytes of its start (analysis/merge.py), and
+# no window starts after its probe. _FedSites.between checks it of every question asked.
+REACH = 2 * MAX_WINDOW
+
+
+class _FedSites:
+    """The sites in address order (two notes may name one pc: ties in note order), given
+    one at a time (`add`) as the check settles them; `between` refuses (AssertionError) a
+    question about addresses not all given yet: a decision would read a site not there."""
+
+    def __init__(self) -> None:
+        self.sites: list[SiteCheck] = []
+        self.addresses: list[int] = []  # each site's probe address, as `sites`
+        self.ended = False  # every site given
+
+    def add(self, sc: SiteCheck) -> None:
+        self.sites.append(sc)
+        self.addresses.append(sc.probe.address)
+
+    def has(self, hi: int) -> bool:
+        """Every site with an address below `hi` is here."""
+        return self.ended or (bool(self.addresses) and self.addresses[-1] >= hi)
+
+    def between(self, lo: int, hi: int) -> list[SiteCheck]:
+        """The sites with lo <= address < hi, in address order."""
+        if not self.has(hi):
+            raise AssertionError(f"a decision reads the sites up to {hi:#x}, "
+                                 f"not all given yet (REACH too small)")
+        return self.sites[bisect_left(self.addresses, lo):bisect_left(self.addresses, hi)]
+
+
+class _Walk:
+    """The plan's walk over the sites in address order (`_decide_site` for each): the sites
+    are fed as the check settles them (`keep`, check's) and each is decided once every site
+    within REACH bytes after it is here; `finish` decides the rest. With `let_go`, a site's
+    window is let go once the walk has passed it (a site's decision reads the windows of
+    the site and of those after it, of the sites before it their probes and red zones only)."""
+
+    def __init__(self, image: ElfImage, *, form: Form, guard: Guard, calls: str,
+                 verify: Verifier | None, seg: _Segment, total: int,
+                 progress: Callable[[int, int], None] | None, windows: bool,
+                 let_go: bool) -> None:
+        self.image, self.form, self.guard, self.calls, self.verify = \
+            image, form, guard, calls, verify
+        self.seg, self.total, self.progress = seg, total, progress
+        self.windows, self.let_go = windows, let_go
+        self.inputs: _Inputs | None = None
+        self.sites = _FedSites()
+        self.order = self.sites.sites  # every site fed, in address order
+        self.slim: list[SiteCheck | None] = []  # what replaces it once passed (let_go)
+        self.next = 0  # the first site not decided yet
+        self.decided: dict[int, SiteDecision] = {}
+
+    def start(self, ctx: CodeContext | None) -> None:
+        """Before the first site: the check's analysis context (re-laying asks it)."""
+        self.inputs = _Inputs(image=self.image, form=self.form, guard=self.guard,
+                              calls=self.calls, verify=self.verify, cfi=load_cfi(self.image),
+                              shstk=shadow_stack_marked(self.image),
+                              relocs=Relocations(self.image),  # read on the first question
+                              by_address=self.sites, ctx=ctx)
+
+    def keep(self, sc: SiteCheck) -> SiteCheck:
+        """check's `keep`: the site goes to the walk; the check keeps it without its window
+        when the plan lets windows go (the walk holds the window until it has passed)."""
+        slim = replace(sc, window=None) if self.let_go and sc.window is not None else sc
+        self.feed(sc, slim)
+        return slim
+
+    def feed(self, sc: SiteCheck, slim: SiteCheck) -> None:
+        """The next site in address order, and what replaces it once the walk has passed it;
+        then every site that can be decided now."""
+        self.sites.add(sc)
+        self.slim.append(slim if slim is not sc else None)
+        while self.next < len(self.order) and \
+                self.sites.has(self.order[self.next].probe.address + REACH + 1):
+            self._decide_next()
+
+    def finish(self) -> None:
+        """Every site is fed: decide the rest."""
+        self.sites.ended = True
+        while self.next < len(self.order):
+            self._decide_next()
+
+    def _decide_next(self) -> None:
+        n = self.next
+        assert self.inputs is not None, "start() before the first site"
+        if self.let_go and n:
+            self._passed(n - 1)
+        if self.progress is not None:
+            self.progress(n, self.total)
+        self.next += 1
+        sc = self.order[n]
+        if sc.probe.index in self.decided:
+            return  # moved along in an earlier site's window
+        try:
+            for d in _decide_site(self.inputs, self.seg, self.order, n):
+                self.decided[d.probe.index] = d if self.windows else replace(d, window=None)
+        except _Skip as skip:
+            self.decided[sc.probe.index] = _skip(sc, skip.code, skip.reason, skip.verification)
+
+    def _passed(self, k: int) -> None:
+        """Let go of the window of `order[k]`, a site the walk has passed, and of what the
+        check's context keeps for it (its function's bounds: ~0.3 KB a site)."""
+        slim = self.slim[k]
+        self.slim[k] = None
+        if slim is not None:
+            self.order[k] = slim
+        if self.inputs is not None and self.inputs.ctx is not None:
+            self.inputs.ctx.forget_site(self.order[k].probe.address)
 
 
 def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
@@ -475,11 +571,13 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
     relaid = _relaid(inputs, seg, sc, win, order)
     if relaid is not None:
         return relaid
+    if not inputs.by_address.has(win.start + MAX_WINDOW):
+        raise AssertionError(f"the window at {win.start:#x} may join sites not given yet")
     win = join_following(win, order, n)
     if seg.claimed.overlaps(win.start, win.end):
         raise _Skip(findings.WINDOW_OVERLAPS_SITE.code,
                     "its window overlaps another rewritten site's")
-    members = list(inputs.by_address.between(win.start, win.end))
+    members = inputs.by_address.between(win.start, win.end)
     guarded = any(_needs_guard(m, inputs.guard) for m in members)
     win = used_window(win, sc.probe, [m.probe for m in members], inputs.form, guarded)
     new_args = _member_args(members, win, guarded)
@@ -540,7 +638,7 @@ def _relaid(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,
     if inputs.ctx is None:
         return None
     got = relaid_window(inputs.ctx, sc, win, seg.claimed, inputs.form, inputs.guard,
-                        lambda lo, hi: list(inputs.by_address.between(lo, hi)))
+                        inputs.by_address.between)
     if got is None:
         return None
     w, laid = got.window, got.code

@@ -50,13 +50,32 @@ class _S:
     n: int
 
 
-@given(st.lists(st.integers(0, 200), max_size=60), st.integers(0, 200), st.integers(0, 80))
-def test_check_between_as_a_scan(addresses: list[int], lo: int, size: int) -> None:
-    sites = [_S(_P(a), i) for i, a in enumerate(addresses)]
-    idx = SitesByAddress(sites)
-    want = [s for a in sorted({s.probe.address for s in sites}) if lo <= a < lo + size
-            for s in sites if s.probe.address == a]
-    assert list(idx.between(lo, lo + size)) == want
+@given(st.lists(st.integers(0, 200), max_size=60), st.integers(0, 200), st.integers(0, 80),
+       st.integers(0, 60))
+def test_sites_between_as_a_scan(addresses: list[int], lo: int, size: int, given_: int) -> None:
+    """Given in address order (ties as given), the first `given_` sites answer as a scan of
+    them where every site below the question's end is there, and refuse otherwise."""
+    sites = sorted((_S(_P(a), i) for i, a in enumerate(addresses)), key=lambda s: s.probe.address)
+    idx: SitesByAddress[_S] = SitesByAddress()
+    for s in sites[:given_]:
+        idx.add(s)
+    idx.ended = given_ >= len(sites)  # every site given: each question is answered
+    hi = lo + size
+    complete = idx.ended or any(s.probe.address >= hi for s in sites[:given_])
+    want = [s for s in sites[:given_] if lo <= s.probe.address < hi]
+    if complete:
+        assert idx.between(lo, hi) == want
+    else:
+        with pytest.raises(AssertionError, match="not all given yet"):
+            idx.between(lo, hi)
+
+
+def test_sites_given_out_of_address_order_are_refused() -> None:
+    idx: SitesByAddress[_S] = SitesByAddress()
+    idx.add(_S(_P(8), 0))
+    idx.add(_S(_P(8), 1))  # one pc, two notes
+    with pytest.raises(ValueError, match="given after"):
+        idx.add(_S(_P(7), 2))
 
 
 def test_recent_forgets_its_oldest_entries_past_its_limit() -> None:

@@ -203,6 +203,8 @@ def test_a_site_forgotten_by_the_context_is_worked_out_again_the_same(library: P
 def test_the_heaps_free_pages_are_given_back() -> None:
     """usdtpatch.heap.give_back returns the C library heap's free pages: freed blocks below
     a live one stay resident until it is called."""
+    if heap.malloc_trim() is None:
+        pytest.skip("this C library has no malloc_trim (give_back leaves the pages)")
     def rss() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096

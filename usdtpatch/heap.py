@@ -8,8 +8,8 @@ without the freed pages returned first, the output sat on top of them (at 100,00
 ~30 MiB of the peak). glibc's malloc_trim returns them (madvise: the pages are dropped, the
 heap stays); a C library without it (musl) leaves them, and nothing else changes.
 
-Deferred imports: ctypes, at the first call (the ELF writer imports this module, and
-commands that write no rewrite load no ctypes).
+Deferred imports: ctypes, at the first call (api.py imports this module, so every command
+does: only a rewrite loads ctypes).
 """
 
 from __future__ import annotations
@@ -21,10 +21,15 @@ _TRIM: list[Callable[[int], object] | None] = []  # malloc_trim, looked up once
 
 def give_back() -> None:
     """Return the C library heap's free pages to the system, where the library can."""
+    trim = malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def malloc_trim() -> Callable[[int], object] | None:
+    """The C library's malloc_trim, or None where it has none (musl)."""
     if not _TRIM:
         import ctypes
 
         _TRIM.append(getattr(ctypes.CDLL(None), "malloc_trim", None))
-    trim = _TRIM[0]
-    if trim is not None:
-        trim(0)
+    return _TRIM[0]

@@ -6,8 +6,9 @@ tests).
 - `Claims`: the byte ranges the plan has claimed (windows, patched ways in), a list kept in
   insertion order, with a sorted index answering "does [lo, hi) overlap a claim?" in
   O(log n + k) (k: the claims starting within the longest claim's length before `hi`).
-- `SitesByAddress`: the sites at each address, in address order, answering "which sites lie
-  in [lo, hi)?" by bisection.
+- `SitesByAddress`: the sites in address order, given as a walk settles them, answering
+  "which sites lie in [lo, hi)?" by bisection (and refusing to answer before every site
+  below `hi` is there).
 - `Recent`: a memo that keeps only its latest entries (the analysis' per-function caches:
   the sites come in address order, so a function is asked about while its sites are decided;
   holding every function's disassembly was ~2.4 KB per site).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K")
@@ -74,20 +75,33 @@ S = TypeVar("S", bound=_Located)
 
 
 class SitesByAddress(Generic[S]):
-    """Sites grouped by their probe's address (two notes may name one pc)."""
+    """The sites in address order (two notes may name one pc: ties in the order given),
+    given one at a time (`add`) as a walk in address order settles them (rewrite's plan,
+    during the check's walk); `between` refuses (AssertionError) a question about addresses
+    not all given yet: an answer without the sites still to come would be wrong."""
 
-    def __init__(self, sites: Iterable[S]) -> None:
-        self.at: dict[int, list[S]] = {}
-        for sc in sites:
-            self.at.setdefault(sc.probe.address, []).append(sc)
-        self.addresses = sorted(self.at)
+    def __init__(self) -> None:
+        self.sites: list[S] = []
+        self.addresses: list[int] = []  # each site's probe address, as `sites`
+        self.ended = False  # every site given
 
-    def between(self, lo: int, hi: int) -> Iterator[S]:
+    def add(self, sc: S) -> None:
+        at = sc.probe.address
+        if self.addresses and at < self.addresses[-1]:
+            raise ValueError(f"a site at {at:#x} given after one at {self.addresses[-1]:#x}")
+        self.sites.append(sc)
+        self.addresses.append(at)
+
+    def has(self, hi: int) -> bool:
+        """Every site with an address below `hi` is here."""
+        return self.ended or (bool(self.addresses) and self.addresses[-1] >= hi)
+
+    def between(self, lo: int, hi: int) -> list[S]:
         """The sites with lo <= address < hi, in address order."""
-        i = bisect.bisect_left(self.addresses, lo)
-        while i < len(self.addresses) and self.addresses[i] < hi:
-            yield from self.at[self.addresses[i]]
-            i += 1
+        if not self.has(hi):
+            raise AssertionError(f"the sites up to {hi:#x} are asked for, not all given yet")
+        return self.sites[bisect.bisect_left(self.addresses, lo):
+                          bisect.bisect_left(self.addresses, hi)]
 
 
 RECENT = 256  # entries a Recent memo keeps

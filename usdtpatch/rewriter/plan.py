@@ -22,7 +22,6 @@ argument: a caller that skips verification says so with `verify=None`.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -55,7 +54,7 @@ from usdtpatch.analysis.forms import (
     uses_numeric_rip,
 )
 from usdtpatch.analysis.hazards import detour_unwind_left_out
-from usdtpatch.analysis.index import Claims
+from usdtpatch.analysis.index import Claims, SitesByAddress
 from usdtpatch.analysis.merge import join_following
 from usdtpatch.analysis.observed import may_fault
 from usdtpatch.analysis.probes import (
@@ -369,7 +368,7 @@ class _Inputs:
     cfi: CfiIndex
     shstk: bool
     relocs: Relocations
-    by_address: _FedSites  # every site at each address (two notes may name one pc)
+    by_address: SitesByAddress[SiteCheck]  # the sites given so far (two notes may name one pc)
     ctx: CodeContext | None = None  # check's analysis (re-laying asks it, as check does)
 
 
@@ -451,34 +450,8 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
 
 # How far past a site (bytes, address order) the sites its decision reads may lie: a window
 # and the windows it joins end within MAX_WINDOW bytes of its start (analysis/merge.py), and
-# no window starts after its probe. _FedSites.between checks it of every question asked.
+# no window starts after its probe. SitesByAddress.between checks it of every question asked.
 REACH = 2 * MAX_WINDOW
-
-
-class _FedSites:
-    """The sites in address order (two notes may name one pc: ties in note order), given
-    one at a time (`add`) as the check settles them; `between` refuses (AssertionError) a
-    question about addresses not all given yet: a decision would read a site not there."""
-
-    def __init__(self) -> None:
-        self.sites: list[SiteCheck] = []
-        self.addresses: list[int] = []  # each site's probe address, as `sites`
-        self.ended = False  # every site given
-
-    def add(self, sc: SiteCheck) -> None:
-        self.sites.append(sc)
-        self.addresses.append(sc.probe.address)
-
-    def has(self, hi: int) -> bool:
-        """Every site with an address below `hi` is here."""
-        return self.ended or (bool(self.addresses) and self.addresses[-1] >= hi)
-
-    def between(self, lo: int, hi: int) -> list[SiteCheck]:
-        """The sites with lo <= address < hi, in address order."""
-        if not self.has(hi):
-            raise AssertionError(f"a decision reads the sites up to {hi:#x}, "
-                                 f"not all given yet (REACH too small)")
-        return self.sites[bisect_left(self.addresses, lo):bisect_left(self.addresses, hi)]
 
 
 class _Walk:
@@ -497,7 +470,7 @@ class _Walk:
         self.seg, self.total, self.progress = seg, total, progress
         self.windows, self.let_go = windows, let_go
         self.inputs: _Inputs | None = None
-        self.sites = _FedSites()
+        self.sites: SitesByAddress[SiteCheck] = SitesByAddress()
         self.order = self.sites.sites  # every site fed, in address order
         self.slim: list[SiteCheck | None] = []  # what replaces it once passed (let_go)
         self.next = 0  # the first site not decided yet

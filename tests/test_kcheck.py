@@ -454,8 +454,8 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
     optimized site a problem and kcheck exit 1."""
     real = kmod.process_plan
 
-    def wrong(ps: Any, path: str, maps: Any) -> Any:
-        plan = real(ps, path, maps)
+    def wrong(ps: Any, path: str, maps: Any, gen: Any) -> Any:
+        plan = real(ps, path, maps, gen)
         assert plan is not None
         (t,) = {s.sequences.trampoline for s in plan.sites
                 if s.sequences is not None and s.sequences.trampoline is not None}

@@ -108,9 +108,10 @@ from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, added_sections_index, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
+from usdtpatch.kernelfacts import DEFAULT, RED_ZONE
 from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import FORMS, GUARD_ENTER, RED_ZONE
+from usdtpatch.x86.nops import FORMS, GUARD_ENTER
 from usdtpatch.x86.relocate import (
     Detour,
     RelocationError,
@@ -592,8 +593,8 @@ def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchW
                                       findings.PROBE_NOT_DECODED.code):
         raise _Skip(wr.code, wr.reason)  # data in code, or not an instruction boundary
     facts = FORMS[p.site.form]
-    if facts.nop_length == 5 and facts.nop_at == 0 and \
-            sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
+    if facts.nop_at == 0 and facts.nop_length == DEFAULT.nop_length and \
+            sc.candidacy.verdict(DEFAULT).code == findings.SITE_CROSSES_PAGE.code:
         return _page_crossing_window(p)
     if left_as_is(p.site.form, form):
         raise _Skip(findings.SITE_ALREADY_5_BYTE.code, f"already a {p.site.form.value} site")
@@ -680,7 +681,7 @@ def _call_handling(inputs: _Inputs, win: PatchWindow) -> _Calls:
 def _optimized(form: Form, sb: SiteBytes, at: int) -> bool:
     """Whether the kernel optimizes the new site's NOP when the site lies at `at`."""
     return optimized_where_it_is(sb.code[sb.optimized_offset :], at + sb.optimized_offset,
-                                 nop10=form is Form.COMBO10)
+                                 form.kernel)
 
 
 def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,

@@ -440,7 +440,7 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
         w = join_following(w, made, k)  # as rewriter/plan.py joins, after the re-laid try
         members = made.between(w.start, w.end)
         w = used_window(w, sc.probe, [m.probe for m in members], options.form, any(
-            _needs_guard(m, options.guard) for m in members))
+            needs_red_zone_guard(m, options.guard, options.form) for m in members))
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
         if why is not None:
             code, reason = why
@@ -472,7 +472,7 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
     when its detour window `w` is not in place already, the site needs no red-zone guard
     (the guard needs a detour), and the re-laid window holds no other site and overlaps no
     window taken; else None. rewriter/plan.py asks the same."""
-    if w.shape is WindowShape.IN_PLACE or _needs_guard(sc, guard) or \
+    if w.shape is WindowShape.IN_PLACE or needs_red_zone_guard(sc, guard, form) or \
             sc.window is None or sc.window.window is None:
         return None
     sb = site_bytes(form, False)
@@ -532,9 +532,15 @@ def _in_target_form(sc: SiteCheck, form: Form) -> bool:
         and sc.outcome != NOT_APPLICABLE
 
 
-def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
+def needs_red_zone_guard(sc: SiteCheck, guard: Guard, form: Form) -> bool:
+    """Whether a rewrite to `form` wraps the site in the red-zone guard (rewriter/plan.py asks
+    this too): always or never as `guard` says; with auto, where the form's generation writes
+    below %rsp on a hit (nop5's call and pushes; nop10's lea moves %rsp first) and the
+    site's function may keep live data there."""
     if guard is not Guard.AUTO:
         return guard is Guard.ALWAYS
+    if not form.kernel.red_zone_hazard:
+        return False
     return sc.red_zone is None or sc.red_zone.may_use
 
 
@@ -556,7 +562,7 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         if claimed.overlaps(a, a + STUB_SIZE):
             return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "
                                         f"window")
-    guarded = any(_needs_guard(m, options.guard) for m in members)
+    guarded = any(needs_red_zone_guard(m, options.guard, options.form) for m in members)
     for m in members:
         if guarded:
             _args, why = guard_args(m.probe.args)

@@ -201,9 +201,10 @@ PREFIXED_FORMS = frozenset({SiteForm.NOP10, SiteForm.OTHER})
 
 
 def lost_on(code: bytes) -> str:
-    """Why a probe on the NOP at code[0] is lost on some kernel generations (the kernel
-    refuses a CS- or DS-prefixed instruction: errno 524 for a process, a system-wide probe
-    that never fires), in words; "" when every generation probes it."""
+    """Why a probe on the NOP at code[0] is lost on some kernel generations but not all (the
+    kernel refuses a CS- or DS-prefixed instruction: errno 524 for a process, a system-wide
+    probe that never fires; a bare nop10 is probed by its generation alone), in words; "" when
+    every generation probes it, or none does (check's site-segment-prefix says that)."""
     nop = decode_nop(code[:15])
     if nop is None:
         return ""
@@ -211,9 +212,10 @@ def lost_on(code: bytes) -> str:
     if not lost:
         return ""
     kept = [g.name for g in GENERATIONS if g.name not in lost]
-    where = f"only the {', '.join(kept)} generation probes it" if kept else \
-        "no kernel generation probes it"
-    return (f"{nop.length}-byte NOP {code[:nop.length].hex(' ')} at pc: {where}; on the "
+    if not kept:
+        return ""
+    return (f"{nop.length}-byte NOP {code[:nop.length].hex(' ')} at pc: only the "
+            f"{', '.join(kept)} generation probes it; on the "
             f"{', '.join(lost)} generation(s) a probe here is silently lost (never hit; "
             f"errno 524 for a process)")
 

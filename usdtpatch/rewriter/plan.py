@@ -439,8 +439,11 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     else:
         rep = check(ps, keep=walk.keep, context=walk.start)
     walk.finish()
-    # the check's findings first (said again in _whole_file only where a detour is added)
-    seg.found[:0] = [f for f in rep.findings if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code]
+    # the check's findings first (said again in _whole_file only where a detour is added); a
+    # site a generation cannot probe is said of the input only where the output keeps it
+    moved = {d.probe.probe_id for d in walk.decided.values() if d.new_pc is not None}
+    seg.found[:0] = [f for f in rep.findings if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code
+                     and not (f.code == findings.SITE_PROBE_LOST.code and f.where in moved)]
     del rep
     return _whole_file(RewritePlan(image=image, probeset=ps, form=form, guard=guard,
                                    fork_guard=fork_guard, verified=verify is not None,

@@ -24,12 +24,20 @@ DEB_PACKAGES += postgresql-15
 # spec with usdtpatch's macros, rpm2cpio and cpio unpack the .rpm (rpm's find-debuginfo needs
 # cpio too).
 DEB_PACKAGES += debhelper rpm cpio
+# Guest kernels (tests/test_live_guest_*.py, docs/kernel.md "Kernels you can test on"):
+# qemu-system-x86 runs the guests (under TCG: nested KVM fails here) that virtme-ng (PyPI, the
+# test extra) boots; kmod's depmod indexes the modules of a kernel unpacked under build/cache
+# (`depmod -b`), so that the guest can load its 9p and virtio modules; busybox-static makes
+# the guest's initramfs (virtme-run wants a static one: the PyPI wheel ships no virtme-ng-init).
+DEB_PACKAGES += qemu-system-x86 kmod busybox-static
 # Installed without their recommended packages: chromium's would upgrade systemd and perl
 # (its simulated install then refused it and the 55 browser tests skipped); postgresql-15's
 # (sysstat) are not needed. Without them neither upgrades an installed package. debhelper,
 # rpm and cpio recommend nothing in bookworm (only suggest): listed so that a later version's
 # recommends cannot pull in more than the distribution-build tests use.
-DEB_NO_RECOMMENDS := chromium postgresql-15 debhelper rpm cpio
+# qemu-system-x86's recommends (a GUI, ovmf, block drivers) pull in about 90 packages (a
+# whole video stack) the guests never use; kmod's are none.
+DEB_NO_RECOMMENDS := chromium postgresql-15 debhelper rpm cpio qemu-system-x86 kmod
 # Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
 # never installed: installing them pins their companion to the same version, so apt would
 # upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless

@@ -165,7 +165,20 @@ unit: $(BIN)/.test
 	$(BIN)/python -m compileall -q usdtpatch tools bench
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
-test: system-packages test-data lint typecheck unit
+# Guest kernels (tests/test_live_guest_*.py, docs/kernel.md "Kernels you can test on"): one
+# kernel of each generation the guest tests boot, the newest its Debian suite carries (Debian
+# 12's own 6.1, sid's 7.2.13, experimental's 7.3), fetched with a private apt configuration
+# under $(DEB_CACHE)/apt-kernels (the machine's archive URIs and keyrings, its own lists and
+# package cache: the .debs stay there) and unpacked into $(GUEST_KERNELS)/KEY with its modules
+# indexed (tools/fetch_kernels.py). A kernel already there at the archive's version is kept.
+# Nothing is installed. A kernel that cannot be had leaves its reason in
+# $(GUEST_KERNELS)/KEY.error, and the tests of that guest fail with it.
+GUEST_KERNELS := $(DEB_CACHE)/kernels
+.PHONY: guest-kernels
+guest-kernels: $(BIN)/.runtime
+	@nice $(BIN)/python -m tools.fetch_kernels $(GUEST_KERNELS) --cache $(DEB_CACHE) || true
+
+test: system-packages test-data guest-kernels lint typecheck unit
 
 # --- sys/sdt.h (issue 21): bpftrace's own USDT runtime tests (tests/test_bpftrace_usdt.py) --
 # Debian's bpftrace source package at the installed bpftrace's version, unpacked into

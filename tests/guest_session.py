@@ -12,7 +12,8 @@ SPEC (written by tests/guests.py): {"checks": [...]}, each check a dict with "ki
   [uprobes-trampoline] mappings, detach, read the bytes (after detach), let the program exit;
 - "kcheck": {"name", "program", "args", "timeout"}: `usdtpatch kcheck --json PROGRAM -- PROGRAM
   ARGS` and its document;
-- "bpftrace": {"name", "program", "args", "script", "timeout"}: bpftrace -e SCRIPT -c PROGRAM.
+- "bpftrace": {"name", "program", "args", "script", "timeout"}: bpftrace -e SCRIPT -c PROGRAM;
+- "run": {"name", "program", "args", "timeout"}: the program's exit code and output.
 
 OUT.json is rewritten after every check ({"results": {name: result}, "seconds": {name: s}}), so
 that a session stopped by the host's time limit still leaves what it measured. A check that
@@ -207,8 +208,15 @@ def check_bpftrace(spec: Result) -> Result:
     return {"exit_code": proc.returncode, "stdout": stdout[-8000:], "stderr": stderr[-4000:]}
 
 
+def check_run(spec: Result) -> Result:
+    proc = subprocess.run([spec["program"], *spec["args"]], capture_output=True, text=True,
+                          timeout=float(spec["timeout"]), check=False)
+    return {"exit_code": proc.returncode, "stdout": proc.stdout[-8000:],
+            "stderr": proc.stderr[-4000:]}
+
+
 CHECKS = {"kernel": check_kernel, "site": check_site, "kcheck": check_kcheck,
-          "bpftrace": check_bpftrace}
+          "bpftrace": check_bpftrace, "run": check_run}
 
 
 def main(argv: list[str]) -> int:

@@ -45,7 +45,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "build" / "cache" / "kernels"  # tools/fetch_kernels.py's DEST
 SITES_C = ROOT / "tests" / "data" / "guests" / "sites.c"
+ARGS_C = ROOT / "tests" / "data" / "guests" / "args.c"
 GUEST_LOCK = os.path.join(tempfile.gettempdir(), "usdtpatch-tests-guests.lock")
+RECORDS = ROOT / "build" / "guests"  # KEY.json: the last session of each guest
 SESSION_LIMIT = 240.0  # seconds of wall time for one guest session, boot included
 # vng's options (kernel-facts.md "Measured on Linux 7.3"): the host's root over 9p, the PC
 # machine (not microvm), TCG (nested KVM boots nothing here), 2 GiB, two vCPUs.
@@ -69,6 +71,7 @@ SITE_CHECKS: tuple[tuple[str, str, int], ...] = (
 SITE_NAMES = tuple(name for name, _f, _d in SITE_CHECKS)
 ITERATIONS = 10_000  # passes of one site per check (a counting uprobe must count exactly)
 KCHECK_ITERATIONS = 1_000  # passes of every site under kcheck (`sites all N`)
+REWRITE_ITERATIONS = 1_000  # passes of the rewritten args program's probe
 
 # What the kernel does with the probed instruction (kernel-facts.md, "Measured on Linux 7.3",
 # the table "site bytes at the note pc | attached at | 6.1 | 6.18 | 7.2.13 | 7.3"):
@@ -253,7 +256,17 @@ def file_offsets(path: Path) -> dict[str, int]:
     return out
 
 
-def session_spec(exe: Path) -> dict[str, Any]:
+def compile_rewritten(tmp: Path) -> tuple[Path, Path]:
+    """(the original, its `usdtpatch rewrite --form combo10` copy) of args.c."""
+    exe, rewritten = tmp / "args", tmp / "args.combo10"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(ARGS_C)], check=True, capture_output=True,
+                   timeout=120)
+    subprocess.run([sys.executable, "-m", "usdtpatch", "rewrite", str(exe), "-o", str(rewritten),
+                    "--form", "combo10"], check=True, capture_output=True, timeout=300)
+    return exe, rewritten
+
+
+def session_spec(exe: Path, rewritten: Path) -> dict[str, Any]:
     offsets = file_offsets(exe)
     checks: list[dict[str, Any]] = [{"name": "kernel", "kind": "kernel"}]
     for name, form, delta in SITE_CHECKS:
@@ -270,6 +283,13 @@ def session_spec(exe: Path) -> dict[str, Any]:
         checks.append({"name": name, "kind": "bpftrace", "program": str(exe),
                        "args": ["all", str(KCHECK_ITERATIONS)], "timeout": 150,
                        "script": script})
+    n = str(REWRITE_ITERATIONS)
+    checks.append({"name": "rewritten-untraced", "kind": "run", "program": str(rewritten),
+                   "args": [n], "timeout": 60})
+    checks.append({"name": "rewritten-traced", "kind": "bpftrace", "program": str(rewritten),
+                   "args": [n], "timeout": 150,
+                   "script": f"usdt:{rewritten}:guest:tick {{ @hits = count(); "
+                             f"@arg0 = sum(arg0); @arg1 = sum(arg1); }}"})
     return {"checks": checks}
 
 
@@ -309,7 +329,11 @@ def run_session(key: str, tmp: Path, limit: float = SESSION_LIMIT) -> Session:
     except GuestUnavailable as exc:
         return Session(key, unavailable=str(exc))
     exe = compile_sites(tmp)
-    spec = session_spec(exe)
+    original, rewritten = compile_rewritten(tmp)
+    spec = session_spec(exe, rewritten)
+    spec["original_output"] = subprocess.run(
+        [str(original), str(REWRITE_ITERATIONS)], capture_output=True, text=True, check=True,
+        timeout=60).stdout
     spec_path, out_path = tmp / "spec.json", tmp / "out.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     with guest_lock():
@@ -324,8 +348,10 @@ def run_session(key: str, tmp: Path, limit: float = SESSION_LIMIT) -> Session:
     timing = {"key": key, "boot_and_session_seconds": round(run.seconds, 1),
               "guest_session_seconds": doc.get("session_seconds"),
               "cpu_seconds": round(run.cpu_seconds, 1), "checks": doc.get("seconds")}
-    (tmp / "timing.json").write_text(json.dumps(timing, indent=1))
-    print(f"guest {key}: {json.dumps(timing)}", file=sys.stderr)
+    # The last session of each guest, kept for a reader (pytest's temporary directories are
+    # removed three runs later): its timings and everything the guest measured.
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{key}.json").write_text(json.dumps({**timing, "session": doc}, indent=1))
     return Session(key, run=run, doc=doc, spec=spec)
 
 
@@ -469,6 +495,26 @@ def file_offsets_of(session: Session) -> dict[str, int]:
     """form -> the site's file offset, as the session's spec named it."""
     return {c["form"]: c["site_offset"] for c in session.spec.get("checks", [])
             if c["kind"] == "site"}
+
+
+    def test_rewritten_untraced_output(self, session: Session) -> None:
+        """The combo10 rewrite of a stock 1-byte-nop program prints what the original does."""
+        res = session.result("rewritten-untraced")
+        assert res["exit_code"] == 0 and res["stdout"] == session.spec["original_output"], res
+
+    def test_rewritten_traced_counts_and_arguments(self, session: Session) -> None:
+        """bpftrace on the rewritten program: every pass, both arguments' exact sums."""
+        res = session.result("rewritten-traced")
+        got = dict(re.findall(r"^@(\w+): (\d+)$", res["stdout"], re.M))
+        n = REWRITE_ITERATIONS
+        want = {"hits": str(n), "arg0": str(n * (n - 1) // 2),
+                "arg1": str(3 * n * (n - 1) // 2 + n)}
+        assert res["exit_code"] == 0 and got == want, res
+
+    def test_rewritten_traced_output(self, session: Session) -> None:
+        """Traced, the rewritten program still prints the original's output."""
+        res = session.result("rewritten-traced")
+        assert session.spec["original_output"] in res["stdout"], res
 
 
 class Nop10ProtocolChecks:

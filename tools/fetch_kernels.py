@@ -13,9 +13,11 @@ series the suite carries is taken: its packages are downloaded with `apt-get dow
 unpacked with `dpkg -x` into DEST/KEY/root, and its modules indexed with `depmod -b` (kmod).
 
 DEST/KEY/kernel.json then names the vmlinuz, the release (`uname -r`), the packages and their
-versions; a kernel already there at the archive's newest version is kept as it is. When a
-kernel cannot be had (no apt, no network, the suite no longer carries it), DEST/KEY.error holds
-the reason in one line and the tests that need that guest FAIL with it. Exit status 0 when
+versions; a kernel already there at the archive's newest version is kept as it is, and so is
+one already there when the archive cannot be read or no longer carries the series (with a
+note). When a kernel cannot be had (no apt, no network, the suite no longer carries it, and
+none is there yet), DEST/KEY.error holds the reason in one line and the tests that need that
+guest FAIL with it. Exit status 0 when
 every kernel asked for is there, 1 otherwise (one line per missing kernel on stderr).
 """
 
@@ -257,17 +259,20 @@ def _deb_version(deb: Path) -> str:
     return parts[1].replace("%3a", ":") if len(parts) == 3 else ""
 
 
+def present(dest: Path, key: str) -> dict[str, object] | None:
+    """The kernel.json of guest `key` when its kernel is unpacked under `dest`."""
+    try:
+        info: dict[str, object] = json.loads((dest / key / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info if (dest / key / str(info.get("vmlinuz"))).is_file() else None
+
+
 def fetch(guest: GuestKernel, dest: Path, conf: Path) -> dict[str, object]:
     pkgs = choose(conf, guest)
-    current = dest / guest.key / "kernel.json"
-    if current.is_file():
-        try:
-            info: dict[str, object] = json.loads(current.read_text())
-        except ValueError:
-            info = {}
-        if info.get("packages") == dict(pkgs) and \
-                (dest / guest.key / str(info.get("vmlinuz"))).is_file():
-            return info
+    info = present(dest, guest.key)
+    if info is not None and info.get("packages") == dict(pkgs):
+        return info
     return unpack(conf, guest, pkgs, dest)
 
 
@@ -297,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise FetchError(f"the private apt configuration failed: {setup_error}")
             info = fetch(GUESTS[key], args.dest, conf)
         except FetchError as exc:
+            kept = present(args.dest, key)
+            if kept is not None:  # offline, or the suite moved on: the kernel we have serves
+                err.unlink(missing_ok=True)
+                print(f"note: {key}: keeping {kept['release']} ({exc})", file=sys.stderr)
+                continue
             failed += 1
             err.write_text(f"{exc}\n")
             print(f"note: no {key} guest kernel ({exc}); the tests that need it fail",

@@ -24,12 +24,20 @@ DEB_PACKAGES += postgresql-15
 # spec with usdtpatch's macros, rpm2cpio and cpio unpack the .rpm (rpm's find-debuginfo needs
 # cpio too).
 DEB_PACKAGES += debhelper rpm cpio
+# Guest kernels (tests/test_live_guest_*.py, docs/kernel.md "Kernels you can test on"):
+# qemu-system-x86 runs the guests (under TCG: nested KVM fails here) that virtme-ng (PyPI, the
+# test extra) boots; kmod's depmod indexes the modules of a kernel unpacked under build/cache
+# (`depmod -b`), so that the guest can load its 9p and virtio modules; busybox-static makes
+# the guest's initramfs (virtme-run wants a static one: the PyPI wheel ships no virtme-ng-init).
+DEB_PACKAGES += qemu-system-x86 kmod busybox-static
 # Installed without their recommended packages: chromium's would upgrade systemd and perl
 # (its simulated install then refused it and the 55 browser tests skipped); postgresql-15's
 # (sysstat) are not needed. Without them neither upgrades an installed package. debhelper,
 # rpm and cpio recommend nothing in bookworm (only suggest): listed so that a later version's
 # recommends cannot pull in more than the distribution-build tests use.
-DEB_NO_RECOMMENDS := chromium postgresql-15 debhelper rpm cpio
+# qemu-system-x86's recommends (a GUI, ovmf, block drivers) pull in about 90 packages (a
+# whole video stack) the guests never use; kmod's are none.
+DEB_NO_RECOMMENDS := chromium postgresql-15 debhelper rpm cpio qemu-system-x86 kmod
 # Debian packages the tests read as data, PACKAGE:THE-INSTALLED-PACKAGE-IT-BELONGS-TO. They are
 # never installed: installing them pins their companion to the same version, so apt would
 # upgrade it (libpython3.11-testsuite upgraded python3.11 itself; openjdk-17-jdk-headless
@@ -148,7 +156,9 @@ typecheck: $(BIN)/.test
 	$(BIN)/mypy
 
 # Both CPUs (pytest-xdist): each test module is one unit of work, and the tests that use the
-# kernel's uprobes run one at a time, under one lock (tests/conftest.py says why).
+# kernel's uprobes run one at a time, under one lock (tests/conftest.py says why); the guest
+# kernels' tests (tests/test_live_guest_*.py) boot one guest at a time, under a lock of their
+# own (tests/guests.py says why), each session 1-1.5 minutes of both cores.
 PYTEST_PARALLEL ?= -n auto --dist loadscope
 # The tests start the CLI as a process a few thousand times: its modules compiled once here
 # (compileall writes bytecode even where PYTHONDONTWRITEBYTECODE is set, as on this project's
@@ -157,7 +167,20 @@ unit: $(BIN)/.test
 	$(BIN)/python -m compileall -q usdtpatch tools bench
 	$(BIN)/pytest -q $(PYTEST_PARALLEL)
 
-test: system-packages test-data lint typecheck unit
+# Guest kernels (tests/test_live_guest_*.py, docs/kernel.md "Kernels you can test on"): one
+# kernel of each generation the guest tests boot, the newest its Debian suite carries (Debian
+# 12's own 6.1, sid's 7.2.13, experimental's 7.3), fetched with a private apt configuration
+# under $(DEB_CACHE)/apt-kernels (the machine's archive URIs and keyrings, its own lists and
+# package cache: the .debs stay there) and unpacked into $(GUEST_KERNELS)/KEY with its modules
+# indexed (tools/fetch_kernels.py). A kernel already there at the archive's version is kept.
+# Nothing is installed. A kernel that cannot be had leaves its reason in
+# $(GUEST_KERNELS)/KEY.error, and the tests of that guest fail with it.
+GUEST_KERNELS := $(DEB_CACHE)/kernels
+.PHONY: guest-kernels
+guest-kernels: $(BIN)/.runtime
+	@nice $(BIN)/python -m tools.fetch_kernels $(GUEST_KERNELS) --cache $(DEB_CACHE) || true
+
+test: system-packages test-data guest-kernels lint typecheck unit
 
 # --- sys/sdt.h (issue 21): bpftrace's own USDT runtime tests (tests/test_bpftrace_usdt.py) --
 # Debian's bpftrace source package at the installed bpftrace's version, unpacked into

@@ -7,6 +7,9 @@ Markers (registered in pyproject.toml, `--strict-markers`):
   root, the uprobe PMU and the uprobe syscall (`live_kernel_reason()`); a module adds its own
   further needs (gcc, bpftrace, CPU 0) as ordinary skips.
 - `needs_cc`: compiles C/C++ with gcc, g++ or clang.
+- `guest`: boots a guest kernel under qemu (tests/guests.py, tests/test_live_guest_*.py). Not
+  under `uprobe_lock`: the uprobes a guest attaches are the guest kernel's, which no host test
+  sees; guests take a lock of their own instead (one at a time: the CPU, tests/guests.py).
 
 Processes: `start_process` (a fixture) and `started` (a context manager) start a program and
 always stop it by its pid, whatever the test does.

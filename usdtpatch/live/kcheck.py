@@ -431,10 +431,22 @@ class Kcheck:
                 continue
             site.detached = _read(pid, site.address, spec.length)
             if site.original and site.detached is not None:
-                site.restored = site.detached == site.original
+                site.restored = site.detached in self._restored_bytes(site)
         if self.progress:
             n = sum(1 for s in res.sites if s.optimized)
             self.progress(f"pid {pid}: {n} of {len(res.sites)} site(s) optimized, detached")
+
+    def _restored_bytes(self, site: SiteResult) -> tuple[bytes, ...]:
+        """What a site may read after detach: its original bytes, or, where the kernel had
+        optimized it, the end of its generation's unoptimize sequence (the nop10 generation
+        leaves `e8 rel32` in bytes 5..9, the same NOP's SIB and disp32)."""
+        if not site.optimized or site.call_target is None or site.address is None:
+            return (site.original,)
+        from usdtpatch.sequences.sequences import optimized_sequences
+
+        seqs = optimized_sequences(self.gen, site.address, site.original, site.call_target)
+        assert seqs.unoptimize is not None
+        return (site.original, seqs.unoptimize.end)
 
     def _call_target(self, address: int, attached: bytes | None) -> int | None:
         """Where the optimized call of the running generation in `attached` goes (None: the

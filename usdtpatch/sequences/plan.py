@@ -133,9 +133,10 @@ def _kernel_site(form: SiteForm, code: bytes, before: bytes, gen: Generation
     if is_guarded_nop5(before, code):
         return 0, len(NOP5), True, "guarded-nop5 (lea -0x80(%rsp) before, lea 0x80 after)"
     facts = FORMS[form]
-    # a NOP no longer than the generation's is probed where it is (a nop5 on nop10 too), at
-    # pc + 1 behind a `90`, where the libbpf of each generation attaches
-    if 0 < facts.nop_length <= gen.nop_length:
+    # the generation's own NOP is probed where its consumers attach: pc + 1 behind a `90`
+    # (libbpf 1.7 for `90` + nop5 on ENXIO, the 7.3 tree's for `90` + nop10 on EPROTO);
+    # anything else at the pc (combo5's `90` on the nop10 generation, measured on 7.3)
+    if facts.nop_length and facts.nop_length == gen.nop_length:
         at, n = facts.nop_at, facts.nop_length
         return at, n, False, f"{form.value} (nop{n} at pc+{at})" if at else form.value
     insn = decode_nop(code[:15])

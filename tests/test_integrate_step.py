@@ -123,6 +123,21 @@ def test_check_only(tmp_path: Path) -> None:
     assert not is_rewritten(app)
 
 
+def test_a_failing_check_keeps_its_input(tmp_path: Path) -> None:
+    """A check never deletes or changes a file: `--check-only` that fails (here on a warning,
+    without --keep-on-failure) leaves FILE byte for byte, its mtime too, and says nothing
+    about removing it; so does run_step in check mode."""
+    app = _copy(tmp_path)
+    before = digest([app])
+    res = run_cli("post-link", "--check-only", app, "--fail-on", "warning")
+    assert res.rc == 1
+    assert app.exists() and digest([app]) == before
+    assert "removed" not in res.err
+    step = run_step(str(app), options=StepOptions(mode="check", fail_on="warning"))
+    assert step.failed and digest([app]) == before
+    assert not any("removed" in line for line in step.lines)
+
+
 def test_unusable_input_is_one_line_and_kept(tmp_path: Path) -> None:
     bad = tmp_path / "notelf"
     bad.write_bytes(b"#!/bin/sh\necho hi\n")

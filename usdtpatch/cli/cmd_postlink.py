@@ -41,8 +41,8 @@ def register(sub: Any) -> None:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the emulator's equivalence check of each detour")
     p.add_argument("--keep-on-failure", action="store_true",
-                   help="keep FILE when the step fails in place (default: remove it, so the "
-                        "next build retries)")
+                   help="keep FILE when a rewrite in place fails (default: remove it, so the "
+                        "next build retries; --check-only never removes FILE)")
     p.set_defaults(func=run)
 
 

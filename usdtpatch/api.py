@@ -47,6 +47,7 @@ Everything else is imported here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,6 +67,7 @@ from usdtpatch.errors import (
     OutputError,
     UnsupportedError,
     UsdtpatchError,
+    name_input,
 )
 from usdtpatch.findings import CODES, FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING, RENAMED, Finding
 from usdtpatch.io import (
@@ -85,7 +87,7 @@ from usdtpatch.kernelfacts import PAGE, Kernel
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for type checkers
-    from typing import Any, TypeVar
+    from typing import Any, ParamSpec, TypeVar
 
     from usdtpatch.analysis.calls import CALL_CHOICES
     from usdtpatch.analysis.check import CheckReport, GuardBuilder, Keep
@@ -100,6 +102,8 @@ if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for ty
     from usdtpatch.verification.plans import VerifyReport
 
     E = TypeVar("E", bound=Enum)
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 __all__ = [
     "CALL_CHOICES",
@@ -245,10 +249,29 @@ def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
     _integer("pid", pid, 1)
 
 
+def _names_input(fn: Callable[P, R]) -> Callable[P, R]:
+    """A function of the library over one input file (its first argument) whose every
+    UsdtpatchError names that file (errors.name_input): `usdtpatch.check("x.py")` says
+    "x.py: not an ELF file: ...", not just what is wrong."""
+
+    @functools.wraps(fn)
+    def named(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except UsdtpatchError as exc:
+            where = args[0] if args else next(iter(kwargs.values()), None)
+            if isinstance(where, (str, os.PathLike)):
+                name_input(exc, os.fspath(where))
+            raise
+
+    return named
+
+
 def _image(path: StrPath) -> ElfImage:
     return parse_elf(read_elf(path))
 
 
+@_names_input
 def load(path: StrPath, *, mapped: bool = False) -> ProbeSet:
     """Read and parse one file into its probes (raises UsdtpatchError when unusable).
     `mapped`: the file mapped read-only rather than read (usdtpatch.io.map_input: for a
@@ -277,6 +300,7 @@ class CheckResult:
         return self.report.all_findings
 
 
+@_names_input
 def check(path: StrPath, *, form: Form | str = Form.NOP5,
           redzone_guard: Guard | str = Guard.AUTO,
           fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
@@ -288,6 +312,7 @@ def check(path: StrPath, *, form: Form | str = Form.NOP5,
                          fork_guard=fork_guard, calls=calls, kernel=kernel)
 
 
+@_names_input
 def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
                   form: Form | str = Form.NOP5, redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
@@ -321,6 +346,7 @@ def _guard_builder() -> GuardBuilder:
     return GuardBuilder(forkguard.hook_problem)
 
 
+@_names_input
 def check_bytes(path: StrPath, data: bytes) -> CheckResult:
     """`check`, with the default options, of a file's bytes not yet written (`path`: the
     name they will have): the build step checks a rewrite's output before writing it."""
@@ -441,6 +467,7 @@ def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
                        None if kernel is None else _enum(Kernel, kernel, "kernel"))
 
 
+@_names_input
 def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
             redzone_guard: Guard | str = Guard.AUTO,
             fork_guard: ForkGuard | str = ForkGuard.AUTO,
@@ -511,6 +538,7 @@ class Rewritten:
                      in_place=self.in_place and to is None)
 
 
+@_names_input
 def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
                   redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO,
@@ -590,6 +618,7 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
     return answer(outcome(changed, sites, found), result)
 
 
+@_names_input
 def copy(path: StrPath, out: StrPath) -> None:
     """`path`'s bytes to `out` unchanged, atomically, with its permission bits (the build
     step's output when it only checks)."""
@@ -766,6 +795,7 @@ def _rewrite_in_worker(path: str, target: str | None,
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@_names_input
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
                  redzone_guard: Guard | str = Guard.AUTO,
                  fork_guard: ForkGuard | str = ForkGuard.AUTO,
@@ -803,6 +833,7 @@ class RestoreOutcome:
         return len(self.data)
 
 
+@_names_input
 def restore(path: StrPath, out: StrPath | None = None, *,
             in_place: bool = False) -> RestoreOutcome:
     """The original of a rewritten file, byte for byte (checked against its sha256), written
@@ -854,6 +885,7 @@ def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) ->
         raise ValueError("give at most one of trampoline, maps, pid")
 
 
+@_names_input
 def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
          trampoline: int | None = None, maps: StrPath | None = None,
          pid: int | None = None, protocol: Protocol | None = None) -> Plan:
@@ -875,6 +907,7 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
     return apply_protocol(model, protocol)
 
 
+@_names_input
 def read_protocol(path: StrPath) -> Protocol:
     """A write protocol file read (docs/plan-verify.md; usdtpatch/sequences/protocols/
     nop5.toml is the kernel's), for `plan(protocol=...)`; ProtocolError naming the file."""
@@ -883,6 +916,7 @@ def read_protocol(path: StrPath) -> Protocol:
     return load_protocol(os.fspath(path))
 
 
+@_names_input
 def read_plan(path: StrPath) -> Plan:
     """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
     from usdtpatch import jsondoc  # here, not at the top: `check` and `list` do not pay
@@ -896,6 +930,7 @@ def read_plan(path: StrPath) -> Plan:
     return plan_from_json(doc, src)
 
 
+@_names_input
 def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "nop5",
            load_base: int | None = None, trampoline: int | None = None,
            maps: StrPath | None = None, pid: int | None = None) -> VerifyReport:
@@ -930,6 +965,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
 # --------------------------------------------------------------------------------- kcheck
 
 
+@_names_input
 def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | None = None,
            probes: Sequence[str] = (), duration: float = 5.0, settle: float = 2.0,
            progress: Callable[[str], None] | None = None,
@@ -976,6 +1012,7 @@ def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | No
 # --------------------------------------------------------------------------------- dtrace
 
 
+@_names_input
 def dtrace_header(script: StrPath, *, cpp: bool = False, includes: Sequence[str] = (),
                   defines: Sequence[str] = (), semaphores: bool = True) -> str:
     """The probe header systemtap's `dtrace -h -s SCRIPT` would write, over usdtpatch's
@@ -988,6 +1025,7 @@ def dtrace_header(script: StrPath, *, cpp: bool = False, includes: Sequence[str]
                          semaphores)
 
 
+@_names_input
 def dtrace_semaphores(script: StrPath, *, cpp: bool = False, includes: Sequence[str] = (),
                       defines: Sequence[str] = (), semaphores: bool = True) -> str:
     """The C source of the object systemtap's `dtrace -G -s SCRIPT` would build: the

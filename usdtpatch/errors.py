@@ -9,6 +9,12 @@ never an exception. `cli.main` turns every `UsdtpatchError` into one line on std
 class UsdtpatchError(Exception):
     """Base of every error usdtpatch raises on purpose."""
 
+    def detail(self, path: str) -> str:
+        """The message without its leading "PATH: ", for a line or field that names `path`
+        itself (the library's errors name their input: name_input)."""
+        text = str(self)
+        return text[len(path) + 2:] if path and text.startswith(f"{path}: ") else text
+
 
 class InputError(UsdtpatchError):
     """A file cannot be read (missing, a directory, permission denied)."""
@@ -24,3 +30,15 @@ class UnsupportedError(UsdtpatchError):
 
 class OutputError(UsdtpatchError):
     """An output file cannot be written; nothing was left half-written."""
+
+
+def name_input(exc: UsdtpatchError, path: str) -> UsdtpatchError:
+    """`exc`, its message made to name the input `path` when it does not yet: "PATH: what".
+    The library calls it on every error of a function over a file, so that an error read
+    without its call (a log line, a list of errors) still says which file it is about. The
+    exception keeps its type and attributes; an OutputError, which is about an output and
+    names it, is left as it is."""
+    text = str(exc)
+    if path and path not in text and not isinstance(exc, OutputError):
+        exc.args = (f"{path}: {text}",)
+    return exc

@@ -115,7 +115,7 @@ def build_document(paths: list[str], err: IO[str] | None = None,
         try:
             results.append(api.check(path, **(options or {})))
         except UsdtpatchError as exc:
-            errors.append({"path": path, "error": str(exc)})
+            errors.append({"path": path, "error": exc.detail(path)})
             if err is not None:
                 error_line(path, exc, err)
     if probes:
@@ -149,7 +149,7 @@ def written_document(paths: list[str], err: IO[str], fail_on: str, table: bool,
         try:
             r = api.check_keeping(path, written.start, **options)
         except UsdtpatchError as exc:
-            errors.append({"path": path, "error": str(exc)})
+            errors.append({"path": path, "error": exc.detail(path)})
             error_line(path, exc, err)
             continue
         files.append(written.file(r))

@@ -61,7 +61,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
         try:
             ps = api.load(path, mapped=True)
         except UsdtpatchError as exc:
-            errors.append({"path": path, "error": str(exc)})
+            errors.append({"path": path, "error": exc.detail(path)})
             error_line(path, exc, err)
             continue
         docs.append(file_json(path, ps, {}, provider, probe))

@@ -168,7 +168,7 @@ class _Results:
         self.errors.sort(key=lambda e: rank.get(e["path"], len(paths)))
 
     def refuse(self, path: str, exc: UsdtpatchError, err: IO[str]) -> None:
-        self.errors.append({"path": path, "error": str(exc)})
+        self.errors.append({"path": path, "error": exc.detail(path)})
         if isinstance(exc, OutputError):
             self.unwritten.add(path)
         error_line(path, exc, err)

@@ -224,8 +224,10 @@ def _unpack(fmt: str, data: FileBytes, offset: int, what: str) -> tuple[int, ...
 def parse_elf(data: FileBytes) -> ElfImage:
     """Parse the headers of an ELF file held in memory."""
     if len(data) < 4 or data[:4] != b"\x7fELF":
-        found = data[:4].hex(" ") if data else "an empty file"
-        raise ElfFormatError(f"not an ELF file: the magic is {found}, expected 7f 45 4c 46")
+        if not data:
+            raise ElfFormatError("not an ELF file: an empty file")
+        raise ElfFormatError(f"not an ELF file: the magic is {data[:4].hex(' ')}, "
+                             f"expected 7f 45 4c 46")
     if len(data) < _IDENT_SIZE:
         raise ElfFormatError(f"ELF identification truncated: {len(data)} of 16 bytes")
     elfclass, ei_data, ei_version, osabi = data[4], data[5], data[6], data[7]

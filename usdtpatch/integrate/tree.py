@@ -113,7 +113,7 @@ def scan_tree(root: str) -> TreeScan:
         try:
             count, marked = _probes_and_marker(first)
         except UsdtpatchError as exc:
-            scan.unreadable.append((first, str(exc)))
+            scan.unreadable.append((first, exc.detail(first)))
             continue
         if count == 0:
             scan.no_probes += 1

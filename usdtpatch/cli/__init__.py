@@ -31,6 +31,7 @@ from usdtpatch.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PIPE_CLOSED,
     EXIT_UNUSABLE,
     printable,
     raise_terminated,
@@ -164,6 +165,19 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
         del WRITTEN[mark:]  # the record is this command's
 
 
+def pipe_closed(out: IO[str]) -> int:
+    """The reader of `out` stopped early (`usdtpatch show F '*' | head -1`): end quietly, as a
+    program the pipe's SIGPIPE ends does, with its status (EXIT_PIPE_CLOSED). What is still
+    buffered for the pipe is dropped: `out` is pointed at /dev/null, so that the flush at
+    exit does not fail again (Python's "Exception ignored" line)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        fd = out.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return EXIT_PIPE_CLOSED
+
+
 def interrupted_line(written: list[str]) -> str:
     """The one line after an interrupt: that nothing was written, or which outputs were put
     in place whole before it came (their rename was done)."""
@@ -236,7 +250,7 @@ def _parse_and_run(argv: list[str] | None, out: IO[str], err: IO[str], early: bo
         print(printable(f"usdtpatch: {exc}"), file=err)
         return EXIT_UNUSABLE
     except BrokenPipeError:
-        return EXIT_OK
+        return pipe_closed(out)
     except Exception as exc:
         if os.environ.get("USDTPATCH_DEBUG"):
             raise

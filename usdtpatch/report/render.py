@@ -42,13 +42,22 @@ def colour_allowed() -> bool:
     return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is the command's BrokenPipeError (cli.pipe_closed
+    ends it quietly, with the status of SIGPIPE), not rich's own SystemExit(1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(32, "the reader closed the pipe")
+
+
 def make_console(file: IO[str] | None = None, width: int | None = None,
                  color: bool | None = None) -> Console:
     """A console for `file`; to a pipe or file it is $COLUMNS wide (else PIPE_WIDTH) and has
     no colour; nor with NO_COLOR or TERM=dumb (colour_allowed), anywhere (its progress bar
     too: no colour, bold or dim, only the bar's characters)."""
     plain = color is False or not colour_allowed()
-    console = Console(file=file, width=width, highlight=False, soft_wrap=False,
+    console = _Console(file=file, width=width, highlight=False, soft_wrap=False,
                       color_system=None if plain else "auto", no_color=plain)
     if width is None and not console.is_terminal:
         console.width = page_width() or PIPE_WIDTH

@@ -387,7 +387,8 @@ DEMO_PROBES = "(probes: demo:idle, demo:parse, demo:reply, demo:request)"
 
 
 @pytest.mark.parametrize("argv", [
-    ["list", "--probe", "nope"], ["list", "--provider", "nope"], ["show", "--probe", "nope"],
+    ["list", "--probe", "nope"], ["list", "--provider", "demo", "--probe", "nope"],
+    ["show", "--probe", "nope"],
     ["plan", "--probe", "nope"], ["verify", "--probe", "nope"], ["check", "--probe", "nope"],
     ["check", "--json", "--probe", "nope"], ["list", "--json", "--probe", "nope:*"]],
     ids="-".join)
@@ -400,6 +401,15 @@ def test_a_pattern_selecting_nothing_is_one_error_everywhere(argv: list[str]) ->
     assert res.err.count("\n") == 1, res.err
     assert "no probe matches" in res.err and DEMO_PROBES in res.err
     assert argv[-1] in res.err
+
+
+def test_a_provider_selecting_nothing_names_the_providers() -> None:
+    """`list --provider nosuch` named the probes; what the user can give instead is one of
+    the providers there are."""
+    res = run_cli("list", fixture("demo"), "--provider", "nope")
+    assert res.rc == EXIT_UNUSABLE and res.out == ""
+    assert res.err == f"usdtpatch: {fixture('demo')}: no provider matches --provider nope " \
+                      f"(providers: demo)\n"
 
 
 def test_check_and_verify_take_probe() -> None:

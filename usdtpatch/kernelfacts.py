@@ -23,6 +23,16 @@ class Kernel(Enum):
     K618 = "6.18"  # 6.18 .. 7.2: nop5 optimized
     NOP10_SERIES = "nop10-series"  # the queued series: only the 10-byte NOP optimized
 
+    @property
+    def label(self) -> str:
+        """The generation in words, for a sentence: "Linux 6.18 to 7.2 optimize ..."."""
+        return "Linux 6.18 to 7.2" if self is Kernel.K618 else "kernels of the nop10 series"
+
+    @property
+    def optimized_form(self) -> str:
+        """The site form this generation optimizes (rewrite --form auto's choice for it)."""
+        return "nop5" if self is Kernel.K618 else "combo10"
+
 
 # The uprobe syscall called from outside a trampoline fails with this errno on each
 # generation; a kernel without the syscall answers ENOSYS.

@@ -413,8 +413,13 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
     else:
         for line in _tree_lines(scan, res, dry_run):
             print(printable(line), file=out)
-        what = f"form {form}" if form != "auto" else f"--form auto for --kernel {kernel}"
-        print(f"usdtpatch: tree {printable(root)}: {counts['regular']} regular files, "
+        k = Kernel(kernel) if kernel is not None else None
+        what = (f"form {form}" if form != "auto" or k is None else
+                f"form {k.optimized_form}, the one {k.label} optimize (--form auto, "
+                f"--kernel {k.value})")
+        regular = counts["regular"]
+        print(f"usdtpatch: tree {printable(root)}: {regular} regular "
+              f"file{'' if regular == 1 else 's'}, "
               f"{counts['elf']} ELF, {counts['with_probes']} with probes: "
               f"{counts['rewritten']} {'to rewrite' if dry_run else 'rewritten'}, "
               f"{counts['unchanged']} unchanged, {counts['refused']} refused (kept as they "

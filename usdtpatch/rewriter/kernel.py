@@ -55,13 +55,15 @@ def choose_form(form: Form | str, kernel: Kernel | str | None = None,
         return FormChoice(f, k, f"--form {f.value}", False)
     if k is not None:
         f = FORM_OF[k]
-        return FormChoice(f, k, f"--form auto for --kernel {k.value}: {_fast(k)}", False)
+        return FormChoice(f, k, f"form {f.value}, {_fast(k)} (--form auto, --kernel {k.value})",
+                          False)
     gen, how = detect_kernel(errno_of)
     if gen is None:
         return FormChoice(None, None, f"--form auto: {how}; the sites are kept as they are "
                                       f"(name a form, or --kernel, to rewrite for another "
                                       f"kernel)", True)
-    return FormChoice(FORM_OF[gen], gen, f"--form auto: this kernel: {how}; {_fast(gen)}", True)
+    return FormChoice(FORM_OF[gen], gen, f"form {FORM_OF[gen].value}, {_fast(gen)} "
+                                         f"(--form auto, this kernel: {how})", True)
 
 
 def _kernel(value: str) -> Kernel:
@@ -73,6 +75,8 @@ def _kernel(value: str) -> Kernel:
 
 
 def _fast(k: Kernel) -> str:
+    """What the form is for: the sentence after "form F, "."""
     if k is Kernel.K618:
-        return "it optimizes 5-byte NOPs (form nop5, red-zone guard where needed)"
-    return "it optimizes only the 10-byte NOP (form combo10)"
+        return (f"the one {k.label} optimize (5-byte NOPs; the red-zone guard where "
+                f"needed)")
+    return f"the one {k.label} optimize (only the 10-byte NOP)"

@@ -439,7 +439,7 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
         w = join_following(w, made, k)  # as rewriter/plan.py joins, after the re-laid try
         members = made.between(w.start, w.end)
         w = used_window(w, sc.probe, [m.probe for m in members], options.form, any(
-            _needs_guard(m, options.guard) for m in members))
+            needs_redzone_guard(m, options.guard) for m in members))
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
         if why is not None:
             code, reason = why
@@ -471,7 +471,7 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
     when its detour window `w` is not in place already, the site needs no red-zone guard
     (the guard needs a detour), and the re-laid window holds no other site and overlaps no
     window taken; else None. rewriter/plan.py asks the same."""
-    if w.shape is WindowShape.IN_PLACE or _needs_guard(sc, guard) or \
+    if w.shape is WindowShape.IN_PLACE or needs_redzone_guard(sc, guard) or \
             sc.window is None or sc.window.window is None:
         return None
     sb = site_bytes(form, False)
@@ -531,7 +531,11 @@ def _in_target_form(sc: SiteCheck, form: Form) -> bool:
         and sc.outcome != NOT_APPLICABLE
 
 
-def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
+def needs_redzone_guard(sc: SiteCheck, guard: Guard) -> bool:
+    """Whether the site's detour wraps its probe in the red-zone guard (lea -0x80(%rsp),%rsp
+    before it, lea 0x80(%rsp),%rsp after it) under `guard`: the one answer check, show and
+    rewrite (rewriter/plan.py) give; a window holding several sites is guarded when one of
+    them needs it."""
     if guard is not Guard.AUTO:
         return guard is Guard.ALWAYS
     return sc.red_zone is None or sc.red_zone.may_use
@@ -555,7 +559,7 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         if claimed.overlaps(a, a + STUB_SIZE):
             return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "
                                         f"window")
-    guarded = any(_needs_guard(m, options.guard) for m in members)
+    guarded = any(needs_redzone_guard(m, options.guard) for m in members)
     for m in members:
         if guarded:
             _args, why = guard_args(m.probe.args)

@@ -40,7 +40,14 @@ from usdtpatch.analysis.calls import (
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import Refusal as _Refusal
 from usdtpatch.analysis.calls import detour_handling as _detour_handling
-from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window, used_window
+from usdtpatch.analysis.check import (
+    CheckReport,
+    SiteCheck,
+    check,
+    needs_redzone_guard,
+    relaid_window,
+    used_window,
+)
 from usdtpatch.analysis.closed import REFUSALS
 from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
@@ -335,14 +342,6 @@ class _Skip(Exception):
         self.verification = verification
 
 
-def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
-    if guard is Guard.ALWAYS:
-        return True
-    if guard is Guard.NEVER:
-        return False
-    return sc.red_zone is None or sc.red_zone.may_use
-
-
 def check_rewritable(image: ElfImage) -> None:
     """Raise AlreadyRewritten or UnsupportedError when `image` cannot be rewritten at all."""
     if marker_of(image) is not None:
@@ -551,7 +550,7 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
         raise _Skip(findings.WINDOW_OVERLAPS_SITE.code,
                     "its window overlaps another rewritten site's")
     members = inputs.by_address.between(win.start, win.end)
-    guarded = any(_needs_guard(m, inputs.guard) for m in members)
+    guarded = any(needs_redzone_guard(m, inputs.guard) for m in members)
     win = used_window(win, sc.probe, [m.probe for m in members], inputs.form, guarded)
     new_args = _member_args(members, win, guarded)
     sb = site_bytes(inputs.form, guarded)

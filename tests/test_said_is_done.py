@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import fixture
 from usdtpatch import api
 from usdtpatch.elf.image import parse_elf
+from usdtpatch.findings import Finding
 from usdtpatch.report.show import site_views
 from usdtpatch.x86.decode import disassemble
 
@@ -42,3 +43,49 @@ def test_shows_detour_is_the_detour_rewrite_writes(name: str, tmp_path: Path) ->
         assert _mnemonics(shown)[0].startswith("lea") == d.guarded
         compared += 1
     assert compared
+
+
+def _fork_lines(findings: tuple[Finding, ...]) -> list[str]:
+    return [f.message for f in findings if f.code == "process-can-fork"]
+
+
+def test_a_combo10_rewrite_of_a_forking_program_claims_no_fork_guard(tmp_path: Path) -> None:
+    """combo10 is for the nop10 series, whose kernels keep the trampoline in a forked child,
+    and no 6.18 kernel optimizes it: rewrite adds no fork guard, so neither check
+    --form combo10 nor the rewrite may say "rewrite adds a fork guard" (process-can-fork);
+    the output carries no guard; checking the output says nothing is left to rewrite."""
+    app = fixture("uses-shared")  # loads libprobes.so, which may fork: rewrite guards nop5
+    assert _fork_lines(api.check(app, form="combo10").findings) == []
+    out = tmp_path / "app"
+    done = api.rewrite(app, out, form="combo10")
+    assert done.changed and _fork_lines(done.findings) == []
+    assert api.restore(out, tmp_path / "back") is not None
+    marker = api.load(out)
+    assert api.marked(marker)
+    from usdtpatch.elf.marker import marker_of
+
+    doc = marker_of(parse_elf(out.read_bytes()))
+    assert doc is not None and not doc.get("fork_guard")  # no guard written
+    # and nop5 (a 6.18 target) does add one: the finding says so, the output has it
+    nop5 = api.rewrite(app, tmp_path / "nop5", form="nop5")
+    assert nop5.changed
+    doc5 = marker_of(parse_elf((tmp_path / "nop5").read_bytes()))
+    assert doc5 is not None and doc5.get("fork_guard")
+
+
+@pytest.mark.parametrize(("name", "form"), [("uses-shared", "combo10"), ("demo", "nop5"),
+                                            ("adjacent", "nop5"), ("args-O2", "combo5")])
+def test_check_of_a_rewritten_file_says_what_rewrite_does_with_it(
+        name: str, form: str, tmp_path: Path) -> None:
+    """Checking rewrite's output said "4 after rewrite", though rewrite leaves a file it
+    rewrote as it is: now 0 after rewrite, the sites blocked by `file-rewritten`, and the
+    rewrite of that output changes nothing (what check predicts is what rewrite does)."""
+    out = tmp_path / "out"
+    assert api.rewrite(fixture(name), out, form=form).changed
+    rep = api.check(out).report
+    assert [s.outcome for s in rep.sites if s.outcome in ("in-place", "forward", "backward")] \
+        == []
+    held = [s for s in rep.sites if s.blocked == "file-rewritten"]
+    assert ("file-rewritten" in [f.code for f in rep.findings]) == bool(held)
+    again = api.rewrite(out, tmp_path / "again", form=form)
+    assert not again.changed

@@ -405,6 +405,7 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
     (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this process may
     use; each worker proves and emulates its detours). `phase("verify")` is called when a
     planning pass has handed its detours to the verification and waits for it."""
+    from usdtpatch.analysis.check import CheckOptions
     from usdtpatch.analysis.check import check as check_probes
     from usdtpatch.rewriter.plan import check_rewritable, plan_rewrite
 
@@ -430,7 +431,11 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
         if not report:  # once: later passes take the same analysis
             check_rewritable(image)
             ps = read_probes(image)
-            report.append(check_probes(ps) if ps.notes is not None and ps.probes else None)
+            # with this rewrite's options: its findings say what this rewrite does
+            told = CheckOptions(**{k: options[k] for k in ("form", "guard", "calls",
+                                                           "fork_guard") if k in options})
+            report.append(check_probes(ps, options=told)
+                          if ps.notes is not None and ps.probes else None)
         given[:] = [verifier]
         planned = plan_rewrite(image, verify=verifier, report=report[0], **options)
         if phase is not None:

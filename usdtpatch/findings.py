@@ -510,6 +510,10 @@ SITE_ALREADY_5_BYTE = _code(
     "the site is already 5 bytes long",
     "nothing to do",
     _S)
+FILE_REWRITTEN = _code(
+    "file-rewritten", _I,
+    "the file carries usdtpatch's marker: rewrite leaves it as it is",
+    "nothing to do; `usdtpatch restore` gives the original, which check judges for a rewrite")
 NO_PATCH_WINDOW = _code("no-patch-window", _W, "no patch window", _BLOCK_HINT, _S)
 WINDOW_OVERLAPS_SITE = _code(
     "window-overlaps-site", _W,

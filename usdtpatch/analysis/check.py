@@ -72,6 +72,7 @@ from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import (
@@ -79,6 +80,7 @@ from usdtpatch.findings import (
     ARG_USES_RIP,
     ARG_USES_RSP,
     CFI_MALFORMED,
+    FILE_REWRITTEN,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
     FORK_UNKNOWN,
@@ -219,14 +221,21 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
+    rewritten = marker_of(image) is not None  # rewrite leaves the file as it is
     sites = _together(ctx, _InOrder(probeset.probes,
-                                    lambda p: _check_site(ctx, p, rseq, stacks)), options, keep)
-    findings.extend(_fork_findings(image, sites, forks))
+                                    lambda p: _check_site(ctx, p, rseq, stacks)), options, keep,
+                      rewritten)
+    held = sum(1 for s in sites if s.blocked == FILE_REWRITTEN.code)
+    if held:  # said where it changes an outcome (a rewrite's own output: nothing to say)
+        findings.append(FILE_REWRITTEN.finding(
+            f"rewritten by usdtpatch (.note.usdtpatch): rewrite leaves it as it is, so "
+            f"{held} site(s) that a rewrite would otherwise move stay as they are"))
+    findings.extend(_fork_findings(image, sites, forks, options.form))
     if not any(f in FORK_COPIES_MM for f in forks):
-        findings.extend(_code_fork_findings(ctx, sites))
+        findings.extend(_code_fork_findings(ctx, sites, options.form))
     if not any(f.code == PROCESS_CAN_FORK.code for f in findings):
-        findings.extend(_route_fork_findings(image, sites))
-    findings.extend(_library_syscall_findings(ctx, sites))
+        findings.extend(_route_fork_findings(image, sites, options.form))
+    findings.extend(_library_syscall_findings(ctx, sites, options.form))
     unwind = detour_unwind_left_out(image) if any(
         s.outcome in (FORWARD, BACKWARD) for s in sites) else None
     if unwind is not None:
@@ -259,15 +268,25 @@ def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:
     return pc_observers(ctx.image, regions) if regions else NO_OBSERVERS
 
 
+def _exposed(sites: tuple[SiteCheck, ...], form: Form) -> tuple[int, int]:
+    """The sites a fork exposes: (optimized by 6.18 as they are, made so by the rewrite).
+    The rewrite's sites of a form no 6.18 kernel optimizes (combo10, for the nop10 series,
+    whose kernels keep the trampoline in a forked child) are not exposed, and rewrite adds no
+    fork guard for them (rewriter/plan.py's output_nop5_sites)."""
+    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
+    later = sum(1 for s in sites if s.outcome in (IN_PLACE, FORWARD, BACKWARD))
+    return now, later if form.kernel is Kernel.K618 else 0
+
+
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
-                   forks: tuple[str, ...]) -> list[Finding]:
+                   forks: tuple[str, ...], form: Form = Form.NOP5) -> list[Finding]:
     """The fork hazard of the file: covered by a fork guard (usdtpatch.forkguard: built with
     sys/sdt.h's, or added by rewrite), or `process-can-fork`, and whether rewrite could add
     the guard (docs/fork-guard.md)."""
 
     out: list[Finding] = []
-    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
-    if not exposed:
+    now, later = _exposed(sites, form)
+    if not now + later:
         return out
     optimized = {s.probe.address + nop5_offset(s.probe.site.form)
                  for s in sites if s.outcome == OPTIMIZABLE}
@@ -279,7 +298,6 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
             f"{cov.how}"))
         return out
     if forks:
-        now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
         copying = [f for f in forks if f in FORK_COPIES_MM]
         shared = "" if copying else (" (each of these runs the child in the parent's address "
                                      "space until exec: exposed only if the child reaches a "
@@ -287,28 +305,28 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
         out.append(PROCESS_CAN_FORK.finding(
             f"the file uses {', '.join(forks)}{shared}: a child forked while a site is optimized "
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
-            f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
+            f"site ({now} site(s) optimizable as they are, {later} after rewrite)",
             severity=Severity.ERROR if now and copying else Severity.WARNING))
     return out
 
 
-def _route_fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+def _route_fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
+                         form: Form = Form.NOP5) -> list[Finding]:
     """`process-can-fork` for a file that names no fork of its own but may be forked all the
     same (usdtpatch.analysis.forkexposure, what rewrite's `--fork-guard auto` asks too): an
     executable that loads a library other than the C library's (or calls dlopen), or one that
     looks functions up with dlsym / dlvsym. A shared object is guarded by rewrite whatever it
     calls (any process may load it) and check does not warn of every one."""
-    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
-    if not exposed or coverage(image) is not None:
+    now, later = _exposed(sites, form)
+    if not now + later or coverage(image) is not None:
         return []
     got = exposure(image)
     if got is None or got.route not in ("libraries", "lookup"):
         return []
-    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
     return [PROCESS_CAN_FORK.finding(
         f"{got.reason}: a child forked while a site is optimized inherits the call to the "
         f"trampoline but not its page and dies with SIGSEGV at the site ({now} site(s) "
-        f"optimizable as they are, {len(exposed) - now} after rewrite)", severity=Severity.WARNING)]
+        f"optimizable as they are, {later} after rewrite)", severity=Severity.WARNING)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +403,7 @@ class _InOrder:
 
 
 def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_OPTIONS,
-              keep: Keep | None = None) -> tuple[SiteCheck, ...]:
+              keep: Keep | None = None, rewritten: bool = False) -> tuple[SiteCheck, ...]:
     """The sites as rewrite (with `options`) decides them together, walking them in address
     order as usdtpatch.rewriter.plan does: a site already in the target's form is left as it
     is (`optimizable`); the sites inside one window go along with the first (one detour;
@@ -398,8 +416,10 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
     (`guard-impossible`), one that would move an argument read relative to rip
     (`arg-rip-relative`), or one with a debugger's breakpoint address inside that the
     rewrite does not keep true (analysis/debuglines.py: `window-line-row`,
-    `window-debug-entry`). With `keep` (check's), each site is given to it once the walk is
-    SETTLED bytes past it, and what it returns replaces the site's check."""
+    `window-debug-entry`). A file rewritten before (`rewritten`: it carries the marker) is
+    left as it is: a site rewrite would otherwise move is blocked (`file-rewritten`). With
+    `keep` (check's), each site is given to it once the walk is SETTLED bytes past it, and
+    what it returns replaces the site's check."""
     shstk: list[bool] = []
     decided: dict[int, SiteCheck] = {}
     kept: dict[int, SiteCheck] = {}
@@ -427,6 +447,9 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
             continue
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
+            continue
+        if rewritten:
+            decided[sc.probe.index] = replace(sc, outcome=BLOCKED, blocked=FILE_REWRITTEN.code)
             continue
         relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard, made.between)
         if relaid is not None and sc.window is not None:
@@ -629,21 +652,21 @@ def _used(sc: SiteCheck, outcome: str, w: PatchWindow) -> SiteCheck:
     return replace(sc, outcome=outcome, blocked=None, window=replace(sc.window, window=w))
 
 
-def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+                        form: Form = Form.NOP5) -> list[Finding]:
     """Where no symbol names a fork that copies the address space: what the code says
     (usdtpatch.analysis.hazards.fork_evidence): `process-can-fork` for a fork or clone system
     call, `fork-unknown` when it cannot tell; never silence for a file that may fork."""
 
-    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
+    now, later = _exposed(sites, form)
     image = ctx.image
-    if not exposed or coverage(image) is not None or is_shared(image):
+    if not now + later or coverage(image) is not None or is_shared(image):
         return []
     ev = fork_evidence(ctx)
     why = ev.describe() or ev.uncertainty()
     if why is None:
         return []
-    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
-    counts = (f"{now} site(s) optimizable as they are, {len(exposed) - now} after rewrite")
+    counts = f"{now} site(s) optimizable as they are, {later} after rewrite"
     out: list[Finding] = []
     if ev.forks:
         out.append(PROCESS_CAN_FORK.finding(
@@ -658,15 +681,14 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
     return out
 
 
-def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
-                              ) -> list[Finding]:
+def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+                              form: Form = Form.NOP5) -> list[Finding]:
     """`fork-unknown` for a shared object that calls `syscall()` with a fork number or one not
     fixed in its code (Ruby's Kernel#syscall): the fork guard's atfork handler does not run
     for such a fork. Reported of the input: the rewrite's guard covers fork() and interposes the
     object's GOT slot of syscall() (docs/fork-guard.md, "Every route to a child")."""
     image = ctx.image
-    if not is_shared(image) or coverage(image) is not None or \
-            not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites):
+    if not is_shared(image) or coverage(image) is not None or not sum(_exposed(sites, form)):
         return []
     ev = fork_evidence(ctx, raw=False)
     items = [*ev.forks, *ev.unknown]

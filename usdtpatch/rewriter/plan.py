@@ -41,6 +41,7 @@ from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import Refusal as _Refusal
 from usdtpatch.analysis.calls import detour_handling as _detour_handling
 from usdtpatch.analysis.check import (
+    CheckOptions,
     CheckReport,
     SiteCheck,
     check,
@@ -436,7 +437,11 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
             walk.feed(sc, sc)
         rep = report
     else:
-        rep = check(ps, keep=walk.keep, context=walk.start)
+        # check's options are this rewrite's: its findings (the fork hazard of a combo10
+        # rewrite, none) say what this rewrite does
+        rep = check(ps, options=CheckOptions(form=form, guard=guard, calls=calls,
+                                             fork_guard=fork_guard),
+                    keep=walk.keep, context=walk.start)
     walk.finish()
     # the check's findings first (said again in _whole_file only where a detour is added)
     seg.found[:0] = [f for f in rep.findings if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code]

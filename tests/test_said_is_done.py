@@ -89,3 +89,29 @@ def test_check_of_a_rewritten_file_says_what_rewrite_does_with_it(
     assert ("file-rewritten" in [f.code for f in rep.findings]) == bool(held)
     again = api.rewrite(out, tmp_path / "again", form=form)
     assert not again.changed
+
+
+@pytest.mark.needs_cc
+def test_make_demos_sentence_on_the_header_built_program(tmp_path: Path) -> None:
+    """`make demo` said "nothing to rewrite" of the program built with usdtpatch's sys/sdt.h,
+    and its check then said "1 after rewrite": the sentence names the probes check leaves to
+    the rewrite, and says how many."""
+    import re
+    import shutil
+    import subprocess
+
+    from tests.helpers import ROOT
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    recipe = (ROOT / "Makefile").read_text()
+    said = recipe[recipe.index("built with sdt_headers/sys/sdt.h"):]
+    said = said[:said.index("gcc ")]
+    exe = tmp_path / "sdt-usdt"
+    subprocess.run(["gcc", "-O2", f"-I{ROOT / 'sdt_headers'}", "-o", str(exe),
+                    str(ROOT / "tests/data/sdt/probes.c"), str(ROOT / "tests/data/sdt/sema.c")],
+                   check=True, timeout=120)
+    moved = [s.probe.probe_id for s in api.check(exe).report.sites
+             if s.outcome in ("in-place", "forward", "backward")]
+    assert f"{len(moved)} after rewrite" in said
+    assert set(re.findall(r"\bfix:\w+|\bsema:\w+", said)) == set(moved)

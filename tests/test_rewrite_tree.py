@@ -195,7 +195,8 @@ def test_tree_json_counts(tmp_path: Path) -> None:
     assert doc["schema"] == "usdtpatch/rewrite"
     assert doc["tree"] == {"root": str(root), "regular": 5, "elf": 4, "with_probes": 3,
                            "rewritten": 2, "unchanged": 1, "refused": 0,
-                           "rewritten_before": 0, "no_probes": 1, "unreadable": 0}
+                           "rewritten_before": 0, "no_probes": 1, "unreadable": 0,
+                           "debug": 0}
     assert sorted(e["path"] for e in doc["files"]) == sorted(
         str(root / p) for p in ("usr/bin/demo", "usr/bin/nop5", "usr/lib/libprobes.so"))
 

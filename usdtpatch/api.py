@@ -62,6 +62,7 @@ from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.notes import parse_notes
 from usdtpatch.errors import (
+    DebugOnlyFile,
     ElfFormatError,
     InputError,
     OutputError,
@@ -119,6 +120,7 @@ __all__ = [
     "BenchReport",
     "CheckReport",
     "CheckResult",
+    "DebugOnlyFile",
     "ElfFormatError",
     "FileRewrite",
     "ForkGuard",
@@ -148,6 +150,7 @@ __all__ = [
     "check_keeping",
     "check_output",
     "copy",
+    "debug_file",
     "demangle",
     "demangle_unavailable",
     "dtrace_header",
@@ -271,6 +274,29 @@ def _image(path: StrPath) -> ElfImage:
     return parse_elf(read_elf(path))
 
 
+def _with_code(image: ElfImage) -> ElfImage:
+    """`image`, or DebugOnlyFile when it is a separate debug file (its code is not in it:
+    nothing to check, plan, verify or rewrite; `load` lists its probes)."""
+    if image.debug_only:
+        raise DebugOnlyFile(image.build_id)
+    return image
+
+
+def _with_code_probes(probes: ProbeSet) -> ProbeSet:
+    _with_code(probes.image)
+    return probes
+
+
+def debug_file(probes: ProbeSet) -> DebugOnlyFile | None:
+    """What check and rewrite say of the file of `probes` when it is a separate debug file
+    (the error they raise, with its build-id), else None."""
+    try:
+        _with_code(probes.image)
+    except DebugOnlyFile as exc:
+        return exc
+    return None
+
+
 @_names_input
 def load(path: StrPath, *, mapped: bool = False) -> ProbeSet:
     """Read and parse one file into its probes (raises UsdtpatchError when unusable).
@@ -333,6 +359,7 @@ def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
     options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
                            _enum(ForkGuard, fork_guard, "fork_guard"))
     probes = load(path)
+    _with_code(probes.image)
     return CheckResult(os.fspath(path), check_probes(
         probes, options=options, guard_builder=_guard_builder(),
         keep=None if keep is None else keep(probes)))
@@ -352,7 +379,7 @@ def check_bytes(path: StrPath, data: bytes) -> CheckResult:
     name they will have): the build step checks a rewrite's output before writing it."""
     from usdtpatch.analysis.check import check as check_probes
 
-    return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data)),
+    return CheckResult(os.fspath(path), check_probes(read_probes(_with_code(parse_elf(data))),
                                                      guard_builder=_guard_builder()))
 
 
@@ -571,7 +598,7 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
     if target is not None:
         check_output(target, [src], in_place=in_place)
     data, origin = read_source(src, in_place)
-    image = parse_elf(data)
+    image = _with_code(parse_elf(data))
     f = choice.form
     said = (FORM_CHOSEN.finding(choice.why),) if choice.detected or choice.kernel else ()
     copy = data if target is not None and not in_place else None  # the input, unchanged
@@ -817,7 +844,8 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
-    return _decide(_image(path), verify=verify, jobs=jobs, prove=prove, form=choice.form,
+    return _decide(_with_code(_image(path)), verify=verify, jobs=jobs, prove=prove,
+                   form=choice.form,
                    guard=_enum(Guard, redzone_guard, "redzone_guard"),
                    fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
 
@@ -905,10 +933,12 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
     _placement(trampoline, maps, pid)
     src = os.fspath(path)
     if protocol is None:
-        return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
+        return _plan_of(_with_code_probes(load(src)), src, form, load_base, trampoline, maps,
+                        pid)
     from usdtpatch.sequences.protocols import apply_protocol
 
-    model = _plan_of(load(src), src, protocol.model, load_base, trampoline, maps, pid)
+    model = _plan_of(_with_code_probes(load(src)), src, protocol.model, load_base, trampoline,
+                     maps, pid)
     return apply_protocol(model, protocol)
 
 
@@ -948,6 +978,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     _placement_args(load_base, trampoline, pid)
     src = os.fspath(path)
     ps = load(src)
+    _with_code(ps.image)
     users = red_zone_users(ps)  # check's red-zone rule, asked once for the plan and verify
     if isinstance(plan, PlanType):
         the_plan = plan

@@ -28,6 +28,30 @@ class UnsupportedError(UsdtpatchError):
     """A well-formed input the requested operation does not handle (e.g. big-endian code)."""
 
 
+class DebugOnlyFile(UnsupportedError):
+    """A separate debug file (its code is not in it): nothing to check, plan or rewrite; its
+    probes are listed. `build_id`: its GNU build-id (the binary it belongs to has the same,
+    and a file usdtpatch rewrote from that binary keeps it in its marker), or None."""
+
+    def __init__(self, build_id: str | None) -> None:
+        self.build_id = build_id
+        of = (f"the debug file of the binary with build-id {build_id}" if build_id else
+              "it has no build-id")
+        super().__init__(
+            f"a separate debug file (objcopy --only-keep-debug: its code sections are NOBITS, "
+            f"not in the file): nothing to check or rewrite ({of}; `usdtpatch list` lists "
+            f"its probes)")
+
+    def __reduce__(self) -> tuple[object, ...]:  # from a worker process: the same error
+        return _debug_only_file, (self.build_id, self.args)
+
+
+def _debug_only_file(build_id: str | None, args: tuple[object, ...]) -> DebugOnlyFile:
+    exc = DebugOnlyFile(build_id)
+    exc.args = args
+    return exc
+
+
 class OutputError(UsdtpatchError):
     """An output file cannot be written; nothing was left half-written."""
 

@@ -29,6 +29,7 @@ from usdtpatch import api
 from usdtpatch.api import (
     CALL_CHOICES,
     NOT_FOUND,
+    DebugOnlyFile,
     ForkGuard,
     Form,
     Guard,
@@ -114,6 +115,9 @@ def build_document(paths: list[str], err: IO[str] | None = None,
     for path in paths:
         try:
             results.append(api.check(path, **(options or {})))
+        except DebugOnlyFile as exc:  # nothing to judge: one line, not an error
+            if err is not None:
+                error_line(path, exc, err)
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": exc.detail(path)})
             if err is not None:
@@ -148,6 +152,9 @@ def written_document(paths: list[str], err: IO[str], fail_on: str, table: bool,
     for path in paths:
         try:
             r = api.check_keeping(path, written.start, **options)
+        except DebugOnlyFile as exc:  # nothing to judge: one line, not an error
+            error_line(path, exc, err)
+            continue
         except UsdtpatchError as exc:
             errors.append({"path": path, "error": exc.detail(path)})
             error_line(path, exc, err)

@@ -252,13 +252,14 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                "prove": prove, "keep_build_id": keep_build_id}
     res = _Results()
     started = time.monotonic()
-    bare = [(p, t) for p, t in todo if _no_probes(p)]
+    nothing = {p: why for p, _ in todo if (why := _nothing_to_rewrite(p)) is not None}
+    bare = [(p, t) for p, t in todo if p in nothing]
     for p, t in bare:  # nothing to rewrite: one line, nothing written (docs/rewrite.md)
         if t is not None:  # the output asked for will not exist: an input error, exit 2
-            res.refuse(p, InputError(f"{p}: {NO_PROBES}; {t} not written"), err)
+            res.refuse(p, InputError(f"{p}: {nothing[p]}; {t} not written"), err)
         else:
             res.entries.append(result_json(p, None, form, guard, verify, False, (), (),
-                                           note=NO_PROBES))
+                                           note=nothing[p]))
             res.extras.append(_report_extra(res.entries[-1], 0.0, None))
     rest = [x for x in todo if x not in bare]
     _rewrite_all(rest, jobs if several else 1, options, res, err)
@@ -286,13 +287,18 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
 NO_PROBES = "no USDT probes: nothing to rewrite, nothing written"
 
 
-def _no_probes(path: str) -> bool:
-    """Whether `path` is an ELF file without a USDT probe (read mapped, as `list` reads it;
-    a file that cannot be read is left to api.rewrite, which says why)."""
+def _nothing_to_rewrite(path: str) -> str | None:
+    """Why `path` has nothing to rewrite: an ELF file without a USDT probe (NO_PROBES), or a
+    separate debug file (its code is not in it); else None. Read mapped, as `list` reads it;
+    a file that cannot be read is left to api.rewrite, which says why."""
     try:
-        return not api.load(path, mapped=True).probes
+        probes = api.load(path, mapped=True)
     except UsdtpatchError:
-        return False
+        return None
+    if not probes.probes:
+        return NO_PROBES
+    debug = api.debug_file(probes)
+    return None if debug is None else f"{debug.args[0]}, nothing written"
 
 
 def _size(path: str) -> int | None:
@@ -424,7 +430,9 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
               f"{counts['rewritten']} {'to rewrite' if dry_run else 'rewritten'}, "
               f"{counts['unchanged']} unchanged, {counts['refused']} refused (kept as they "
               f"are), {counts['rewritten_before']} rewritten before; {counts['no_probes']} "
-              f"ELF without probes and {counts['unreadable']} unreadable left untouched "
+              f"ELF without probes, {counts['debug']} separate debug "
+              f"file{'' if counts['debug'] == 1 else 's'} (nothing to rewrite) and "
+              f"{counts['unreadable']} unreadable left untouched "
               f"({what}, -j {jobs}, {seconds:.1f} s)", file=out)
     if unwritten:  # the file is whole as it was, but the tree is not what was asked
         return EXIT_UNUSABLE
@@ -437,7 +445,8 @@ def _tree_counts(scan: Any, res: _Results) -> dict[str, int]:
             "with_probes": len(scan.todo) + len(scan.rewritten),
             "rewritten": changed, "unchanged": len(res.entries) - changed,
             "refused": len(res.errors), "rewritten_before": len(scan.rewritten),
-            "no_probes": scan.no_probes, "unreadable": len(scan.unreadable)}
+            "no_probes": scan.no_probes, "unreadable": len(scan.unreadable),
+            "debug": len(scan.debug)}
 
 
 def _tree_lines(scan: Any, res: _Results, dry_run: bool) -> list[str]:
@@ -461,4 +470,13 @@ def _tree_lines(scan: Any, res: _Results, dry_run: bool) -> list[str]:
         lines.append((p, f"{p}: rewritten before (usdtpatch's marker), left as it is"))
     for p, why in scan.unreadable:
         lines.append((p, f"{p}: not read, left as it is: {why}"))
+    for p, build_id in scan.debug:
+        of = scan.debug_of(build_id)
+        whose = (f"the debug file of {of} (build-id {build_id}), which "
+                 + ("is to be rewritten: it will get a build-id of its own" if dry_run else
+                    "was rewritten: it has a build-id of its own now")
+                 if of is not None else
+                 f"build-id {build_id}" if build_id is not None else "no build-id")
+        lines.append((p, f"{p}: a separate debug file, nothing to rewrite, left as it is "
+                         f"({whose})"))
     return [f"  {text}" for _, text in sorted(lines)]

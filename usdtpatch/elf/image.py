@@ -16,6 +16,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from usdtpatch.elf.notes import build_id
 from usdtpatch.errors import ElfFormatError
 
 ELFCLASS32 = 1
@@ -166,6 +167,21 @@ class ElfImage:
             if sec.name == name:
                 return sec
         return None
+
+    @property
+    def debug_only(self) -> bool:
+        """Whether this is a separate debug file (`objcopy --only-keep-debug`, a distribution's
+        -dbg or dbgsym file): every allocated section of code is SHT_NOBITS, so the file keeps
+        the headers, the notes and the debugging information of a binary but not its code."""
+        code = [s for s in self.sections if s.allocated and s.flags & SHF_EXECINSTR]
+        return bool(code) and all(s.type == SHT_NOBITS for s in code)
+
+    @property
+    def build_id(self) -> str | None:
+        """The hex id of `.note.gnu.build-id`, or None."""
+        sec = self.section(".note.gnu.build-id")
+        return None if sec is None or sec.type == SHT_NOBITS else \
+            build_id(self.section_data(sec), self.byteorder)
 
     def section_data(self, sec: Section) -> bytes:
         """The file bytes of a section (empty for SHT_NOBITS)."""

@@ -79,11 +79,21 @@ def _command_word(argv: list[str] | None) -> str | None:
     return next((w for w in words if not w.startswith("-")), None)
 
 
+# The options of `usdtpatch` itself that print and exit (--version, the build systems' paths):
+# asked alone, no command's module is imported for them (--version cost 0.5 s of CPU when
+# every command was, the emulator's among them)
+_PRINT_AND_EXIT = frozenset({"--version", "--cmake-dir", "--include-dir", "--make-include",
+                             "--debhelper-dir", "--rpm-macros"})
+
+
 def _modules_for(argv: list[str] | None) -> list[str]:
     command = _command_word(argv)
     if command in COMMANDS:
         return [COMMANDS[command]]
-    return list(dict.fromkeys(COMMANDS.values()))  # help, --version or a typo: all of them
+    words = sys.argv[1:] if argv is None else argv
+    if words and all(w in _PRINT_AND_EXIT for w in words):
+        return []
+    return list(dict.fromkeys(COMMANDS.values()))  # help or a typo: all of them
 
 
 def help_width() -> int:

@@ -191,6 +191,22 @@ def test_cmake_version_file_matches_the_package() -> None:
     assert m is not None and m.group(1) == __version__
 
 
+def test_the_metadata_names_no_address_the_project_does_not_have() -> None:
+    """Issue 47, item 8: the project has no public home yet, so the package metadata names
+    none (no invented URL) and the README, the wheel's long description, says so; an
+    address added to one must be added to the other."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    readme = (ROOT / "README.md").read_text()
+    urls = project.get("urls", {})
+    if not urls:
+        assert "no public home" in readme
+        assert not re.search(r"https?://", (ROOT / "pyproject.toml").read_text())
+    else:
+        assert all(u in readme for u in urls.values()), urls
+
+
 def test_entry_point_and_package_data_declared() -> None:
     import tomllib
 

@@ -86,6 +86,9 @@ def _steps(target: str, folder: Path, out: IO[str], err: IO[str], *, kept: bool)
     failed = [title.split(":")[0] for title, rc in results if rc != EXIT_OK]
     console.rule("demo done: every step passed" if not failed else
                  f"demo: steps {', '.join(failed)} failed")
-    if not failed and kept:  # a temporary folder is gone when the demo ends
+    if not failed and kept:
         console.print(f"run both: {target}  and  {rewritten}  (they print the same)")
+    if not kept:  # the files named above go with the temporary folder
+        console.print(f"{folder} was a temporary folder: it is removed now, with the files "
+                      f"named above in it; `usdtpatch demo --out DIR` keeps them")
     return EXIT_OK if not failed else EXIT_FAIL

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 PROVED = ("each detour against its window, for every state entering the window from its start "
           "or a way in the rewrite aims at the copy")
-RESTS_ON = "the file's model and the assumptions of docs/rewrite.md, \"What is assumed\""
+RESTS_ON = ("the file's model and the assumptions `usdtpatch explain assumptions` prints "
+            "(docs/rewrite.md, \"What is assumed\", in the sources)")
 
 
 @dataclass(frozen=True, slots=True)

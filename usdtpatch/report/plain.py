@@ -359,6 +359,10 @@ def list_text(doc: dict[str, Any], width: int | None = FROM_ENV) -> str | None:
 # how a rewritten site was verified (usdtpatch.rewriter.plan.VERIFICATIONS, repeated: report/
 # reads documents, not the rewriter; a test checks they agree)
 VERIFICATIONS = ("proved", "emulated", "not verified")
+# where a user of the installed package reads the assumptions (usdtpatch explain assumptions:
+# report/explain.py, from the registry of prove/assumptions.py; docs/rewrite.md, "What is
+# assumed", in the sources, lists the same)
+ASSUMPTIONS_COMMAND = "usdtpatch explain assumptions"
 
 
 def verification_text(entry: dict[str, Any]) -> str:
@@ -371,7 +375,7 @@ def verification_text(entry: dict[str, Any]) -> str:
     basis = entry.get("verification_basis")
     if basis and (counts.get("proved") or counts.get("emulated")):
         text += (f" (each detour against its window; resting on the file's model and "
-                 f"{len(basis['assumptions'])} assumptions: docs/rewrite.md, What is assumed)")
+                 f"{len(basis['assumptions'])} assumptions: {ASSUMPTIONS_COMMAND})")
     return text
 
 

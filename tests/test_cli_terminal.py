@@ -200,3 +200,23 @@ def test_the_verification_is_counted(tmp_path: Path) -> None:
     text = buf.getvalue()
     assert "16/40 detours verified" in text
     assert all(f"step {n}/3" in text for n in (1, 2, 3))
+
+
+def test_the_bar_is_there_before_the_first_site() -> None:
+    """Item 7 of issue 47: `rewrite libjvm.so` showed a blank terminal for ~8 s (the file read
+    and checked before the first site's decision, the bar's first callback), then a bar whose
+    clock already read 0:00:11. The bar comes `after` seconds from the start whatever the
+    work calls back, saying what is going on."""
+    from usdtpatch.report.render import make_console, site_progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    buf = Tty()
+    with site_progress(make_console(buf, width=100), after=0.1) as progress_for:
+        progress_for("libjvm.so")
+        time.sleep(0.6)  # no callback: the file is still read and checked
+        drawn = buf.getvalue()
+    assert "libjvm.so: read and check" in drawn
+    assert "0:00:00" in drawn  # the clock counts from the file's start

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from usdtpatch.cli import cmd_list
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.report.text import print_text
 
 DEMO_FIXTURE = "fixtures/bin/demo"  # in the source tree; shipped as usdtpatch/data/demo
 _SHIPPED = Path(__file__).resolve().parents[1] / "data" / "demo"
@@ -63,7 +64,7 @@ def _steps(target: str, folder: Path, out: IO[str], err: IO[str], *, kept: bool)
 
     def verify() -> int:
         rc, text = cmd_verify.summarize(str(rewritten))
-        out.write(text)
+        print_text(out, text)
         return rc
 
     def restore() -> int:

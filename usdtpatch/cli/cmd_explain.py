@@ -22,6 +22,7 @@ from usdtpatch.report.explain import (
     codes_text,
     explanation,
 )
+from usdtpatch.report.text import print_text
 
 
 def register(sub: Any) -> None:
@@ -35,11 +36,11 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if args.code is None:
-        out.write(codes_text())
+        print_text(out, codes_text())
         return EXIT_OK
     code = args.code.strip().strip("[]`")
     if code == ASSUMPTIONS_TOPIC:
-        out.write(assumptions_text())
+        print_text(out, assumptions_text())
         return EXIT_OK
     if RENAMED.get(code, code) not in CODES:
         near = difflib.get_close_matches(RENAMED.get(code, code), list(CODES), n=3, cutoff=0.6)
@@ -47,5 +48,5 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             " (`usdtpatch explain` lists every code)"
         print(printable(f"usdtpatch: explain: no finding code {args.code!r}{hint}"), file=err)
         return EXIT_UNUSABLE
-    out.write(explanation(code))
+    print_text(out, explanation(code))
     return EXIT_OK

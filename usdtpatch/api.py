@@ -330,19 +330,20 @@ class CheckResult:
 def check(path: StrPath, *, form: Form | str = Form.NOP5,
           redzone_guard: Guard | str = Guard.AUTO,
           fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
-          kernel: str | None = None) -> CheckResult:
+          kernel: str | None = None, probes: Sequence[str] = ()) -> CheckResult:
     """Judge every probe site of one file as a candidate for the kernel's optimized uprobes;
     the outcomes predict `rewrite` with the same options (`form` "auto" and `kernel` as for
-    `rewrite`; UnsupportedError when "auto" finds a kernel that optimizes nothing)."""
+    `rewrite`; UnsupportedError when "auto" finds a kernel that optimizes nothing; `probes`:
+    rewrite's, the other sites blocked by `probe-not-selected`)."""
     return check_keeping(path, None, form=form, redzone_guard=redzone_guard,
-                         fork_guard=fork_guard, calls=calls, kernel=kernel)
+                         fork_guard=fork_guard, calls=calls, kernel=kernel, probes=probes)
 
 
 @_names_input
 def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
                   form: Form | str = Form.NOP5, redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
-                  kernel: str | None = None) -> CheckResult:
+                  kernel: str | None = None, probes: Sequence[str] = ()) -> CheckResult:
     """`check`, for a writer that puts each site out as it is decided: `keep`, given the
     file's probes before the check, returns what is kept of each site's check once final
     (in address order; usdtpatch.analysis.check.check's `keep`), and the report's sites are
@@ -356,13 +357,29 @@ def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
 
     if calls not in CALL_CHOICES:
         raise ValueError(f"calls={calls!r}: expected one of {', '.join(CALL_CHOICES)}")
-    options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
-                           _enum(ForkGuard, fork_guard, "fork_guard"))
-    probes = load(path)
-    _with_code(probes.image)
+    found = load(path)
+    _with_code(found.image)
+    options = CheckOptions(form=choice.form, guard=_enum(Guard, redzone_guard, "redzone_guard"),
+                           calls=calls, fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"),
+                           only=_only(found, probes, os.fspath(path)))
     return CheckResult(os.fspath(path), check_probes(
-        probes, options=options, guard_builder=_guard_builder(),
-        keep=None if keep is None else keep(probes)))
+        found, options=options, guard_builder=_guard_builder(),
+        keep=None if keep is None else keep(found)))
+
+
+def _only(found: ProbeSet, probes: Sequence[str], path: str) -> frozenset[int] | None:
+    """The note indices of the probes `probes` (rewrite --probe's patterns) select; None
+    without patterns (every site); InputError when they select none (api.no_match's line)."""
+    if isinstance(probes, str):
+        raise ValueError(f"probes={probes!r}: expected a sequence of patterns, not a string")
+    if not probes:
+        return None
+    from usdtpatch.analysis.probes import selected_indices
+
+    only = selected_indices(found.probes, probes)
+    if not only:
+        raise InputError(no_match(path, list(probes), (p.probe_id for p in found.probes)))
+    return only
 
 
 def _guard_builder() -> GuardBuilder:
@@ -460,7 +477,8 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
             ps = read_probes(image)
             # with this rewrite's options: its findings say what this rewrite does
             told = CheckOptions(**{k: options[k] for k in ("form", "guard", "calls",
-                                                           "fork_guard") if k in options})
+                                                           "fork_guard", "only")
+                                   if k in options})
             report.append(check_probes(ps, options=told)
                           if ps.notes is not None and ps.probes else None)
         given[:] = [verifier]
@@ -508,7 +526,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
             calls: str = "auto", jobs: int | None = None,
             kernel: str | None = None, prove: bool = True,
             phase: Callable[[str], None] | None = None,
-            keep_build_id: bool = False) -> RewriteOutcome:
+            keep_build_id: bool = False, probes: Sequence[str] = ()) -> RewriteOutcome:
     """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
 
     The output goes to `out` (a new regular file, or an existing one replaced atomically,
@@ -534,11 +552,14 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     "write".
     The output gets a build-id of its own, derived from the original's (which the marker
     keeps), unless `keep_build_id` (docs/rewrite.md, "Debugging information").
+    `probes` (shell patterns, PROVIDER:NAME or NAME, as --probe takes them): only the sites
+    of the probes they select are rewritten, the others left as they are, byte for byte, no
+    window covering them (`probe-not-selected`); InputError when they select none.
     """
     r = rewrite_bytes(path, out, form=form, redzone_guard=redzone_guard,
                       fork_guard=fork_guard, verify=verify, in_place=in_place,
                       progress=progress, calls=calls, jobs=jobs, kernel=kernel, prove=prove,
-                      phase=phase, keep_build_id=keep_build_id)
+                      phase=phase, keep_build_id=keep_build_id, probes=probes)
     o = r.outcome
     if o.output is not None and r.data is not None and (o.changed or not in_place):
         # in place and unchanged (no site converts): the file is left as it is, mtime too
@@ -577,8 +598,8 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
                   verify: bool = True, in_place: bool = False,
                   progress: Callable[[int, int], None] | None = None, calls: str = "auto",
                   jobs: int | None = None, kernel: str | None = None, prove: bool = True,
-                  phase: Callable[[str], None] | None = None, keep_build_id: bool = False
-                  ) -> Rewritten:
+                  phase: Callable[[str], None] | None = None, keep_build_id: bool = False,
+                  probes: Sequence[str] = ()) -> Rewritten:
     """`rewrite`'s work without the write (the options are `rewrite`'s; `out` and
     `in_place` name the output the bytes are for, and are checked as `rewrite` checks
     them): the caller looks at the bytes first and writes them with `Rewritten.write`, as
@@ -619,10 +640,11 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
                                      findings=nothing), copy)
     from usdtpatch.rewriter.marker import AlreadyRewritten
 
+    only = _only(read_probes(image), probes, src) if probes else None
     try:
         rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
                      fork_guard=fg, progress=progress, calls=calls, phase=phase,
-                     windows=False)  # the decisions keep their windows' spans only
+                     windows=False, only=only)  # the decisions keep their windows' spans only
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         return answer(outcome(False, note=str(exc)), copy)
@@ -683,7 +705,8 @@ def rewrite_files(todo: Sequence[tuple[StrPath, StrPath | None]], *, jobs: int =
                   redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO, verify: bool = True,
                   in_place: bool = False, calls: str = "auto", kernel: str | None = None,
-                  prove: bool = True, keep_build_id: bool = False) -> Iterator[FileRewrite]:
+                  prove: bool = True, keep_build_id: bool = False,
+                  probes: Sequence[str] = ()) -> Iterator[FileRewrite]:
     """`rewrite` of each (input, output) of `todo` (output None: in place with `in_place`,
     else a dry run), one answer per file in the order of `todo`; a file refused (a
     UsdtpatchError) is an answer too, and the next file is rewritten. With `jobs` > 1 the
@@ -696,7 +719,7 @@ def rewrite_files(todo: Sequence[tuple[StrPath, StrPath | None]], *, jobs: int =
     options: dict[str, Any] = {
         "form": form, "redzone_guard": redzone_guard, "fork_guard": fork_guard,
         "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
-        "prove": prove, "keep_build_id": keep_build_id}
+        "prove": prove, "keep_build_id": keep_build_id, "probes": tuple(probes)}
     files = [(os.fspath(p), None if t is None else os.fspath(t)) for p, t in todo]
     if jobs > 1:
         yield from _in_workers(files, jobs, options)
@@ -832,7 +855,8 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
                  redzone_guard: Guard | str = Guard.AUTO,
                  fork_guard: ForkGuard | str = ForkGuard.AUTO,
                  verify: bool = True, calls: str = "auto", jobs: int | None = None,
-                 kernel: str | None = None, prove: bool = True) -> RewritePlan:
+                 kernel: str | None = None, prove: bool = True,
+                 probes: Sequence[str] = ()) -> RewritePlan:
     """The decisions a rewrite of `path` would take (frozen data), without building a file.
 
     `form` "auto" and `kernel` as for `rewrite`; UnsupportedError when "auto" finds a
@@ -844,10 +868,12 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
-    return _decide(_with_code(_image(path)), verify=verify, jobs=jobs, prove=prove,
-                   form=choice.form,
+    image = _with_code(_image(path))
+    only = _only(read_probes(image), probes, os.fspath(path)) if probes else None
+    return _decide(image, verify=verify, jobs=jobs, prove=prove, form=choice.form,
                    guard=_enum(Guard, redzone_guard, "redzone_guard"),
-                   fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
+                   fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls,
+                   only=only)
 
 
 # -------------------------------------------------------------------------------- restore

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from usdtpatch.analysis.calls import (
@@ -87,6 +87,7 @@ from usdtpatch.findings import (
     GUARD_IMPOSSIBLE,
     MOVED_CALL_RETURN_ADDRESS,
     NO_TRAMPOLINE_REACH,
+    PROBE_NOT_SELECTED,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
     RED_ZONE_REWRITE,
@@ -133,6 +134,9 @@ class CheckOptions:
     guard: Guard = Guard.AUTO
     calls: str = CALLS_AUTO
     fork_guard: ForkGuard = ForkGuard.AUTO
+    # rewrite --probe: the note indices of the probes whose sites it rewrites (None: all);
+    # the others stay as they are, and no window may cover them (`probe-not-selected`)
+    only: frozenset[int] | None = None
 
 
 DEFAULT_OPTIONS = CheckOptions()
@@ -424,6 +428,7 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
     decided: dict[int, SiteCheck] = {}
     kept: dict[int, SiteCheck] = {}
     claimed = Claims()  # overlap tests by bisection: a scan per site was quadratic
+    claimed.extend(unselected_sites(made.probes, options.only))
 
     def settle(before: int | None) -> None:
         """Give `keep` the sites more than SETTLED bytes before `before` (None: all)."""
@@ -450,6 +455,10 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
             continue
         if rewritten:
             decided[sc.probe.index] = replace(sc, outcome=BLOCKED, blocked=FILE_REWRITTEN.code)
+            continue
+        if options.only is not None and sc.probe.index not in options.only:
+            decided[sc.probe.index] = replace(sc, outcome=BLOCKED,
+                                              blocked=PROBE_NOT_SELECTED.code)
             continue
         relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard, made.between)
         if relaid is not None and sc.window is not None:
@@ -485,6 +494,17 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
         settle(None)
         return tuple(kept[p.index] for p in made.probes)
     return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
+
+
+def unselected_sites(probes: Iterable[Probe], only: frozenset[int] | None
+                     ) -> list[tuple[int, int]]:
+    """The bytes of the sites rewrite --probe leaves as they are (`only`: the selected note
+    indices; None: every site is rewritten), claimed before any window so that none covers
+    them (rewriter/plan.py claims the same)."""
+    if only is None:
+        return []
+    return [(p.address, p.address + max(1, p.site.length)) for p in probes
+            if p.index not in only]
 
 
 def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Claims,
@@ -576,8 +596,9 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
                     options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
     """(code, reason) when rewrite does not use the site's window, else None."""
     if claimed.overlaps(w.start, w.end):
-        return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
-                                           f"([{w.start:#x}, {w.end:#x}))")
+        also = ", or a site --probe leaves as it is" if options.only is not None else ""
+        return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's"
+                                           f"{also} ([{w.start:#x}, {w.end:#x}))")
     for a in _stubs_outside(w):  # the plan's _retarget_patches and _entry_stub say the same
         if claimed.overlaps(a, a + STUB_SIZE):
             return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "

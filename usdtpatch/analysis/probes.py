@@ -99,6 +99,22 @@ def not_linked_message(elf_type: int) -> str:
     return f"not linked (ELF type {elf_type}: {what}): its note addresses are not final"
 
 
+def probe_matches(pattern: str, provider: str, name: str) -> bool:
+    """Whether the probe `provider:name` is one `--probe pattern` selects (case-sensitive,
+    as probe names are; a NAME alone matches the name in every provider)."""
+    from fnmatch import fnmatchcase
+
+    if ":" in pattern:
+        return fnmatchcase(f"{provider}:{name}", pattern)
+    return fnmatchcase(name, pattern)
+
+
+def selected_indices(probes: Iterable[Probe], patterns: Sequence[str]) -> frozenset[int]:
+    """The note indices of the probes any of `patterns` selects (probe_matches)."""
+    return frozenset(p.index for p in probes
+                     if any(probe_matches(x, p.provider, p.name) for x in patterns))
+
+
 def no_match(path: str, patterns: Sequence[str], probes: Iterable[str],
              kind: str = "probe") -> str:
     """The one line of every command whose --probe (or list's --provider) pattern selects

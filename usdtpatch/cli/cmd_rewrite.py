@@ -43,6 +43,7 @@ from usdtpatch.api import (
 )
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.integrate.tree import TREE_KERNEL
+from usdtpatch.report.listing import PROBE_PATTERN_HELP
 from usdtpatch.report.rewrite import (
     outcome_json,
     report_document,
@@ -104,6 +105,11 @@ def register(sub: Any) -> None:
                         "them into the detour, with its own exception table where needed), "
                         "move, emulate (never in a file marked for shadow stacks) "
                         "(default auto)")
+    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
+                   help=f"rewrite only these probes' sites, the others left as they are (no "
+                        f"window covers them; check --probe predicts the same): "
+                        f"{PROBE_PATTERN_HELP} (repeatable; patterns that select no probe "
+                        f"of a FILE are an error)")
     p.add_argument("--keep-build-id", action="store_true",
                    help="keep the original's build-id (default: a new one derived from it, "
                         "so that perf's build-id cache and debuginfod do not take the "
@@ -230,7 +236,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                   guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
                   verify: bool = True, as_json: bool = False, jobs: int = 1,
                   report: str | None = None, calls: str = "auto", prove: bool = True,
-                  keep_build_id: bool = False) -> int:
+                  keep_build_id: bool = False, probes: list[str] | None = None) -> int:
     """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
     unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
     the exit status."""
@@ -249,7 +255,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 views[p] = _site_views(p)
     options = {"form": form, "redzone_guard": guard, "fork_guard": fork_guard,
                "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
-               "prove": prove, "keep_build_id": keep_build_id}
+               "prove": prove, "keep_build_id": keep_build_id, "probes": tuple(probes or ())}
     res = _Results()
     started = time.monotonic()
     nothing = {p: why for p, _ in todo if (why := _nothing_to_rewrite(p)) is not None}
@@ -324,6 +330,10 @@ def _report_extra(entry: dict[str, Any], seconds: float, before: int | None = No
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    if args.tree is not None and args.probe:
+        print("usdtpatch: rewrite: --probe selects probes of the FILEs named, not of a --tree "
+              "(rewrite the files whose probes you select by name)", file=err)
+        return EXIT_UNUSABLE
     if args.tree is not None:
         if args.files or args.output is not None or args.report is not None:
             print("usdtpatch: rewrite: --tree rewrites the files of DIR in place: name no FILE, "
@@ -343,7 +353,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                          fork_guard=args.fork_guard,
                          verify=not args.no_verify, as_json=args.json, jobs=args.jobs,
                          report=args.report, calls=args.calls, prove=not args.no_prove,
-                         keep_build_id=args.keep_build_id)
+                         keep_build_id=args.keep_build_id, probes=args.probe)
 
 
 def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,

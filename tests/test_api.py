@@ -260,3 +260,29 @@ def test_plan_with_a_protocol_is_the_protocols_sequences() -> None:
     bad = ROOT / "fixtures" / "src" / "probes.d"  # not a protocol file
     with pytest.raises(api.ProtocolError):
         api.read_protocol(bad)
+
+
+@pytest.mark.parametrize("call", ["load", "check", "rewrite_plan", "rewrite", "restore", "plan",
+                                  "verify", "check_bytes", "rewrite_bytes"])
+def test_every_error_about_an_input_names_the_file(tmp_path: Path, call: str) -> None:
+    """The library's errors are read without their call (a log, a list of errors): each
+    names the input it is about, e.g. a Python file given to check, or an empty file."""
+    for name, data in (("api.py", (ROOT / "usdtpatch" / "api.py").read_bytes()),
+                       ("empty", b"")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        fn = getattr(api, call)
+        args: tuple[object, ...] = (path,)
+        if call == "check_bytes":
+            args = (path, data)
+        with pytest.raises(api.UsdtpatchError) as caught:
+            fn(*args)
+        assert str(caught.value).startswith(f"{path}: not an ELF file: "), str(caught.value)
+        assert str(caught.value).count(str(path)) == 1
+    assert str(caught.value) == f"{path}: not an ELF file: an empty file"
+
+
+def test_a_file_the_message_names_already_is_named_once(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as caught:
+        api.check(tmp_path / "missing")
+    assert str(caught.value) == f"{tmp_path / 'missing'}: no such file"

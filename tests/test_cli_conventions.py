@@ -387,7 +387,8 @@ DEMO_PROBES = "(probes: demo:idle, demo:parse, demo:reply, demo:request)"
 
 
 @pytest.mark.parametrize("argv", [
-    ["list", "--probe", "nope"], ["list", "--provider", "nope"], ["show", "--probe", "nope"],
+    ["list", "--probe", "nope"], ["list", "--provider", "demo", "--probe", "nope"],
+    ["show", "--probe", "nope"],
     ["plan", "--probe", "nope"], ["verify", "--probe", "nope"], ["check", "--probe", "nope"],
     ["check", "--json", "--probe", "nope"], ["list", "--json", "--probe", "nope:*"]],
     ids="-".join)
@@ -400,6 +401,15 @@ def test_a_pattern_selecting_nothing_is_one_error_everywhere(argv: list[str]) ->
     assert res.err.count("\n") == 1, res.err
     assert "no probe matches" in res.err and DEMO_PROBES in res.err
     assert argv[-1] in res.err
+
+
+def test_a_provider_selecting_nothing_names_the_providers() -> None:
+    """`list --provider nosuch` named the probes; what the user can give instead is one of
+    the providers there are."""
+    res = run_cli("list", fixture("demo"), "--provider", "nope")
+    assert res.rc == EXIT_UNUSABLE and res.out == ""
+    assert res.err == f"usdtpatch: {fixture('demo')}: no provider matches --provider nope " \
+                      f"(providers: demo)\n"
 
 
 def test_check_and_verify_take_probe() -> None:
@@ -476,3 +486,27 @@ def test_a_file_without_probes_is_one_line_and_never_written(tmp_path: Path) -> 
     assert res.rc == EXIT_UNUSABLE and res.err.count("\n") == 1 and "no USDT probes" in res.err
     assert sorted(p.name for p in out.iterdir()) == ["demo"]
     assert "libc" not in res.out
+
+
+@pytest.mark.parametrize("argv", [("show", "redzone-leaf", "--probe", "*"),
+                                  ("list", "redzone-leaf"), ("check", "redzone-leaf", "--json"),
+                                  ("check", "redzone-leaf")])
+def test_a_closed_pipe_ends_quietly_with_sigpipes_status(argv: tuple[str, ...]) -> None:
+    """`usdtpatch show FILE '*' | head -1`: the reader closes the pipe before usdtpatch has
+    written; every command (rich's renderings too, which ended with a silent exit 1) ends
+    with 141 (128 + SIGPIPE) and nothing on stderr: no traceback, no "Exception ignored"."""
+    import os
+    import subprocess
+    import sys
+
+    from usdtpatch.cli.common import EXIT_PIPE_CLOSED
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone: every write fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "usdtpatch", argv[0], str(fixture(argv[1])), *argv[2:]],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (EXIT_PIPE_CLOSED, "")

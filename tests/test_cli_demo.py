@@ -22,3 +22,13 @@ def test_demo_in_a_temporary_folder_points_at_nothing() -> None:
     res = run_cli("demo")
     assert res.rc == 0, res.err
     assert "run both:" not in res.out  # the temporary folder is gone when the demo ends
+    # the files it named are gone with the folder: the last line says so, and how to keep them
+    import re
+
+    named = set(re.findall(r"(/\S*usdtpatch-demo-[^/\s]+)/demo\.re", res.out))
+    assert len(named) == 1
+    folder = named.pop()
+    assert not Path(folder).exists()
+    last = res.out.strip().splitlines()[-1]
+    assert last.startswith(f"{folder} was a temporary folder: it is removed now") and \
+        "--out DIR" in last

@@ -24,7 +24,7 @@ def test_filters() -> None:
     assert [p["name"] for p in doc["files"][0]["probes"]] == ["nop5"]
     assert doc["files"][0]["probe_count"] == 10
     res = run_cli("list", "--json", fixture("forms-mixed"), "--provider", "x")
-    assert res.rc == 2 and res.out == "" and "no probe matches --provider x" in res.err
+    assert res.rc == 2 and res.out == "" and "no provider matches --provider x" in res.err
 
 
 def test_cxx_names_are_demangled() -> None:

@@ -123,6 +123,21 @@ def test_check_only(tmp_path: Path) -> None:
     assert not is_rewritten(app)
 
 
+def test_a_failing_check_keeps_its_input(tmp_path: Path) -> None:
+    """A check never deletes or changes a file: `--check-only` that fails (here on a warning,
+    without --keep-on-failure) leaves FILE byte for byte, its mtime too, and says nothing
+    about removing it; so does run_step in check mode."""
+    app = _copy(tmp_path)
+    before = digest([app])
+    res = run_cli("post-link", "--check-only", app, "--fail-on", "warning")
+    assert res.rc == 1
+    assert app.exists() and digest([app]) == before
+    assert "removed" not in res.err
+    step = run_step(str(app), options=StepOptions(mode="check", fail_on="warning"))
+    assert step.failed and digest([app]) == before
+    assert not any("removed" in line for line in step.lines)
+
+
 def test_unusable_input_is_one_line_and_kept(tmp_path: Path) -> None:
     bad = tmp_path / "notelf"
     bad.write_bytes(b"#!/bin/sh\necho hi\n")
@@ -174,6 +189,22 @@ def test_cmake_version_file_matches_the_package() -> None:
     text = (integrate.cmake_dir() / "usdtpatchConfigVersion.cmake").read_text()
     m = re.search(r'set\(PACKAGE_VERSION "([^"]+)"\)', text)
     assert m is not None and m.group(1) == __version__
+
+
+def test_the_metadata_names_no_address_the_project_does_not_have() -> None:
+    """Issue 47, item 8: the project has no public home yet, so the package metadata names
+    none (no invented URL) and the README, the wheel's long description, says so; an
+    address added to one must be added to the other."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    readme = (ROOT / "README.md").read_text()
+    urls = project.get("urls", {})
+    if not urls:
+        assert "no public home" in readme
+        assert not re.search(r"https?://", (ROOT / "pyproject.toml").read_text())
+    else:
+        assert all(u in readme for u in urls.values()), urls
 
 
 def test_entry_point_and_package_data_declared() -> None:

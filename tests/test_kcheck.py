@@ -564,7 +564,8 @@ def test_api_kcheck_refuses_arguments_that_do_not_fit(
 
 def test_api_kcheck_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(UnsupportedError, match=r"^kcheck needs root"):
+    # the library's errors name the file they arise over (issue 47, item 9)
+    with pytest.raises(UnsupportedError, match=rf"^{FIXTURE}: kcheck needs root"):
         api.kcheck(FIXTURE, command=["/bin/true"])
 
 

@@ -44,6 +44,10 @@ def test_a_counted_index_is_not_red_zone_live_an_argument_is(programs: dict[str,
     codes = _codes(programs[build])
     assert "red-zone-live" not in codes["sum"], codes  # flagged before: a false error
     assert "red-zone-live" in codes["at"], codes  # table_at's index is its argument
+    # an int counter, sign-extended (movslq) before each store: counted up from 0, not
+    # negative (issue 47, item 12: flagged before); an int argument, sign-extended: flagged
+    assert "red-zone-live" not in codes["intsum"], codes
+    assert "red-zone-live" in codes["intat"], codes
 
 
 def test_what_does_not_bound_an_index_is_rejected() -> None:
@@ -61,7 +65,15 @@ def test_what_does_not_bound_an_index_is_rejected() -> None:
         "48 0f b6 c8": True,  # movzbq %al,%rcx
         "48 83 e1 0f": True,  # and $0xf,%rcx ... of an argument: masked
         "48 c1 e9 04": True,  # shr $4,%rcx
-        "48 63 c8": False,  # movslq %eax,%rcx: sign-extended
+        "48 63 c8": False,  # movslq %eax,%rcx: sign-extended, of an argument
+        "31 c0 48 63 c8": True,  # xor %eax,%eax; movslq %eax,%rcx: 0
+        "b8 07 00 00 00 48 63 c8": True,  # mov $7,%eax; movslq: 7
+        "b8 ff ff ff ff 48 63 c8": False,  # mov $-1,%eax; movslq: -1, a negative index
+        "b8 00 00 00 80 48 63 c8": False,  # mov $0x80000000,%eax; movslq: negative
+        "31 c0 83 e8 01 48 63 c8": False,  # xor %eax,%eax; sub $1,%eax; movslq: -1
+        "89 f8 48 63 c8": False,  # mov %edi,%eax; movslq: an int argument
+        "89 f8 83 e0 07 48 63 c8": True,  # mov %edi,%eax; and $7,%eax; movslq: masked
+        "89 f8 d1 e8 48 63 c8": True,  # mov %edi,%eax; shr %eax; movslq: below 2^31
         "48 83 e9 01": False,  # sub $1,%rcx
         "88 c1": False,  # mov %al,%cl: the upper bits stay the argument's
         "48 89 f9": False,  # mov %rdi,%rcx: an argument
@@ -90,6 +102,23 @@ def test_a_loop_counter_is_followed_around_its_loop() -> None:
     bad = bytes.fromhex("488914cc" "4883c101" "4883f910" "75f4" "c3")
     insns = sweep(bad, 0x1000).insns
     assert not nonnegative(_Graph(insns, {0x1000}), 0, "rcx", frozenset())
+
+
+def test_a_sign_extended_int_counter_is_followed_around_its_loop() -> None:
+    """gcc's int loop counter: xor %eax,%eax; L: movslq %eax,%rdx; mov %rcx,(%rsp,%rdx,8);
+    add $1,%eax; cmp $8,%eax; jne L: the stores' index is the counter counted up from 0, so
+    its sign extension is not negative. Counted down from 0 (sub $1), it is."""
+    from usdtpatch.analysis.hazards import nonnegative
+    from usdtpatch.analysis.targets import _Graph
+    from usdtpatch.x86.decode import sweep
+
+    ok = bytes.fromhex("31c0" "4863d0" "48890cd4" "83c001" "83f808" "75f1" "c3")
+    insns = sweep(ok, 0x1000).insns
+    assert [i.mnemonic for i in insns][:3] == ["xorl", "movslq", "movq"]
+    assert nonnegative(_Graph(insns, {0x1000}), 2, "rdx", frozenset())
+    down = bytes.fromhex("31c0" "4863d0" "48890cd4" "83e801" "83f8f8" "75f1" "c3")
+    insns = sweep(down, 0x1000).insns
+    assert not nonnegative(_Graph(insns, {0x1000}), 2, "rdx", frozenset())
 
 
 def _run(exe: Path) -> str:

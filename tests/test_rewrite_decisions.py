@@ -50,7 +50,7 @@ def decisions(path: Path) -> str:
     try:
         plan = api.rewrite_plan(path)
     except UsdtpatchError as exc:
-        return f"refused: {exc}\n"
+        return f"refused: {exc.detail(str(path))}\n"  # the library names the file
     return render(plan)
 
 

@@ -34,7 +34,19 @@ def test_the_errno_decides(err: int | None, gen: Generation | None, form: Form |
     assert detect_kernel(lambda: err)[0] is gen
     choice = choose_form("auto", errno_of=lambda: err)
     assert (choice.form, choice.kernel, choice.detected) == (form, gen, True)
-    assert choice.why.startswith("--form auto")
+    assert "--form auto" in choice.why
+    if form is not None:  # the sentence says which form it is, first
+        assert choice.why.startswith(f"form {form.value}, the one ")
+
+
+@pytest.mark.parametrize("gen", [NOP5_GEN, NOP10_GEN], ids=["nop5", "nop10"])
+def test_the_kernels_words_name_the_form_auto_chooses(gen: Generation) -> None:
+    """The tree's summary says the form of the generation's row: the one choose_form takes;
+    and the reason says it, not "--form auto for --kernel 6.18"."""
+    choice = choose_form("auto", gen.name)
+    assert choice.form is not None and choice.form.value == gen.auto_form
+    assert choice.why.startswith(f"form {gen.auto_form}, the one the {gen.name} generation")
+    assert choice.why.endswith(f"(--form auto, --kernel {gen.name})")
 
 
 def test_named_form_and_kernel_need_no_detection() -> None:

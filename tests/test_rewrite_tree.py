@@ -84,11 +84,22 @@ def test_tree_rewrites_the_files_with_probes_and_nothing_else(tmp_path: Path) ->
     assert {p: state(p.parent)[p.name] for p in outside} == outside
     assert (root / "usr/bin/demo-link").is_symlink()
     assert "5 regular files, 4 ELF, 3 with probes: 2 rewritten, 1 unchanged" in res.out
-    assert "--form auto for --kernel 6.18" in res.out
+    assert "(form nop5, the one Linux 6.18 to 7.2 optimize (--form auto, --kernel 6.18), " \
+           "-j 2, " in res.out
     # the rewritten program runs as the original
     ran = [subprocess.run([p], capture_output=True, timeout=30, check=False)
            for p in (fixture("demo"), root / "usr/bin/demo")]
     assert (ran[0].returncode, ran[0].stdout) == (ran[1].returncode, ran[1].stdout)
+
+
+def test_tree_summary_counts_one_file_in_the_singular(tmp_path: Path) -> None:
+    """"1 regular files": the summary's count of one is singular."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy2(fixture("demo"), root / "demo")
+    res = run_cli("rewrite", "--tree", root, "--dry-run")
+    assert res.rc == 0, res.err
+    assert f"tree {root}: 1 regular file, 1 ELF, 1 with probes: " in res.out
 
 
 def test_tree_is_the_same_run_after_run_and_a_second_run_changes_nothing(
@@ -184,7 +195,8 @@ def test_tree_json_counts(tmp_path: Path) -> None:
     assert doc["schema"] == "usdtpatch/rewrite"
     assert doc["tree"] == {"root": str(root), "regular": 5, "elf": 4, "with_probes": 3,
                            "rewritten": 2, "unchanged": 1, "refused": 0,
-                           "rewritten_before": 0, "no_probes": 1, "unreadable": 0}
+                           "rewritten_before": 0, "no_probes": 1, "unreadable": 0,
+                           "debug": 0}
     assert sorted(e["path"] for e in doc["files"]) == sorted(
         str(root / p) for p in ("usr/bin/demo", "usr/bin/nop5", "usr/lib/libprobes.so"))
 

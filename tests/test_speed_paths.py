@@ -34,6 +34,19 @@ def test_list_imports_neither_the_site_analysis_nor_the_rewriter_nor_capstone() 
     assert got == "[]"
 
 
+@pytest.mark.parametrize("argv", [["--version"], ["--cmake-dir"], ["--version", "--include-dir"]])
+def test_version_and_the_paths_import_no_command(argv: list[str]) -> None:
+    """`usdtpatch --version` imported every command's module, the emulator, capstone and
+    iced-x86 among them: 0.5 s of CPU to print a line. The options that print and exit
+    import no command module and no engine."""
+    got = _python("import io, sys\nfrom usdtpatch.cli import main\n"
+                  f"assert main({argv!r}, io.StringIO()) == 0\n"
+                  "print(sorted(m for m in sys.modules if m.startswith('usdtpatch.cli.cmd_') or "
+                  "m.split('.')[0] in ('unicorn', 'capstone', 'iced_x86', 'z3', 'pyvex', "
+                  "'rich', 'keystone')))")
+    assert got.splitlines()[-1] == "[]", got  # after what the option printed
+
+
 @pytest.mark.parametrize("form", [["--json"], []], ids=["json", "table"])
 def test_a_list_run_imports_neither_pathlib_nor_shutil_nor_typing(form: list[str]) -> None:
     """pathlib (with urllib and ipaddress) and shutil (with bz2 and lzma, through argparse's

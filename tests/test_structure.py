@@ -347,6 +347,7 @@ OTHER_WRITERS = frozenset({
     "usdtpatch.report.bench .savefig",  # bench --chart's PNG, matplotlib's own write
     "usdtpatch.cli.cmd_dtrace .write_text",  # dtrace -G's C source, in a temporary folder
     "usdtpatch.forkguard.recipe .write_text",  # forkguard/_code.py: a maintainer's tool
+    "usdtpatch.cli os.open",  # /dev/null, put in place of a stdout whose reader has gone
     # rewrite --tree: the further names of a file write_atomic wrote, one link and rename each
     "usdtpatch.integrate.tree os.link", "usdtpatch.integrate.tree os.rename",
     # the bench's programs and its copy of the JDK, in its work folder

@@ -6,7 +6,8 @@ The library is `usdtpatch.api`, re-exported here: `load`, `check`, `rewrite`, `r
 build integration (`usdtpatch.integrate`), which are built on it and use nothing else of the
 library, need besides: `check_bytes` and `rewrite_bytes` (bytes in and out), `check_keeping`
 (each site handed over as it is decided), `rewrite_files` (many files, in `jobs` processes),
-`copy`, `marked` (rewritten before), `read_protocol` (for
+`copy`, `marked` (rewritten before), `debug_file` (a separate debug file),
+`read_protocol` (for
 `plan(protocol=...)`), `dtrace_semaphores`, `bench`, the checked output writes `check_output`,
 `write_atomic` and `umask_mode`, and `no_match`, `demangle` and `demangle_unavailable`.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "BenchReport",
     "CheckReport",
     "CheckResult",
+    "DebugOnlyFile",
     "ElfFormatError",
     "FileRewrite",
     "ForkGuard",
@@ -74,6 +76,7 @@ __all__ = [
     "check_keeping",
     "check_output",
     "copy",
+    "debug_file",
     "demangle",
     "demangle_unavailable",
     "dtrace_header",

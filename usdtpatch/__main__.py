@@ -17,6 +17,12 @@ def entry() -> int:
 
     gc.enable()
     status = main()
+    try:  # what is still buffered: a reader that stopped early is seen here too
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from usdtpatch.cli import pipe_closed
+
+        status = pipe_closed(sys.stdout)
     # The process ends next. Python's shutdown runs the cyclic collector over every object
     # still alive (the modules, the decoder's caches): ~28 ms of libjvm.so's check
     # (docs/performance.md), spent on objects that the exit frees anyway. Frozen objects are

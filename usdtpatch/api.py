@@ -47,6 +47,7 @@ Everything else is imported here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -61,11 +62,13 @@ from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.notes import parse_notes
 from usdtpatch.errors import (
+    DebugOnlyFile,
     ElfFormatError,
     InputError,
     OutputError,
     UnsupportedError,
     UsdtpatchError,
+    name_input,
 )
 from usdtpatch.findings import CODES, FORM_CHOSEN, KERNEL_OPTIMIZES_NOTHING, RENAMED, Finding
 from usdtpatch.io import (
@@ -86,7 +89,7 @@ from usdtpatch.kernelfacts import DEFAULT, GENERATIONS, PAGE, Generation, genera
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for type checkers
-    from typing import Any, TypeVar
+    from typing import Any, ParamSpec, TypeVar
 
     from usdtpatch.analysis.calls import CALL_CHOICES
     from usdtpatch.analysis.check import CheckReport, GuardBuilder, Keep
@@ -100,6 +103,8 @@ if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for ty
     from usdtpatch.verification.plans import VerifyReport
 
     E = TypeVar("E", bound=Enum)
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 __all__ = [
     "CALL_CHOICES",
@@ -116,6 +121,7 @@ __all__ = [
     "BenchReport",
     "CheckReport",
     "CheckResult",
+    "DebugOnlyFile",
     "ElfFormatError",
     "FileRewrite",
     "ForkGuard",
@@ -145,6 +151,7 @@ __all__ = [
     "check_keeping",
     "check_output",
     "copy",
+    "debug_file",
     "demangle",
     "demangle_unavailable",
     "dtrace_header",
@@ -247,10 +254,52 @@ def _placement_args(load_base: object, trampoline: object, pid: object) -> None:
     _integer("pid", pid, 1)
 
 
+def _names_input(fn: Callable[P, R]) -> Callable[P, R]:
+    """A function of the library over one input file (its first argument) whose every
+    UsdtpatchError names that file (errors.name_input): `usdtpatch.check("x.py")` says
+    "x.py: not an ELF file: ...", not just what is wrong."""
+
+    @functools.wraps(fn)
+    def named(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except UsdtpatchError as exc:
+            where = args[0] if args else next(iter(kwargs.values()), None)
+            if isinstance(where, (str, os.PathLike)):
+                name_input(exc, os.fspath(where))
+            raise
+
+    return named
+
+
 def _image(path: StrPath) -> ElfImage:
     return parse_elf(read_elf(path))
 
 
+def _with_code(image: ElfImage) -> ElfImage:
+    """`image`, or DebugOnlyFile when it is a separate debug file (its code is not in it:
+    nothing to check, plan, verify or rewrite; `load` lists its probes)."""
+    if image.debug_only:
+        raise DebugOnlyFile(image.build_id)
+    return image
+
+
+def _with_code_probes(probes: ProbeSet) -> ProbeSet:
+    _with_code(probes.image)
+    return probes
+
+
+def debug_file(probes: ProbeSet) -> DebugOnlyFile | None:
+    """What check and rewrite say of the file of `probes` when it is a separate debug file
+    (the error they raise, with its build-id), else None."""
+    try:
+        _with_code(probes.image)
+    except DebugOnlyFile as exc:
+        return exc
+    return None
+
+
+@_names_input
 def load(path: StrPath, *, mapped: bool = False) -> ProbeSet:
     """Read and parse one file into its probes (raises UsdtpatchError when unusable).
     `mapped`: the file mapped read-only rather than read (usdtpatch.io.map_input: for a
@@ -279,21 +328,24 @@ class CheckResult:
         return self.report.all_findings
 
 
+@_names_input
 def check(path: StrPath, *, form: Form | str = Form.NOP5,
           redzone_guard: Guard | str = Guard.AUTO,
           fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
-          kernel: str | None = None) -> CheckResult:
+          kernel: str | None = None, probes: Sequence[str] = ()) -> CheckResult:
     """Judge every probe site of one file as a candidate for the kernel's optimized uprobes;
     the outcomes predict `rewrite` with the same options (`form` "auto" and `kernel` as for
-    `rewrite`; UnsupportedError when "auto" finds a kernel that optimizes nothing)."""
+    `rewrite`; UnsupportedError when "auto" finds a kernel that optimizes nothing; `probes`:
+    rewrite's, the other sites blocked by `probe-not-selected`)."""
     return check_keeping(path, None, form=form, redzone_guard=redzone_guard,
-                         fork_guard=fork_guard, calls=calls, kernel=kernel)
+                         fork_guard=fork_guard, calls=calls, kernel=kernel, probes=probes)
 
 
+@_names_input
 def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
                   form: Form | str = Form.NOP5, redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO, calls: str = "auto",
-                  kernel: str | None = None) -> CheckResult:
+                  kernel: str | None = None, probes: Sequence[str] = ()) -> CheckResult:
     """`check`, for a writer that puts each site out as it is decided: `keep`, given the
     file's probes before the check, returns what is kept of each site's check once final
     (in address order; usdtpatch.analysis.check.check's `keep`), and the report's sites are
@@ -307,12 +359,29 @@ def check_keeping(path: StrPath, keep: Callable[[ProbeSet], Keep] | None, *,
 
     if calls not in CALL_CHOICES:
         raise ValueError(f"calls={calls!r}: expected one of {', '.join(CALL_CHOICES)}")
-    options = CheckOptions(choice.form, _enum(Guard, redzone_guard, "redzone_guard"), calls,
-                           _enum(ForkGuard, fork_guard, "fork_guard"))
-    probes = load(path)
+    found = load(path)
+    _with_code(found.image)
+    options = CheckOptions(form=choice.form, guard=_enum(Guard, redzone_guard, "redzone_guard"),
+                           calls=calls, fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"),
+                           only=_only(found, probes, os.fspath(path)))
     return CheckResult(os.fspath(path), check_probes(
-        probes, options=options, guard_builder=_guard_builder(),
-        keep=None if keep is None else keep(probes)))
+        found, options=options, guard_builder=_guard_builder(),
+        keep=None if keep is None else keep(found)))
+
+
+def _only(found: ProbeSet, probes: Sequence[str], path: str) -> frozenset[int] | None:
+    """The note indices of the probes `probes` (rewrite --probe's patterns) select; None
+    without patterns (every site); InputError when they select none (api.no_match's line)."""
+    if isinstance(probes, str):
+        raise ValueError(f"probes={probes!r}: expected a sequence of patterns, not a string")
+    if not probes:
+        return None
+    from usdtpatch.analysis.probes import selected_indices
+
+    only = selected_indices(found.probes, probes)
+    if not only:
+        raise InputError(no_match(path, list(probes), (p.probe_id for p in found.probes)))
+    return only
 
 
 def _guard_builder() -> GuardBuilder:
@@ -323,12 +392,13 @@ def _guard_builder() -> GuardBuilder:
     return GuardBuilder(forkguard.hook_problem)
 
 
+@_names_input
 def check_bytes(path: StrPath, data: bytes) -> CheckResult:
     """`check`, with the default options, of a file's bytes not yet written (`path`: the
     name they will have): the build step checks a rewrite's output before writing it."""
     from usdtpatch.analysis.check import check as check_probes
 
-    return CheckResult(os.fspath(path), check_probes(read_probes(parse_elf(data)),
+    return CheckResult(os.fspath(path), check_probes(read_probes(_with_code(parse_elf(data))),
                                                      guard_builder=_guard_builder()))
 
 
@@ -381,6 +451,7 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
     (usdtpatch.verification.equivalence.plan_verified; None: one per CPU this process may
     use; each worker proves and emulates its detours). `phase("verify")` is called when a
     planning pass has handed its detours to the verification and waits for it."""
+    from usdtpatch.analysis.check import CheckOptions
     from usdtpatch.analysis.check import check as check_probes
     from usdtpatch.rewriter.plan import check_rewritable, plan_rewrite
 
@@ -406,7 +477,12 @@ def _decide(image: ElfImage, *, verify: bool, jobs: int | None, prove: bool = Tr
         if not report:  # once: later passes take the same analysis
             check_rewritable(image)
             ps = read_probes(image)
-            report.append(check_probes(ps) if ps.notes is not None and ps.probes else None)
+            # with this rewrite's options: its findings say what this rewrite does
+            told = CheckOptions(**{k: options[k] for k in ("form", "guard", "calls",
+                                                           "fork_guard", "only")
+                                   if k in options})
+            report.append(check_probes(ps, options=told)
+                          if ps.notes is not None and ps.probes else None)
         given[:] = [verifier]
         planned = plan_rewrite(image, verify=verifier, report=report[0], **options)
         if phase is not None:
@@ -450,6 +526,7 @@ def _generation(kernel: str) -> Generation:
     return generation(kernel)
 
 
+@_names_input
 def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
             redzone_guard: Guard | str = Guard.AUTO,
             fork_guard: ForkGuard | str = ForkGuard.AUTO,
@@ -458,7 +535,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
             calls: str = "auto", jobs: int | None = None,
             kernel: str | None = None, prove: bool = True,
             phase: Callable[[str], None] | None = None,
-            keep_build_id: bool = False) -> RewriteOutcome:
+            keep_build_id: bool = False, probes: Sequence[str] = ()) -> RewriteOutcome:
     """Turn the 1-byte probe sites of `path` into 5-byte NOP sites.
 
     The output goes to `out` (a new regular file, or an existing one replaced atomically,
@@ -484,11 +561,14 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     "write".
     The output gets a build-id of its own, derived from the original's (which the marker
     keeps), unless `keep_build_id` (docs/rewrite.md, "Debugging information").
+    `probes` (shell patterns, PROVIDER:NAME or NAME, as --probe takes them): only the sites
+    of the probes they select are rewritten, the others left as they are, byte for byte, no
+    window covering them (`probe-not-selected`); InputError when they select none.
     """
     r = rewrite_bytes(path, out, form=form, redzone_guard=redzone_guard,
                       fork_guard=fork_guard, verify=verify, in_place=in_place,
                       progress=progress, calls=calls, jobs=jobs, kernel=kernel, prove=prove,
-                      phase=phase, keep_build_id=keep_build_id)
+                      phase=phase, keep_build_id=keep_build_id, probes=probes)
     o = r.outcome
     if o.output is not None and r.data is not None and (o.changed or not in_place):
         # in place and unchanged (no site converts): the file is left as it is, mtime too
@@ -520,14 +600,15 @@ class Rewritten:
                      in_place=self.in_place and to is None)
 
 
+@_names_input
 def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
                   redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO,
                   verify: bool = True, in_place: bool = False,
                   progress: Callable[[int, int], None] | None = None, calls: str = "auto",
                   jobs: int | None = None, kernel: str | None = None, prove: bool = True,
-                  phase: Callable[[str], None] | None = None, keep_build_id: bool = False
-                  ) -> Rewritten:
+                  phase: Callable[[str], None] | None = None, keep_build_id: bool = False,
+                  probes: Sequence[str] = ()) -> Rewritten:
     """`rewrite`'s work without the write (the options are `rewrite`'s; `out` and
     `in_place` name the output the bytes are for, and are checked as `rewrite` checks
     them): the caller looks at the bytes first and writes them with `Rewritten.write`, as
@@ -547,7 +628,7 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
     if target is not None:
         check_output(target, [src], in_place=in_place)
     data, origin = read_source(src, in_place)
-    image = parse_elf(data)
+    image = _with_code(parse_elf(data))
     f = choice.form
     said = (FORM_CHOSEN.finding(choice.why),) if choice.detected or choice.kernel else ()
     copy = data if target is not None and not in_place else None  # the input, unchanged
@@ -568,10 +649,11 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
                                      findings=nothing), copy)
     from usdtpatch.rewriter.marker import AlreadyRewritten
 
+    only = _only(read_probes(image), probes, src) if probes else None
     try:
         rp = _decide(image, verify=verify, jobs=jobs, prove=prove, form=f, guard=g,
                      fork_guard=fg, progress=progress, calls=calls, phase=phase,
-                     windows=False)  # the decisions keep their windows' spans only
+                     windows=False, only=only)  # the decisions keep their windows' spans only
     except AlreadyRewritten as exc:
         _sound_rewritten(image)
         return answer(outcome(False, note=str(exc)), copy)
@@ -599,6 +681,7 @@ def rewrite_bytes(path: StrPath, out: StrPath | None = None, *, form: Form | str
     return answer(outcome(changed, sites, found), result)
 
 
+@_names_input
 def copy(path: StrPath, out: StrPath) -> None:
     """`path`'s bytes to `out` unchanged, atomically, with its permission bits (the build
     step's output when it only checks)."""
@@ -631,7 +714,8 @@ def rewrite_files(todo: Sequence[tuple[StrPath, StrPath | None]], *, jobs: int =
                   redzone_guard: Guard | str = Guard.AUTO,
                   fork_guard: ForkGuard | str = ForkGuard.AUTO, verify: bool = True,
                   in_place: bool = False, calls: str = "auto", kernel: str | None = None,
-                  prove: bool = True, keep_build_id: bool = False) -> Iterator[FileRewrite]:
+                  prove: bool = True, keep_build_id: bool = False,
+                  probes: Sequence[str] = ()) -> Iterator[FileRewrite]:
     """`rewrite` of each (input, output) of `todo` (output None: in place with `in_place`,
     else a dry run), one answer per file in the order of `todo`; a file refused (a
     UsdtpatchError) is an answer too, and the next file is rewritten. With `jobs` > 1 the
@@ -644,7 +728,7 @@ def rewrite_files(todo: Sequence[tuple[StrPath, StrPath | None]], *, jobs: int =
     options: dict[str, Any] = {
         "form": form, "redzone_guard": redzone_guard, "fork_guard": fork_guard,
         "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
-        "prove": prove, "keep_build_id": keep_build_id}
+        "prove": prove, "keep_build_id": keep_build_id, "probes": tuple(probes)}
     files = [(os.fspath(p), None if t is None else os.fspath(t)) for p, t in todo]
     if jobs > 1:
         yield from _in_workers(files, jobs, options)
@@ -775,11 +859,13 @@ def _rewrite_in_worker(path: str, target: str | None,
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@_names_input
 def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
                  redzone_guard: Guard | str = Guard.AUTO,
                  fork_guard: ForkGuard | str = ForkGuard.AUTO,
                  verify: bool = True, calls: str = "auto", jobs: int | None = None,
-                 kernel: str | None = None, prove: bool = True) -> RewritePlan:
+                 kernel: str | None = None, prove: bool = True,
+                 probes: Sequence[str] = ()) -> RewritePlan:
     """The decisions a rewrite of `path` would take (frozen data), without building a file.
 
     `form` "auto" and `kernel` as for `rewrite`; UnsupportedError when "auto" finds a
@@ -791,9 +877,12 @@ def rewrite_plan(path: StrPath, *, form: Form | str = Form.NOP5,
     choice = _form_choice(form, kernel)
     if choice.form is None:
         raise UnsupportedError(choice.why)
-    return _decide(_image(path), verify=verify, jobs=jobs, prove=prove, form=choice.form,
+    image = _with_code(_image(path))
+    only = _only(read_probes(image), probes, os.fspath(path)) if probes else None
+    return _decide(image, verify=verify, jobs=jobs, prove=prove, form=choice.form,
                    guard=_enum(Guard, redzone_guard, "redzone_guard"),
-                   fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls)
+                   fork_guard=_enum(ForkGuard, fork_guard, "fork_guard"), calls=calls,
+                   only=only)
 
 
 # -------------------------------------------------------------------------------- restore
@@ -812,6 +901,7 @@ class RestoreOutcome:
         return len(self.data)
 
 
+@_names_input
 def restore(path: StrPath, out: StrPath | None = None, *,
             in_place: bool = False) -> RestoreOutcome:
     """The original of a rewritten file, byte for byte (checked against its sha256), written
@@ -863,6 +953,7 @@ def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) ->
         raise ValueError("give at most one of trampoline, maps, pid")
 
 
+@_names_input
 def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
          trampoline: int | None = None, maps: StrPath | None = None,
          pid: int | None = None, protocol: Protocol | None = None) -> Plan:
@@ -877,13 +968,16 @@ def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
     _placement(trampoline, maps, pid)
     src = os.fspath(path)
     if protocol is None:
-        return _plan_of(load(src), src, form, load_base, trampoline, maps, pid)
+        return _plan_of(_with_code_probes(load(src)), src, form, load_base, trampoline, maps,
+                        pid)
     from usdtpatch.sequences.protocols import apply_protocol
 
-    model = _plan_of(load(src), src, protocol.model, load_base, trampoline, maps, pid)
+    model = _plan_of(_with_code_probes(load(src)), src, protocol.model, load_base, trampoline,
+                     maps, pid)
     return apply_protocol(model, protocol)
 
 
+@_names_input
 def read_protocol(path: StrPath) -> Protocol:
     """A write protocol file read (docs/plan-verify.md; usdtpatch/sequences/protocols/
     nop5.toml is the kernel's), for `plan(protocol=...)`; ProtocolError naming the file."""
@@ -892,6 +986,7 @@ def read_protocol(path: StrPath) -> Protocol:
     return load_protocol(os.fspath(path))
 
 
+@_names_input
 def read_plan(path: StrPath) -> Plan:
     """A plan document (`usdtpatch plan --json`, or anyone's) read back."""
     from usdtpatch import jsondoc  # here, not at the top: `check` and `list` do not pay
@@ -905,6 +1000,7 @@ def read_plan(path: StrPath) -> Plan:
     return plan_from_json(doc, src)
 
 
+@_names_input
 def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "nop5",
            load_base: int | None = None, trampoline: int | None = None,
            maps: StrPath | None = None, pid: int | None = None) -> VerifyReport:
@@ -917,6 +1013,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
     _placement_args(load_base, trampoline, pid)
     src = os.fspath(path)
     ps = load(src)
+    _with_code(ps.image)
     users = red_zone_users(ps)  # check's red-zone rule, asked once for the plan and verify
     if isinstance(plan, PlanType):
         the_plan = plan
@@ -939,6 +1036,7 @@ def verify(path: StrPath, *, plan: Plan | StrPath | None = None, form: str = "no
 # --------------------------------------------------------------------------------- kcheck
 
 
+@_names_input
 def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | None = None,
            probes: Sequence[str] = (), duration: float = 5.0, settle: float = 2.0,
            progress: Callable[[str], None] | None = None,
@@ -986,6 +1084,7 @@ def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | No
 # --------------------------------------------------------------------------------- dtrace
 
 
+@_names_input
 def dtrace_header(script: StrPath, *, cpp: bool = False, includes: Sequence[str] = (),
                   defines: Sequence[str] = (), semaphores: bool = True) -> str:
     """The probe header systemtap's `dtrace -h -s SCRIPT` would write, over usdtpatch's
@@ -998,6 +1097,7 @@ def dtrace_header(script: StrPath, *, cpp: bool = False, includes: Sequence[str]
                          semaphores)
 
 
+@_names_input
 def dtrace_semaphores(script: StrPath, *, cpp: bool = False, includes: Sequence[str] = (),
                       defines: Sequence[str] = (), semaphores: bool = True) -> str:
     """The C source of the object systemtap's `dtrace -G -s SCRIPT` would build: the

@@ -512,6 +512,15 @@ SITE_ALREADY_5_BYTE = _code(
     "the site is already 5 bytes long",
     "nothing to do",
     _S)
+PROBE_NOT_SELECTED = _code(
+    "probe-not-selected", _I,
+    "rewrite --probe left the site as it is: its probe is not one of those selected",
+    "nothing to do; rewrite without --probe (or with a pattern that selects it) to rewrite it",
+    _S)
+FILE_REWRITTEN = _code(
+    "file-rewritten", _I,
+    "the file carries usdtpatch's marker: rewrite leaves it as it is",
+    "nothing to do; `usdtpatch restore` gives the original, which check judges for a rewrite")
 NO_PATCH_WINDOW = _code("no-patch-window", _W, "no patch window", _BLOCK_HINT, _S)
 WINDOW_OVERLAPS_SITE = _code(
     "window-overlaps-site", _W,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from usdtpatch.analysis.calls import (
@@ -72,6 +72,7 @@ from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
 from usdtpatch.elf.ehframe import rows_at
 from usdtpatch.elf.image import ElfImage
+from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import (
@@ -79,12 +80,14 @@ from usdtpatch.findings import (
     ARG_USES_RIP,
     ARG_USES_RSP,
     CFI_MALFORMED,
+    FILE_REWRITTEN,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
     FORK_UNKNOWN,
     GUARD_IMPOSSIBLE,
     MOVED_CALL_RETURN_ADDRESS,
     NO_TRAMPOLINE_REACH,
+    PROBE_NOT_SELECTED,
     PROCESS_CAN_FORK,
     RED_ZONE_LIVE,
     RED_ZONE_REWRITE,
@@ -132,6 +135,9 @@ class CheckOptions:
     guard: Guard = Guard.AUTO
     calls: str = CALLS_AUTO
     fork_guard: ForkGuard = ForkGuard.AUTO
+    # rewrite --probe: the note indices of the probes whose sites it rewrites (None: all);
+    # the others stay as they are, and no window may cover them (`probe-not-selected`)
+    only: frozenset[int] | None = None
 
 
 DEFAULT_OPTIONS = CheckOptions()
@@ -220,14 +226,21 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
     ctx.rseq_aborts = tuple(r.abort for r in rseq)
     forks = imported_fork_family(image) if probeset.probes else ()
     stacks = StackMemo()
+    rewritten = marker_of(image) is not None  # rewrite leaves the file as it is
     sites = _together(ctx, _InOrder(probeset.probes,
-                                    lambda p: _check_site(ctx, p, rseq, stacks)), options, keep)
-    findings.extend(_fork_findings(image, sites, forks))
+                                    lambda p: _check_site(ctx, p, rseq, stacks)), options, keep,
+                      rewritten)
+    held = sum(1 for s in sites if s.blocked == FILE_REWRITTEN.code)
+    if held:  # said where it changes an outcome (a rewrite's own output: nothing to say)
+        findings.append(FILE_REWRITTEN.finding(
+            f"rewritten by usdtpatch (.note.usdtpatch): rewrite leaves it as it is, so "
+            f"{held} site(s) that a rewrite would otherwise move stay as they are"))
+    findings.extend(_fork_findings(image, sites, forks, options.form))
     if not any(f in FORK_COPIES_MM for f in forks):
-        findings.extend(_code_fork_findings(ctx, sites))
+        findings.extend(_code_fork_findings(ctx, sites, options.form))
     if not any(f.code == PROCESS_CAN_FORK.code for f in findings):
-        findings.extend(_route_fork_findings(image, sites))
-    findings.extend(_library_syscall_findings(ctx, sites))
+        findings.extend(_route_fork_findings(image, sites, options.form))
+    findings.extend(_library_syscall_findings(ctx, sites, options.form))
     unwind = detour_unwind_left_out(image) if any(
         s.outcome in (FORWARD, BACKWARD) for s in sites) else None
     if unwind is not None:
@@ -260,15 +273,25 @@ def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:
     return pc_observers(ctx.image, regions) if regions else NO_OBSERVERS
 
 
+def _exposed(sites: tuple[SiteCheck, ...], form: Form) -> tuple[int, int]:
+    """The sites a fork exposes: (optimized by the default generation as they are, made so by
+    the rewrite). The rewrite's sites of a form whose generation keeps the trampoline in a
+    forked child (combo10, the nop10 generation's) are not exposed, and rewrite adds no fork
+    guard for them (rewriter/plan.py's output_nop5_sites)."""
+    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
+    later = sum(1 for s in sites if s.outcome in (IN_PLACE, FORWARD, BACKWARD))
+    return now, later if not form.kernel.fork_keeps_sites else 0
+
+
 def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
-                   forks: tuple[str, ...]) -> list[Finding]:
+                   forks: tuple[str, ...], form: Form = Form.NOP5) -> list[Finding]:
     """The fork hazard of the file: covered by a fork guard (usdtpatch.forkguard: built with
     sys/sdt.h's, or added by rewrite), or `process-can-fork`, and whether rewrite could add
     the guard (docs/fork-guard.md)."""
 
     out: list[Finding] = []
-    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
-    if not exposed:
+    now, later = _exposed(sites, form)
+    if not now + later:
         return out
     optimized = {s.probe.address + nop5_offset(s.probe.site.form)
                  for s in sites if s.outcome == OPTIMIZABLE}
@@ -280,7 +303,6 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
             f"{cov.how}"))
         return out
     if forks:
-        now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
         copying = [f for f in forks if f in FORK_COPIES_MM]
         shared = "" if copying else (" (each of these runs the child in the parent's address "
                                      "space until exec: exposed only if the child reaches a "
@@ -288,28 +310,28 @@ def _fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
         out.append(PROCESS_CAN_FORK.finding(
             f"the file uses {', '.join(forks)}{shared}: a child forked while a site is optimized "
             f"inherits the call to the trampoline but not its page and dies with SIGSEGV at the "
-            f"site ({now} site(s) optimizable as they are, {len(exposed) - now} after rewrite)",
+            f"site ({now} site(s) optimizable as they are, {later} after rewrite)",
             severity=Severity.ERROR if now and copying else Severity.WARNING))
     return out
 
 
-def _route_fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+def _route_fork_findings(image: ElfImage, sites: tuple[SiteCheck, ...],
+                         form: Form = Form.NOP5) -> list[Finding]:
     """`process-can-fork` for a file that names no fork of its own but may be forked all the
     same (usdtpatch.analysis.forkexposure, what rewrite's `--fork-guard auto` asks too): an
     executable that loads a library other than the C library's (or calls dlopen), or one that
     looks functions up with dlsym / dlvsym. A shared object is guarded by rewrite whatever it
     calls (any process may load it) and check does not warn of every one."""
-    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
-    if not exposed or coverage(image) is not None:
+    now, later = _exposed(sites, form)
+    if not now + later or coverage(image) is not None:
         return []
     got = exposure(image)
     if got is None or got.route not in ("libraries", "lookup"):
         return []
-    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
     return [PROCESS_CAN_FORK.finding(
         f"{got.reason}: a child forked while a site is optimized inherits the call to the "
         f"trampoline but not its page and dies with SIGSEGV at the site ({now} site(s) "
-        f"optimizable as they are, {len(exposed) - now} after rewrite)", severity=Severity.WARNING)]
+        f"optimizable as they are, {later} after rewrite)", severity=Severity.WARNING)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,7 +408,7 @@ class _InOrder:
 
 
 def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_OPTIONS,
-              keep: Keep | None = None) -> tuple[SiteCheck, ...]:
+              keep: Keep | None = None, rewritten: bool = False) -> tuple[SiteCheck, ...]:
     """The sites as rewrite (with `options`) decides them together, walking them in address
     order as usdtpatch.rewriter.plan does: a site already in the target's form is left as it
     is (`optimizable`); the sites inside one window go along with the first (one detour;
@@ -399,12 +421,15 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
     (`guard-impossible`), one that would move an argument read relative to rip
     (`arg-rip-relative`), or one with a debugger's breakpoint address inside that the
     rewrite does not keep true (analysis/debuglines.py: `window-line-row`,
-    `window-debug-entry`). With `keep` (check's), each site is given to it once the walk is
-    SETTLED bytes past it, and what it returns replaces the site's check."""
+    `window-debug-entry`). A file rewritten before (`rewritten`: it carries the marker) is
+    left as it is: a site rewrite would otherwise move is blocked (`file-rewritten`). With
+    `keep` (check's), each site is given to it once the walk is SETTLED bytes past it, and
+    what it returns replaces the site's check."""
     shstk: list[bool] = []
     decided: dict[int, SiteCheck] = {}
     kept: dict[int, SiteCheck] = {}
     claimed = Claims()  # overlap tests by bisection: a scan per site was quadratic
+    claimed.extend(unselected_sites(made.probes, options.only))
 
     def settle(before: int | None) -> None:
         """Give `keep` the sites more than SETTLED bytes before `before` (None: all)."""
@@ -428,6 +453,13 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
             continue
         w = sc.window.window if sc.window is not None else None
         if w is None or sc.outcome not in (IN_PLACE, FORWARD, BACKWARD):
+            continue
+        if rewritten:
+            decided[sc.probe.index] = replace(sc, outcome=BLOCKED, blocked=FILE_REWRITTEN.code)
+            continue
+        if options.only is not None and sc.probe.index not in options.only:
+            decided[sc.probe.index] = replace(sc, outcome=BLOCKED,
+                                              blocked=PROBE_NOT_SELECTED.code)
             continue
         relaid = relaid_window(ctx, sc, w, claimed, options.form, options.guard, made.between)
         if relaid is not None and sc.window is not None:
@@ -463,6 +495,17 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
         settle(None)
         return tuple(kept[p.index] for p in made.probes)
     return tuple(decided.get(s.probe.index, s) for s in made.in_note_order())
+
+
+def unselected_sites(probes: Iterable[Probe], only: frozenset[int] | None
+                     ) -> list[tuple[int, int]]:
+    """The bytes of the sites rewrite --probe leaves as they are (`only`: the selected note
+    indices; None: every site is rewritten), claimed before any window so that none covers
+    them (rewriter/plan.py claims the same)."""
+    if only is None:
+        return []
+    return [(p.address, p.address + max(1, p.site.length)) for p in probes
+            if p.index not in only]
 
 
 def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Claims,
@@ -534,9 +577,11 @@ def _in_target_form(sc: SiteCheck, form: Form) -> bool:
 
 def needs_red_zone_guard(sc: SiteCheck, guard: Guard, form: Form) -> bool:
     """Whether a rewrite to `form` wraps the site in the red-zone guard (rewriter/plan.py asks
-    this too): always or never as `guard` says; with auto, where the form's generation writes
-    below %rsp on a hit (nop5's call and pushes; nop10's lea moves %rsp first) and the
-    site's function may keep live data there."""
+    this too, and show): always or never as `guard` says; with auto, where the form's
+    generation writes below %rsp on a hit (nop5's call and pushes; nop10's lea moves %rsp
+    first) and the site's function may keep live data there. The guard is `lea -0x80(%rsp),
+    %rsp` before the probe and `lea 0x80(%rsp),%rsp` after it; a window holding several sites
+    is guarded when one of them needs it."""
     if guard is not Guard.AUTO:
         return guard is Guard.ALWAYS
     if not form.kernel.red_zone_hazard:
@@ -556,8 +601,9 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
                     options: CheckOptions, shstk: list[bool]) -> tuple[str, str] | None:
     """(code, reason) when rewrite does not use the site's window, else None."""
     if claimed.overlaps(w.start, w.end):
-        return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's "
-                                           f"([{w.start:#x}, {w.end:#x}))")
+        also = ", or a site --probe leaves as it is" if options.only is not None else ""
+        return WINDOW_OVERLAPS_SITE.code, (f"its window overlaps another rewritten site's"
+                                           f"{also} ([{w.start:#x}, {w.end:#x}))")
     for a in _stubs_outside(w):  # the plan's _retarget_patches and _entry_stub say the same
         if claimed.overlaps(a, a + STUB_SIZE):
             return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "
@@ -632,21 +678,21 @@ def _used(sc: SiteCheck, outcome: str, w: PatchWindow) -> SiteCheck:
     return replace(sc, outcome=outcome, blocked=None, window=replace(sc.window, window=w))
 
 
-def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[Finding]:
+def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+                        form: Form = Form.NOP5) -> list[Finding]:
     """Where no symbol names a fork that copies the address space: what the code says
     (usdtpatch.analysis.hazards.fork_evidence): `process-can-fork` for a fork or clone system
     call, `fork-unknown` when it cannot tell; never silence for a file that may fork."""
 
-    exposed = [s for s in sites if s.outcome not in (NOT_APPLICABLE, BLOCKED)]
+    now, later = _exposed(sites, form)
     image = ctx.image
-    if not exposed or coverage(image) is not None or is_shared(image):
+    if not now + later or coverage(image) is not None or is_shared(image):
         return []
     ev = fork_evidence(ctx)
     why = ev.describe() or ev.uncertainty()
     if why is None:
         return []
-    now = sum(1 for s in sites if s.outcome == OPTIMIZABLE)
-    counts = (f"{now} site(s) optimizable as they are, {len(exposed) - now} after rewrite")
+    counts = f"{now} site(s) optimizable as they are, {later} after rewrite"
     out: list[Finding] = []
     if ev.forks:
         out.append(PROCESS_CAN_FORK.finding(
@@ -661,15 +707,14 @@ def _code_fork_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]) -> list[
     return out
 
 
-def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...]
-                              ) -> list[Finding]:
+def _library_syscall_findings(ctx: CodeContext, sites: tuple[SiteCheck, ...],
+                              form: Form = Form.NOP5) -> list[Finding]:
     """`fork-unknown` for a shared object that calls `syscall()` with a fork number or one not
     fixed in its code (Ruby's Kernel#syscall): the fork guard's atfork handler does not run
     for such a fork. Reported of the input: the rewrite's guard covers fork() and interposes the
     object's GOT slot of syscall() (docs/fork-guard.md, "Every route to a child")."""
     image = ctx.image
-    if not is_shared(image) or coverage(image) is not None or \
-            not any(s.outcome not in (NOT_APPLICABLE, BLOCKED) for s in sites):
+    if not is_shared(image) or coverage(image) is not None or not sum(_exposed(sites, form)):
         return []
     ev = fork_evidence(ctx, raw=False)
     items = [*ev.forks, *ev.unknown]

@@ -221,13 +221,34 @@ def _width(reg: str) -> int:
 def nonnegative(g: _Graph, k: int, reg: str, assumed: frozenset[tuple[int, str]],
                  depth: int = 0) -> bool:
     """Whether every value of the 64-bit register `reg` that reaches instruction k is below
-    2^60 (so non-negative): each definition reaching it writes a 32-bit register (zero
-    extended), zero-extends a byte or word, masks with a non-negative immediate, shifts right,
-    copies such a register, or adds a small non-negative step to one (a loop counter: the
-    definitions around a loop are taken as proved while they are being proved). An argument,
-    a call's result, or any other definition: not known."""
+    2^60 (so non-negative, and no wrap when scaled and added to a base): `_bounded` at 64
+    bits."""
+    return _bounded(g, k, reg, 64, frozenset((p, r, 64) for p, r in assumed), depth)
+
+
+# the bound each width's values are shown to stay below: 64-bit values below 2^60 (a scaled
+# index cannot wrap), 32-bit values below 2^31 (non-negative as a signed int: its sign
+# extension, movslq, is the same number)
+_LIMIT = {64: 1 << 60, 32: 1 << 31}
+
+
+def _bounded(g: _Graph, k: int, reg: str, width: int,
+             assumed: frozenset[tuple[int, str, int]], depth: int = 0) -> bool:
+    """Whether every value of the low `width` bits (64 or 32) of register `reg` (its 64-bit
+    name) that reaches instruction k is below _LIMIT[width]: the range of each definition
+    reaching it, followed through what it reads. A definition keeps the bound when it
+    writes a 32-bit register (zero-extended: below 2^32 as a 64-bit value), zero-extends a
+    byte or word, writes a non-negative constant below the bound, clears the register (xor
+    with itself), masks with a non-negative immediate below it, shifts right, copies a
+    bounded register, sign-extends a 32-bit register whose value is below 2^31 (movslq of an
+    int counter: the same non-negative number), or adds a small non-negative step to a
+    bounded value (a loop counter: the definitions around a loop are taken as proved while
+    they are being proved; a counter stepped up from zero stays below the bound,
+    `index-counters-bounded`). An argument, a call's result, a subtraction or any other
+    definition: not known."""
     if depth > 8:
         return False
+    limit = _LIMIT[width]
     defs = _reaching_defs(g, k, reg)
     if not defs:
         return False
@@ -240,37 +261,40 @@ def nonnegative(g: _Graph, k: int, reg: str, assumed: frozenset[tuple[int, str]]
         dest = ops[-1] if ops and ops[-1].startswith("%") else None
         if dest is None or _regs_alias(dest) != reg or ins.flow is not Flow.NONE:
             return False  # an implicit write (cqto, div, ...)
-        width = _width(dest)
-        if width == 32 and not base.startswith(("xchg", "cmpxchg", "xadd")):
+        written = _width(dest)
+        if written not in (32, 64) or base.startswith(("xchg", "cmpxchg", "xadd")):
+            return False  # a byte or word write keeps the upper bits; an exchange: unknown
+        if written == 32 and width == 64:
             continue  # a 32-bit write zero-extends: below 2^32
-        if width != 64:
-            return False  # a byte or word write keeps the upper bits
         src = ops[0] if len(ops) == 2 else None
         imm = _imm64(src)
         if base.startswith("movz"):
-            continue  # movzbq, movzwq: below 2^16
-        if base.startswith("and") and imm is not None and 0 <= imm < 1 << 60:
+            continue  # movzbq, movzwl: below 2^16
+        if base.startswith(("and", "mov")) and not base.startswith(("movs", "movab")) and \
+                imm is not None and 0 <= imm < limit:
+            continue  # and $N (of anything), mov $N
+        if base.startswith("xor") and src is not None and _regs_alias(src) == reg:
+            continue  # xor %reg,%reg: 0
+        if base.startswith("shr") and imm is not None and imm >= (4 if width == 64 else 1):
             continue
-        if base.startswith("shr") and imm is not None and imm >= 4:
-            continue
-        if base.startswith("mov") and not base.startswith("movs") and imm is not None and \
-                0 <= imm < 1 << 60:
-            continue  # mov $N
-        before: str | None = None
-        if base.startswith("mov") and not base.startswith(("movs", "movab")) and \
-                src is not None and src.startswith("%") and _width(src) == 64:
-            before = _regs_alias(src)  # a copy
+        before: tuple[str, int] | None = None
+        if base.startswith(("movsl", "movsxd")) and src is not None and src.startswith("%") \
+                and _width(src) == 32:
+            before = (_regs_alias(src), 32)  # movslq: as the 32-bit value, if below 2^31
+        elif base.startswith("mov") and not base.startswith(("movs", "movab")) and \
+                src is not None and src.startswith("%") and _width(src) >= width:
+            before = (_regs_alias(src), width)  # a copy (of as many bits or more)
         elif (base.startswith("add") and imm is not None and 0 <= imm < _NONNEG_STEP) or \
                 (base.startswith("inc") and len(ops) == 1):
-            before = reg
+            before = (reg, width)
         elif base.startswith("lea") and ins.mem is not None and ins.mem.index is None and \
                 ins.mem.base not in (None, "rip") and 0 <= ins.mem.disp < _NONNEG_STEP:
-            before = _regs_alias(ins.mem.base)
+            before = (_regs_alias(ins.mem.base), width)
         if before is None:
             return False
-        if (p, before) in assumed:
+        if (p, *before) in assumed:
             continue  # around a loop: holds if the other definitions hold
-        if not nonnegative(g, p, before, assumed | {(p, before)}, depth + 1):
+        if not _bounded(g, p, before[0], before[1], assumed | {(p, *before)}, depth + 1):
             return False
     return True
 

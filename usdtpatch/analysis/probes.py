@@ -101,14 +101,32 @@ def not_linked_message(elf_type: int) -> str:
     return f"not linked (ELF type {elf_type}: {what}): its note addresses are not final"
 
 
-def no_match(path: str, patterns: Sequence[str], probes: Iterable[str]) -> str:
+def probe_matches(pattern: str, provider: str, name: str) -> bool:
+    """Whether the probe `provider:name` is one `--probe pattern` selects (case-sensitive,
+    as probe names are; a NAME alone matches the name in every provider)."""
+    from fnmatch import fnmatchcase
+
+    if ":" in pattern:
+        return fnmatchcase(f"{provider}:{name}", pattern)
+    return fnmatchcase(name, pattern)
+
+
+def selected_indices(probes: Iterable[Probe], patterns: Sequence[str]) -> frozenset[int]:
+    """The note indices of the probes any of `patterns` selects (probe_matches)."""
+    return frozenset(p.index for p in probes
+                     if any(probe_matches(x, p.provider, p.name) for x in patterns))
+
+
+def no_match(path: str, patterns: Sequence[str], probes: Iterable[str],
+             kind: str = "probe") -> str:
     """The one line of every command whose --probe (or list's --provider) pattern selects
-    nothing: exit 2, naming the patterns and the probes there are (`provider:name`, the
-    first ten), so a typo in a build or CI step fails instead of passing on nothing."""
+    nothing: exit 2, naming the patterns and what there is to select (the probes,
+    `provider:name`, or with `kind="provider"` the providers; the first ten), so a typo in
+    a build or CI step fails instead of passing on nothing."""
     known = sorted(set(probes))
     shown = ", ".join(known[:10]) + (f", ... ({len(known)} in all)" if len(known) > 10 else "")
-    return (f"{path}: no probe matches {' or '.join(patterns)} "
-            f"(probes: {shown or 'none, the file has no USDT probes'})")
+    return (f"{path}: no {kind} matches {' or '.join(patterns)} "
+            f"({kind}s: {shown or 'none, the file has no USDT probes'})")
 
 
 def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet:

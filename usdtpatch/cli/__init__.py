@@ -31,6 +31,7 @@ from usdtpatch.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PIPE_CLOSED,
     EXIT_UNUSABLE,
     printable,
     raise_terminated,
@@ -78,11 +79,21 @@ def _command_word(argv: list[str] | None) -> str | None:
     return next((w for w in words if not w.startswith("-")), None)
 
 
+# The options of `usdtpatch` itself that print and exit (--version, the build systems' paths):
+# asked alone, no command's module is imported for them (--version cost 0.5 s of CPU when
+# every command was, the emulator's among them)
+_PRINT_AND_EXIT = frozenset({"--version", "--cmake-dir", "--include-dir", "--make-include",
+                             "--debhelper-dir", "--rpm-macros"})
+
+
 def _modules_for(argv: list[str] | None) -> list[str]:
     command = _command_word(argv)
     if command in COMMANDS:
         return [COMMANDS[command]]
-    return list(dict.fromkeys(COMMANDS.values()))  # help, --version or a typo: all of them
+    words = sys.argv[1:] if argv is None else argv
+    if words and all(w in _PRINT_AND_EXIT for w in words):
+        return []
+    return list(dict.fromkeys(COMMANDS.values()))  # help or a typo: all of them
 
 
 def help_width() -> int:
@@ -164,6 +175,19 @@ def main(argv: list[str] | None = None, out: IO[str] | None = None,
         del WRITTEN[mark:]  # the record is this command's
 
 
+def pipe_closed(out: IO[str]) -> int:
+    """The reader of `out` stopped early (`usdtpatch show F '*' | head -1`): end quietly, as a
+    program the pipe's SIGPIPE ends does, with its status (EXIT_PIPE_CLOSED). What is still
+    buffered for the pipe is dropped: `out` is pointed at /dev/null, so that the flush at
+    exit does not fail again (Python's "Exception ignored" line)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        fd = out.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return EXIT_PIPE_CLOSED
+
+
 def interrupted_line(written: list[str]) -> str:
     """The one line after an interrupt: that nothing was written, or which outputs were put
     in place whole before it came (their rename was done)."""
@@ -236,7 +260,7 @@ def _parse_and_run(argv: list[str] | None, out: IO[str], err: IO[str], early: bo
         print(printable(f"usdtpatch: {exc}"), file=err)
         return EXIT_UNUSABLE
     except BrokenPipeError:
-        return EXIT_OK
+        return pipe_closed(out)
     except Exception as exc:
         if os.environ.get("USDTPATCH_DEBUG"):
             raise

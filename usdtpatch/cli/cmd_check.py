@@ -30,6 +30,7 @@ from usdtpatch.api import (
     CALL_CHOICES,
     KERNEL_CHOICES,
     NOT_FOUND,
+    DebugOnlyFile,
     ForkGuard,
     Form,
     Guard,
@@ -113,9 +114,12 @@ def build_document(paths: list[str], err: IO[str] | None = None,
     errors: list[dict[str, str]] = []
     for path in paths:
         try:
-            results.append(api.check(path, **(options or {})))
+            results.append(api.check(path, **(options or {}), probes=_rewritten(path, probes)))
+        except DebugOnlyFile as exc:  # nothing to judge: one line, not an error
+            if err is not None:
+                error_line(path, exc, err)
         except UsdtpatchError as exc:
-            errors.append({"path": path, "error": str(exc)})
+            errors.append({"path": path, "error": exc.detail(path)})
             if err is not None:
                 error_line(path, exc, err)
     if probes:
@@ -148,8 +152,11 @@ def written_document(paths: list[str], err: IO[str], fail_on: str, table: bool,
     for path in paths:
         try:
             r = api.check_keeping(path, written.start, **options)
+        except DebugOnlyFile as exc:  # nothing to judge: one line, not an error
+            error_line(path, exc, err)
+            continue
         except UsdtpatchError as exc:
-            errors.append({"path": path, "error": str(exc)})
+            errors.append({"path": path, "error": exc.detail(path)})
             error_line(path, exc, err)
             continue
         files.append(written.file(r))
@@ -157,6 +164,20 @@ def written_document(paths: list[str], err: IO[str], fail_on: str, table: bool,
     if demangle_unavailable(written.functions):
         print(f"usdtpatch: note: {NOT_FOUND}", file=err)
     return check_document(files, errors, fail_on), failed
+
+
+def _rewritten(path: str, probes: list[str] | None) -> tuple[str, ...]:
+    """The patterns for api.check: --probe's, so that the outcomes predict `rewrite --probe`
+    (the other sites left as they are, no window covering them), where they select a probe
+    of `path`; none where they select none there (_selected says so of every file)."""
+    if not probes:
+        return ()
+    try:
+        found = api.load(path, mapped=True)
+    except UsdtpatchError:
+        return ()  # api.check says why
+    hit = any(probe_matches(x, p.provider, p.name) for p in found.probes for x in probes)
+    return tuple(probes) if hit else ()
 
 
 def _selected(results: list[api.CheckResult], probes: list[str],

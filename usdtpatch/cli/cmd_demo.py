@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from usdtpatch.cli import cmd_list
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE
+from usdtpatch.report.text import print_text
 
 DEMO_FIXTURE = "fixtures/bin/demo"  # in the source tree; shipped as usdtpatch/data/demo
 _SHIPPED = Path(__file__).resolve().parents[1] / "data" / "demo"
@@ -63,7 +64,7 @@ def _steps(target: str, folder: Path, out: IO[str], err: IO[str], *, kept: bool)
 
     def verify() -> int:
         rc, text = cmd_verify.summarize(str(rewritten))
-        out.write(text)
+        print_text(out, text)
         return rc
 
     def restore() -> int:
@@ -86,6 +87,9 @@ def _steps(target: str, folder: Path, out: IO[str], err: IO[str], *, kept: bool)
     failed = [title.split(":")[0] for title, rc in results if rc != EXIT_OK]
     console.rule("demo done: every step passed" if not failed else
                  f"demo: steps {', '.join(failed)} failed")
-    if not failed and kept:  # a temporary folder is gone when the demo ends
+    if not failed and kept:
         console.print(f"run both: {target}  and  {rewritten}  (they print the same)")
+    if not kept:  # the files named above go with the temporary folder
+        console.print(f"{folder} was a temporary folder: it is removed now, with the files "
+                      f"named above in it; `usdtpatch demo --out DIR` keeps them")
     return EXIT_OK if not failed else EXIT_FAIL

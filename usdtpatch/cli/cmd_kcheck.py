@@ -27,6 +27,7 @@ from usdtpatch.cli.common import (
 )
 from usdtpatch.report.kcheck import kcheck_json, kcheck_text
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_pattern
+from usdtpatch.report.text import print_text
 
 
 def register(sub: Any) -> None:
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             signal.signal(sig, handler)
     text = json.dumps(kcheck_json(rep), indent=2) + "\n" if args.json else kcheck_text(rep)
     if args.output is None:
-        out.write(text)
+        print_text(out, text)
     else:
         try:
             write_atomic(args.output, text.encode(), mode=umask_mode())

@@ -61,7 +61,7 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
         try:
             ps = api.load(path, mapped=True)
         except UsdtpatchError as exc:
-            errors.append({"path": path, "error": str(exc)})
+            errors.append({"path": path, "error": exc.detail(path)})
             error_line(path, exc, err)
             continue
         docs.append(file_json(path, ps, {}, provider, probe))
@@ -72,7 +72,11 @@ def list_files(files: list[str], out: IO[str], err: IO[str], *, as_json: bool = 
         for d in docs:  # the patterns selected nothing in any file: as in every command
             pattern = " ".join([f"--provider {provider}"] * (provider is not None)
                                + [f"--probe {probe}"] * (probe is not None))
-            line = no_match(d["path"], [pattern], ids[d["path"]])
+            if probe is None:  # the providers there are, for a provider that is not one
+                line = no_match(d["path"], [pattern],
+                                (i.split(":", 1)[0] for i in ids[d["path"]]), kind="provider")
+            else:
+                line = no_match(d["path"], [pattern], ids[d["path"]])
             print(printable(f"usdtpatch: {line}"), file=err)
         return EXIT_UNUSABLE
     functions = [p.function for probes in shown for p in probes if p.function]

@@ -19,6 +19,7 @@ from usdtpatch.api import GENERATIONS, KERNEL_CHOICES, InputError, UsdtpatchErro
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.report.plan import plan_json, plan_text
+from usdtpatch.report.text import print_text
 
 if TYPE_CHECKING:
     from usdtpatch.api import Plan
@@ -133,5 +134,5 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         json.dump(plan_json(plan), out, indent=2)
         out.write("\n")
     else:
-        out.write(plan_text(plan))
+        print_text(out, plan_text(plan))
     return EXIT_OK

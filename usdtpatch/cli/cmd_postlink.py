@@ -17,6 +17,7 @@ from usdtpatch.integrate.step import (
     StepOptions,
     run_step,
 )
+from usdtpatch.report.text import print_text
 
 
 def register(sub: Any) -> None:
@@ -41,8 +42,8 @@ def register(sub: Any) -> None:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the emulator's equivalence check of each detour")
     p.add_argument("--keep-on-failure", action="store_true",
-                   help="keep FILE when the step fails in place (default: remove it, so the "
-                        "next build retries)")
+                   help="keep FILE when a rewrite in place fails (default: remove it, so the "
+                        "next build retries; --check-only never removes FILE)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +61,5 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except UsdtpatchError as exc:
         error_line(args.file, exc, err)
         return 2
-    for line in res.lines:
-        print(line, file=err if res.failed else out)
+    print_text(err if res.failed else out, "".join(f"{line}\n" for line in res.lines))
     return 1 if res.failed else 0

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.api import (
+    GENERATIONS,
     KERNEL_CHOICES,
     FileRewrite,
     ForkGuard,
@@ -43,6 +44,7 @@ from usdtpatch.api import (
 )
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line, printable
 from usdtpatch.integrate.tree import TREE_KERNEL
+from usdtpatch.report.listing import PROBE_PATTERN_HELP
 from usdtpatch.report.rewrite import (
     outcome_json,
     report_document,
@@ -105,6 +107,11 @@ def register(sub: Any) -> None:
                         "them into the detour, with its own exception table where needed), "
                         "move, emulate (never in a file marked for shadow stacks) "
                         "(default auto)")
+    p.add_argument("--probe", action="append", default=[], metavar="PATTERN",
+                   help=f"rewrite only these probes' sites, the others left as they are (no "
+                        f"window covers them; check --probe predicts the same): "
+                        f"{PROBE_PATTERN_HELP} (repeatable; patterns that select no probe "
+                        f"of a FILE are an error)")
     p.add_argument("--keep-build-id", action="store_true",
                    help="keep the original's build-id (default: a new one derived from it, "
                         "so that perf's build-id cache and debuginfod do not take the "
@@ -169,7 +176,7 @@ class _Results:
         self.errors.sort(key=lambda e: rank.get(e["path"], len(paths)))
 
     def refuse(self, path: str, exc: UsdtpatchError, err: IO[str]) -> None:
-        self.errors.append({"path": path, "error": str(exc)})
+        self.errors.append({"path": path, "error": exc.detail(path)})
         if isinstance(exc, OutputError):
             self.unwritten.add(path)
         error_line(path, exc, err)
@@ -231,7 +238,7 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                   guard: str = Guard.AUTO.value, fork_guard: str = ForkGuard.AUTO.value,
                   verify: bool = True, as_json: bool = False, jobs: int = 1,
                   report: str | None = None, calls: str = "auto", prove: bool = True,
-                  keep_build_id: bool = False) -> int:
+                  keep_build_id: bool = False, probes: list[str] | None = None) -> int:
     """Rewrite `files` to `output` (a file, or a directory for several), in place, or (both
     unset) as a dry run; print the report (and write it to `report`: .html, .json, .sarif);
     the exit status."""
@@ -250,16 +257,17 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
                 views[p] = _site_views(p)
     options = {"form": form, "redzone_guard": guard, "fork_guard": fork_guard,
                "verify": verify, "in_place": in_place, "calls": calls, "kernel": kernel,
-               "prove": prove, "keep_build_id": keep_build_id}
+               "prove": prove, "keep_build_id": keep_build_id, "probes": tuple(probes or ())}
     res = _Results()
     started = time.monotonic()
-    bare = [(p, t) for p, t in todo if _no_probes(p)]
+    nothing = {p: why for p, _ in todo if (why := _nothing_to_rewrite(p)) is not None}
+    bare = [(p, t) for p, t in todo if p in nothing]
     for p, t in bare:  # nothing to rewrite: one line, nothing written (docs/rewrite.md)
         if t is not None:  # the output asked for will not exist: an input error, exit 2
-            res.refuse(p, InputError(f"{p}: {NO_PROBES}; {t} not written"), err)
+            res.refuse(p, InputError(f"{p}: {nothing[p]}; {t} not written"), err)
         else:
             res.entries.append(result_json(p, None, form, guard, verify, False, (), (),
-                                           note=NO_PROBES))
+                                           note=nothing[p]))
             res.extras.append(_report_extra(res.entries[-1], 0.0, None))
     rest = [x for x in todo if x not in bare]
     _rewrite_all(rest, jobs if several else 1, options, res, err)
@@ -287,13 +295,18 @@ def rewrite_files(files: list[str], out: IO[str], err: IO[str], *, output: str |
 NO_PROBES = "no USDT probes: nothing to rewrite, nothing written"
 
 
-def _no_probes(path: str) -> bool:
-    """Whether `path` is an ELF file without a USDT probe (read mapped, as `list` reads it;
-    a file that cannot be read is left to api.rewrite, which says why)."""
+def _nothing_to_rewrite(path: str) -> str | None:
+    """Why `path` has nothing to rewrite: an ELF file without a USDT probe (NO_PROBES), or a
+    separate debug file (its code is not in it); else None. Read mapped, as `list` reads it;
+    a file that cannot be read is left to api.rewrite, which says why."""
     try:
-        return not api.load(path, mapped=True).probes
+        probes = api.load(path, mapped=True)
     except UsdtpatchError:
-        return False
+        return None
+    if not probes.probes:
+        return NO_PROBES
+    debug = api.debug_file(probes)
+    return None if debug is None else f"{debug.args[0]}, nothing written"
 
 
 def _size(path: str) -> int | None:
@@ -319,6 +332,10 @@ def _report_extra(entry: dict[str, Any], seconds: float, before: int | None = No
 
 
 def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    if args.tree is not None and args.probe:
+        print("usdtpatch: rewrite: --probe selects probes of the FILEs named, not of a --tree "
+              "(rewrite the files whose probes you select by name)", file=err)
+        return EXIT_UNUSABLE
     if args.tree is not None:
         if args.files or args.output is not None or args.report is not None:
             print("usdtpatch: rewrite: --tree rewrites the files of DIR in place: name no FILE, "
@@ -338,7 +355,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                          fork_guard=args.fork_guard,
                          verify=not args.no_verify, as_json=args.json, jobs=args.jobs,
                          report=args.report, calls=args.calls, prove=not args.no_prove,
-                         keep_build_id=args.keep_build_id)
+                         keep_build_id=args.keep_build_id, probes=args.probe)
 
 
 def restore_file(path: str, output: str | None, out: IO[str], err: IO[str], *,
@@ -414,13 +431,20 @@ def rewrite_tree(root: str, out: IO[str], err: IO[str], *, dry_run: bool = False
     else:
         for line in _tree_lines(scan, res, dry_run):
             print(printable(line), file=out)
-        what = f"form {form}" if form != "auto" else f"--form auto for --kernel {kernel}"
-        print(f"usdtpatch: tree {printable(root)}: {counts['regular']} regular files, "
+        k = next((g for g in GENERATIONS if kernel in (g.name, *g.aliases)), None)
+        what = (f"form {form}" if form != "auto" or k is None else
+                f"form {k.auto_form}, the one the {k.name} generation optimizes (--form auto, "
+                f"--kernel {k.name})")
+        regular = counts["regular"]
+        print(f"usdtpatch: tree {printable(root)}: {regular} regular "
+              f"file{'' if regular == 1 else 's'}, "
               f"{counts['elf']} ELF, {counts['with_probes']} with probes: "
               f"{counts['rewritten']} {'to rewrite' if dry_run else 'rewritten'}, "
               f"{counts['unchanged']} unchanged, {counts['refused']} refused (kept as they "
               f"are), {counts['rewritten_before']} rewritten before; {counts['no_probes']} "
-              f"ELF without probes and {counts['unreadable']} unreadable left untouched "
+              f"ELF without probes, {counts['debug']} separate debug "
+              f"file{'' if counts['debug'] == 1 else 's'} (nothing to rewrite) and "
+              f"{counts['unreadable']} unreadable left untouched "
               f"({what}, -j {jobs}, {seconds:.1f} s)", file=out)
     if unwritten:  # the file is whole as it was, but the tree is not what was asked
         return EXIT_UNUSABLE
@@ -433,7 +457,8 @@ def _tree_counts(scan: Any, res: _Results) -> dict[str, int]:
             "with_probes": len(scan.todo) + len(scan.rewritten),
             "rewritten": changed, "unchanged": len(res.entries) - changed,
             "refused": len(res.errors), "rewritten_before": len(scan.rewritten),
-            "no_probes": scan.no_probes, "unreadable": len(scan.unreadable)}
+            "no_probes": scan.no_probes, "unreadable": len(scan.unreadable),
+            "debug": len(scan.debug)}
 
 
 def _tree_lines(scan: Any, res: _Results, dry_run: bool) -> list[str]:
@@ -457,4 +482,13 @@ def _tree_lines(scan: Any, res: _Results, dry_run: bool) -> list[str]:
         lines.append((p, f"{p}: rewritten before (usdtpatch's marker), left as it is"))
     for p, why in scan.unreadable:
         lines.append((p, f"{p}: not read, left as it is: {why}"))
+    for p, build_id in scan.debug:
+        of = scan.debug_of(build_id)
+        whose = (f"the debug file of {of} (build-id {build_id}), which "
+                 + ("is to be rewritten: it will get a build-id of its own" if dry_run else
+                    "was rewritten: it has a build-id of its own now")
+                 if of is not None else
+                 f"build-id {build_id}" if build_id is not None else "no build-id")
+        lines.append((p, f"{p}: a separate debug file, nothing to rewrite, left as it is "
+                         f"({whose})"))
     return [f"  {text}" for _, text in sorted(lines)]

@@ -38,11 +38,9 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         json.dump(show_document(docs), out, indent=2)
         out.write("\n")
     else:
-        from usdtpatch.report.render import make_console, render_show
+        from usdtpatch.report.text import print_show
 
-        console = make_console(out)
-        for d in docs:
-            render_show(console, d)
+        print_show(out, docs)
     return EXIT_OK
 
 

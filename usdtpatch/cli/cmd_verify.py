@@ -19,6 +19,7 @@ from usdtpatch import api
 from usdtpatch.api import UsdtpatchError
 from usdtpatch.cli.cmd_plan import add_placement_args, add_probe_arg, placement, select_sites
 from usdtpatch.cli.common import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, error_line
+from usdtpatch.report.text import print_text
 from usdtpatch.report.verify import demo_text, verify_json, verify_text
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         json.dump(verify_json(rep), out, indent=2)
         out.write("\n")
     else:
-        out.write(verify_text(rep))
+        print_text(out, verify_text(rep))
     return EXIT_OK if rep.ok else EXIT_FAIL
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_PIPE_CLOSED",
     "EXIT_UNUSABLE",
     "Terminated",
     "error_line",
@@ -26,6 +27,8 @@ EXIT_FAIL = 1
 EXIT_UNUSABLE = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a reader that stopped early (`| head`) sees of
+# any program its pipe's closing ended; quietly, without a line
 
 
 # control characters (C0, DEL, C1) and the other characters str.splitlines breaks at

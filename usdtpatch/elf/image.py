@@ -16,6 +16,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from usdtpatch.elf.notes import build_id
 from usdtpatch.errors import ElfFormatError
 
 ELFCLASS32 = 1
@@ -167,6 +168,21 @@ class ElfImage:
                 return sec
         return None
 
+    @property
+    def debug_only(self) -> bool:
+        """Whether this is a separate debug file (`objcopy --only-keep-debug`, a distribution's
+        -dbg or dbgsym file): every allocated section of code is SHT_NOBITS, so the file keeps
+        the headers, the notes and the debugging information of a binary but not its code."""
+        code = [s for s in self.sections if s.allocated and s.flags & SHF_EXECINSTR]
+        return bool(code) and all(s.type == SHT_NOBITS for s in code)
+
+    @property
+    def build_id(self) -> str | None:
+        """The hex id of `.note.gnu.build-id`, or None."""
+        sec = self.section(".note.gnu.build-id")
+        return None if sec is None or sec.type == SHT_NOBITS else \
+            build_id(self.section_data(sec), self.byteorder)
+
     def section_data(self, sec: Section) -> bytes:
         """The file bytes of a section (empty for SHT_NOBITS)."""
         if sec.type == SHT_NOBITS:
@@ -224,8 +240,10 @@ def _unpack(fmt: str, data: FileBytes, offset: int, what: str) -> tuple[int, ...
 def parse_elf(data: FileBytes) -> ElfImage:
     """Parse the headers of an ELF file held in memory."""
     if len(data) < 4 or data[:4] != b"\x7fELF":
-        found = data[:4].hex(" ") if data else "an empty file"
-        raise ElfFormatError(f"not an ELF file: the magic is {found}, expected 7f 45 4c 46")
+        if not data:
+            raise ElfFormatError("not an ELF file: an empty file")
+        raise ElfFormatError(f"not an ELF file: the magic is {data[:4].hex(' ')}, "
+                             f"expected 7f 45 4c 46")
     if len(data) < _IDENT_SIZE:
         raise ElfFormatError(f"ELF identification truncated: {len(data)} of 16 bytes")
     elfclass, ei_data, ei_version, osabi = data[4], data[5], data[6], data[7]

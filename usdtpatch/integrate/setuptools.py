@@ -99,7 +99,7 @@ class build_ext(_build_ext):  # type: ignore[misc,unused-ignore]  # setuptools n
         try:
             res = run_step(path, None, opts, report, log=sys.stderr)
         except UsdtpatchError as exc:
-            raise ExecError(f"usdtpatch: {path}: {exc}") from exc
+            raise ExecError(f"usdtpatch: {path}: {exc.detail(path)}") from exc
         if res.failed:
             worst = next((line for line in res.lines if "[" in line), res.lines[-1])
             raise ExecError(f"usdtpatch stopped the build of {ext.name}: {worst}")

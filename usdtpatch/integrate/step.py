@@ -9,9 +9,11 @@ The promises the build integrations rely on:
 - deterministic: the same input and options give the same output bytes (no time stamps);
 - idempotent: a file that carries usdtpatch's marker is left as it is (not even its mtime
   changes when it is rewritten in place), so a second build changes nothing;
-- never half-done: the output is written atomically, and only once the check passed. When the
-  step fails on a file rewritten in place, that file is removed (as make's .DELETE_ON_ERROR
+- never half-done: the output is written atomically, and only once the check passed. When a
+  rewrite in place fails, the file it was to rewrite is removed (as make's .DELETE_ON_ERROR
   does): otherwise the next build would take the linker's output as up to date and pass.
+- a check never deletes or changes its input: `mode="check"` reads the file and writes only
+  the report (and, with `output`, the copy), pass or fail.
 
 Deferred imports: report/ (build.py, checkjson.py, rewrite.py, html.py), only when a step
 runs (the setuptools command imports this module at every build). What the step reads and
@@ -76,6 +78,12 @@ def report_paths(report: str | os.PathLike[str]) -> tuple[Path, Path]:
     return p, p.with_suffix(".html")
 
 
+def removes_on_failure(options: StepOptions, output: str | None) -> bool:
+    """Whether a failed step removes its input: only a rewrite in place, which the build would
+    otherwise take as done, and never a check (which reads its input and leaves it alone)."""
+    return options.mode == "rewrite" and output is None and not options.keep_on_failure
+
+
 def run_step(path: str, output: str | None = None, options: StepOptions | None = None,
              report: str | os.PathLike[str] | None = None, log: IO[str] | None = None
              ) -> StepResult:
@@ -134,7 +142,7 @@ def run_step(path: str, output: str | None = None, options: StepOptions | None =
         write_atomic(hpath, html_page(doc).encode())
         lines.append(f"usdtpatch: {target}: report {jpath} (and {hpath.name})")
     if failed:
-        if output is None and not opts.keep_on_failure:
+        if removes_on_failure(opts, output):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             lines.append(f"usdtpatch: {path}: removed, so that the next build runs this "

@@ -62,6 +62,13 @@ class TreeScan:
     elf: int = 0
     no_probes: int = 0
     unreadable: list[tuple[str, str]] = field(default_factory=list)
+    # separate debug files (their code is not in them: nothing to rewrite): name, build-id
+    debug: list[tuple[str, str | None]] = field(default_factory=list)
+    ids: dict[str, str] = field(default_factory=dict)  # build-id -> a file to rewrite
+
+    def debug_of(self, build_id: str | None) -> str | None:
+        """The file of the tree a debug file of `build_id` belongs to (one to rewrite)."""
+        return None if build_id is None else self.ids.get(build_id)
 
 
 def _is_elf(path: str) -> bool:
@@ -75,10 +82,12 @@ def _is_elf(path: str) -> bool:
         os.close(fd)
 
 
-def _probes_and_marker(path: str) -> tuple[int, bool]:
-    """The number of probes of an ELF file and whether it carries usdtpatch's marker."""
+def _probes_and_marker(path: str) -> tuple[int, bool, api.DebugOnlyFile | None, str | None]:
+    """The number of probes of an ELF file, whether it carries usdtpatch's marker, whether
+    it is a separate debug file (api.debug_file), and its build-id."""
     probes = api.load(path, mapped=True)
-    return len(probes.probes), api.marked(probes)
+    return (len(probes.probes), api.marked(probes), api.debug_file(probes),
+            probes.image.build_id)
 
 
 def scan_tree(root: str) -> TreeScan:
@@ -111,16 +120,20 @@ def scan_tree(root: str) -> TreeScan:
             continue
         scan.elf += 1
         try:
-            count, marked = _probes_and_marker(first)
+            count, marked, debug, build_id = _probes_and_marker(first)
         except UsdtpatchError as exc:
-            scan.unreadable.append((first, str(exc)))
+            scan.unreadable.append((first, exc.detail(first)))
             continue
         if count == 0:
             scan.no_probes += 1
+        elif debug is not None:
+            scan.debug.append((first, debug.build_id))
         elif marked:
             scan.rewritten.append(first)
         else:
             scan.todo.append(TreeFile(first, tuple(paths[1:]), nlink[key] - len(paths)))
+            if build_id is not None:
+                scan.ids.setdefault(build_id, first)
     return scan
 
 

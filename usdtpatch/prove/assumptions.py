@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 PROVED = ("each detour against its window, for every state entering the window from its start "
           "or a way in the rewrite aims at the copy")
-RESTS_ON = "the file's model and the assumptions of docs/rewrite.md, \"What is assumed\""
+RESTS_ON = ("the file's model and the assumptions `usdtpatch explain assumptions` prints "
+            "(docs/rewrite.md, \"What is assumed\", in the sources)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +134,10 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
     Assumption(
         "index-counters-bounded",
         "a register counted up by a step below 64 KiB from a value below 2^32 (a loop "
-        "counter) stays below 2^60, so a stack access indexed by it never wraps below %rsp: "
-        "the red-zone analysis takes such an index as non-negative",
+        "counter) stays below 2^60, and a 32-bit one (a C int counter, sign-extended by "
+        "movslq before it indexes) counted up from a value below 2^31 stays below 2^31 (its "
+        "overflow would be undefined in C), so a stack access indexed by it never wraps below "
+        "%rsp: the red-zone analysis takes such an index as non-negative",
         ("tests/test_redzone_index.py::test_a_counted_index_is_not_red_zone_live_an_argument_is",
          "tests/test_redzone_index.py::test_the_cleared_site_optimized_leaves_the_output_as_"
          "it_was")),

@@ -536,8 +536,9 @@ def html_page(doc: dict[str, Any], views: Views | None = None) -> str:
         body.append(_overview(overview, ("optimizable", "in-place", "forward", "backward",
                                          "blocked", "n/a")))
     body.extend(sections)
-    body.append(f"<footer>Made by usdtpatch {_e(doc['tool']['version'])}. Outcomes and codes: "
-                "docs/outcomes.md and docs/findings.md in the usdtpatch sources.</footer>")
+    body.append(f"<footer>Made by usdtpatch {_e(doc['tool']['version'])}. A code's meaning: "
+                "<code>usdtpatch explain CODE</code>; the outcomes: docs/outcomes.md in the "
+                "usdtpatch sources.</footer>")
     return _page("usdtpatch check: " + ", ".join(f["path"] for f in files[:3])
                  + (" ..." if len(files) > 3 else ""), body)
 
@@ -688,7 +689,7 @@ def rewrite_html_page(doc: dict[str, Any], views: Views | None = None) -> str:
     if len(files) > 1:
         body.append(_overview(overview, ("in-place", "detour", "moved", "skipped", "failed")))
     body.extend(sections)
-    body.append(f"<footer>Made by usdtpatch {_e(doc['tool']['version'])}. Skip and failure "
-                "codes: docs/findings.md in the usdtpatch sources.</footer>")
+    body.append(f"<footer>Made by usdtpatch {_e(doc['tool']['version'])}. A skip or failure "
+                "code's meaning: <code>usdtpatch explain CODE</code>.</footer>")
     return _page("usdtpatch rewrite: " + ", ".join(f["path"] for f in files[:3])
                  + (" ..." if len(files) > 3 else ""), body)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+from usdtpatch.analysis import probes as _probes
 from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.elf.args import ImmOperand, MemOperand, RegOperand, SdtArg, UnknownOperand
 from usdtpatch.report.envelope import envelope
@@ -78,11 +79,9 @@ def probe_pattern(text: str) -> str:
 
 
 def probe_matches(pattern: str, provider: str, name: str) -> bool:
-    """Whether the probe `provider:name` is one `--probe pattern` selects (case-sensitive,
-    as probe names are; a NAME alone matches the name in every provider)."""
-    if ":" in pattern:
-        return fnmatchcase(f"{provider}:{name}", pattern)
-    return fnmatchcase(name, pattern)
+    """Whether `--probe pattern` selects the probe `provider:name` (the library's rule:
+    usdtpatch.analysis.probes.probe_matches, which rewrite --probe asks too)."""
+    return _probes.probe_matches(pattern, provider, name)
 
 
 def selected(ps: ProbeSet, provider: str | None = None,

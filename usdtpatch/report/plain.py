@@ -11,14 +11,20 @@ text that is read by grep and awk as much as by people:
   no value is cut and no column dropped there either): a row stays on one line whenever the
   page allows it;
 - when a table is wider than the page, only the columns of space-separated words (check's
-  findings, list's arguments) shrink, never below their longest word or heading, and their
-  cells wrap between words: a name (probe, function, finding code, argument) is never cut or
-  broken across lines, and a table that cannot fit runs past the page instead;
-- when that last column of words, wider than BELOW_UNDER, would be left fewer, it goes below
-  its row instead: the row's other cells on one line, its words on the indented lines under
-  it, wrapped between words at the page's width (a row starts at the line's first column, its
-  continuation lines with spaces, in both layouts);
-- the lines around the tables (file headings, findings, summaries, errors) are one line each.
+  function and findings, list's function and arguments, rewrite's detail, show's
+  instructions and notes) shrink, evenly, never below their longest word (a heading's
+  included: a heading of several words wraps as the cells do), and their cells wrap between
+  words: a name (probe, function, finding code, argument) is never cut;
+- when the last column of words, wider than BELOW_UNDER, would be left fewer, it goes below
+  its row instead: the row's other cells on their lines, its words on the indented lines
+  under it, wrapped between words at the page's width (a row starts at the line's first
+  column, its continuation lines with spaces, in every layout);
+- when the other columns do not fit the page either, each row is a record: its first cell on
+  a line, then each other cell as an indented `heading: value`, wrapped between words;
+- the lines around the tables (file headings, findings, summaries) wrap between words at the
+  page's width, continued on indented lines (fit_page does the same for the text of the
+  other commands); without a width each is one line, however long;
+- no line ends in a space.
 
 What these rules do not cover (non-ASCII or control characters, whose width on a page is not
 their length) is left to rich: `list_text` and `check_text` return None then. On a page wide
@@ -31,7 +37,7 @@ cells from here, and report/text.py chooses between the two.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
 from usdtpatch.kernelfacts import OPTIMIZING
@@ -70,6 +76,8 @@ LIST_HEADERS = ("probe", "address", "offset", "semaphore", "site", "function", "
 # one verdict column per optimizing kernel generation, named as --kernel names it
 KERNELS = tuple(g.name for g in OPTIMIZING)
 CHECK_HEADERS = ("probe", "address", "site", *KERNELS, "outcome", "function", "findings")
+# the columns of words, which shrink and wrap between words on a narrow page
+CHECK_FOLD = (False,) * (len(CHECK_HEADERS) - 2) + (True, True)
 
 
 def list_heading(f: dict[str, Any]) -> str:
@@ -177,21 +185,31 @@ def wrap_words(text: str, width: int) -> list[str]:
 
 
 def _shrink(widths: list[int], minimum: list[int], max_width: int) -> list[int]:
-    """`widths` with the widest shrinkable columns narrowed, one column at a time, until the
-    total fits `max_width` or every column is at its minimum."""
-    widths = widths[:]
-    excess = sum(widths) - max_width
-    while excess > 0:
-        room = [w - m for w, m in zip(widths, minimum, strict=True)]
-        candidates = [i for i, r in enumerate(room) if r > 0]
-        if not candidates:
+    """`widths` with the widest shrinkable columns narrowed evenly (every column wider than a
+    level cut to it, none below its minimum) until the total fits `max_width`, or every
+    column at its minimum; the columns cut get what room is left, one column each, in order."""
+    if sum(widths) <= max_width:
+        return widths[:]
+
+    def at(level: int) -> list[int]:
+        return [max(min(m, w), min(w, level)) for w, m in zip(widths, minimum, strict=True)]
+
+    lo, hi = 0, max(widths)  # the highest level whose widths fit: lo fits unless none does
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(at(mid)) <= max_width:
+            lo = mid
+        else:
+            hi = mid - 1
+    got = at(lo)
+    spare = max_width - sum(got)
+    for i in range(len(got)):
+        if spare <= 0:
             break
-        widest = max(candidates, key=lambda i: (widths[i], -i))
-        others = [widths[i] for i in candidates if i != widest and widths[i] < widths[widest]]
-        step = min(excess, room[widest], widths[widest] - max(others, default=0) or 1)
-        widths[widest] -= step
-        excess -= step
-    return widths
+        if got[i] < widths[i] and got[i] >= minimum[i] and got[i] == lo:
+            got[i] += 1
+            spare -= 1
+    return got
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[bool],
@@ -205,8 +223,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[
 def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[bool],
                 max_width: int | None = None) -> Iterator[str]:
     """`table`'s lines one at a time, as they are made (a writer puts each out before the
-    next is made: no list of lines, no joined string). The cells are checked and the widths
-    chosen here, before the first line: text rich must lay out raises _Unsupported now."""
+    next is made: no list of lines, no joined string). The cells are checked and the layout
+    chosen here, before the first line: text rich must lay out raises _Unsupported now.
+
+    The layouts, the first that fits the page (the module's doc): each row on one line; the
+    columns of words shrunk to their longest word and wrapped between words; the last
+    column of words below its row; each row as a record, one `heading: value` line a cell.
+    No line ends in a space."""
     ncols = len(headers)
     longest = [max(len(h), 1) for h in headers]
     if not _printable("".join(headers)):
@@ -218,38 +241,50 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Seq
             longest[i] = max(longest[i], *map(len, col))
     pads = [(0 if i == 0 else 1) + (0 if i == ncols - 1 else 1) for i in range(ncols)]
     widths = [n + pad for n, pad in zip(longest, pads, strict=True)]
-    if (max_width is not None and sum(widths) > max_width and fold[-1]
-            and not any(fold[:-1])
-            and widths[-1] > BELOW_UNDER and max_width - sum(widths[:-1]) < BELOW_UNDER):
-        return _below(headers, rows, widths, max_width)
-    if max_width is not None and sum(widths) > max_width:
-        # a column of words: no narrower than its heading or its longest word
-        words = [1] * ncols
-        for columns in _column_slices(rows, ncols):
-            for i, col in enumerate(columns):
-                if fold[i]:
-                    words[i] = max(words[i], max((len(x) for c in col for x in c.split()),
-                                                 default=1))
-        minimum = [max(len(h), n) + pad if f else w
-                   for w, f, h, n, pad in zip(widths, fold, headers, words, pads, strict=True)]
-        widths = _shrink(widths, minimum, max_width)
+    if max_width is None or sum(widths) <= max_width:
+        return _wrapped(headers, rows, fold, widths, pads)
+    # a column of words: no narrower than its longest word, its heading's included (a heading
+    # of several words wraps between them as the cells do)
+    words = [max(map(len, h.split()), default=1) for h in headers]
+    for columns in _column_slices(rows, ncols):
+        for i, col in enumerate(columns):
+            if fold[i]:
+                words[i] = max(words[i], max((len(x) for c in col for x in c.split()),
+                                             default=1))
+    minimum = [n + pad if f else w for w, f, n, pad in zip(widths, fold, words, pads, strict=True)]
+    shrunk = _shrink(widths, minimum, max_width)
+    squeezed = fold[-1] and shrunk[-1] - pads[-1] < min(BELOW_UNDER, longest[-1])
+    if sum(shrunk) <= max_width and not squeezed:
+        return _wrapped(headers, rows, fold, shrunk, pads)
+    if fold[-1] and ncols > 1:  # the last column of words below its row
+        rest, rest_min, rest_pads = widths[:-1], minimum[:-1], pads[:-1]
+        rest[-1] -= 1  # the row's last column now: no padding after it
+        rest_min[-1] -= 1
+        rest_pads[-1] -= 1
+        rest = _shrink(rest, rest_min, max_width)
+        if sum(rest) <= max_width:
+            return _below(headers, rows, fold, rest, rest_pads, max_width)
+    return _records(headers, rows, max_width)
+
+
+def _wrapped(headers: Sequence[str], rows: Iterable[Sequence[str]], fold: Sequence[bool],
+             widths: list[int], pads: list[int]) -> Iterator[str]:
+    """Every row at `widths`, the columns of words wrapped between words where a cell is
+    wider than its column; no trailing spaces."""
+    ncols = len(widths)
     inner = [w - pad for w, pad in zip(widths, pads, strict=True)]
     # one format per line: the cell after its left padding, filled to the column's width
     line_format = "".join(("{:<%d}" if i == 0 else " {:<%d}") % max(1, w - (1 if i else 0))
                           for i, w in enumerate(widths))
     folding = [i for i in range(ncols) if fold[i]]
-
-    def lines() -> Iterator[str]:
-        for row in (headers, *rows):
-            if all(len(row[i]) <= inner[i] for i in folding):
-                yield line_format.format(*row)
-                continue
-            cells = [wrap_words(c, room) if f and len(c) > room else [c]
-                     for c, room, f in zip(row, inner, fold, strict=True)]
-            for n in range(max(len(c) for c in cells)):
-                yield line_format.format(*(c[n] if n < len(c) else "" for c in cells))
-
-    return lines()
+    for row in (headers, *rows):
+        if all(len(row[i]) <= inner[i] for i in folding):
+            yield line_format.format(*row).rstrip()
+            continue
+        cells = [wrap_words(c, room) if f and len(c) > room else [c]
+                 for c, room, f in zip(row, inner, fold, strict=True)]
+        for n in range(max(len(c) for c in cells)):
+            yield line_format.format(*(c[n] if n < len(c) else "" for c in cells)).rstrip()
 
 
 class JoinedRows(Sequence[Sequence[str]]):
@@ -309,33 +344,82 @@ BELOW_UNDER = 30
 BELOW_INDENT = "    "
 
 
-def _below(headers: Sequence[str], rows: Sequence[Sequence[str]], widths: list[int],
-           max_width: int) -> Iterator[str]:
+def _below(headers: Sequence[str], rows: Sequence[Sequence[str]], fold: Sequence[bool],
+           widths: list[int], pads: list[int], max_width: int) -> Iterator[str]:
     """A table whose last column of words would be squeezed to a few words a line (rewrite's
-    detail on libjvm.so at 120 columns: five lines a row): each row's other cells on one
-    line, at their widths, and its last cell on the lines below, indented, wrapped between
-    words at the page's width (a "-" or empty cell, nothing to say, adds no line)."""
-    line_format = "".join(("{:<%d}" if i == 0 else " {:<%d}") % max(1, w - (1 if i else 0))
-                          for i, w in enumerate(widths[:-1]))
+    detail on libjvm.so at 120 columns: five lines a row): each row's other cells at
+    `widths` (their columns of words wrapped), and its last cell on the lines below,
+    indented, wrapped between words at the page's width (a "-" or empty cell, nothing to
+    say, adds no line). The heading names the last column after the others where the page
+    has room, else on an indented line of its own."""
+    head = next(_wrapped(headers[:-1], (), fold[:-1], widths, pads))
+    if len(head) + 1 + len(headers[-1]) <= max_width:
+        yield f"{head} {headers[-1]}"
+    else:
+        yield head
+        yield BELOW_INDENT + headers[-1]
+    for row in rows:
+        yield from _wrapped(row[:-1], (), fold[:-1], widths, pads)  # the row's own lines
+        if row[-1] not in ("", "-"):
+            for part in wrap_words(row[-1], max_width - len(BELOW_INDENT)):
+                yield BELOW_INDENT + part
 
-    def lines() -> Iterator[str]:
-        yield line_format.format(*headers[:-1]) + " " + headers[-1]
-        for row in rows:
-            yield line_format.format(*row[:-1]).rstrip()
-            if row[-1] not in ("", "-"):
-                for part in wrap_words(row[-1], max_width - len(BELOW_INDENT)):
-                    yield BELOW_INDENT + part
 
-    return lines()
+RECORD_INDENT = "      "  # a record's value continued on the next line
+
+
+def _records(headers: Sequence[str], rows: Sequence[Sequence[str]],
+             max_width: int) -> Iterator[str]:
+    """A table too wide for the page whatever wraps: each row as a record, its first cell on
+    a line, then each other cell as `heading: value`, indented, wrapped between words (an
+    empty or "-" cell, nothing to say, adds no line); a word wider than the page stays
+    whole."""
+    for row in rows:
+        yield row[0] if row[0] else "-"
+        for h, cell in zip(headers[1:], row[1:], strict=True):
+            if cell in ("", "-"):
+                continue
+            parts = wrap_words(f"{h}: {cell}" if h else cell, max_width - len(BELOW_INDENT))
+            yield BELOW_INDENT + parts[0]
+            rest = " ".join(parts[1:])
+            if rest:
+                yield from (RECORD_INDENT + x
+                            for x in wrap_words(rest, max_width - len(RECORD_INDENT)))
 
 
 def _printable(text: str) -> bool:
     return text.isascii() and (text.isprintable() or not text)
 
 
-def _page_lines(text: str) -> list[str]:
-    """A line of text around the tables: one line, however long."""
-    return [_plain(text)]
+def fit_page(text: str, width: int | None) -> str:
+    """A text report laid out elsewhere (plan, verify, explain, kcheck, bench: lines, some in
+    columns of their own) on a page of `width` columns: each line longer than the page
+    wrapped between words, its leading spaces kept and its continuation indented further; a
+    word wider than the page stays whole; no line ends in a space. Unchanged without a
+    width but for the trailing spaces."""
+    out: list[str] = []
+    for raw in text.split("\n"):
+        line = raw.rstrip()
+        out += _fit_line(line, width) if width is not None and len(line) > width else [line]
+    return "\n".join(out)
+
+
+def _fit_line(text: str, width: int) -> list[str]:
+    lead = " " * (len(text) - len(text.lstrip(" ")))
+    first, *rest = wrap_words(text, max(1, width - len(lead)))
+    more = lead + BELOW_INDENT
+    return [lead + first, *(more + x for x in wrap_words(" ".join(rest),
+                                                         max(1, width - len(more))) if rest)]
+
+
+def _page_lines(text: str, width: int | None = None) -> list[str]:
+    """A line of text around the tables: one line however long on a page without a width,
+    else wrapped between words at it (its leading spaces kept), continued on lines indented
+    further (a word wider than the page stays whole)."""
+    text = _plain(text).rstrip()
+    if width is None or len(text) <= width:
+        return [text]
+    return _fit_line(text, width)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,12 +431,14 @@ def list_text(doc: dict[str, Any], width: int | None = FROM_ENV) -> str | None:
     default page_width()), or None when rich must lay it out."""
     try:
         out: list[str] = []
+        page = _width(width)
         for f in doc["files"]:
-            out += _page_lines(list_heading(f))
+            out += _page_lines(list_heading(f), page)
             if f["probes"]:
                 out += table(LIST_HEADERS, [list_cells(p) for p in f["probes"]],
-                             (False,) * 6 + (True,), _width(width))
-            out += [_plain(finding_line(fd)) for fd in f["findings"]]
+                             (False,) * 5 + (True, True), page)
+            for fd in f["findings"]:
+                out += _page_lines(finding_line(fd), page)
         return "".join(line + "\n" for line in out)
     except _Unsupported:
         return None
@@ -361,6 +447,10 @@ def list_text(doc: dict[str, Any], width: int | None = FROM_ENV) -> str | None:
 # how a rewritten site was verified (usdtpatch.rewriter.plan.VERIFICATIONS, repeated: report/
 # reads documents, not the rewriter; a test checks they agree)
 VERIFICATIONS = ("proved", "emulated", "not verified")
+# where a user of the installed package reads the assumptions (usdtpatch explain assumptions:
+# report/explain.py, from the registry of prove/assumptions.py; docs/rewrite.md, "What is
+# assumed", in the sources, lists the same)
+ASSUMPTIONS_COMMAND = "usdtpatch explain assumptions"
 
 
 def verification_text(entry: dict[str, Any]) -> str:
@@ -373,7 +463,7 @@ def verification_text(entry: dict[str, Any]) -> str:
     basis = entry.get("verification_basis")
     if basis and (counts.get("proved") or counts.get("emulated")):
         text += (f" (each detour against its window; resting on the file's model and "
-                 f"{len(basis['assumptions'])} assumptions: docs/rewrite.md, What is assumed)")
+                 f"{len(basis['assumptions'])} assumptions: {ASSUMPTIONS_COMMAND})")
     return text
 
 
@@ -401,21 +491,59 @@ def check_text(doc: dict[str, Any], summary_only: bool = False,
     unusable inputs are not in it: their one line is on stderr (cmd_check.build_document)."""
     try:
         out: list[str] = []
+        page = _width(width)
         for f in doc["files"]:
             elf = f["elf"]
             out += _page_lines(f"{f['path']}: ELF{elf['class']} {elf['machine']}, CFI from "
-                               f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)")
+                               f"{f['cfi']['source']} ({f['cfi']['fdes']} FDEs)", page)
             # "rows" (JoinedRows) and "finding_lines": the sites' cells and finding lines,
             # made as each site was decided (cmd_check's writer), in place of their entries
             made = f.get("rows")
             if (f["sites"] or made) and not summary_only:
                 out += table(CHECK_HEADERS, [check_cells(s) for s in f["sites"]]
-                             if made is None else made, (False,) * 7 + (True,), _width(width))
+                             if made is None else made, CHECK_FOLD, page)
             if not summary_only:
-                out += [_plain(finding_line(fd)) for fd in f["findings"]]
-                out += [_plain(finding_line(fd)) for s in f["sites"] for fd in s["findings"]] \
-                    if made is None else [_plain(line) for line in f["finding_lines"]]
-            out += _page_lines(check_summary_line(f))
+                lines = [finding_line(fd) for fd in f["findings"]]
+                lines += [finding_line(fd) for s in f["sites"] for fd in s["findings"]] \
+                    if made is None else f["finding_lines"]
+                for line in lines:
+                    out += _page_lines(line, page)
+            out += _page_lines(check_summary_line(f), page)
+        return "".join(line + "\n" for line in out)
+    except _Unsupported:
+        return None
+
+
+SHOW_HEADERS = ("", "address", "before", "after (at the site)", "after (detour)", "note")
+# the instructions and the notes are words: they shrink and wrap between them
+SHOW_FOLD = (False, False, True, True, True, True)
+
+
+def show_text(docs: list[dict[str, Any]], width: int | None = FROM_ENV) -> str | None:
+    """`show`'s report as text on a page of `width` columns (as list_text), or None when
+    rich must lay it out (report/render.py's render_show says the same, with styles)."""
+    try:
+        page = _width(width)
+        out: list[str] = []
+        for doc in docs:
+            out += _page_lines(f"{doc['path']}  {doc['probe']} at {_hex(doc['address'])} "
+                               f"in {doc['function'] or '?'}", page)
+            for k, v in doc["kernels"].items():
+                out += _page_lines(f"  {k}: {v['outcome']} - {v['reason']}", page)
+            out += _page_lines(f"  outcome: {doc['outcome']}", page)
+            for t in doc["attempts"]:
+                out += _page_lines(f"    {t}", page)
+            out += table(SHOW_HEADERS, [(r["mark"], _hex(r["address"]), r["before"], r["after"],
+                                         r["detour"], r["note"]) for r in doc["rows"]],
+                         SHOW_FOLD, page)
+            if doc.get("window"):
+                w = doc["window"]
+                out += _page_lines(
+                    f"  window [{_hex(w['start'])}, {_hex(w['end'])}) {w['shape']}: starts at "
+                    f"{w['start_reason']}; ends: {w['end_reason']}; {w['relocated_bytes']} "
+                    f"bytes relocated, {w['extra_jumps']} extra jumps per pass", page)
+            for fd in doc["findings"]:
+                out += _page_lines(finding_line(fd), page)
         return "".join(line + "\n" for line in out)
     except _Unsupported:
         return None
@@ -451,18 +579,20 @@ def _rewrite_file(f: dict[str, Any], width: int | None
     """One file of the rewrite report: its lines before the table, the table's lines (made
     when read), the lines after it."""
     if f.get("note") and f["output"] is None:  # a file with nothing to rewrite: one line
-        return _page_lines(f"{f['path']}: {f['note']}"), iter(()), []
+        return _page_lines(f"{f['path']}: {f['note']}", width), iter(()), []
     dest = f["output"] or "(dry run: nothing written)"
-    head = _page_lines(f"{f['path']} -> {dest}")
+    head = _page_lines(f"{f['path']} -> {dest}", width)
     if f.get("note"):
-        return head + _page_lines(f"  {f['note']}"), iter(()), []
+        return head + _page_lines(f"  {f['note']}", width), iter(()), []
     rows = table_lines(REWRITE_HEADERS, [rewrite_cells(s) for s in f["sites"]],
                        (False,) * 7 + (True,), width)
     line, chosen = rewrite_summary_line(f)
-    after = _page_lines(line)
+    after = _page_lines(line, width)
     for c in chosen:
-        after += _page_lines(c)
-    after += [_plain(finding_line(fd)) for fd in f["findings"] if fd["severity"] != "info"]
+        after += _page_lines(c, width)
+    for fd in f["findings"]:
+        if fd["severity"] != "info":
+            after += _page_lines(finding_line(fd), width)
     return head, rows, after
 
 

@@ -43,13 +43,22 @@ def colour_allowed() -> bool:
     return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is the command's BrokenPipeError (cli.pipe_closed
+    ends it quietly, with the status of SIGPIPE), not rich's own SystemExit(1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(32, "the reader closed the pipe")
+
+
 def make_console(file: IO[str] | None = None, width: int | None = None,
                  color: bool | None = None) -> Console:
     """A console for `file`; to a pipe or file it is $COLUMNS wide (else PIPE_WIDTH) and has
     no colour; nor with NO_COLOR or TERM=dumb (colour_allowed), anywhere (its progress bar
     too: no colour, bold or dim, only the bar's characters)."""
     plain = color is False or not colour_allowed()
-    console = Console(file=file, width=width, highlight=False, soft_wrap=False,
+    console = _Console(file=file, width=width, highlight=False, soft_wrap=False,
                       color_system=None if plain else "auto", no_color=plain)
     if width is None and not console.is_terminal:
         console.width = page_width() or PIPE_WIDTH
@@ -187,13 +196,17 @@ class FileProgress:
 
 @contextmanager
 def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[str], FileProgress]]:
-    """A progress bar per file on a terminal, shown once the work has taken `after` seconds:
-    the sites decided (a count), the detours verified (a count, as the workers answer), then
-    build, check and write as steps of a bar that fills, so no phase shows an empty bar.
+    """A progress bar per file on a terminal, shown once the work has taken `after` seconds
+    (by a timer: the bar is there from then on, pulsing, even while the file is still read
+    and checked before the first site is decided, and its clock counts from the file's
+    start): the sites decided (a count), the detours verified (a count, as the workers
+    answer), then build, check and write as steps of a bar that fills, so no phase shows an
+    empty bar.
 
     Yields `progress_for(label)`, the FileProgress of one file; off a terminal its callbacks
     do nothing.
     """
+    import threading
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -204,22 +217,31 @@ def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[st
     bar = Progress("[progress.description]{task.description}", BarColumn(),
                    TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=console,
                    transient=True)
-    started = time.monotonic()
     live = False
+    ended = False
+    lock = threading.Lock()
+    started = time.monotonic()
 
     def show() -> None:
         nonlocal live
-        if not live and time.monotonic() - started >= after:
-            bar.start()
-            live = True
+        with lock:
+            if not live and not ended and time.monotonic() - started >= after:
+                bar.start()
+                live = True
+
+    timer = threading.Timer(after, show)  # the bar `after` seconds from now, whatever comes
+    timer.daemon = True
+    timer.start()
+    show()  # after=0: now
 
     def progress_for(label: str) -> FileProgress:
-        task = bar.add_task(f"{label}: plan", total=None, count="")
+        task = bar.add_task(f"{label}: read and check", total=None, count="")
         unit = ["sites"]  # what `sites` counts: the sites planned, then the detours verified
 
         def sites(done: int, total: int) -> None:
             show()
-            bar.update(task, completed=done, total=total, count=f"{done}/{total} {unit[0]}")
+            bar.update(task, completed=done, total=total, count=f"{done}/{total} {unit[0]}",
+                       description=f"{label}: plan")
 
         def phase(name: str) -> None:
             show()
@@ -237,8 +259,11 @@ def site_progress(console: Console, after: float = 1.0) -> Iterator[Callable[[st
     try:
         yield progress_for
     finally:
-        if live:
-            bar.stop()
+        timer.cancel()
+        with lock:
+            ended = True
+            if live:
+                bar.stop()
 
 
 def render_table(out: IO[str], title: str, columns: list[tuple[str, Literal["left", "right"]]],

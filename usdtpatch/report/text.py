@@ -14,14 +14,17 @@ Deferred imports: report/render.py (rich), only for text plain.py leaves to it.
 from __future__ import annotations
 
 import os
+import re
 
 from usdtpatch.kernelfacts import OPTIMIZING
 from usdtpatch.report.plain import (
     check_text,
+    fit_page,
     list_text,
     page_width,
     plain_output,
     rewrite_lines,
+    show_text,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
@@ -58,6 +61,58 @@ def terminal_width(out: IO[str]) -> int | None:
         return None
 
 
+class _NoTrailingSpaces:
+    """`out` for rich: each line written without the spaces rich pads a table's rows with
+    (before the line's closing style codes, if any); everything else as `out` has it."""
+
+    _TAIL = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$")
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._part = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._part = (self._part + text).split("\n")
+        if lines:
+            self._out.write("".join(self._TAIL.sub(r"\1", ln) + "\n" for ln in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._part:
+            self._out.write(self._TAIL.sub(r"\1", self._part))
+            self._part = ""
+        self._out.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._out, name)
+
+
+def _rich_out(out: IO[str]) -> Any:
+    return _NoTrailingSpaces(out)
+
+
+def print_text(out: IO[str], text: str) -> None:
+    """Print a text report laid out elsewhere (plan, verify, explain, kcheck, bench, lines
+    around a table) on the page of `out`: wrapped between words where a line is wider, no
+    trailing spaces (plain.fit_page)."""
+    out.write(fit_page(text, terminal_width(out)))
+
+
+def print_show(out: IO[str], docs: list[dict[str, Any]]) -> None:
+    """Print `show`'s report: plain text (rich for what plain.py leaves to it)."""
+    text = show_text(docs, terminal_width(out))
+    if text is not None:
+        out.write(text)
+        return
+    from usdtpatch.report.render import make_console, render_show
+
+    stripped = _rich_out(out)
+    console = make_console(stripped, width=rich_width(out))
+    for d in docs:
+        render_show(console, d)
+    stripped.flush()
+
+
 def print_list(out: IO[str], doc: dict[str, Any]) -> None:
     """Print `list`'s table report: plain text (rich for what plain.py leaves to it)."""
     text = list_text(doc, terminal_width(out))
@@ -66,7 +121,9 @@ def print_list(out: IO[str], doc: dict[str, Any]) -> None:
         return
     from usdtpatch.report.render import make_console, render_list
 
-    render_list(make_console(out, width=rich_width(out)), doc)
+    stripped = _rich_out(out)
+    render_list(make_console(stripped, width=rich_width(out)), doc)
+    stripped.flush()
 
 
 def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False,
@@ -80,9 +137,12 @@ def print_check(out: IO[str], doc: dict[str, Any], summary_only: bool = False,
     else:
         from usdtpatch.report.render import make_console, render_check
 
-        render_check(make_console(out, width=rich_width(out)), doc, summary_only=summary_only)
+        stripped = _rich_out(out)
+        render_check(make_console(stripped, width=rich_width(out)), doc,
+                     summary_only=summary_only)
+        stripped.flush()
     if forms_line and any(f.get("sites") or f.get("rows") for f in doc.get("files", [])):
-        out.write(FORMS_LINE + "\n")
+        print_text(out, FORMS_LINE + "\n")
 
 
 def print_rewrite(out: IO[str], doc: dict[str, Any]) -> None:
@@ -94,4 +154,6 @@ def print_rewrite(out: IO[str], doc: dict[str, Any]) -> None:
         return
     from usdtpatch.report.render import make_console, render_rewrite
 
-    render_rewrite(make_console(out, width=rich_width(out)), doc)
+    stripped = _rich_out(out)
+    render_rewrite(make_console(stripped, width=rich_width(out)), doc)
+    stripped.flush()

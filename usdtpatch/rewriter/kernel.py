@@ -55,20 +55,21 @@ def choose_form(form: Form | str, kernel: Generation | str | None = None,
         return FormChoice(f, k, f"--form {f.value}", False)
     if k is not None:
         f = form_for(k)
-        return FormChoice(f, k, f"--form auto with --kernel {k.name}: {_fast(k)}", False)
+        return FormChoice(f, k, f"form {f.value}, {_fast(k)} (--form auto, --kernel {k.name})",
+                          False)
     gen, how = detect_kernel(errno_of)
     if gen is None:
         return FormChoice(None, None, f"--form auto: {how}; the sites are kept as they are "
                                       f"(name a form, or --kernel, to rewrite for another "
                                       f"kernel)", True)
-    return FormChoice(form_for(gen), gen, f"--form auto: this kernel: {how}; {_fast(gen)}",
+    f = form_for(gen)
+    return FormChoice(f, gen, f"form {f.value}, {_fast(gen)} (--form auto, this kernel: {how})",
                       True)
 
 
 def _fast(k: Generation) -> str:
-    f = form_for(k)
-    guard = ", red-zone guard where needed" if k.red_zone_hazard else ""
-    if f.optimized_offset:
-        return (f"it optimizes only the {k.nop_length}-byte NOP (form {f.value}{guard}: "
-                f"a 1-byte nop, then the NOP at pc + 1)")
-    return f"it optimizes {k.nop_length}-byte NOPs (form {f.value}{guard})"
+    """What the form is for: the sentence after "form F, "."""
+    guard = "; the red-zone guard where needed" if k.red_zone_hazard else ""
+    what = f"only the {k.nop_length}-byte NOP" if k.nop_head else f"{k.nop_length}-byte NOPs"
+    return (f"the one the {k.name} generation (e.g. Linux {', '.join(k.examples)}) optimizes "
+            f"({what}{guard})")

@@ -41,11 +41,13 @@ from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import Refusal as _Refusal
 from usdtpatch.analysis.calls import detour_handling as _detour_handling
 from usdtpatch.analysis.check import (
+    CheckOptions,
     CheckReport,
     SiteCheck,
     check,
     needs_red_zone_guard,
     relaid_window,
+    unselected_sites,
     used_window,
 )
 from usdtpatch.analysis.closed import REFUSALS
@@ -370,6 +372,7 @@ class _Inputs:
     relocs: Relocations
     by_address: SitesByAddress[SiteCheck]  # the sites given so far (two notes may name one pc)
     ctx: CodeContext | None = None  # check's analysis (re-laying asks it, as check does)
+    only: frozenset[int] | None = None  # rewrite --probe's selected note indices
 
 
 @dataclass(slots=True, kw_only=True)
@@ -403,7 +406,8 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
                  fork_guard: ForkGuard = ForkGuard.AUTO, verify: Verifier | None,
                  report: CheckReport | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 calls: str = CALLS_AUTO, windows: bool = True) -> RewritePlan:
+                 calls: str = CALLS_AUTO, windows: bool = True,
+                 only: frozenset[int] | None = None) -> RewritePlan:
     """Decide every site of `image` (pure: no I/O). `verify=None` skips the emulator's check.
 
     `progress(done, total)`, when given, is called as each site's decision starts (`done`
@@ -413,7 +417,9 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     (`_Walk`). With `windows=False` (a plan made to build the output), each decision keeps
     its window's span only, and each site's window is let go once the walk has passed it,
     so that no more than a stretch of the file's windows is held at once (issue 38:
-    rewrite's memory); the decisions are the same.
+    rewrite's memory); the decisions are the same. `only` (rewrite --probe): the note indices
+    of the probes whose sites are rewritten; the others are left as they are, claimed before
+    any window so that none covers them (`probe-not-selected`, as check predicts).
     """
     if calls not in CALL_CHOICES:
         raise ValueError(f"calls must be one of {', '.join(CALL_CHOICES)}, not {calls!r}")
@@ -428,16 +434,21 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     seg = _Segment(text_addr=layout.payload_vaddr, cursor=layout.payload_vaddr,
                    text=bytearray(), patches=[], claimed=Claims(), unwind=[], new_args={},
                    found=[])
+    seg.claimed.extend(unselected_sites(ps.probes, only))
     walk = _Walk(image, form=form, guard=guard, calls=calls, verify=verify, seg=seg,
                  total=len(ps.probes), progress=progress, windows=windows,
-                 let_go=not windows and report is None)
+                 let_go=not windows and report is None, only=only)
     if report is not None:  # its windows are the caller's: another plan may read them
         walk.start(report.context)
         for sc in sorted(report.sites, key=lambda s: s.probe.address):
             walk.feed(sc, sc)
         rep = report
     else:
-        rep = check(ps, keep=walk.keep, context=walk.start)
+        # check's options are this rewrite's: its findings (the fork hazard of a combo10
+        # rewrite, none) say what this rewrite does
+        rep = check(ps, options=CheckOptions(form=form, guard=guard, calls=calls,
+                                             fork_guard=fork_guard, only=only),
+                    keep=walk.keep, context=walk.start)
     walk.finish()
     # the check's findings first (said again in _whole_file only where a detour is added); a
     # site a generation cannot probe is said of the input only where the output keeps it
@@ -467,11 +478,11 @@ class _Walk:
     def __init__(self, image: ElfImage, *, form: Form, guard: Guard, calls: str,
                  verify: Verifier | None, seg: _Segment, total: int,
                  progress: Callable[[int, int], None] | None, windows: bool,
-                 let_go: bool) -> None:
+                 let_go: bool, only: frozenset[int] | None = None) -> None:
         self.image, self.form, self.guard, self.calls, self.verify = \
             image, form, guard, calls, verify
         self.seg, self.total, self.progress = seg, total, progress
-        self.windows, self.let_go = windows, let_go
+        self.windows, self.let_go, self.only = windows, let_go, only
         self.inputs: _Inputs | None = None
         self.sites: SitesByAddress[SiteCheck] = SitesByAddress()
         self.order = self.sites.sites  # every site fed, in address order
@@ -485,7 +496,7 @@ class _Walk:
                               calls=self.calls, verify=self.verify, cfi=load_cfi(self.image),
                               shstk=shadow_stack_marked(self.image),
                               relocs=Relocations(self.image),  # read on the first question
-                              by_address=self.sites, ctx=ctx)
+                              by_address=self.sites, ctx=ctx, only=self.only)
 
     def keep(self, sc: SiteCheck) -> SiteCheck:
         """check's `keep`: the site goes to the walk; the check keeps it without its window
@@ -520,6 +531,10 @@ class _Walk:
         sc = self.order[n]
         if sc.probe.index in self.decided:
             return  # moved along in an earlier site's window
+        if sc.blocked == findings.PROBE_NOT_SELECTED.code:  # check's, given `only` too
+            self.decided[sc.probe.index] = _skip(
+                sc, findings.PROBE_NOT_SELECTED.code, "not one of the probes --probe selects")
+            return
         try:
             for d in _decide_site(self.inputs, self.seg, self.order, n):
                 self.decided[d.probe.index] = d if self.windows else replace(d, window=None)
@@ -552,7 +567,9 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
     win = join_following(win, order, n)
     if seg.claimed.overlaps(win.start, win.end):
         raise _Skip(findings.WINDOW_OVERLAPS_SITE.code,
-                    "its window overlaps another rewritten site's")
+                    "its window overlaps another rewritten site's" + (
+                        ", or a site --probe leaves as it is" if inputs.only is not None
+                        else ""))
     members = inputs.by_address.between(win.start, win.end)
     guarded = any(needs_red_zone_guard(m, inputs.guard, inputs.form) for m in members)
     win = used_window(win, sc.probe, [m.probe for m in members], inputs.form, guarded)

@@ -20,6 +20,7 @@ FINDINGS_DOC = ROOT / "docs" / "findings.md"
 
 # code -> committed fixture that triggers it
 FIXTURE_TRIGGERS = {
+    "site-probe-lost": "nop10",
     "note-malformed": "odd-note",
     "note-foreign": "odd-note",
     "note-truncated": "odd-note",

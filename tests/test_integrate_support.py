@@ -73,13 +73,13 @@ def sha(path: Path) -> str:
 
 
 def sites_not_optimized(path: Path) -> list[str]:
-    """`usdtpatch check` on a built file: the sites a 6.18 kernel would not optimize, and the
-    failure of the command itself (exit status, findings at warning or worse)."""
+    """`usdtpatch check` on a built file: the sites the nop5 generation would not optimize,
+    and the failure of the command itself (exit status, findings at warning or worse)."""
     res = run_cli("check", "--json", "--fail-on", "warning", path)
     doc = json.loads(res.out)
-    bad = [f"{s['provider']}:{s['name']}: {s['kernels']['6.18']['outcome']}"
+    bad = [f"{s['provider']}:{s['name']}: {s['kernels']['nop5']['outcome']}"
            for f in doc["files"] for s in f["sites"]
-           if s["kernels"]["6.18"]["outcome"] != "optimized"]
+           if s["kernels"]["nop5"]["outcome"] != "optimized"]
     if not doc["files"] or not doc["files"][0]["sites"]:
         bad.append("no probe sites at all")
     if res.rc != 0:

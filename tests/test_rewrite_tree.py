@@ -84,7 +84,7 @@ def test_tree_rewrites_the_files_with_probes_and_nothing_else(tmp_path: Path) ->
     assert {p: state(p.parent)[p.name] for p in outside} == outside
     assert (root / "usr/bin/demo-link").is_symlink()
     assert "5 regular files, 4 ELF, 3 with probes: 2 rewritten, 1 unchanged" in res.out
-    assert "(form nop5, the one Linux 6.18 to 7.2 optimize (--form auto, --kernel 6.18), " \
+    assert "(form nop5, the one the nop5 generation optimizes (--form auto, --kernel nop5), " \
            "-j 2, " in res.out
     # the rewritten program runs as the original
     ran = [subprocess.run([p], capture_output=True, timeout=30, check=False)

@@ -56,7 +56,7 @@ from enum import Enum
 
 from usdtpatch import heap
 from usdtpatch.analysis.forms import ForkGuard, Form, Guard
-from usdtpatch.analysis.probes import Probe, ProbeSet, no_match, read_probes
+from usdtpatch.analysis.probes import Probe, ProbeSet, no_match, read_probes, selected_indices
 from usdtpatch.elf.demangle import NOT_FOUND, demangle, unavailable
 from usdtpatch.elf.image import ElfImage, parse_elf
 from usdtpatch.elf.marker import marker_of
@@ -376,7 +376,6 @@ def _only(found: ProbeSet, probes: Sequence[str], path: str) -> frozenset[int] |
         raise ValueError(f"probes={probes!r}: expected a sequence of patterns, not a string")
     if not probes:
         return None
-    from usdtpatch.analysis.probes import selected_indices
 
     only = selected_indices(found.probes, probes)
     if not only:

@@ -4,6 +4,8 @@ What each consumer does with a note is in docs/usdt-format.md. Here, as in
 libbpf and gdb: when the note's `base` and the address of `.stapsdt.base` are both nonzero and
 differ (the file was prelinked or otherwise moved), their difference is added to the pc and to a
 nonzero semaphore address.
+
+Deferred import: fnmatch, only where probe patterns are matched.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from usdtpatch.findings import (
     UNSUPPORTED_ARCH,
     Finding,
 )
-from usdtpatch.kernelfacts import GENERATIONS
+from usdtpatch.kernelfacts import GENERATIONS, SEGMENT_PREFIXES_UNPROBEABLE
 from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site, decode_nop
 
 NOTE_SECTION = ".note.stapsdt"
@@ -184,7 +186,7 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         if offset is None and linked:  # an object's pcs are section offsets: not-linked
             findings.append(PC_OUTSIDE_SEGMENTS.finding(
                 f"probe address {address:#x} is in no loadable segment's file bytes", where))
-        elif x86 and site.form in PREFIXED_FORMS:
+        elif x86:
             lost = lost_on(code)
             if lost:
                 findings.append(SITE_PROBE_LOST.finding(lost, where))
@@ -214,15 +216,13 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
                     symbols=symbols)
 
 
-# the site forms whose NOP may carry a segment prefix (the others are plain NOPs, 0f 1f or 90)
-PREFIXED_FORMS = frozenset({SiteForm.NOP10, SiteForm.OTHER})
-
-
 def lost_on(code: bytes) -> str:
     """Why a probe on the NOP at code[0] is lost on some kernel generations but not all (the
     kernel refuses a CS- or DS-prefixed instruction: errno 524 for a process, a system-wide
     probe that never fires; a bare nop10 is probed by its generation alone), in words; "" when
     every generation probes it, or none does (check's site-segment-prefix says that)."""
+    if not SEGMENT_PREFIXES_UNPROBEABLE.intersection(code[:14]):
+        return ""  # no CS or DS byte where a prefix could be: every generation probes it
     nop = decode_nop(code[:15])
     if nop is None:
         return ""

@@ -1,7 +1,8 @@
 """`usdtpatch show FILE --probe [PROVIDER:]NAME [--json] [--context N]`: the sites of the
 probes chosen, each with its patch window before and after (the document: report/show.py).
 
-Deferred imports: report/render.py (rich), only for the text (not for --json).
+Deferred imports: report/render.py (rich) and report/text.py, only for the text (not for
+--json).
 """
 
 from __future__ import annotations

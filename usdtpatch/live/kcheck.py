@@ -28,7 +28,9 @@ uprobes when the event's last fd closes; the trace event definition is removed t
 started command is killed by pid, a --pid process is detached. The uprobe trampoline page
 itself stays mapped in the process (the kernel never unmaps it).
 
-Deferred imports: fnmatch (only with --probe patterns), sequences/trampoline.py
+Deferred imports: fnmatch (only with --probe patterns), sequences/sequences.py (the
+unoptimize sequence a detached site is compared with, once one was optimized),
+sequences/trampoline.py
 (place_trampoline: looked up when a moved trampoline is explained, so that a test can change
 the rule).
 """

@@ -1,6 +1,8 @@
 """`usdtpatch explain`'s text: every registered finding code with its severity and title, or
 one code's documentation (docs/findings.md's section, from the copy shipped in the package:
-usdtpatch.findings.documentation), as `rustc --explain` prints it."""
+usdtpatch.findings.documentation), as `rustc --explain` prints it.
+
+Deferred imports: textwrap and prove/assumptions.py, only for `explain assumptions`."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Renderers take the same JSON-shaped documents that `--json` prints, so text and JSON outputs
 cannot drift apart.
 
-Deferred imports: rich.progress and time, only for the progress bar.
+Deferred imports: rich.progress, threading and time, only for the progress bar.
 """
 
 from __future__ import annotations

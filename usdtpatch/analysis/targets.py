@@ -109,6 +109,7 @@ class Target:
     address: int
     kind: str
     source: int | None  # the instruction (or table, or LSDA) that makes it a target
+    what: str = ""  # a SYMBOL: the symbol, named (SymbolTable.describe_label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,8 +373,8 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
     sw = ctx.sweep(bounds.start, bounds.end)
     insns = sw.insns
     targets: list[Target] = [Target(bounds.start, ENTRY, None)]
-    targets.extend(Target(a, SYMBOL, None)
-                   for a in symbols_inside(ctx.symbols, bounds.start, bounds.end))
+    targets.extend(Target(a, SYMBOL, None, ctx.symbols.describe_label(a))
+                   for a in _entries_inside(ctx.symbols, bounds.start, bounds.end))
     outside: list[tuple[int, bool]] = []
     unresolved: list[str] = []
     tables: list[JumpTable] = []
@@ -422,6 +423,14 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                     unresolved=tuple(unresolved), computed=tuple(computed))
 
 
+def _entries_inside(symbols: SymbolTable, start: int, end: int) -> list[int]:
+    """The addresses strictly inside (start, end) that a symbol names, of any type: a function
+    symbol, an entry label of hand-written assembly (NOTYPE or OBJECT, local or exported: it
+    may be called, jumped to or broken at: issue 46), a section's start."""
+    return sorted({*symbols_inside(symbols, start, end),
+                   *symbols.labels_inside(start, end)})
+
+
 def _jump_verdict(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, ...],
                   k: int, graph: _Graph
                   ) -> tuple[JumpTable | str | None, tuple[int, int | None, str] | None]:
@@ -458,7 +467,7 @@ def scan_jumps(ctx: CodeContext, bounds: FunctionBounds
     computed: list[tuple[int, int | None, str]] = []
     if not jumps:
         return tables, computed
-    entries = {bounds.start, *symbols_inside(ctx.symbols, bounds.start, bounds.end)}
+    entries = {bounds.start, *_entries_inside(ctx.symbols, bounds.start, bounds.end)}
     fde = bounds.fde
     if fde is not None and fde.lsda is not None:
         with suppress(CfiError):  # scan_part says so (unresolved); then no pad is an entry

@@ -437,7 +437,7 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
     for src in sources:
         where = src.source
         if where is None:
-            return f"it is a {src.kind}"
+            return f"it is a {src.kind}{f': {src.what}' if src.what else ''}"
         if src.kind in (JUMP, CALL_TARGET) and fc.bounds.contains(where):
             size = _rel_size(fc, where, code)
             if size == 4:

@@ -37,7 +37,8 @@ NOT_CODES = frozenset({
     "call-indirect", "jmp-indirect",  # x86/decode.py branch kinds
     "call-target", "return-site", "landing-pad", "jump-table", "jump-from-other-part",
     "rseq-abort", "unknown-indirect",  # analysis/targets.py target kinds
-    "branch-from-elsewhere", "short-branch-from-elsewhere", "address-taken", "data-word",
+    "branch-from-elsewhere", "short-branch-from-elsewhere", "xbegin-from-elsewhere",
+    "address-taken", "data-word",
     "code-word", "relative-table-entry",
     # analysis/waysin.py: kinds of way in from the whole file
     "in-place",  # window shape / rewrite action

@@ -97,6 +97,7 @@ from usdtpatch.findings import (
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
+    WINDOW_TRANSACTION,
     WINDOW_WAY_IN,
     Finding,
     Severity,
@@ -494,12 +495,20 @@ def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
     (analysis/observed.py), then a debugger's breakpoint at a DIE (analysis/debuglines.py)."""
     observed = ctx.observers.pinned(function_start) if ctx.observers is not None else None
     entries = entry_pinned(ctx.image)
-    if observed is None or entries is None:
-        return observed or entries
 
     def test(ins: CodeInsn) -> tuple[str, str] | None:
-        return observed(ins) or entries(ins)
+        return _transaction(ins) or (observed(ins) if observed is not None else None) or \
+            (entries(ins) if entries is not None else None)
     return test
+
+
+def _transaction(ins: CodeInsn) -> tuple[str, str] | None:
+    """An `xbegin` must not move (WINDOW_TRANSACTION): no verifier models its fallback."""
+    if ins.target is None or not ins.base_mnemonic.startswith("xbegin"):
+        return None
+    return WINDOW_TRANSACTION.code, (
+        f"{ins.address:#x} ({ins.text}) begins a transaction whose fallback is "
+        f"{ins.target:#x}: neither the proof nor the emulator models one, so it does not move")
 
 
 def same_row(ctx: CodeContext) -> SameRow | None:

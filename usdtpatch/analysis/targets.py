@@ -63,6 +63,7 @@ from usdtpatch.analysis.waysin import (
 from usdtpatch.analysis.waysin import (
     LANDING_PAD as WAYSIN_LANDING_PAD,
 )
+from usdtpatch.analysis.waysin import XBEGIN as XBEGIN_WAY
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
 from usdtpatch.elf.model import fixed_places, place_overlapping
@@ -314,8 +315,11 @@ class CodeContext:
         got = self._reached.get(bounds.start)
         if got is None or got[0] is not part:
             ins = part.sweep.insns
+            # from what its code names: a symbol that is no function's (a label, an object)
+            # is a way in for a window, but no proof that code starts there (a table's name)
             got = (part, reach(ins, tuple(i.address for i in ins),
-                               (t.address for t in part.targets)))
+                               (t.address for t in part.targets if t.kind != SYMBOL
+                                or _function_symbol_at(self.symbols, t.address))))
             self._reached[bounds.start] = got
         insns, seen = part.sweep.insns, got[1]
         at = address
@@ -421,6 +425,11 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
         unresolved.insert(0, f"bytes at {sw.bad[0]:#x} do not decode")
     return PartScan(sweep=sw, targets=tuple(targets), outside=tuple(outside), tables=tuple(tables),
                     unresolved=tuple(unresolved), computed=tuple(computed))
+
+
+def _function_symbol_at(symbols: SymbolTable, address: int) -> bool:
+    got = symbols.lookup(address)
+    return got is not None and got[1] == 0
 
 
 def _entries_inside(symbols: SymbolTable, start: int, end: int) -> list[int]:
@@ -596,7 +605,7 @@ def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
         return Target(w.target, w.kind, ins.address) if ins.rip_target == w.target else None
     if ins.target != w.target or ins.flow not in (Flow.JMP, Flow.JCC, Flow.CALL):
         return None
-    return Target(w.target, BRANCH_REL8 if w.kind == BRANCH_REL8 else BRANCH_REL32,
+    return Target(w.target, w.kind if w.kind in (BRANCH_REL8, XBEGIN_WAY) else BRANCH_REL32,
                   ins.address)
 
 

@@ -5,9 +5,13 @@ detour (docs/rewrite.md, "What is proven before a window is used"). A function's
 jump tables, landing pads and related `.cold` parts are its analysis's (usdtpatch.analysis.targets);
 this index adds what lies outside it, found by scanning the whole file once:
 
-- direct branches from any executable section: every `e8`/`e9` (call/jmp rel32) and `0f 80-8f`
-  (jcc rel32) byte sequence whose displacement lands in a region, and every `eb`/`70-7f`/`e0-e3`
-  (rel8) within reach of one. The scan reads bytes, not instructions: a hit is kept unless the
+- direct branches from any executable section: every `e8`/`e9` (call/jmp rel32), `0f 80-8f`
+  (jcc rel32) and `c7 f8` (xbegin rel32: its fallback address) byte sequence whose
+  displacement lands in a region, every `eb`/`70-7f`/`e0-e3` (rel8) within reach of one, and
+  every `66 c7 f8` (xbegin rel16). These are every opcode whose operand iced-x86 decodes as a
+  near branch target in 64-bit code (tests/test_analysis_relative.py derives them from its
+  operand kinds); an xbegin's way in is never aimed at the detour (XBEGIN).
+  The scan reads bytes, not instructions: a hit is kept unless the
   linear disassembly of the function holding it (done lazily, by the function analysis) shows
   that no instruction starts there (the bytes belong to another instruction);
 - rip-relative `lea` (`8d` with a rip-relative ModRM) anywhere in code: the address of a label
@@ -84,6 +88,7 @@ AFTER = 72  # bytes after a probe a window may end (64 + the probe)
 # kinds of way in (Target.kind in the function analysis)
 BRANCH_REL32 = "branch-from-elsewhere"  # a direct jmp/jcc/call rel32 outside the function
 BRANCH_REL8 = "short-branch-from-elsewhere"  # a direct jmp/jcc rel8 outside the function
+XBEGIN = "xbegin-from-elsewhere"  # an xbegin (rel32 or rel16) outside the function
 ADDRESS_TAKEN = "address-taken"  # a rip-relative lea of the address (code anywhere)
 RELOCATION = "relocation"  # a relocation whose value is the address
 DATA_WORD = "data-word"  # an absolute word in the file's data holding the address
@@ -92,7 +97,7 @@ REL_TABLE = "relative-table-entry"  # an entry of a 4-byte relative table (table
 LANDING_PAD = "landing-pad"  # a landing pad an LSDA names
 TABLE_BYTES = 4 * 4096  # how far a relative table's entry may lie from its base
 
-CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, ADDRESS_TAKEN})
+CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, XBEGIN, ADDRESS_TAKEN})
 _S32 = struct.Struct("<i")
 
 
@@ -254,9 +259,13 @@ def _rel32_hits(data: bytes, vaddr: int, opcode_at: list[int], head: int,
 
 _FIRST = itemgetter(0)
 # (opcode pattern, bytes from the opcode's first byte to the displacement, name)
-_REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
+# (the branches: every opcode whose operand iced-x86 knows as a near branch target in 64-bit
+# code, tests/test_analysis_relative.py holds the list to iced's operand kinds)
+REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
+                  (rb"\xc7\xf8", 2, "xbegin"),
                   (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"))  # lea: mod 00, rm 101
-_REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
+REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
+REL16_OPCODE = re.compile(rb"\x66\xc7\xf8")  # xbegin rel16 (the 66 prefix)
 CHUNK = 1 << 18  # sources per prefilter pattern
 _WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
 
@@ -373,7 +382,7 @@ def _code_hits(data: bytes, vaddr: int, protected: Addresses,
     targets of the leas that may land there as well are added to `lea_targets` (the one
     search for the opcode serves both)."""
     out: list[tuple[int, str, int]] = []
-    for opcode, head, name in _REL32_OPCODES:
+    for opcode, head, name in REL32_OPCODES:
         if name == "lea" and lea_spans and lea_targets is not None:
             at = _candidates(data, vaddr, opcode, head, _merged([*spans, *lea_spans]))
             limit = len(data) - head - 4
@@ -440,7 +449,8 @@ def references_to(image: ElfImage, targets: set[int],
     return sorted(out)
 
 
-_LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}
+_LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "xbegin": "xbegin rel32",
+          "lea": "rip-relative lea"}
 
 
 def _scan_code(image: ElfImage, protected: Addresses, probes: list[tuple[int, int, int]],
@@ -452,8 +462,9 @@ def _scan_code(image: ElfImage, protected: Addresses, probes: list[tuple[int, in
     for vaddr, off, size in ranges:
         data = bytes(image.data[off:off + size])
         for src, name, t in _code_hits(data, vaddr, protected, reach, lea_spans, lea_targets):
-            out.append(WayIn(t, ADDRESS_TAKEN if name == "lea" else BRANCH_REL32, src,
-                             f"{_LABEL[name]} at {src:#x}"))
+            kind = ADDRESS_TAKEN if name == "lea" else XBEGIN if name == "xbegin" else \
+                BRANCH_REL32
+            out.append(WayIn(t, kind, src, f"{_LABEL[name]} at {src:#x}"))
     # rel8: only sources within reach of a probe's region and outside its function (whose
     # own jumps its disassembly knows)
     spans: set[tuple[int, int]] = set()
@@ -466,12 +477,20 @@ def _scan_code(image: ElfImage, protected: Addresses, probes: list[tuple[int, in
             a, b = max(lo, vaddr), min(hi, vaddr + size)
             if b - 1 <= a:
                 continue
-            for m in _REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
+            for m in REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
                 src = vaddr + m.start() - off
                 d = image.data[m.start() + 1]
                 t = src + 2 + (d - 256 if d > 127 else d)
                 if t in protected:
                     out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
+    # rel16 (xbegin with the 66 prefix): a literal search of the code, each match's target
+    for vaddr, off, size in ranges:
+        for m in REL16_OPCODE.finditer(image.data, off, off + size - 4):
+            src = vaddr + m.start() - off
+            (d,) = struct.unpack_from("<h", image.data, m.end())
+            t = src + 5 + d
+            if t in protected:
+                out.append(WayIn(t, XBEGIN, src, f"xbegin rel16 at {src:#x}"))
     return out
 
 

@@ -58,6 +58,7 @@ from usdtpatch.analysis.waysin import (
     LANDING_PAD,
     REL_TABLE,
     RELOCATION,
+    XBEGIN,
 )
 from usdtpatch.analysis.waysin import AFTER as WAYS_AFTER
 from usdtpatch.analysis.waysin import BEFORE as WAYS_BEFORE
@@ -513,6 +514,8 @@ def _fixed_branch(fc: FunctionCode, where: int) -> str | None:
 # ways in that no rewrite can aim at the detour: the window is not used
 _FIXED = {
     BRANCH_REL8: "the short jump from {:#x}, outside the function, has an 8-bit displacement",
+    XBEGIN: "the xbegin at {:#x}, outside the function, names it as its fallback address (a "
+            "transaction's abort; no emulator models one: it is not aimed at the detour)",
     ADDRESS_TAKEN: "its address is taken by the rip-relative lea at {:#x} (a computed goto or "
                    "a code pointer kept in data)",
     RELOCATION: "the relocation of the word at {:#x} holds its address (a code pointer the "

@@ -240,7 +240,8 @@ def load_symbols(image: ElfImage) -> SymbolTable:
                             map(mul, reversed(cols.shndx), reversed(values))))
     ranked_labels = sorted(labelled, key=rank.__getitem__)
     label = dict(zip(map(values.__getitem__, ranked_labels), ranked_labels, strict=True))
-    return SymbolTable(tuple(sorted(best)), best, cols, image, tuple(sorted(label)), label)
+    return SymbolTable(addresses=tuple(sorted(best)), _best=best, _cols=cols, _image=image,
+                       labels=tuple(sorted(label)), _label=label)
 
 
 def symbol_names(image: ElfImage) -> Iterator[str]:

@@ -251,6 +251,10 @@ WINDOW_SYSCALL = _code("window-syscall", _W,
 WINDOW_TRANSACTION = _code("window-transaction", _W,
                            "every window holds an `xbegin`, whose fallback neither the proof "
                            "nor the emulator models", _BLOCK_HINT, (_F, _S))
+WINDOW_PLACE_NAMED = _code(
+    "window-place-named", _W,
+    "every window holds an instruction that a place-relative word of the file's data names "
+    "(`.long insn - .`: a static key's site, a fault-fixup table's pc)", _BLOCK_HINT, (_F, _S))
 WINDOW_FAULT_OBSERVED = _code(
     "window-fault-observed", _W,
     "every window holds an instruction that can fault where the file's signal handler may "

@@ -97,6 +97,7 @@ from usdtpatch.findings import (
     WINDOW_BRANCH_TARGET,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
+    WINDOW_PLACE_NAMED,
     WINDOW_TRANSACTION,
     WINDOW_WAY_IN,
     Finding,
@@ -482,24 +483,54 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
             != [sc.probe.address] or \
             window_debug_refusal(ctx.image, got.window.start, got.window.end) is not None:
         return None
-    if ctx.observers is not None:  # what must keep its pc keeps it (analysis/observed.py)
-        pinned = ctx.observers.pinned(w.function_start)
-        moved = {a for a, b in got.code.insn_map if a != b}
-        if any(i.address in moved and pinned(i) is not None for i in got.window.insns):
-            return None
+    # what must keep its pc keeps it (analysis/observed.py; an xbegin, an instruction a
+    # place-relative word names)
+    stays = _stays(ctx, ctx.function(sc.function) if sc.function is not None else None)
+    observed = ctx.observers.pinned(w.function_start) if ctx.observers is not None else None
+    moved = {a for a, b in got.code.insn_map if a != b}
+    if any(i.address in moved and (stays(i) is not None or (
+            observed is not None and observed(i) is not None)) for i in got.window.insns):
+        return None
     return got
 
 
-def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
-    """What must not move in the function (find_window's test): what observes a pc
-    (analysis/observed.py), then a debugger's breakpoint at a DIE (analysis/debuglines.py)."""
-    observed = ctx.observers.pinned(function_start) if ctx.observers is not None else None
+def _pinned(ctx: CodeContext, fc: FunctionCode) -> Pinned | None:
+    """What must not move in the function (find_window's test): an xbegin or an instruction
+    a place-relative word names (`_stays`), what observes a pc (analysis/observed.py), then a
+    debugger's breakpoint at a DIE (analysis/debuglines.py)."""
+    start = fc.bounds.start
+    observed = ctx.observers.pinned(start) if ctx.observers is not None else None
     entries = entry_pinned(ctx.image)
+    stays = _stays(ctx, fc)
 
     def test(ins: CodeInsn) -> tuple[str, str] | None:
-        return _transaction(ins) or (observed(ins) if observed is not None else None) or \
+        return stays(ins) or (observed(ins) if observed is not None else None) or \
             (entries(ins) if entries is not None else None)
     return test
+
+
+def _stays(ctx: CodeContext, fc: FunctionCode | None) -> Pinned:
+    """An xbegin (`_transaction`), and an instruction that a place-relative word names
+    (WaysIn.named) which is no entry of one of the function's own 4-byte jump tables (an
+    entry at its table's base is also A + W; the table's entries are retargeted)."""
+    named = ctx.ways_in.named if ctx.ways_in is not None else {}
+    tables = [(t.table, t.table + 4 * t.entries) for t in fc.jump_tables
+              if t.entry_size == 4] if fc is not None else []
+
+    def test(ins: CodeInsn) -> tuple[str, str] | None:
+        got = named.get(ins.address)
+        if got is not None and not any(lo <= got[0] < hi for lo, hi in tables):
+            return _place_named(ins, got[1])
+        return _transaction(ins)
+    return test
+
+
+def _place_named(ins: CodeInsn, what: str) -> tuple[str, str]:
+    """An instruction a place-relative word names must not move (WINDOW_PLACE_NAMED)."""
+    return WINDOW_PLACE_NAMED.code, (
+        f"{ins.address:#x} ({ins.text}) is named by the {what}: the program finds the "
+        f"instruction by its address (a static key's site patched at run time, a faulting "
+        f"pc looked up in a fixup table), so it does not move")
 
 
 def _transaction(ins: CodeInsn) -> tuple[str, str] | None:
@@ -743,7 +774,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                 "its code must not move", where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start),
+            window = find_window(fc, probe.address, code, _pinned(ctx, fc),
                                  same_row(ctx))
             if window.window is not None:
                 outcome = window.window.shape.value

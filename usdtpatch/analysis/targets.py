@@ -56,6 +56,7 @@ from usdtpatch.analysis.waysin import (
     BRANCH_REL8,
     BRANCH_REL32,
     CODE_KINDS,
+    PLACE_RELATIVE,
     REL_TABLE,
     WayIn,
     WaysIn,
@@ -583,10 +584,15 @@ def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
     if w.kind == REL_TABLE and (w.base in known_tables or (
             ctx.executable(w.source) and ctx.decoded_as_code(w.source, 4))):
         return None  # the function's own table, or code bytes: no table entry
+    if w.kind == PLACE_RELATIVE and w.base and not _is_boundary(own.sweep, w.target):
+        return None  # a word that names it only with an addend: where an instruction starts
     if w.kind not in CODE_KINDS:
         for tb in own.tables:
             if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:
                 return None
+            if w.kind == PLACE_RELATIVE and tb.entry_size == 4 and \
+                    tb.table <= w.source < tb.table + 4 * tb.entries:
+                return None  # its table's entry (at its base: also A + W): a JUMP_TABLE
         return Target(w.target, w.kind, w.source)
     if bounds.contains(w.source):
         if w.kind != ADDRESS_TAKEN:

@@ -94,8 +94,10 @@ RELOCATION = "relocation"  # a relocation whose value is the address
 DATA_WORD = "data-word"  # an absolute word in the file's data holding the address
 CODE_WORD = "code-word"  # an absolute value in the file's code (a mov/push immediate)
 REL_TABLE = "relative-table-entry"  # an entry of a 4-byte relative table (table + int32)
+PLACE_RELATIVE = "place-relative-word"  # a word holding the address less its own (.long x - .)
 LANDING_PAD = "landing-pad"  # a landing pad an LSDA names
 TABLE_BYTES = 4 * 4096  # how far a relative table's entry may lie from its base
+PLACE_ADDEND = 8  # a place-relative word W at A names A + W + k for |k| <= this
 
 CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, XBEGIN, ADDRESS_TAKEN})
 _S32 = struct.Struct("<i")
@@ -110,14 +112,20 @@ class WayIn:
     kind: str
     source: int
     what: str
-    base: int = 0  # REL_TABLE: the table's address (the `lea`'s target)
+    base: int = 0  # REL_TABLE: the table's address (the `lea`'s target); PLACE_RELATIVE: k
 
 
 class WaysIn:
     """The index: target -> every way in found by the file-wide scans."""
 
     def __init__(self, ways: Iterable[WayIn], poisoned: dict[int, str] | None = None,
-                 everywhere: str | None = None) -> None:
+                 everywhere: str | None = None,
+                 named: dict[int, tuple[int, str]] | None = None) -> None:
+        # code address -> (A, what) of the place-relative word W at A that names it exactly
+        # (A + W), function starts included: an instruction whose pc the file's data records
+        # (a static key's site, which is patched at run time; a fault's pc, looked up in a
+        # fixup table) does not move (analysis/check.py's _stays: window-place-named)
+        self.named = named or {}
         # function start -> why every instruction boundary of it is a possible way in (a
         # computed jump whose base lies in it, arithmetic on an address in it:
         # usdtpatch.analysis.computed); `everywhere`: why that holds for every function
@@ -608,8 +616,12 @@ def _values_in(data: bytes | mmap, off: int, size: int, width: int,
     if len(halves) > _WIDE:
         found: Iterable[int] = range(off, off + size - width + 1)
     else:
-        found = (m.start() - 2 for m in
-                 _halves_pattern(halves).finditer(data, off + 2, off + size - width + 3))
+        # the search ends a byte after the last candidate's byte 3, which the pattern's
+        # lookahead reads (an end at that byte hid the section's last word)
+        last = off + size - width
+        found = (q for q in (m.start() - 2 for m in
+                             _halves_pattern(halves).finditer(data, off + 2, last + 4))
+                 if q <= last)
     for q in found:
         (v,) = struct.unpack_from(fmt, data, q)
         if v in want:
@@ -631,10 +643,10 @@ def _table_sections(image: ElfImage) -> list[tuple[int, int, int]]:
 
 def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """(address A, int32 value E) of every word of `_table_sections`, at any byte, that would
-    land in `spans` as the entry of a relative table at most TABLE_BYTES before it (A + E in
-    [lo, hi + TABLE_BYTES) for a span [lo, hi)). The words are found by the prefilter on
-    their upper half, then checked exactly."""
-    wide = _merged((lo, hi + TABLE_BYTES) for lo, hi in spans)
+    land in `spans` as the entry of a relative table at most TABLE_BYTES before it, or as a
+    place-relative word (A + E in [lo - PLACE_ADDEND, hi + TABLE_BYTES) for a span [lo, hi)).
+    The words are found by the prefilter on their upper half, then checked exactly."""
+    wide = _merged((lo - PLACE_ADDEND, hi + TABLE_BYTES) for lo, hi in spans)
     pages: set[int] = set()
     for lo, hi in wide:
         pages.update(range(lo >> 12, ((hi - 1) >> 12) + 1))
@@ -651,8 +663,9 @@ def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[in
             if len(halves) > _WIDE:
                 at = list(range(off + c0, off + c1))
             else:
-                at = [m.start() - 2 for m in
-                      _halves_pattern(halves).finditer(data, off + c0 + 2, off + c1 + 2)]
+                # (the end reaches the byte the lookahead reads of the chunk's last word)
+                at = [q for q in (m.start() - 2 for m in _halves_pattern(halves).finditer(
+                    data, off + c0 + 2, off + c1 + 3)) if q < off + c1]
             # A + E, A = vaddr + q - off: kept when its 4 KiB page is one of a wide span's
             ends = list(map(add, map(_FIRST, map(_S32.unpack_from, repeat(data), at)),
                             map(add, at, repeat(vaddr - off))))
@@ -663,6 +676,65 @@ def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[in
                     a = vaddr + at[i] - off
                     out.append((a, ends[i] - a))
     return out
+
+
+def _switch_entries(image: ElfImage, words: list[tuple[int, int]], lea_targets: list[int],
+                    code: list[tuple[int, int]]) -> set[int]:
+    """The addresses of `words` that are read as entries of a compiler's relative jump table
+    rather than as place-relative words: in `.rodata` (or `.rodata.*`), where gcc and clang
+    put switch tables, at a multiple of 4 less than TABLE_BYTES after a rip-relative `lea`
+    target T (the table's base, T below the word) with T + W in code. (The same bytes read
+    as `.long x - .` name x + 4i, i the entry's index: a static glibc's switch tables named
+    instructions of main that way.) Words elsewhere, or that no table explains, stay
+    place-relative."""
+    rodata = [(s.addr, s.addr + s.size) for s in image.sections if s.allocated and (
+        s.name == ".rodata" or s.name.startswith(".rodata."))]
+    if not rodata:
+        return set()
+    bases = sorted(set(lea_targets))
+    out: set[int] = set()
+    for a, e in words:
+        if not any(lo <= a < hi for lo, hi in rodata):
+            continue
+        i = bisect_left(bases, a) - 1  # the nearest base strictly below the word
+        if i < 0 or a - bases[i] >= TABLE_BYTES or (a - bases[i]) % 4:
+            continue
+        t = bases[i] + e
+        j = bisect_right(code, (t, 1 << 64)) - 1
+        if j >= 0 and code[j][0] <= t < code[j][1]:
+            out.add(a)
+    return out
+
+
+def _scan_place_relative(image: ElfImage, words: list[tuple[int, int]], regions: _Regions
+                         ) -> tuple[list[WayIn], dict[int, tuple[int, str]]]:
+    """The place-relative words among `words` (`_table_words`: every int32 at any byte of
+    an allocated non-code section, `.eh_frame` aside, whose A + W lands near a region): a
+    word W at A that holds a code address less its own (`.long target - .`: a static key's
+    `__jump_table` entry built with `asm goto`, a kernel-style `__ex_table` of fault fixups,
+    a 64-bit `.quad target - .`, whose low half is such a word) names A + W + k for
+    |k| <= PLACE_ADDEND. Each one that lands in a region is a way in (one with k != 0 only
+    where an instruction starts: CodeContext's function analysis); and (address -> what) of
+    those that name an address exactly (k = 0), function starts included (`WaysIn.named`)."""
+    out: list[WayIn] = []
+    named: dict[int, tuple[int, str]] = {}
+    secs = sorted((s.addr, s.addr + s.size, s.name) for s in image.sections if s.allocated)
+    los = [a for a, _e, _n in secs]
+    for a, e in words:
+        for k in range(-PLACE_ADDEND, PLACE_ADDEND + 1):
+            t = a + e + k
+            inside = t in regions
+            if not inside and (k or t not in regions.holes):
+                continue
+            i = bisect_right(los, a) - 1
+            sec = secs[i][2] if i >= 0 and a < secs[i][1] else "data"
+            what = (f"place-relative word at {a:#x} in {sec or 'data'}: {a:#x} + ({e:#x})"
+                    f"{f' {k:+d}' if k else ''} = {t:#x}")
+            if not k:
+                named.setdefault(t, (a, what))
+            if inside:
+                out.append(WayIn(target=t, kind=PLACE_RELATIVE, source=a, what=what, base=k))
+    return out, named
 
 
 def _table_reach(words: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -799,6 +871,10 @@ def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
     leas: list[int] = []
     code_spans = [(v, v + n) for v, _o, n in code_ranges(image)]
     code = _scan_code(image, protected, sites, [*_table_reach(words), *code_spans], leas)
+    switch = _switch_entries(image, words, leas, sorted(code_spans))
+    placed, named = _scan_place_relative(image, [w for w in words if w[0] not in switch],
+                                         protected)
     return WaysIn([*code, *_scan_relocations(image, protected), *_scan_words(image, protected),
                    *_scan_tables(words, leas, protected),
-                   *scan_code_tables(image, leas, starts, protected), *pads])
+                   *scan_code_tables(image, leas, starts, protected), *pads, *placed],
+                  named=named)

@@ -56,6 +56,7 @@ from usdtpatch.analysis.waysin import (
     CODE_WORD,
     DATA_WORD,
     LANDING_PAD,
+    PLACE_RELATIVE,
     REL_TABLE,
     RELOCATION,
     XBEGIN,
@@ -521,6 +522,8 @@ _FIXED = {
     RELOCATION: "the relocation of the word at {:#x} holds its address (a code pointer the "
                 "loader stores: a computed-goto table, an .init_array-like table)",
     DATA_WORD: "the data word at {:#x} holds its address (a code pointer in the file's data)",
+    PLACE_RELATIVE: "the place-relative word at {:#x} holds its address less its own (`.long "
+                    "target - .`: a static key's jump entry, a fault-fixup table)",
     CODE_WORD: "the code at {:#x} holds its address as an absolute value (a mov or push "
                "immediate of a fixed-address file)",
     REL_TABLE: "the 4-byte relative jump-table entry at {:#x} (of another function) lands "

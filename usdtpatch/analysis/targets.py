@@ -629,6 +629,11 @@ def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:
     gap = min(nxt) - bounds.end
     if gap <= 0 or gap > 64:
         return 0
+    named = first_named(ctx, bounds, bounds.end, bounds.end + gap)
+    if named is not None:
+        gap = named - bounds.end  # the bytes up to the first one something names
+        if gap <= 0:
+            return 0
     raw = ctx.image.read_vaddr(bounds.end, gap)
     if len(raw) < gap:
         return 0
@@ -650,7 +655,8 @@ def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
     except CfiError:
         return 0
     gap = bounds.start - prev.pc_end
-    if gap <= 0 or gap > 64 or symbols_inside(ctx.symbols, prev.pc_end - 1, bounds.start):
+    if gap <= 0 or gap > 64 or symbols_inside(ctx.symbols, prev.pc_end - 1, bounds.start) or \
+            first_named(ctx, bounds, prev.pc_end, bounds.start) is not None:
         return 0
     raw = ctx.image.read_vaddr(prev.pc_end, gap)
     if len(raw) < gap:
@@ -692,9 +698,34 @@ def _tails_before(ctx: CodeContext, bounds: FunctionBounds) -> tuple[tuple[int, 
             described = ctx.cfi.lookup(lo) is not None or ctx.cfi.lookup(q - 1) is not None
         except CfiError:  # an FDE there that does not parse: not a tail no one describes
             continue
-        if not described:
+        if not described and first_named(ctx, bounds, lo, q) is None:
             out.append((lo, q))
     return tuple(out)
+
+
+def first_named(ctx: CodeContext, bounds: FunctionBounds, lo: int, hi: int) -> int | None:
+    """The lowest address in [lo, hi) that something names (issue 46, class 5: such bytes
+    are no unused padding, and no stub goes there): a symbol of any type, a section's start,
+    a way in of the file-wide index (a branch, a relocation, a data or place-relative word:
+    `__patchable_function_entries` names a patchable entry's NOP sled before a function),
+    an address a place-relative word names, a relocation's place; None when nothing does.
+    A branch or `lea` of the index counts where decoding the code holding it shows it
+    (`_way_in`, asked as of the function `bounds` the padding is next to)."""
+    got: list[int] = []
+    labels = ctx.symbols.labels_inside(lo - 1, hi)
+    funcs = symbols_inside(ctx.symbols, lo - 1, hi)
+    got.extend(labels[:1] + funcs[:1])
+    got.extend(s.addr for s in ctx.image.sections
+               if s.allocated and s.size and lo <= s.addr < hi)
+    if ctx.ways_in is not None:
+        own = ctx.part(bounds)
+        got.extend(a for a, ways in ctx.ways_in.between(lo, hi)
+                   if any(_way_in(ctx, bounds, own, w, set()) is not None for w in ways))
+        got.extend(a for a in ctx.ways_in.named if lo <= a < hi)
+    places = fixed_places(ctx.image)
+    k = bisect_left(places, (lo,))
+    got.extend(p[0] for p in places[max(0, k - 1):k + 1] if p[0] < hi and p[1] > lo)
+    return max(lo, min(got)) if got else None
 
 
 def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:

@@ -151,10 +151,11 @@ class WaysIn:
 
 def _windows_span(pc: int, fstart: int, fend: int) -> tuple[int, int]:
     """[lo, hi) of the bytes a window of the probe at `pc` may cover: [pc - BEFORE,
-    pc + AFTER), within its function and the padding after it when its bounds are known."""
+    pc + AFTER), within its function and the padding around it when its bounds are known
+    (before it: a short window's entry stub, which must not land on named bytes)."""
     lo, hi = pc - BEFORE, pc + AFTER
     if fstart < fend:
-        lo, hi = max(lo, fstart), min(hi, fend + 64)
+        lo, hi = max(lo, fstart - 64), min(hi, fend + 64)
     return max(0, lo), hi
 
 

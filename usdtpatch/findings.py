@@ -248,6 +248,10 @@ WINDOW_CALL = _code("window-call", _W, "every window holds a call that cannot go
 WINDOW_SYSCALL = _code("window-syscall", _W,
                        "every window holds a system-call instruction, which never moves",
                        _BLOCK_HINT, (_F, _S))
+WINDOW_FOREIGN_PERSONALITY = _code(
+    "window-foreign-personality", _W,
+    "the function's CIE names a personality routine not known to read GCC's exception tables",
+    _BLOCK_HINT, (_F, _S))
 WINDOW_TRANSACTION = _code("window-transaction", _W,
                            "every window holds an `xbegin`, whose fallback neither the proof "
                            "nor the emulator models", _BLOCK_HINT, (_F, _S))

@@ -70,7 +70,7 @@ from usdtpatch.analysis.windows import (
 )
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
-from usdtpatch.elf.ehframe import rows_at
+from usdtpatch.elf.ehframe import foreign_personality, rows_at
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
 from usdtpatch.errors import UnsupportedError
@@ -95,6 +95,7 @@ from usdtpatch.findings import (
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
+    WINDOW_FOREIGN_PERSONALITY,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
     WINDOW_PLACE_NAMED,
@@ -533,6 +534,17 @@ def _place_named(ins: CodeInsn, what: str) -> tuple[str, str]:
         f"pc looked up in a fixup table), so it does not move")
 
 
+def _foreign(ctx: CodeContext, bounds: FunctionBounds) -> str | None:
+    """Why no window goes in the function: its CIE names a personality routine not known to
+    read GCC's LSDA format (usdtpatch.elf.ehframe.GCC_LSDA_PERSONALITIES), or None."""
+    fde = bounds.fde
+    got = foreign_personality(ctx.image, fde.cie) if fde is not None else None
+    if got is None:
+        return None
+    return (f"the function's CIE names {got}, not known to read GCC's exception tables: "
+            f"where it lands an exception, and what else it reads by pc, is unknown")
+
+
 def _transaction(ins: CodeInsn) -> tuple[str, str] | None:
     """An `xbegin` must not move (WINDOW_TRANSACTION): no verifier models its fallback."""
     if ins.target is None or not ins.base_mnemonic.startswith("xbegin"):
@@ -772,6 +784,10 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
             findings.append(SITE_IN_RSEQ_CS.finding(
                 f"the site is inside the rseq critical section [{cs.start:#x}, {cs.end:#x}): "
                 "its code must not move", where))
+        elif (foreign := _foreign(ctx, bounds)) is not None:
+            blocked = WINDOW_FOREIGN_PERSONALITY.code
+            window = WindowResult(None, blocked, foreign, ())
+            findings.append(WINDOW_FOREIGN_PERSONALITY.finding(foreign, where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
             window = find_window(fc, probe.address, code, _pinned(ctx, fc),

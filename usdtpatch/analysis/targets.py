@@ -66,6 +66,7 @@ from usdtpatch.analysis.waysin import (
 )
 from usdtpatch.analysis.waysin import XBEGIN as XBEGIN_WAY
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
+from usdtpatch.elf.ehframe import foreign_personality
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
 from usdtpatch.elf.model import fixed_places, place_overlapping
 from usdtpatch.elf.relocs import relative_relocations
@@ -385,7 +386,11 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
     tables: list[JumpTable] = []
     computed: list[tuple[int, int | None, str]] = []
     fde = bounds.fde  # landing pads first: the kind `show` names when a pad is also a return site
-    if fde is not None and fde.lsda is not None:
+    foreign = foreign_personality(ctx.image, fde.cie) if fde is not None else None
+    if fde is not None and fde.lsda is not None and foreign is not None:
+        unresolved.append(f"its LSDA at {fde.lsda:#x} is read by {foreign}, not known to "
+                          f"use GCC's format")
+    elif fde is not None and fde.lsda is not None:
         try:
             for lp in parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads:
                 targets.append(Target(lp, LANDING_PAD, fde.lsda))
@@ -479,7 +484,8 @@ def scan_jumps(ctx: CodeContext, bounds: FunctionBounds
         return tables, computed
     entries = {bounds.start, *_entries_inside(ctx.symbols, bounds.start, bounds.end)}
     fde = bounds.fde
-    if fde is not None and fde.lsda is not None:
+    if fde is not None and fde.lsda is not None and \
+            foreign_personality(ctx.image, fde.cie) is None:
         with suppress(CfiError):  # scan_part says so (unresolved); then no pad is an entry
             entries.update(parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads)
     graph = _Graph(insns, entries)

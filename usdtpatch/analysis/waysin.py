@@ -63,6 +63,7 @@ from operator import add, itemgetter, rshift
 from typing import Protocol
 
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Cie, parse_cie, parse_lsda
+from usdtpatch.elf.ehframe import foreign_personality
 from usdtpatch.elf.image import (
     ET_EXEC,
     PF_X,
@@ -847,8 +848,8 @@ def _landing_pads_of(image: ElfImage, cfi: CfiIndex, which: Iterable[int],
     for i in which:
         try:
             fde = cfi.fde_at(i)
-            if fde.lsda is None:
-                continue
+            if fde.lsda is None or foreign_personality(image, fde.cie) is not None:
+                continue  # none, or not GCC's format: its function's analysis refuses it
             pads = parse_lsda(image, fde.lsda, fde.pc_begin).landing_pads
         except CfiError:
             continue  # an LSDA that does not parse: its own function's analysis says so

@@ -43,7 +43,9 @@ from usdtpatch.elf.model import (
     DW_EH_PE_sdata4,
     DW_EH_PE_udata4,
     DW_EH_PE_uleb128,
+    loader_relocations,
 )
+from usdtpatch.elf.symbols import names_at, symbol_name_of
 from usdtpatch.errors import UnsupportedError
 
 RSP = 7  # DWARF register numbers on x86-64
@@ -439,6 +441,65 @@ class Personality:
 
     target: int
     indirect: bool
+
+
+# The personality routines known to read an LSDA in GCC's format (the call-site table,
+# LPStart, the action and type tables of .gcc_except_table): libstdc++'s and libgcc's (also
+# their SJLJ forms), GNU Objective-C's, and Rust's (its personality parses GCC's tables). An
+# LSDA is read only under one of these; a function whose CIE names another routine has no
+# window (issue 46: analysis/check.py's window-foreign-personality).
+GCC_LSDA_PERSONALITIES = frozenset({
+    "__gxx_personality_v0", "__gcc_personality_v0", "__gxx_personality_sj0",
+    "__gcc_personality_sj0", "__gnu_objc_personality_v0", "rust_eh_personality"})
+
+
+def foreign_personality(image: ElfImage, cie: Cie) -> str | None:
+    """None when `cie` names no personality routine, or one of GCC_LSDA_PERSONALITIES;
+    else the routine, described (its symbol's name, or why it cannot be named). The pointer
+    is followed as the unwinder does: through the slot of an indirect one (its relocation's
+    symbol, or the address the slot or its relative relocation holds), to a symbol at that
+    address. Computed once per CIE."""
+    memo = image.derived.setdefault("foreign_personality", {})
+    assert isinstance(memo, dict)
+    if cie.address in memo:
+        got: str | None = memo[cie.address]
+        return got
+    got = _foreign(image, cie)
+    memo[cie.address] = got
+    return got
+
+
+def _foreign(image: ElfImage, cie: Cie) -> str | None:
+    if cie.personality_at is None or cie.personality_encoding == DW_EH_PE_omit:
+        return None
+    try:
+        p = personality_of(image, cie)
+    except UnsupportedError as exc:
+        return f"a personality routine that cannot be named ({exc})"
+    names: list[str] = []
+    address: int | None = p.target
+    if p.indirect:
+        address = None
+        rel = loader_relocations(image)
+        for i in (i for i, place in enumerate(rel.places) if place == p.target):
+            if rel.symbols[i]:
+                name = symbol_name_of(image, rel.tables[rel.table[i]].symtab, rel.symbols[i])
+                if name:
+                    names.append(name)
+            else:
+                address = rel.addends[i]
+        if not names and address is None:
+            raw = image.read_vaddr(p.target, 8)
+            address = int.from_bytes(raw, "little") if len(raw) == 8 else None
+    if address is not None and not names:
+        names = names_at(image, address)
+    if any(n.split("@")[0] in GCC_LSDA_PERSONALITIES for n in names):
+        return None
+    where = f" (the CIE at {cie.address:#x})"
+    if names:
+        return f"the personality routine {names[0]}{where}"
+    return (f"an unnamed personality routine at {address:#x}{where}" if address is not None
+            else f"a personality routine no symbol names{where}")
 
 
 def personality_of(image: ElfImage, cie: Cie) -> Personality:

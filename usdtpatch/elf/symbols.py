@@ -512,3 +512,35 @@ def symtab_in_place(image: ElfImage, functions: list[tuple[str, int, int]], shnd
                          strtab_name=strs.name, strtab_offset=strs.offset,
                          strtab_size=strs.size + len(names), names_at=names_at, names=bytes(names),
                          moved=tuple(n for n in moved if _section_end(image, n) > start))
+
+
+def symbol_name_of(image: ElfImage, table: int, index: int) -> str | None:
+    """The name of symbol `index` of the symbol table section `table` (a relocation's
+    symbol), or None when there is no such entry."""
+    secs = image.sections
+    if not 0 < table < len(secs) or not 0 < secs[table].link < len(secs):
+        return None
+    tab, entsize = secs[table], SYM64_SIZE if image.is64 else 16
+    at = tab.offset + index * entsize
+    if index <= 0 or at + entsize > min(len(image.data), tab.offset + tab.size):
+        return None
+    (name,) = struct.unpack_from(image.byteorder + "I", image.data, at)
+    strtab = secs[tab.link]
+    start = strtab.offset + name
+    limit = min(strtab.offset + strtab.size, len(image.data))
+    if start >= limit:
+        return None
+    end = image.data.find(b"\0", start, limit)
+    return bytes(image.data[start:end if end >= 0 else limit]).decode("utf-8", "replace")
+
+
+def names_at(image: ElfImage, address: int) -> list[str]:
+    """The names of every symbol of .symtab and .dynsym whose value is `address`: defined
+    ones, and an undefined function's canonical PLT address in a fixed-address program."""
+    cols = _columns(image)
+    out: list[str] = []
+    for k in compress(range(len(cols.values)), map(address.__eq__, cols.values)):
+        name = _column_name(image, cols, k)
+        if name and name not in out:
+            out.append(name)
+    return out

@@ -43,7 +43,7 @@ Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep 
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -130,7 +130,8 @@ class FunctionCode:
     incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
     # every way each target is reached (targets keeps the first, for display)
     padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
-    memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+    memo: dict[str, frozenset[int] | tuple[int, ...]] = field(default_factory=dict, repr=False,
+                                                               compare=False)
     # (start, end, what) of each loader relocation whose place lies in code, sorted (the
     # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
     fixed: Sequence[tuple[int, int, str]] = ()
@@ -158,7 +159,7 @@ class FunctionCode:
         stopping at an unconditional jmp, ret, or a stopping instruction (ud2, hlt, int3).
         A call falls through (its return site is reached). Computed once per function."""
         got = self.memo.get("reached")
-        if got is not None:
+        if isinstance(got, frozenset):
             return got
         out = reach(self.insns, self.starts, self.targets)
         self.memo["reached"] = out
@@ -166,8 +167,12 @@ class FunctionCode:
 
     def targets_between(self, lo: int, hi: int) -> list[int]:
         """Addresses of the explicit targets in the open interval (lo, hi), sorted, including
-        targets that are not instruction boundaries (a jump into an instruction)."""
-        return sorted(a for a in self.targets if lo < a < hi)
+        targets that are not instruction boundaries (a jump into an instruction). The targets
+        are sorted once per function (each site asked: probes x targets, issue 46 class 8)."""
+        got = self.memo.get("sorted")
+        if not isinstance(got, tuple):
+            got = self.memo["sorted"] = tuple(sorted(self.targets))
+        return list(got[bisect_right(got, lo):bisect_left(got, hi)])
 
     def index_of(self, address: int) -> int | None:
         i = bisect_left(self.starts, address)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise, repeat
 from operator import sub
 
@@ -134,20 +136,48 @@ def rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     and so does a CIE with an augmentation the reader does not know (`Cie.understood`): its
     letters may change what the rows mean, and without a 'z' length where its initial
     instructions start is not known."""
+    table = fde_rows(fde)
+    if isinstance(table, UnsupportedError):
+        raise UnsupportedError(str(table))
+    locs, rows = table
+    out: dict[int, Row] = {}
+    for at in sorted(set(addresses)):
+        row, libunwind_args = rows[max(0, bisect_right(locs, at) - 1)]
+        if row.args_size != libunwind_args:
+            raise UnsupportedError(
+                f"DW_CFA_GNU_args_size at {at:#x} is {row.args_size} for libgcc and "
+                f"{libunwind_args} for libunwind (a DW_CFA_restore_state in between)")
+        out[at] = row
+    return out
+
+
+# (the start of each row's range, ascending; (the row, args_size as LLVM's libunwind reads it)
+# of each), or why the program cannot be followed
+RowTable = tuple[list[int], list[tuple[Row, int]]]
+
+
+@lru_cache(maxsize=256)
+def fde_rows(fde: Fde) -> RowTable | UnsupportedError:
+    """Every row of the FDE, its CFA program run once (issue 46, class 8: each site asked
+    its rows by running the whole program again, probes x rows for a long function): the
+    rows depend on the FDE and its CIE alone (their programs, alignments, start), so one
+    table serves every question of every file holding the same entry."""
     cie = fde.cie
     if not cie.understood:
-        raise UnsupportedError(f"the CIE at {cie.address:#x} has augmentation "
-                               f"{cie.augmentation!r}, which this reader does not know")
+        return UnsupportedError(f"the CIE at {cie.address:#x} has augmentation "
+                                f"{cie.augmentation!r}, which this reader does not know")
     try:
-        return _rows_at(fde, addresses)
+        return _row_table(fde)
     except CfiError as exc:
-        raise UnsupportedError(f"the FDE's call frame program is malformed: {exc}") from None
+        return UnsupportedError(f"the FDE's call frame program is malformed: {exc}")
+    except UnsupportedError as exc:
+        return exc
 
 
-def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
+def _row_table(fde: Fde) -> RowTable:
     cie = fde.cie
-    want = sorted(set(addresses))
-    out: dict[int, Row] = {}
+    locs: list[int] = []
+    rows: list[tuple[Row, int]] = []
     state: dict[str, object] = {"cfa": Cfa(RSP, 8)}
     regs: dict[int, Rule] = {}
     initial: dict[int, Rule] = {}
@@ -163,13 +193,14 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
         return value
 
     def flush(upto: int) -> None:
-        while want and want[0] < upto:
-            at = want.pop(0)
-            if args[0] != args[1]:
-                raise UnsupportedError(
-                    f"DW_CFA_GNU_args_size at {at:#x} is {args[0]} for libgcc and {args[1]} "
-                    f"for libunwind (a DW_CFA_restore_state in between)")
-            out[at] = Row(cfa(), tuple(sorted(regs.items())), args[0])
+        # the state in force over [loc, upto): one row (a zero advance adds none)
+        if upto > loc or not locs:
+            row = (Row(cfa(), tuple(sorted(regs.items())), args[0]), args[1])
+            if locs and locs[-1] == loc:
+                rows[-1] = row
+            else:
+                locs.append(loc)
+                rows.append(row)
 
     def restore(reg: int) -> None:
         if reg in initial:
@@ -259,7 +290,7 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     run(cie.instructions, True)
     run(fde.instructions, False)
     flush(1 << 64)
-    return out
+    return locs, rows
 
 
 # ---------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
-from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn
+from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn, code_loads
 from usdtpatch.analysis.windows import (
     STUB_SIZE,
     PatchWindow,
@@ -79,6 +79,7 @@ from usdtpatch.findings import (
     ARG_USES_RIP,
     ARG_USES_RSP,
     CFI_MALFORMED,
+    CODE_READ_AS_DATA,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
     FORK_UNKNOWN,
@@ -214,6 +215,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
+    ctx.code_loads = code_loads(image, _sites_of(ctx, probeset))
     ctx.observers = _observers(ctx, probeset)
     remember_context(ctx)
     if context is not None:
@@ -240,15 +242,44 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
                        cfi_source=cfi.source, cfi_fdes=len(cfi), context=ctx, options=options)
 
 
-def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
-    """The file-wide index of ways into the code around every probe (built once per file)."""
+def _sites_of(ctx: CodeContext, probeset: ProbeSet) -> list[tuple[int, int, int]]:
+    """(pc, start, end of its function; start == end when unknown) of every probe."""
     sites: list[tuple[int, int, int]] = []
     for p in probeset.probes:
         b = ctx.bounds(p.address)
         sites.append((p.address, b.start, b.end) if b is not None else
                      (p.address, p.address, p.address))
+    return sites
+
+
+def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
+    """The file-wide index of ways into the code around every probe (built once per file)."""
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
-    return file_ways_in(ctx, sites, starts)
+    return file_ways_in(ctx, _sites_of(ctx, probeset), starts)
+
+
+def _code_read(ctx: CodeContext, w: PatchWindow) -> str | None:
+    """The first instruction of the file that reads the bytes the window's rewrite changes
+    (a rip-relative load whose address lies in them, or up to 7 bytes before: a word read
+    there reaches in), described; None when none does. Its decoding is checked: the
+    instruction holding the opcode found reads through its rip-relative address that one."""
+    for at in range(w.start - 7, w.end):
+        got = ctx.code_loads.get(at)
+        if got is None:
+            continue
+        src, _what = got
+        b = ctx.bounds(src)
+        if b is None:
+            continue
+        sw = ctx.sweep(b.start, b.end)
+        # the instruction holding the opcode (its prefixes, a REX, come before it)
+        i = bisect_left(sw.insns, src + 1, key=lambda x: x.address) - 1
+        if i >= 0 and sw.insns[i].address <= src < sw.insns[i].end and \
+                sw.insns[i].rip_target == at:
+            src = sw.insns[i].address
+            return (f"{src:#x} ({sw.insns[i].text}) reads the code at {at:#x}, which the "
+                    f"window [{w.start:#x}, {w.end:#x}) rewrites")
+    return None
 
 
 def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:
@@ -794,6 +825,10 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
                                  same_row(ctx))
             if window.window is not None:
                 outcome = window.window.shape.value
+                if (read := _code_read(ctx, window.window)) is not None:
+                    findings.append(CODE_READ_AS_DATA.finding(
+                        f"{read}: the program reads its own code as data, and those bytes "
+                        f"differ after a rewrite (the assumption code-not-read)", where))
             else:
                 blocked = window.code or WINDOW_BRANCH_TARGET.code
                 findings.append(lookup(blocked).finding(f"no patch window: {window.reason}",

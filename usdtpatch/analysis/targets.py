@@ -253,6 +253,9 @@ class CodeContext:
         self.ways_in: WaysIn | None = None
         # who observes a moved instruction's pc (check() finds them once; analysis/observed.py)
         self.observers: PcObservers | None = None
+        # address -> (source, what) of the rip-relative loads of the code around the probes
+        # (waysin.code_loads: code read as data; check() finds them once)
+        self.code_loads: dict[int, tuple[int, str]] = {}
         # every call of the C library's syscall() and what it does, found once per context
         # (analysis/hazards.fork_evidence: check asks, then the fork guard's questions)
         self.syscall_calls: list[tuple[int, tuple[str, str]]] | None = None

@@ -248,6 +248,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
         return WindowResult(w, None, f"in place: nop5 over [{w.start:#x}, {w.end:#x})",
                             ("in-place: ok",))
     except _Blocked as b:
+        b.with_traceback(None)  # no cycle through the frames that raised it
         tried.append(f"in-place: {b.reason}")
     first: tuple[_Blocked | None, _Blocked | None] | None = None
     modes = [_Mode(False, False, pinned), _Mode(True, False, pinned), _Mode(True, True, pinned)]
@@ -268,6 +269,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
             return WindowResult(w, None, f"backward: {w.relocated_bytes} bytes relocated"
                                 + mode.describe(w), (*tried, "backward: ok"))
         except _Blocked as b:
+            b.with_traceback(None)
             if first is None:
                 tried.append(f"backward: {b.reason}")
                 first = (forward_block, b.with_traceback(None))
@@ -279,6 +281,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
             w = _short(fc, i, code, _Mode(True, True, pinned, same_row))
             return WindowResult(w, None, f"short: {w.end_reason}", (*tried, "short: ok"))
         except _Blocked as b:
+            b.with_traceback(None)
             tried.append(f"short: {b.reason}")
     assert first is not None
     primary = first[0] if first[0] is not None else first[1]
@@ -787,6 +790,7 @@ def _backward(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow
         try:
             e, why, internal, retargets = _span(fc, k, i, mode, code)
         except _Blocked as b:
+            b.with_traceback(None)  # no cycle through the frames that raised it
             first_block = first_block or b
             continue
         cand = (e - ins.address, len(retargets), -ins.address, e, why, internal, retargets)

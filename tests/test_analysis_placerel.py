@@ -91,3 +91,35 @@ def test_place_relative_words_are_ways_in(built: Path, variant: str, tmp_path: P
     assert _site(rep, "plain").outcome == "forward"
     assert _mismatches(path) == []
     rewritten_runs_alike(path, tmp_path / "out")
+
+
+LASTWORD = r"""
+#include "custom_note.h"
+asm(".text\n.globl lw\n.type lw, @function\n.p2align 4\nlw:\n.cfi_startproc\n"
+    "\tmov %rdi, %rax\n990: nop\n.Llw_after: add $1, %rax\n\tret\n.cfi_endproc\n"
+    ".size lw, .-lw\n" CN_NOTE("990b", "0", "lastword", "lw", "8@%rax")
+    ".pushsection lastword_words, \"a\", @progbits\n.byte 1, 2, 3\n"
+    ".long .Llw_after\n.popsection\n" CN_BASE);
+long lw(long);
+int main(void) { return (int)lw(-1); }
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_a_sections_last_word_is_read(tmp_path: Path) -> None:
+    """An absolute 4-byte word in the last bytes of a section (here unaligned, the section's
+    only word) is a way in of a fixed-address program: before, the scan's pattern read a byte
+    past its search's end and never matched a section's last word."""
+    src = tmp_path / "lastword.c"
+    src.write_text(LASTWORD)
+    exe = tmp_path / "lastword"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-no-pie", "-g0", "-I",
+                    str(ROOT / "fixtures" / "src"), str(src), "-o", str(exe)], check=True)
+    s = _site(check(load(exe)), "lw")
+    assert s.blocked == "window-branch-target", s.outcome
+    assert s.window is not None
+    with exe.open("rb") as f:
+        sec = ELFFile(f).get_section_by_name("lastword_words")
+        assert sec is not None and sec.data_size == 7
+        word = sec["sh_addr"] + 3
+    assert f"data-word from {word:#x}" in s.window.reason, s.window.reason

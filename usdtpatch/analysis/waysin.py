@@ -733,7 +733,7 @@ def _switch_entries(image: ElfImage, words: list[tuple[int, int]], lea_targets: 
     for a, e in words:
         if not any(lo <= a < hi for lo, hi in rodata):
             continue
-        i = bisect_left(bases, a) - 1  # the nearest base strictly below the word
+        i = bisect_right(bases, a) - 1  # the nearest base at or below the word
         if i < 0 or a - bases[i] >= TABLE_BYTES or (a - bases[i]) % 4:
             continue
         t = bases[i] + e

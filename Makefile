@@ -214,6 +214,7 @@ bench: $(BIN)/.test
 	$(BIN)/python -m bench.bench_verify
 	$(BIN)/python -m bench.bench_rewrite
 	$(BIN)/python -m bench.bench_fork
+	$(BIN)/python -m bench.bench_cfarows
 
 # Tracing speed on this machine (root; docs/performance.md "Tracing speed"): the trigger
 # program in every site form and OpenJDK 17 original vs rewritten, with a chart.

@@ -5,8 +5,10 @@ with binutils (`as`, `ld`): 1,000,000 probes build in a minute, where the C gene
 Function k (`f<k>`, 8 bytes, 16-aligned, with an FDE from `.cfi_*`):
     push %rbp; mov %rsp,%rbp; nop (the probe syn:p<k>, argument 8@%rdi); pop %rbp; ret
 Its site is a 1-byte nop whose window is [push, nop] (backward: the function ends 2 bytes
-after the probe), as at -O0 -fno-omit-frame-pointer. `shared_pc=True` instead gives N notes
-that all name the one nop of f0 (the notes-sharing-one-pc case).
+after the probe), as at -O0 -fno-omit-frame-pointer. The probe's label is local (`.L`), as
+sys/sdt.h's are: a symbol there would be a way in (issue 46), and no backward window would
+do. `shared_pc=True` instead gives N notes that all name the one nop of f0 (the
+notes-sharing-one-pc case).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ def write_asm(path: Path, n: int, shared_pc: bool = False) -> None:
         for k in range(functions):
             out.write(f".globl f{k}\n.type f{k}, @function\n.balign 16\nf{k}:\n.cfi_startproc\n"
                       "push %rbp\n.cfi_def_cfa_offset 16\nmov %rsp, %rbp\n"
-                      f"p{k}: nop\npop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n"
+                      f".Lp{k}: nop\npop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n"
                       f".size f{k}, .-f{k}\n")
             if not shared_pc:
-                out.write(_NOTE.format(pc=f"p{k}", k=k))
+                out.write(_NOTE.format(pc=f".Lp{k}", k=k))
         if shared_pc:
             for k in range(n):
-                out.write(_NOTE.format(pc="p0", k=k))
+                out.write(_NOTE.format(pc=".Lp0", k=k))
 
 
 def build(directory: Path, n: int, shared_pc: bool = False) -> Path:

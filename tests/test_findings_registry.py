@@ -37,8 +37,9 @@ NOT_CODES = frozenset({
     "call-indirect", "jmp-indirect",  # x86/decode.py branch kinds
     "call-target", "return-site", "landing-pad", "jump-table", "jump-from-other-part",
     "rseq-abort", "unknown-indirect",  # analysis/targets.py target kinds
-    "branch-from-elsewhere", "short-branch-from-elsewhere", "address-taken", "data-word",
-    "code-word", "relative-table-entry",
+    "branch-from-elsewhere", "short-branch-from-elsewhere", "xbegin-from-elsewhere",
+    "address-taken", "data-word",
+    "code-word", "relative-table-entry", "place-relative-word",
     # analysis/waysin.py: kinds of way in from the whole file
     "in-place",  # window shape / rewrite action
     "way-in", "fixed-place", "file-wide", "dynamic-tag", "section-type", "segment-type",

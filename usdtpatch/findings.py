@@ -253,6 +253,22 @@ WINDOW_CALL = _code("window-call", _W, "every window holds a call that cannot go
 WINDOW_SYSCALL = _code("window-syscall", _W,
                        "every window holds a system-call instruction, which never moves",
                        _BLOCK_HINT, (_F, _S))
+CODE_READ_AS_DATA = _code(
+    "code-read-as-data", _W,
+    "the program reads the code a window rewrites as data (a rip-relative load of its bytes)",
+    "check what reads it (a checksum, a hook detector, a copy): its result changes after the "
+    "rewrite; a build with a header that emits a 5-byte NOP needs no rewrite", (_F, _S))
+WINDOW_FOREIGN_PERSONALITY = _code(
+    "window-foreign-personality", _W,
+    "the function's CIE names a personality routine not known to read GCC's exception tables",
+    _BLOCK_HINT, (_F, _S))
+WINDOW_TRANSACTION = _code("window-transaction", _W,
+                           "every window holds an `xbegin`, whose fallback neither the proof "
+                           "nor the emulator models", _BLOCK_HINT, (_F, _S))
+WINDOW_PLACE_NAMED = _code(
+    "window-place-named", _W,
+    "every window holds an instruction that a place-relative word of the file's data names "
+    "(`.long insn - .`: a static key's site, a fault-fixup table's pc)", _BLOCK_HINT, (_F, _S))
 WINDOW_FAULT_OBSERVED = _code(
     "window-fault-observed", _W,
     "every window holds an instruction that can fault where the file's signal handler may "

@@ -58,7 +58,7 @@ from usdtpatch.analysis.probes import Probe, ProbeSet
 from usdtpatch.analysis.relay import Relaid, relay
 from usdtpatch.analysis.rules import optimized_where_it_is
 from usdtpatch.analysis.targets import CodeContext, FunctionCode
-from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn
+from usdtpatch.analysis.waysin import AFTER, BEFORE, WaysIn, code_loads
 from usdtpatch.analysis.windows import (
     STUB_SIZE,
     PatchWindow,
@@ -70,7 +70,7 @@ from usdtpatch.analysis.windows import (
 )
 from usdtpatch.elf.args import MemOperand
 from usdtpatch.elf.cfi import CfiError, CfiIndex, load_cfi
-from usdtpatch.elf.ehframe import rows_at
+from usdtpatch.elf.ehframe import foreign_personality, rows_at
 from usdtpatch.elf.image import ElfImage
 from usdtpatch.elf.marker import marker_of
 from usdtpatch.elf.symbols import SymbolTable, load_symbols
@@ -80,6 +80,7 @@ from usdtpatch.findings import (
     ARG_USES_RIP,
     ARG_USES_RSP,
     CFI_MALFORMED,
+    CODE_READ_AS_DATA,
     FILE_REWRITTEN,
     FORK_GUARD_UNAVAILABLE,
     FORK_GUARDED,
@@ -98,8 +99,11 @@ from usdtpatch.findings import (
     SITE_IN_RSEQ_CS,
     SITE_SEGMENT_PREFIX,
     WINDOW_BRANCH_TARGET,
+    WINDOW_FOREIGN_PERSONALITY,
     WINDOW_NO_FUNCTION_BOUNDS,
     WINDOW_OVERLAPS_SITE,
+    WINDOW_PLACE_NAMED,
+    WINDOW_TRANSACTION,
     WINDOW_WAY_IN,
     Finding,
     Severity,
@@ -218,6 +222,7 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
         cfi = CfiIndex(image, (), (), "none")
     ctx = CodeContext(image, cfi, symbols)
     ctx.ways_in = _ways_in_index(ctx, probeset)
+    ctx.code_loads = code_loads(image, _sites_of(ctx, probeset))
     ctx.observers = _observers(ctx, probeset)
     remember_context(ctx)
     if context is not None:
@@ -251,15 +256,44 @@ def check(probeset: ProbeSet, symbols: SymbolTable | None = None,
                        cfi_source=cfi.source, cfi_fdes=len(cfi), context=ctx, options=options)
 
 
-def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
-    """The file-wide index of ways into the code around every probe (built once per file)."""
+def _sites_of(ctx: CodeContext, probeset: ProbeSet) -> list[tuple[int, int, int]]:
+    """(pc, start, end of its function; start == end when unknown) of every probe."""
     sites: list[tuple[int, int, int]] = []
     for p in probeset.probes:
         b = ctx.bounds(p.address)
         sites.append((p.address, b.start, b.end) if b is not None else
                      (p.address, p.address, p.address))
+    return sites
+
+
+def _ways_in_index(ctx: CodeContext, probeset: ProbeSet) -> WaysIn:
+    """The file-wide index of ways into the code around every probe (built once per file)."""
     starts = sorted({*ctx.cfi.starts, *ctx.symbols.addresses})
-    return file_ways_in(ctx, sites, starts)
+    return file_ways_in(ctx, _sites_of(ctx, probeset), starts)
+
+
+def _code_read(ctx: CodeContext, w: PatchWindow) -> str | None:
+    """The first instruction of the file that reads the bytes the window's rewrite changes
+    (a rip-relative load whose address lies in them, or up to 7 bytes before: a word read
+    there reaches in), described; None when none does. Its decoding is checked: the
+    instruction holding the opcode found reads through its rip-relative address that one."""
+    for at in range(w.start - 7, w.end):
+        got = ctx.code_loads.get(at)
+        if got is None:
+            continue
+        src, _what = got
+        b = ctx.bounds(src)
+        if b is None:
+            continue
+        sw = ctx.sweep(b.start, b.end)
+        # the instruction holding the opcode (its prefixes, a REX, come before it)
+        i = bisect_left(sw.insns, src + 1, key=lambda x: x.address) - 1
+        if i >= 0 and sw.insns[i].address <= src < sw.insns[i].end and \
+                sw.insns[i].rip_target == at:
+            src = sw.insns[i].address
+            return (f"{src:#x} ({sw.insns[i].text}) reads the code at {at:#x}, which the "
+                    f"window [{w.start:#x}, {w.end:#x}) rewrites")
+    return None
 
 
 def _observers(ctx: CodeContext, probeset: ProbeSet) -> PcObservers:
@@ -525,25 +559,74 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
             != [sc.probe.address] or \
             window_debug_refusal(ctx.image, got.window.start, got.window.end) is not None:
         return None
-    if ctx.observers is not None:  # what must keep its pc keeps it (analysis/observed.py)
-        pinned = ctx.observers.pinned(w.function_start)
-        moved = {a for a, b in got.code.insn_map if a != b}
-        if any(i.address in moved and pinned(i) is not None for i in got.window.insns):
-            return None
+    # what must keep its pc keeps it (analysis/observed.py; an xbegin, an instruction a
+    # place-relative word names)
+    stays = _stays(ctx, ctx.function(sc.function) if sc.function is not None else None)
+    observed = ctx.observers.pinned(w.function_start) if ctx.observers is not None else None
+    moved = {a for a, b in got.code.insn_map if a != b}
+    if any(i.address in moved and (stays(i) is not None or (
+            observed is not None and observed(i) is not None)) for i in got.window.insns):
+        return None
     return got
 
 
-def _pinned(ctx: CodeContext, function_start: int) -> Pinned | None:
-    """What must not move in the function (find_window's test): what observes a pc
-    (analysis/observed.py), then a debugger's breakpoint at a DIE (analysis/debuglines.py)."""
-    observed = ctx.observers.pinned(function_start) if ctx.observers is not None else None
+def _pinned(ctx: CodeContext, fc: FunctionCode) -> Pinned | None:
+    """What must not move in the function (find_window's test): an xbegin or an instruction
+    a place-relative word names (`_stays`), what observes a pc (analysis/observed.py), then a
+    debugger's breakpoint at a DIE (analysis/debuglines.py)."""
+    start = fc.bounds.start
+    observed = ctx.observers.pinned(start) if ctx.observers is not None else None
     entries = entry_pinned(ctx.image)
-    if observed is None or entries is None:
-        return observed or entries
+    stays = _stays(ctx, fc)
 
     def test(ins: CodeInsn) -> tuple[str, str] | None:
-        return observed(ins) or entries(ins)
+        return stays(ins) or (observed(ins) if observed is not None else None) or \
+            (entries(ins) if entries is not None else None)
     return test
+
+
+def _stays(ctx: CodeContext, fc: FunctionCode | None) -> Pinned:
+    """An xbegin (`_transaction`), and an instruction that a place-relative word names
+    (WaysIn.named) which is no entry of one of the function's own 4-byte jump tables (an
+    entry at its table's base is also A + W; the table's entries are retargeted)."""
+    named = ctx.ways_in.named if ctx.ways_in is not None else {}
+    tables = [(t.table, t.table + 4 * t.entries) for t in fc.jump_tables
+              if t.entry_size == 4] if fc is not None else []
+
+    def test(ins: CodeInsn) -> tuple[str, str] | None:
+        got = named.get(ins.address)
+        if got is not None and not any(lo <= got[0] < hi for lo, hi in tables):
+            return _place_named(ins, got[1])
+        return _transaction(ins)
+    return test
+
+
+def _place_named(ins: CodeInsn, what: str) -> tuple[str, str]:
+    """An instruction a place-relative word names must not move (WINDOW_PLACE_NAMED)."""
+    return WINDOW_PLACE_NAMED.code, (
+        f"{ins.address:#x} ({ins.text}) is named by the {what}: the program finds the "
+        f"instruction by its address (a static key's site patched at run time, a faulting "
+        f"pc looked up in a fixup table), so it does not move")
+
+
+def _foreign(ctx: CodeContext, bounds: FunctionBounds) -> str | None:
+    """Why no window goes in the function: its CIE names a personality routine not known to
+    read GCC's LSDA format (usdtpatch.elf.ehframe.GCC_LSDA_PERSONALITIES), or None."""
+    fde = bounds.fde
+    got = foreign_personality(ctx.image, fde.cie) if fde is not None else None
+    if got is None:
+        return None
+    return (f"the function's CIE names {got}, not known to read GCC's exception tables: "
+            f"where it lands an exception, and what else it reads by pc, is unknown")
+
+
+def _transaction(ins: CodeInsn) -> tuple[str, str] | None:
+    """An `xbegin` must not move (WINDOW_TRANSACTION): no verifier models its fallback."""
+    if ins.target is None or not ins.base_mnemonic.startswith("xbegin"):
+        return None
+    return WINDOW_TRANSACTION.code, (
+        f"{ins.address:#x} ({ins.text}) begins a transaction whose fallback is "
+        f"{ins.target:#x}: neither the proof nor the emulator models one, so it does not move")
 
 
 def same_row(ctx: CodeContext) -> SameRow | None:
@@ -784,12 +867,20 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
             findings.append(SITE_IN_RSEQ_CS.finding(
                 f"the site is inside the rseq critical section [{cs.start:#x}, {cs.end:#x}): "
                 "its code must not move", where))
+        elif (foreign := _foreign(ctx, bounds)) is not None:
+            blocked = WINDOW_FOREIGN_PERSONALITY.code
+            window = WindowResult(None, blocked, foreign, ())
+            findings.append(WINDOW_FOREIGN_PERSONALITY.finding(foreign, where))
         else:
             code = image.read_vaddr(bounds.start, bounds.size + fc.padding_after)
-            window = find_window(fc, probe.address, code, _pinned(ctx, bounds.start),
+            window = find_window(fc, probe.address, code, _pinned(ctx, fc),
                                  same_row(ctx))
             if window.window is not None:
                 outcome = window.window.shape.value
+                if (read := _code_read(ctx, window.window)) is not None:
+                    findings.append(CODE_READ_AS_DATA.finding(
+                        f"{read}: the program reads its own code as data, and those bytes "
+                        f"differ after a rewrite (the assumption code-not-read)", where))
             else:
                 blocked = window.code or WINDOW_BRANCH_TARGET.code
                 findings.append(lookup(blocked).finding(f"no patch window: {window.reason}",

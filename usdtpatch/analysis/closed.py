@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from functools import lru_cache
 
 from usdtpatch.elf import model
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Fde, parse_cie
@@ -147,10 +148,14 @@ def _cies(image: ElfImage) -> Iterator[Unmodelled]:
         pos += 4 + length
 
 
+# an FDE's program scanned once, however many sites its function holds (issue 46, class 8)
+_program_unknown = lru_cache(maxsize=256)(cfa_program_unknown)
+
+
 def fde_unmodelled(image: ElfImage, fde: Fde) -> Unmodelled | None:
     """What the FDE of one function uses outside the table: a call frame instruction, or an
     LSDA pointer encoding (LPStart, TType, call sites); LOCAL to the FDE's range."""
-    bad = cfa_program_unknown(fde.instructions)
+    bad = _program_unknown(fde.instructions)
     where = f"the FDE at {fde.address:#x} ([{fde.pc_begin:#x}, {fde.pc_end:#x}))"
     if bad is not None:
         return Unmodelled(kind=CFI, what=bad, where=where, scope=LOCAL, start=fde.pc_begin,

@@ -75,8 +75,10 @@ def file_ways_in(ctx: CodeContext, sites: list[tuple[int, int, int]],
     file's computed control flow adds: one place for check, rewrite and the fork guard."""
     got = computed_flow(ctx, sites)
     base = build_ways_in(ctx.image, sites, starts, ctx.cfi)
-    return WaysIn([w for _a, ws in base.between(0, 1 << 64) for w in ws] + got.ways,
-                  got.poisoned, got.everywhere)
+    # the computed flow's first: a word that is both an entry of a table it reads and a
+    # place-relative word (an entry at its table's base) is named as the table's entry
+    return WaysIn(got.ways + [w for _a, ws in base.between(0, 1 << 64) for w in ws],
+                  got.poisoned, got.everywhere, base.named)
 
 
 def computed_flow(ctx: CodeContext, sites: list[tuple[int, int, int]]) -> Computed:

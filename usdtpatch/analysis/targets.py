@@ -43,7 +43,7 @@ Each function is disassembled once (usdtpatch.x86.decode.sweep), and each sweep 
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -56,6 +56,7 @@ from usdtpatch.analysis.waysin import (
     BRANCH_REL8,
     BRANCH_REL32,
     CODE_KINDS,
+    PLACE_RELATIVE,
     REL_TABLE,
     WayIn,
     WaysIn,
@@ -63,7 +64,9 @@ from usdtpatch.analysis.waysin import (
 from usdtpatch.analysis.waysin import (
     LANDING_PAD as WAYSIN_LANDING_PAD,
 )
+from usdtpatch.analysis.waysin import XBEGIN as XBEGIN_WAY
 from usdtpatch.elf.cfi import CfiError, CfiIndex, parse_lsda
+from usdtpatch.elf.ehframe import foreign_personality
 from usdtpatch.elf.image import ET_DYN, PF_X, SHT_PROGBITS, ElfImage
 from usdtpatch.elf.model import fixed_places, place_overlapping
 from usdtpatch.elf.relocs import relative_relocations
@@ -109,6 +112,7 @@ class Target:
     address: int
     kind: str
     source: int | None  # the instruction (or table, or LSDA) that makes it a target
+    what: str = ""  # a SYMBOL: the symbol, named (SymbolTable.describe_label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +130,8 @@ class FunctionCode:
     incoming: dict[int, tuple[Target, ...]] = field(default_factory=dict, repr=False)
     # every way each target is reached (targets keeps the first, for display)
     padding_before: int = 0  # NOP/int3 bytes between the previous function and the start
-    memo: dict[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+    memo: dict[str, frozenset[int] | tuple[int, ...]] = field(default_factory=dict, repr=False,
+                                                               compare=False)
     # (start, end, what) of each loader relocation whose place lies in code, sorted (the
     # file's usdtpatch.elf.model.fixed_places: text relocations): no window may hold one
     fixed: Sequence[tuple[int, int, str]] = ()
@@ -154,7 +159,7 @@ class FunctionCode:
         stopping at an unconditional jmp, ret, or a stopping instruction (ud2, hlt, int3).
         A call falls through (its return site is reached). Computed once per function."""
         got = self.memo.get("reached")
-        if got is not None:
+        if isinstance(got, frozenset):
             return got
         out = reach(self.insns, self.starts, self.targets)
         self.memo["reached"] = out
@@ -162,8 +167,12 @@ class FunctionCode:
 
     def targets_between(self, lo: int, hi: int) -> list[int]:
         """Addresses of the explicit targets in the open interval (lo, hi), sorted, including
-        targets that are not instruction boundaries (a jump into an instruction)."""
-        return sorted(a for a in self.targets if lo < a < hi)
+        targets that are not instruction boundaries (a jump into an instruction). The targets
+        are sorted once per function (each site asked: probes x targets, issue 46 class 8)."""
+        got = self.memo.get("sorted")
+        if not isinstance(got, tuple):
+            got = self.memo["sorted"] = tuple(sorted(self.targets))
+        return list(got[bisect_right(got, lo):bisect_left(got, hi)])
 
     def index_of(self, address: int) -> int | None:
         i = bisect_left(self.starts, address)
@@ -244,6 +253,9 @@ class CodeContext:
         self.ways_in: WaysIn | None = None
         # who observes a moved instruction's pc (check() finds them once; analysis/observed.py)
         self.observers: PcObservers | None = None
+        # address -> (source, what) of the rip-relative loads of the code around the probes
+        # (waysin.code_loads: code read as data; check() finds them once)
+        self.code_loads: dict[int, tuple[int, str]] = {}
         # every call of the C library's syscall() and what it does, found once per context
         # (analysis/hazards.fork_evidence: check asks, then the fork guard's questions)
         self.syscall_calls: list[tuple[int, tuple[str, str]]] | None = None
@@ -313,8 +325,11 @@ class CodeContext:
         got = self._reached.get(bounds.start)
         if got is None or got[0] is not part:
             ins = part.sweep.insns
+            # from what its code names: a symbol that is no function's (a label, an object)
+            # is a way in for a window, but no proof that code starts there (a table's name)
             got = (part, reach(ins, tuple(i.address for i in ins),
-                               (t.address for t in part.targets)))
+                               (t.address for t in part.targets if t.kind != SYMBOL
+                                or _function_symbol_at(self.symbols, t.address))))
             self._reached[bounds.start] = got
         insns, seen = part.sweep.insns, got[1]
         at = address
@@ -372,14 +387,18 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
     sw = ctx.sweep(bounds.start, bounds.end)
     insns = sw.insns
     targets: list[Target] = [Target(bounds.start, ENTRY, None)]
-    targets.extend(Target(a, SYMBOL, None)
-                   for a in symbols_inside(ctx.symbols, bounds.start, bounds.end))
+    targets.extend(Target(a, SYMBOL, None, ctx.symbols.describe_label(a))
+                   for a in _entries_inside(ctx.symbols, bounds.start, bounds.end))
     outside: list[tuple[int, bool]] = []
     unresolved: list[str] = []
     tables: list[JumpTable] = []
     computed: list[tuple[int, int | None, str]] = []
     fde = bounds.fde  # landing pads first: the kind `show` names when a pad is also a return site
-    if fde is not None and fde.lsda is not None:
+    foreign = foreign_personality(ctx.image, fde.cie) if fde is not None else None
+    if fde is not None and fde.lsda is not None and foreign is not None:
+        unresolved.append(f"its LSDA at {fde.lsda:#x} is read by {foreign}, not known to "
+                          f"use GCC's format")
+    elif fde is not None and fde.lsda is not None:
         try:
             for lp in parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads:
                 targets.append(Target(lp, LANDING_PAD, fde.lsda))
@@ -422,6 +441,19 @@ def scan_part(ctx: CodeContext, bounds: FunctionBounds) -> PartScan:
                     unresolved=tuple(unresolved), computed=tuple(computed))
 
 
+def _function_symbol_at(symbols: SymbolTable, address: int) -> bool:
+    got = symbols.lookup(address)
+    return got is not None and got[1] == 0
+
+
+def _entries_inside(symbols: SymbolTable, start: int, end: int) -> list[int]:
+    """The addresses strictly inside (start, end) that a symbol names, of any type: a function
+    symbol, an entry label of hand-written assembly (NOTYPE or OBJECT, local or exported: it
+    may be called, jumped to or broken at: issue 46), a section's start."""
+    return sorted({*symbols_inside(symbols, start, end),
+                   *symbols.labels_inside(start, end)})
+
+
 def _jump_verdict(ctx: CodeContext, bounds: FunctionBounds, insns: tuple[CodeInsn, ...],
                   k: int, graph: _Graph
                   ) -> tuple[JumpTable | str | None, tuple[int, int | None, str] | None]:
@@ -458,9 +490,10 @@ def scan_jumps(ctx: CodeContext, bounds: FunctionBounds
     computed: list[tuple[int, int | None, str]] = []
     if not jumps:
         return tables, computed
-    entries = {bounds.start, *symbols_inside(ctx.symbols, bounds.start, bounds.end)}
+    entries = {bounds.start, *_entries_inside(ctx.symbols, bounds.start, bounds.end)}
     fde = bounds.fde
-    if fde is not None and fde.lsda is not None:
+    if fde is not None and fde.lsda is not None and \
+            foreign_personality(ctx.image, fde.cie) is None:
         with suppress(CfiError):  # scan_part says so (unresolved); then no pad is an entry
             entries.update(parse_lsda(ctx.image, fde.lsda, fde.pc_begin).landing_pads)
     graph = _Graph(insns, entries)
@@ -565,10 +598,15 @@ def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
     if w.kind == REL_TABLE and (w.base in known_tables or (
             ctx.executable(w.source) and ctx.decoded_as_code(w.source, 4))):
         return None  # the function's own table, or code bytes: no table entry
+    if w.kind == PLACE_RELATIVE and w.base and not _is_boundary(own.sweep, w.target):
+        return None  # a word that names it only with an addend: where an instruction starts
     if w.kind not in CODE_KINDS:
         for tb in own.tables:
             if tb.entry_size == 8 and tb.table <= w.source < tb.table + 8 * tb.entries:
                 return None
+            if w.kind == PLACE_RELATIVE and tb.entry_size == 4 and \
+                    tb.table <= w.source < tb.table + 4 * tb.entries:
+                return None  # its table's entry (at its base: also A + W): a JUMP_TABLE
         return Target(w.target, w.kind, w.source)
     if bounds.contains(w.source):
         if w.kind != ADDRESS_TAKEN:
@@ -587,7 +625,7 @@ def _way_in(ctx: CodeContext, bounds: FunctionBounds, own: PartScan, w: WayIn,
         return Target(w.target, w.kind, ins.address) if ins.rip_target == w.target else None
     if ins.target != w.target or ins.flow not in (Flow.JMP, Flow.JCC, Flow.CALL):
         return None
-    return Target(w.target, BRANCH_REL8 if w.kind == BRANCH_REL8 else BRANCH_REL32,
+    return Target(w.target, w.kind if w.kind in (BRANCH_REL8, XBEGIN_WAY) else BRANCH_REL32,
                   ins.address)
 
 
@@ -605,6 +643,11 @@ def _padding_after(ctx: CodeContext, bounds: FunctionBounds) -> int:
     gap = min(nxt) - bounds.end
     if gap <= 0 or gap > 64:
         return 0
+    named = first_named(ctx, bounds, bounds.end, bounds.end + gap)
+    if named is not None:
+        gap = named - bounds.end  # the bytes up to the first one something names
+        if gap <= 0:
+            return 0
     raw = ctx.image.read_vaddr(bounds.end, gap)
     if len(raw) < gap:
         return 0
@@ -626,7 +669,8 @@ def _padding_before(ctx: CodeContext, bounds: FunctionBounds) -> int:
     except CfiError:
         return 0
     gap = bounds.start - prev.pc_end
-    if gap <= 0 or gap > 64 or symbols_inside(ctx.symbols, prev.pc_end - 1, bounds.start):
+    if gap <= 0 or gap > 64 or symbols_inside(ctx.symbols, prev.pc_end - 1, bounds.start) or \
+            first_named(ctx, bounds, prev.pc_end, bounds.start) is not None:
         return 0
     raw = ctx.image.read_vaddr(prev.pc_end, gap)
     if len(raw) < gap:
@@ -668,9 +712,34 @@ def _tails_before(ctx: CodeContext, bounds: FunctionBounds) -> tuple[tuple[int, 
             described = ctx.cfi.lookup(lo) is not None or ctx.cfi.lookup(q - 1) is not None
         except CfiError:  # an FDE there that does not parse: not a tail no one describes
             continue
-        if not described:
+        if not described and first_named(ctx, bounds, lo, q) is None:
             out.append((lo, q))
     return tuple(out)
+
+
+def first_named(ctx: CodeContext, bounds: FunctionBounds, lo: int, hi: int) -> int | None:
+    """The lowest address in [lo, hi) that something names (issue 46, class 5: such bytes
+    are no unused padding, and no stub goes there): a symbol of any type, a section's start,
+    a way in of the file-wide index (a branch, a relocation, a data or place-relative word:
+    `__patchable_function_entries` names a patchable entry's NOP sled before a function),
+    an address a place-relative word names, a relocation's place; None when nothing does.
+    A branch or `lea` of the index counts where decoding the code holding it shows it
+    (`_way_in`, asked as of the function `bounds` the padding is next to)."""
+    got: list[int] = []
+    labels = ctx.symbols.labels_inside(lo - 1, hi)
+    funcs = symbols_inside(ctx.symbols, lo - 1, hi)
+    got.extend(labels[:1] + funcs[:1])
+    got.extend(s.addr for s in ctx.image.sections
+               if s.allocated and s.size and lo <= s.addr < hi)
+    if ctx.ways_in is not None:
+        own = ctx.part(bounds)
+        got.extend(a for a, ways in ctx.ways_in.between(lo, hi)
+                   if any(_way_in(ctx, bounds, own, w, set()) is not None for w in ways))
+        got.extend(a for a in ctx.ways_in.named if lo <= a < hi)
+    places = fixed_places(ctx.image)
+    k = bisect_left(places, (lo,))
+    got.extend(p[0] for p in places[max(0, k - 1):k + 1] if p[0] < hi and p[1] > lo)
+    return max(lo, min(got)) if got else None
 
 
 def _next_symbol_at_or_after(symbols: SymbolTable, address: int) -> int | None:

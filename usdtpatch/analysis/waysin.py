@@ -5,9 +5,13 @@ detour (docs/rewrite.md, "What is proven before a window is used"). A function's
 jump tables, landing pads and related `.cold` parts are its analysis's (usdtpatch.analysis.targets);
 this index adds what lies outside it, found by scanning the whole file once:
 
-- direct branches from any executable section: every `e8`/`e9` (call/jmp rel32) and `0f 80-8f`
-  (jcc rel32) byte sequence whose displacement lands in a region, and every `eb`/`70-7f`/`e0-e3`
-  (rel8) within reach of one. The scan reads bytes, not instructions: a hit is kept unless the
+- direct branches from any executable section: every `e8`/`e9` (call/jmp rel32), `0f 80-8f`
+  (jcc rel32) and `c7 f8` (xbegin rel32: its fallback address) byte sequence whose
+  displacement lands in a region, every `eb`/`70-7f`/`e0-e3` (rel8) within reach of one, and
+  every `66 c7 f8` (xbegin rel16). These are every opcode whose operand iced-x86 decodes as a
+  near branch target in 64-bit code (tests/test_analysis_relative.py derives them from its
+  operand kinds); an xbegin's way in is never aimed at the detour (XBEGIN).
+  The scan reads bytes, not instructions: a hit is kept unless the
   linear disassembly of the function holding it (done lazily, by the function analysis) shows
   that no instruction starts there (the bytes belong to another instruction);
 - rip-relative `lea` (`8d` with a rip-relative ModRM) anywhere in code: the address of a label
@@ -59,6 +63,7 @@ from operator import add, itemgetter, rshift
 from typing import Protocol
 
 from usdtpatch.elf.cfi import CfiError, CfiIndex, Cie, parse_cie, parse_lsda
+from usdtpatch.elf.ehframe import foreign_personality
 from usdtpatch.elf.image import (
     ET_EXEC,
     PF_X,
@@ -84,15 +89,18 @@ AFTER = 72  # bytes after a probe a window may end (64 + the probe)
 # kinds of way in (Target.kind in the function analysis)
 BRANCH_REL32 = "branch-from-elsewhere"  # a direct jmp/jcc/call rel32 outside the function
 BRANCH_REL8 = "short-branch-from-elsewhere"  # a direct jmp/jcc rel8 outside the function
+XBEGIN = "xbegin-from-elsewhere"  # an xbegin (rel32 or rel16) outside the function
 ADDRESS_TAKEN = "address-taken"  # a rip-relative lea of the address (code anywhere)
 RELOCATION = "relocation"  # a relocation whose value is the address
 DATA_WORD = "data-word"  # an absolute word in the file's data holding the address
 CODE_WORD = "code-word"  # an absolute value in the file's code (a mov/push immediate)
 REL_TABLE = "relative-table-entry"  # an entry of a 4-byte relative table (table + int32)
+PLACE_RELATIVE = "place-relative-word"  # a word holding the address less its own (.long x - .)
 LANDING_PAD = "landing-pad"  # a landing pad an LSDA names
 TABLE_BYTES = 4 * 4096  # how far a relative table's entry may lie from its base
+PLACE_ADDEND = 8  # a place-relative word W at A names A + W + k for |k| <= this
 
-CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, ADDRESS_TAKEN})
+CODE_KINDS = frozenset({BRANCH_REL32, BRANCH_REL8, XBEGIN, ADDRESS_TAKEN})
 _S32 = struct.Struct("<i")
 
 
@@ -105,14 +113,20 @@ class WayIn:
     kind: str
     source: int
     what: str
-    base: int = 0  # REL_TABLE: the table's address (the `lea`'s target)
+    base: int = 0  # REL_TABLE: the table's address (the `lea`'s target); PLACE_RELATIVE: k
 
 
 class WaysIn:
     """The index: target -> every way in found by the file-wide scans."""
 
     def __init__(self, ways: Iterable[WayIn], poisoned: dict[int, str] | None = None,
-                 everywhere: str | None = None) -> None:
+                 everywhere: str | None = None,
+                 named: dict[int, tuple[int, str]] | None = None) -> None:
+        # code address -> (A, what) of the place-relative word W at A that names it exactly
+        # (A + W), function starts included: an instruction whose pc the file's data records
+        # (a static key's site, which is patched at run time; a fault's pc, looked up in a
+        # fixup table) does not move (analysis/check.py's _stays: window-place-named)
+        self.named = named or {}
         # function start -> why every instruction boundary of it is a possible way in (a
         # computed jump whose base lies in it, arithmetic on an address in it:
         # usdtpatch.analysis.computed); `everywhere`: why that holds for every function
@@ -138,10 +152,11 @@ class WaysIn:
 
 def _windows_span(pc: int, fstart: int, fend: int) -> tuple[int, int]:
     """[lo, hi) of the bytes a window of the probe at `pc` may cover: [pc - BEFORE,
-    pc + AFTER), within its function and the padding after it when its bounds are known."""
+    pc + AFTER), within its function and the padding around it when its bounds are known
+    (before it: a short window's entry stub, which must not land on named bytes)."""
     lo, hi = pc - BEFORE, pc + AFTER
     if fstart < fend:
-        lo, hi = max(lo, fstart), min(hi, fend + 64)
+        lo, hi = max(lo, fstart - 64), min(hi, fend + 64)
     return max(0, lo), hi
 
 
@@ -254,9 +269,13 @@ def _rel32_hits(data: bytes, vaddr: int, opcode_at: list[int], head: int,
 
 _FIRST = itemgetter(0)
 # (opcode pattern, bytes from the opcode's first byte to the displacement, name)
-_REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
+# (the branches: every opcode whose operand iced-x86 knows as a near branch target in 64-bit
+# code, tests/test_analysis_relative.py holds the list to iced's operand kinds)
+REL32_OPCODES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"), (rb"\x0f[\x80-\x8f]", 2, "jcc"),
+                  (rb"\xc7\xf8", 2, "xbegin"),
                   (rb"\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "lea"))  # lea: mod 00, rm 101
-_REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
+REL8_OPCODE = re.compile(rb"[\xeb\x70-\x7f\xe0-\xe3]")  # jmp, jcc, loop*/jrcxz rel8
+REL16_OPCODE = re.compile(rb"\x66\xc7\xf8")  # xbegin rel16 (the 66 prefix)
 CHUNK = 1 << 18  # sources per prefilter pattern
 _WIDE = 1 << 12  # more allowed high halves than this: the prefilter would not pay
 
@@ -373,7 +392,7 @@ def _code_hits(data: bytes, vaddr: int, protected: Addresses,
     targets of the leas that may land there as well are added to `lea_targets` (the one
     search for the opcode serves both)."""
     out: list[tuple[int, str, int]] = []
-    for opcode, head, name in _REL32_OPCODES:
+    for opcode, head, name in REL32_OPCODES:
         if name == "lea" and lea_spans and lea_targets is not None:
             at = _candidates(data, vaddr, opcode, head, _merged([*spans, *lea_spans]))
             limit = len(data) - head - 4
@@ -417,6 +436,41 @@ RIP_REFERENCES = ((rb"\xe8", 1, "call"), (rb"\xe9", 1, "jmp"),
                   (rb"\x39[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", 2, "cmp"))
 
 
+# rip-relative loads (the instruction reads memory at its address): any width, any register
+_RIP_MODRM = rb"[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]"
+# (opcode pattern, bytes to the displacement, what, bytes of immediate after it): each opens
+# with a literal byte, which the search skips along (a class first made it 5-10x slower)
+CODE_LOADS = ((rb"\x8b" + _RIP_MODRM, 2, "mov", 0), (rb"\x8a" + _RIP_MODRM, 2, "mov", 0),
+              (rb"\x0f[\xb6\xb7\xbe\xbf\x10\x6f\x28]" + _RIP_MODRM, 3, "movzx or vector", 0),
+              (rb"\x3b" + _RIP_MODRM, 2, "cmp", 0), (rb"\x39" + _RIP_MODRM, 2, "cmp", 0),
+              (rb"\x80\x3d", 2, "cmp imm8", 1), (rb"\x83\x3d", 2, "cmp imm8", 1),
+              (rb"\x81\x3d", 2, "cmp imm32", 4))
+
+
+def code_loads(image: ElfImage, sites: list[tuple[int, int, int]]) -> dict[int, tuple[int, str]]:
+    """Address -> (source, what) of each rip-relative load of the file's code (a mov, a
+    compare, a movzx or sign extension, a vector load) whose address lies in the
+    bytes a window of `sites` may cover, function starts included: code read as data (the
+    documented assumption `code-not-read`: the bytes differ after a rewrite). A byte match:
+    the caller checks that an instruction starts at the source and reads that address."""
+    if not sites:
+        return {}
+    regions = _Regions(sites, [])
+    spans = _spans(sites, CHUNK)
+    out: dict[int, tuple[int, str]] = {}
+    for vaddr, off, size in code_ranges(image):
+        data = bytes(image.data[off:off + size])
+        for opcode, head, name, imm in CODE_LOADS:
+            at = [q for q in _candidates(data, vaddr, opcode, head, spans)
+                  if q <= len(data) - head - 4]
+            targets = [t + imm for t in _rel32_targets(data, vaddr, at, head)]
+            hits = regions.intersection(targets)
+            for q, t in zip(at, targets, strict=True):
+                if t in hits:
+                    out.setdefault(t, (vaddr + q, name))
+    return out
+
+
 def references_to(image: ElfImage, targets: set[int],
                   names: Iterable[str] | None = None,
                   spans: list[tuple[int, int]] | None = None) -> list[tuple[int, str, int]]:
@@ -440,7 +494,8 @@ def references_to(image: ElfImage, targets: set[int],
     return sorted(out)
 
 
-_LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "lea": "rip-relative lea"}
+_LABEL = {"call": "call rel32", "jmp": "jmp rel32", "jcc": "jcc rel32", "xbegin": "xbegin rel32",
+          "lea": "rip-relative lea"}
 
 
 def _scan_code(image: ElfImage, protected: Addresses, probes: list[tuple[int, int, int]],
@@ -452,8 +507,9 @@ def _scan_code(image: ElfImage, protected: Addresses, probes: list[tuple[int, in
     for vaddr, off, size in ranges:
         data = bytes(image.data[off:off + size])
         for src, name, t in _code_hits(data, vaddr, protected, reach, lea_spans, lea_targets):
-            out.append(WayIn(t, ADDRESS_TAKEN if name == "lea" else BRANCH_REL32, src,
-                             f"{_LABEL[name]} at {src:#x}"))
+            kind = ADDRESS_TAKEN if name == "lea" else XBEGIN if name == "xbegin" else \
+                BRANCH_REL32
+            out.append(WayIn(t, kind, src, f"{_LABEL[name]} at {src:#x}"))
     # rel8: only sources within reach of a probe's region and outside its function (whose
     # own jumps its disassembly knows)
     spans: set[tuple[int, int]] = set()
@@ -466,12 +522,20 @@ def _scan_code(image: ElfImage, protected: Addresses, probes: list[tuple[int, in
             a, b = max(lo, vaddr), min(hi, vaddr + size)
             if b - 1 <= a:
                 continue
-            for m in _REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
+            for m in REL8_OPCODE.finditer(image.data, off + a - vaddr, off + b - 1 - vaddr):
                 src = vaddr + m.start() - off
                 d = image.data[m.start() + 1]
                 t = src + 2 + (d - 256 if d > 127 else d)
                 if t in protected:
                     out.append(WayIn(t, BRANCH_REL8, src, f"rel8 branch at {src:#x}"))
+    # rel16 (xbegin with the 66 prefix): a literal search of the code, each match's target
+    for vaddr, off, size in ranges:
+        for m in REL16_OPCODE.finditer(image.data, off, off + size - 4):
+            src = vaddr + m.start() - off
+            (d,) = struct.unpack_from("<h", image.data, m.end())
+            t = src + 5 + d
+            if t in protected:
+                out.append(WayIn(t, XBEGIN, src, f"xbegin rel16 at {src:#x}"))
     return out
 
 
@@ -589,8 +653,12 @@ def _values_in(data: bytes | mmap, off: int, size: int, width: int,
     if len(halves) > _WIDE:
         found: Iterable[int] = range(off, off + size - width + 1)
     else:
-        found = (m.start() - 2 for m in
-                 _halves_pattern(halves).finditer(data, off + 2, off + size - width + 3))
+        # the search ends a byte after the last candidate's byte 3, which the pattern's
+        # lookahead reads (an end at that byte hid the section's last word)
+        last = off + size - width
+        found = (q for q in (m.start() - 2 for m in
+                             _halves_pattern(halves).finditer(data, off + 2, last + 4))
+                 if q <= last)
     for q in found:
         (v,) = struct.unpack_from(fmt, data, q)
         if v in want:
@@ -612,10 +680,10 @@ def _table_sections(image: ElfImage) -> list[tuple[int, int, int]]:
 
 def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """(address A, int32 value E) of every word of `_table_sections`, at any byte, that would
-    land in `spans` as the entry of a relative table at most TABLE_BYTES before it (A + E in
-    [lo, hi + TABLE_BYTES) for a span [lo, hi)). The words are found by the prefilter on
-    their upper half, then checked exactly."""
-    wide = _merged((lo, hi + TABLE_BYTES) for lo, hi in spans)
+    land in `spans` as the entry of a relative table at most TABLE_BYTES before it, or as a
+    place-relative word (A + E in [lo - PLACE_ADDEND, hi + TABLE_BYTES) for a span [lo, hi)).
+    The words are found by the prefilter on their upper half, then checked exactly."""
+    wide = _merged((lo - PLACE_ADDEND, hi + TABLE_BYTES) for lo, hi in spans)
     pages: set[int] = set()
     for lo, hi in wide:
         pages.update(range(lo >> 12, ((hi - 1) >> 12) + 1))
@@ -632,8 +700,9 @@ def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[in
             if len(halves) > _WIDE:
                 at = list(range(off + c0, off + c1))
             else:
-                at = [m.start() - 2 for m in
-                      _halves_pattern(halves).finditer(data, off + c0 + 2, off + c1 + 2)]
+                # (the end reaches the byte the lookahead reads of the chunk's last word)
+                at = [q for q in (m.start() - 2 for m in _halves_pattern(halves).finditer(
+                    data, off + c0 + 2, off + c1 + 3)) if q < off + c1]
             # A + E, A = vaddr + q - off: kept when its 4 KiB page is one of a wide span's
             ends = list(map(add, map(_FIRST, map(_S32.unpack_from, repeat(data), at)),
                             map(add, at, repeat(vaddr - off))))
@@ -644,6 +713,65 @@ def _table_words(image: ElfImage, spans: list[tuple[int, int]]) -> list[tuple[in
                     a = vaddr + at[i] - off
                     out.append((a, ends[i] - a))
     return out
+
+
+def _switch_entries(image: ElfImage, words: list[tuple[int, int]], lea_targets: list[int],
+                    code: list[tuple[int, int]]) -> set[int]:
+    """The addresses of `words` that are read as entries of a compiler's relative jump table
+    rather than as place-relative words: in `.rodata` (or `.rodata.*`), where gcc and clang
+    put switch tables, at a multiple of 4 less than TABLE_BYTES after a rip-relative `lea`
+    target T (the table's base, T below the word) with T + W in code. (The same bytes read
+    as `.long x - .` name x + 4i, i the entry's index: a static glibc's switch tables named
+    instructions of main that way.) Words elsewhere, or that no table explains, stay
+    place-relative."""
+    rodata = [(s.addr, s.addr + s.size) for s in image.sections if s.allocated and (
+        s.name == ".rodata" or s.name.startswith(".rodata."))]
+    if not rodata:
+        return set()
+    bases = sorted(set(lea_targets))
+    out: set[int] = set()
+    for a, e in words:
+        if not any(lo <= a < hi for lo, hi in rodata):
+            continue
+        i = bisect_right(bases, a) - 1  # the nearest base at or below the word
+        if i < 0 or a - bases[i] >= TABLE_BYTES or (a - bases[i]) % 4:
+            continue
+        t = bases[i] + e
+        j = bisect_right(code, (t, 1 << 64)) - 1
+        if j >= 0 and code[j][0] <= t < code[j][1]:
+            out.add(a)
+    return out
+
+
+def _scan_place_relative(image: ElfImage, words: list[tuple[int, int]], regions: _Regions
+                         ) -> tuple[list[WayIn], dict[int, tuple[int, str]]]:
+    """The place-relative words among `words` (`_table_words`: every int32 at any byte of
+    an allocated non-code section, `.eh_frame` aside, whose A + W lands near a region): a
+    word W at A that holds a code address less its own (`.long target - .`: a static key's
+    `__jump_table` entry built with `asm goto`, a kernel-style `__ex_table` of fault fixups,
+    a 64-bit `.quad target - .`, whose low half is such a word) names A + W + k for
+    |k| <= PLACE_ADDEND. Each one that lands in a region is a way in (one with k != 0 only
+    where an instruction starts: CodeContext's function analysis); and (address -> what) of
+    those that name an address exactly (k = 0), function starts included (`WaysIn.named`)."""
+    out: list[WayIn] = []
+    named: dict[int, tuple[int, str]] = {}
+    secs = sorted((s.addr, s.addr + s.size, s.name) for s in image.sections if s.allocated)
+    los = [a for a, _e, _n in secs]
+    for a, e in words:
+        for k in range(-PLACE_ADDEND, PLACE_ADDEND + 1):
+            t = a + e + k
+            inside = t in regions
+            if not inside and (k or t not in regions.holes):
+                continue
+            i = bisect_right(los, a) - 1
+            sec = secs[i][2] if i >= 0 and a < secs[i][1] else "data"
+            what = (f"place-relative word at {a:#x} in {sec or 'data'}: {a:#x} + ({e:#x})"
+                    f"{f' {k:+d}' if k else ''} = {t:#x}")
+            if not k:
+                named.setdefault(t, (a, what))
+            if inside:
+                out.append(WayIn(target=t, kind=PLACE_RELATIVE, source=a, what=what, base=k))
+    return out, named
 
 
 def _table_reach(words: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -755,8 +883,8 @@ def _landing_pads_of(image: ElfImage, cfi: CfiIndex, which: Iterable[int],
     for i in which:
         try:
             fde = cfi.fde_at(i)
-            if fde.lsda is None:
-                continue
+            if fde.lsda is None or foreign_personality(image, fde.cie) is not None:
+                continue  # none, or not GCC's format: its function's analysis refuses it
             pads = parse_lsda(image, fde.lsda, fde.pc_begin).landing_pads
         except CfiError:
             continue  # an LSDA that does not parse: its own function's analysis says so
@@ -780,6 +908,10 @@ def build_ways_in(image: ElfImage, probes: Iterable[tuple[int, int, int]],
     leas: list[int] = []
     code_spans = [(v, v + n) for v, _o, n in code_ranges(image)]
     code = _scan_code(image, protected, sites, [*_table_reach(words), *code_spans], leas)
+    switch = _switch_entries(image, words, leas, sorted(code_spans))
+    placed, named = _scan_place_relative(image, [w for w in words if w[0] not in switch],
+                                         protected)
     return WaysIn([*code, *_scan_relocations(image, protected), *_scan_words(image, protected),
                    *_scan_tables(words, leas, protected),
-                   *scan_code_tables(image, leas, starts, protected), *pads])
+                   *scan_code_tables(image, leas, starts, protected), *pads, *placed],
+                  named=named)

@@ -56,8 +56,10 @@ from usdtpatch.analysis.waysin import (
     CODE_WORD,
     DATA_WORD,
     LANDING_PAD,
+    PLACE_RELATIVE,
     REL_TABLE,
     RELOCATION,
+    XBEGIN,
 )
 from usdtpatch.analysis.waysin import AFTER as WAYS_AFTER
 from usdtpatch.analysis.waysin import BEFORE as WAYS_BEFORE
@@ -246,6 +248,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
         return WindowResult(w, None, f"in place: nop5 over [{w.start:#x}, {w.end:#x})",
                             ("in-place: ok",))
     except _Blocked as b:
+        b.with_traceback(None)  # no cycle through the frames that raised it
         tried.append(f"in-place: {b.reason}")
     first: tuple[_Blocked | None, _Blocked | None] | None = None
     modes = [_Mode(False, False, pinned), _Mode(True, False, pinned), _Mode(True, True, pinned)]
@@ -266,6 +269,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
             return WindowResult(w, None, f"backward: {w.relocated_bytes} bytes relocated"
                                 + mode.describe(w), (*tried, "backward: ok"))
         except _Blocked as b:
+            b.with_traceback(None)
             if first is None:
                 tried.append(f"backward: {b.reason}")
                 first = (forward_block, b.with_traceback(None))
@@ -277,6 +281,7 @@ def find_window(fc: FunctionCode, probe_address: int, code: bytes,
             w = _short(fc, i, code, _Mode(True, True, pinned, same_row))
             return WindowResult(w, None, f"short: {w.end_reason}", (*tried, "short: ok"))
         except _Blocked as b:
+            b.with_traceback(None)
             tried.append(f"short: {b.reason}")
     assert first is not None
     primary = first[0] if first[0] is not None else first[1]
@@ -437,7 +442,7 @@ def _ways_in(fc: FunctionCode, addr: int, sources: tuple[Target, ...], s: int, e
     for src in sources:
         where = src.source
         if where is None:
-            return f"it is a {src.kind}"
+            return f"it is a {src.kind}{f': {src.what}' if src.what else ''}"
         if src.kind in (JUMP, CALL_TARGET) and fc.bounds.contains(where):
             size = _rel_size(fc, where, code)
             if size == 4:
@@ -513,11 +518,15 @@ def _fixed_branch(fc: FunctionCode, where: int) -> str | None:
 # ways in that no rewrite can aim at the detour: the window is not used
 _FIXED = {
     BRANCH_REL8: "the short jump from {:#x}, outside the function, has an 8-bit displacement",
+    XBEGIN: "the xbegin at {:#x}, outside the function, names it as its fallback address (a "
+            "transaction's abort; no emulator models one: it is not aimed at the detour)",
     ADDRESS_TAKEN: "its address is taken by the rip-relative lea at {:#x} (a computed goto or "
                    "a code pointer kept in data)",
     RELOCATION: "the relocation of the word at {:#x} holds its address (a code pointer the "
                 "loader stores: a computed-goto table, an .init_array-like table)",
     DATA_WORD: "the data word at {:#x} holds its address (a code pointer in the file's data)",
+    PLACE_RELATIVE: "the place-relative word at {:#x} holds its address less its own (`.long "
+                    "target - .`: a static key's jump entry, a fault-fixup table)",
     CODE_WORD: "the code at {:#x} holds its address as an absolute value (a mov or push "
                "immediate of a fixed-address file)",
     REL_TABLE: "the 4-byte relative jump-table entry at {:#x} (of another function) lands "
@@ -781,6 +790,7 @@ def _backward(fc: FunctionCode, i: int, code: bytes, mode: _Mode) -> PatchWindow
         try:
             e, why, internal, retargets = _span(fc, k, i, mode, code)
         except _Blocked as b:
+            b.with_traceback(None)  # no cycle through the frames that raised it
             first_block = first_block or b
             continue
         cand = (e - ins.address, len(retargets), -ins.address, e, why, internal, retargets)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise, repeat
 from operator import sub
 
@@ -43,7 +45,9 @@ from usdtpatch.elf.model import (
     DW_EH_PE_sdata4,
     DW_EH_PE_udata4,
     DW_EH_PE_uleb128,
+    loader_relocations,
 )
+from usdtpatch.elf.symbols import names_at, symbol_name_of
 from usdtpatch.errors import UnsupportedError
 
 RSP = 7  # DWARF register numbers on x86-64
@@ -132,20 +136,48 @@ def rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     and so does a CIE with an augmentation the reader does not know (`Cie.understood`): its
     letters may change what the rows mean, and without a 'z' length where its initial
     instructions start is not known."""
+    table = fde_rows(fde)
+    if isinstance(table, UnsupportedError):
+        raise UnsupportedError(str(table))
+    locs, rows = table
+    out: dict[int, Row] = {}
+    for at in sorted(set(addresses)):
+        row, libunwind_args = rows[max(0, bisect_right(locs, at) - 1)]
+        if row.args_size != libunwind_args:
+            raise UnsupportedError(
+                f"DW_CFA_GNU_args_size at {at:#x} is {row.args_size} for libgcc and "
+                f"{libunwind_args} for libunwind (a DW_CFA_restore_state in between)")
+        out[at] = row
+    return out
+
+
+# (the start of each row's range, ascending; (the row, args_size as LLVM's libunwind reads it)
+# of each), or why the program cannot be followed
+RowTable = tuple[list[int], list[tuple[Row, int]]]
+
+
+@lru_cache(maxsize=256)
+def fde_rows(fde: Fde) -> RowTable | UnsupportedError:
+    """Every row of the FDE, its CFA program run once (issue 46, class 8: each site asked
+    its rows by running the whole program again, probes x rows for a long function): the
+    rows depend on the FDE and its CIE alone (their programs, alignments, start), so one
+    table serves every question of every file holding the same entry."""
     cie = fde.cie
     if not cie.understood:
-        raise UnsupportedError(f"the CIE at {cie.address:#x} has augmentation "
-                               f"{cie.augmentation!r}, which this reader does not know")
+        return UnsupportedError(f"the CIE at {cie.address:#x} has augmentation "
+                                f"{cie.augmentation!r}, which this reader does not know")
     try:
-        return _rows_at(fde, addresses)
+        return _row_table(fde)
     except CfiError as exc:
-        raise UnsupportedError(f"the FDE's call frame program is malformed: {exc}") from None
+        return UnsupportedError(f"the FDE's call frame program is malformed: {exc}")
+    except UnsupportedError as exc:
+        return exc
 
 
-def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
+def _row_table(fde: Fde) -> RowTable:
     cie = fde.cie
-    want = sorted(set(addresses))
-    out: dict[int, Row] = {}
+    locs: list[int] = []
+    rows: list[tuple[Row, int]] = []
     state: dict[str, object] = {"cfa": Cfa(RSP, 8)}
     regs: dict[int, Rule] = {}
     initial: dict[int, Rule] = {}
@@ -161,13 +193,14 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
         return value
 
     def flush(upto: int) -> None:
-        while want and want[0] < upto:
-            at = want.pop(0)
-            if args[0] != args[1]:
-                raise UnsupportedError(
-                    f"DW_CFA_GNU_args_size at {at:#x} is {args[0]} for libgcc and {args[1]} "
-                    f"for libunwind (a DW_CFA_restore_state in between)")
-            out[at] = Row(cfa(), tuple(sorted(regs.items())), args[0])
+        # the state in force over [loc, upto): one row (a zero advance adds none)
+        if upto > loc or not locs:
+            row = (Row(cfa(), tuple(sorted(regs.items())), args[0]), args[1])
+            if locs and locs[-1] == loc:
+                rows[-1] = row
+            else:
+                locs.append(loc)
+                rows.append(row)
 
     def restore(reg: int) -> None:
         if reg in initial:
@@ -257,7 +290,7 @@ def _rows_at(fde: Fde, addresses: list[int]) -> dict[int, Row]:
     run(cie.instructions, True)
     run(fde.instructions, False)
     flush(1 << 64)
-    return out
+    return locs, rows
 
 
 # ---------------------------------------------------------------------------------------
@@ -439,6 +472,65 @@ class Personality:
 
     target: int
     indirect: bool
+
+
+# The personality routines known to read an LSDA in GCC's format (the call-site table,
+# LPStart, the action and type tables of .gcc_except_table): libstdc++'s and libgcc's (also
+# their SJLJ forms), GNU Objective-C's, and Rust's (its personality parses GCC's tables). An
+# LSDA is read only under one of these; a function whose CIE names another routine has no
+# window (issue 46: analysis/check.py's window-foreign-personality).
+GCC_LSDA_PERSONALITIES = frozenset({
+    "__gxx_personality_v0", "__gcc_personality_v0", "__gxx_personality_sj0",
+    "__gcc_personality_sj0", "__gnu_objc_personality_v0", "rust_eh_personality"})
+
+
+def foreign_personality(image: ElfImage, cie: Cie) -> str | None:
+    """None when `cie` names no personality routine, or one of GCC_LSDA_PERSONALITIES;
+    else the routine, described (its symbol's name, or why it cannot be named). The pointer
+    is followed as the unwinder does: through the slot of an indirect one (its relocation's
+    symbol, or the address the slot or its relative relocation holds), to a symbol at that
+    address. Computed once per CIE."""
+    memo = image.derived.setdefault("foreign_personality", {})
+    assert isinstance(memo, dict)
+    if cie.address in memo:
+        got: str | None = memo[cie.address]
+        return got
+    got = _foreign(image, cie)
+    memo[cie.address] = got
+    return got
+
+
+def _foreign(image: ElfImage, cie: Cie) -> str | None:
+    if cie.personality_at is None or cie.personality_encoding == DW_EH_PE_omit:
+        return None
+    try:
+        p = personality_of(image, cie)
+    except UnsupportedError as exc:
+        return f"a personality routine that cannot be named ({exc})"
+    names: list[str] = []
+    address: int | None = p.target
+    if p.indirect:
+        address = None
+        rel = loader_relocations(image)
+        for i in (i for i, place in enumerate(rel.places) if place == p.target):
+            if rel.symbols[i]:
+                name = symbol_name_of(image, rel.tables[rel.table[i]].symtab, rel.symbols[i])
+                if name:
+                    names.append(name)
+            else:
+                address = rel.addends[i]
+        if not names and address is None:
+            raw = image.read_vaddr(p.target, 8)
+            address = int.from_bytes(raw, "little") if len(raw) == 8 else None
+    if address is not None and not names:
+        names = names_at(image, address)
+    if any(n.split("@")[0] in GCC_LSDA_PERSONALITIES for n in names):
+        return None
+    where = f" (the CIE at {cie.address:#x})"
+    if names:
+        return f"the personality routine {names[0]}{where}"
+    return (f"an unnamed personality routine at {address:#x}{where}" if address is not None
+            else f"a personality routine no symbol names{where}")
 
 
 def personality_of(image: ElfImage, cie: Cie) -> Personality:

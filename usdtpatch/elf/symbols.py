@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import compress
@@ -33,9 +33,19 @@ from usdtpatch.elf.image import (
 )
 from usdtpatch.errors import ElfFormatError
 
+STT_NOTYPE = 0
+STT_OBJECT = 1
 STT_FUNC = 2
+STT_SECTION = 3
+STT_FILE = 4
+STT_COMMON = 5
+STT_TLS = 6
 STT_GNU_IFUNC = 10
 STB_LOCAL = 0
+SHN_COMMON = 0xFFF2
+_TYPE_NAMES = {STT_NOTYPE: "NOTYPE", STT_OBJECT: "OBJECT", STT_FUNC: "FUNC",
+               STT_SECTION: "SECTION", STT_GNU_IFUNC: "IFUNC"}
+_BIND_NAMES = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "UNIQUE"}
 SYM64_SIZE = 24
 
 
@@ -69,6 +79,29 @@ class SymbolTable:
     _best: dict[int, int] = field(repr=False)  # address -> index into _cols
     _cols: _Columns = field(repr=False)
     _image: ElfImage = field(repr=False)
+    # the address of every other symbol (`_IS_LABEL`), sorted, and one symbol's index for each
+    labels: tuple[int, ...] = ()
+    _label: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def labels_inside(self, start: int, end: int) -> list[int]:
+        """Addresses of the symbols that are no function symbol (`labels`) strictly inside
+        (start, end): an entry label of hand-written assembly, an object placed in code."""
+        lo = bisect_right(self.labels, start)
+        hi = bisect_left(self.labels, end)
+        return list(self.labels[lo:hi])
+
+    def describe_label(self, address: int) -> str:
+        """`name` (TYPE BINDING, from .symtab or .dynsym) of the symbol `labels` keeps at
+        `address`, or of the function symbol there."""
+        k = self._label.get(address, self._best.get(address))
+        if k is None:
+            return f"{address:#x}"
+        info = self._cols.infos[k]
+        t = bisect_right(self._cols.starts, k) - 1
+        table = self._cols.tables[t].name or "symbol table"
+        kind = _TYPE_NAMES.get(info & 0xF, f"type {info & 0xF}")
+        bind = _BIND_NAMES.get(info >> 4, f"binding {info >> 4}")
+        return f"{self._name(k) or '(no name)'} ({kind} {bind} in {table})"
 
     def __len__(self) -> int:
         return len(self.addresses)
@@ -172,6 +205,13 @@ def _columns(image: ElfImage, types: tuple[int, ...] = _BOTH) -> _Columns:
 # st_info -> 1 for STT_FUNC / STT_GNU_IFUNC, and -> 1 for a binding other than STB_LOCAL
 _IS_FUNCTION = bytes(1 if i & 0xF in (STT_FUNC, STT_GNU_IFUNC) else 0 for i in range(256))
 _IS_NONLOCAL = bytes(1 if i >> 4 != STB_LOCAL else 0 for i in range(256))
+# st_info -> 1 for a symbol whose value is an address and that is no function symbol: any
+# type (NOTYPE, OBJECT, SECTION, an OS or processor type) but STT_FILE (its value is no
+# address), STT_TLS (an offset into the thread's block) and STT_COMMON (an alignment). A
+# section symbol's value is its section's start: a target there holds no window that stays
+# in one function and its padding from crossing into the next section, which is its due.
+_IS_LABEL = bytes(0 if i & 0xF in (STT_FUNC, STT_GNU_IFUNC, STT_FILE, STT_TLS, STT_COMMON)
+                  else 1 for i in range(256))
 
 
 def load_symbols(image: ElfImage) -> SymbolTable:
@@ -192,7 +232,16 @@ def load_symbols(image: ElfImage) -> SymbolTable:
     rank = bytes(map(add, map(add, sized, sized), cols.infos.translate(_IS_NONLOCAL)))
     ranked = sorted(keep, key=rank.__getitem__)
     best = dict(zip(map(values.__getitem__, ranked), ranked, strict=True))
-    return SymbolTable(tuple(sorted(best)), best, cols, image)
+    # every other symbol defined (not SHN_UNDEF, not SHN_COMMON) at a nonzero address, of
+    # .symtab and .dynsym, local or not: a way in wherever it lies in code (issue 46)
+    labelled = compress(range(n - 1, -1, -1),
+                        map(mul, map(mul, reversed(cols.infos.translate(_IS_LABEL)),
+                                     map(SHN_COMMON.__ne__, reversed(cols.shndx))),
+                            map(mul, reversed(cols.shndx), reversed(values))))
+    ranked_labels = sorted(labelled, key=rank.__getitem__)
+    label = dict(zip(map(values.__getitem__, ranked_labels), ranked_labels, strict=True))
+    return SymbolTable(addresses=tuple(sorted(best)), _best=best, _cols=cols, _image=image,
+                       labels=tuple(sorted(label)), _label=label)
 
 
 def symbol_names(image: ElfImage) -> Iterator[str]:
@@ -463,3 +512,35 @@ def symtab_in_place(image: ElfImage, functions: list[tuple[str, int, int]], shnd
                          strtab_name=strs.name, strtab_offset=strs.offset,
                          strtab_size=strs.size + len(names), names_at=names_at, names=bytes(names),
                          moved=tuple(n for n in moved if _section_end(image, n) > start))
+
+
+def symbol_name_of(image: ElfImage, table: int, index: int) -> str | None:
+    """The name of symbol `index` of the symbol table section `table` (a relocation's
+    symbol), or None when there is no such entry."""
+    secs = image.sections
+    if not 0 < table < len(secs) or not 0 < secs[table].link < len(secs):
+        return None
+    tab, entsize = secs[table], SYM64_SIZE if image.is64 else 16
+    at = tab.offset + index * entsize
+    if index <= 0 or at + entsize > min(len(image.data), tab.offset + tab.size):
+        return None
+    (name,) = struct.unpack_from(image.byteorder + "I", image.data, at)
+    strtab = secs[tab.link]
+    start = strtab.offset + name
+    limit = min(strtab.offset + strtab.size, len(image.data))
+    if start >= limit:
+        return None
+    end = image.data.find(b"\0", start, limit)
+    return bytes(image.data[start:end if end >= 0 else limit]).decode("utf-8", "replace")
+
+
+def names_at(image: ElfImage, address: int) -> list[str]:
+    """The names of every symbol of .symtab and .dynsym whose value is `address`: defined
+    ones, and an undefined function's canonical PLT address in a fixed-address program."""
+    cols = _columns(image)
+    out: list[str] = []
+    for k in compress(range(len(cols.values)), map(address.__eq__, cols.values)):
+        name = _column_name(image, cols, k)
+        if name and name not in out:
+            out.append(name)
+    return out

@@ -323,7 +323,10 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
     pos = 0
     end = len(code)
     while pos < end:
-        made = _made(_lite_rows(code[pos:], address + pos, mode64))
+        bare: list[int] = []
+        made = _made(_lite_rows(code[pos:], address + pos, mode64), bare)
+        for k in bare:
+            made[k] = _relative(made[k], code, address, mode64)
         if made:
             insns += made
             pos = made[-1].address - address + made[-1].size
@@ -336,6 +339,25 @@ def sweep(code: bytes, address: int, mode64: bool = True) -> Sweep:
             bad.append(address + pos)
             pos += 1
     return Sweep(address, address + end, tuple(insns), tuple(bad))
+
+
+# an operand that is a bare address (no `$`, no parentheses): a relative branch target, or an
+# absolute memory operand (movabs's moffs)
+_BARE = re.compile(r"(?:^|, )-?(?:0x)?[0-9a-f]+(?:,|$)")
+
+
+def _relative(ins: CodeInsn, code: bytes, address: int, mode64: bool) -> CodeInsn:
+    """`ins` (an instruction capstone's mnemonic does not make a branch, showing a bare
+    address) as a branch when iced-x86's operand kinds say that one of its operands is a
+    near relative target (`xbegin`'s fallback, and any other such instruction): it may go
+    on to the next instruction or to its target (Flow.JCC), as a conditional jump does."""
+    from usdtpatch.x86.lengths import relative_target
+
+    at = ins.address - address
+    target = relative_target(code[at:at + ins.size], ins.address, mode64)
+    if target is None:
+        return ins
+    return ins._replace(flow=Flow.JCC, target=target)
 
 
 def _by_length(code: bytes, address: int, mode64: bool) -> CodeInsn | None:
@@ -396,10 +418,13 @@ _new_insn = tuple.__new__  # CodeInsn(...) without the generated __new__'s extra
 _PLAIN: dict[str, tuple[str, Flow]] = {}  # mnemonic -> (base, flow)
 
 
-def _made(rows: list[tuple[int, int, str, str]]) -> list[CodeInsn]:
+def _made(rows: list[tuple[int, int, str, str]], bare: list[int] | None = None
+          ) -> list[CodeInsn]:
     """`_make` of each row, inline: an instruction that passes control on to the next one
     without a memory operand (its facts are its mnemonic's), a direct branch (its target its
-    operand), the rest through `_make`'s memo of facts."""
+    operand), the rest through `_make`'s memo of facts. `bare` is given the index of each
+    instruction that is no branch by its mnemonic but shows a bare address (`_BARE`): the
+    caller asks the decoder's operand kinds whether it is a relative target (`_relative`)."""
     out: list[CodeInsn] = []
     facts_get = _FACTS.get
     add = out.append
@@ -414,6 +439,9 @@ def _made(rows: list[tuple[int, int, str, str]]) -> list[CodeInsn]:
         base, flow = got
         if flow is none:
             if "(" not in op_str and ":" not in op_str:
+                if bare is not None and op_str and op_str[0] != "%" and "$" not in op_str \
+                        and _BARE.search(op_str):
+                    bare.append(len(out))
                 add(_new_insn(CodeInsn, (addr, size, mnemonic, op_str, flow, None, None, None,
                                          base)))
                 continue

@@ -34,3 +34,23 @@ def decode_one(code: bytes, address: int, mode64: bool = True
 @cache
 def _gas() -> iced_x86.Formatter:
     return iced_x86.Formatter(iced_x86.FormatterSyntax.GAS)
+
+
+_NEAR = frozenset({iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
+                   iced_x86.OpKind.NEAR_BRANCH64})
+
+
+def relative_target(code: bytes, address: int, mode64: bool = True) -> int | None:
+    """The target of the instruction at the start of `code` when one of its operands is a
+    near relative branch target as iced-x86 decodes it (its operand kind NEAR_BRANCH16/32/64:
+    jmp, jcc, call, loop, jrcxz, and `xbegin`'s fallback address alike), else None. The sweep
+    asks it of each instruction whose text capstone's flow does not make a branch but that
+    shows a bare address (usdtpatch.x86.decode: the operand kinds decide, not a list of
+    mnemonics: issue 46)."""
+    ins = iced_x86.Decoder(64 if mode64 else 32, code, ip=address).decode()
+    if ins.is_invalid:
+        return None
+    for i in range(ins.op_count):
+        if ins.op_kind(i) in _NEAR:
+            return int(ins.near_branch_target)
+    return None

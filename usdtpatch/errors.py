@@ -9,6 +9,10 @@ never an exception. `cli.main` turns every `UsdtpatchError` into one line on std
 class UsdtpatchError(Exception):
     """Base of every error usdtpatch raises on purpose."""
 
+    # an error about a file of its own, which its message names (a protocol file given to
+    # `plan`): name_input leaves it as it is
+    names_its_file = False
+
     def detail(self, path: str) -> str:
         """The message without its leading "PATH: ", for a line or field that names `path`
         itself (the library's errors name their input: name_input)."""
@@ -61,8 +65,9 @@ def name_input(exc: UsdtpatchError, path: str) -> UsdtpatchError:
     The library calls it on every error of a function over a file, so that an error read
     without its call (a log line, a list of errors) still says which file it is about. The
     exception keeps its type and attributes; an OutputError, which is about an output and
-    names it, is left as it is."""
+    names it, and an error about a file of its own (names_its_file) are left as they are."""
     text = str(exc)
-    if path and path not in text and not isinstance(exc, OutputError):
+    if path and path not in text and not isinstance(exc, OutputError) \
+            and not exc.names_its_file:
         exc.args = (f"{path}: {text}",)
     return exc

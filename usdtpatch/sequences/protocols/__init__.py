@@ -60,6 +60,8 @@ _TRAMP = re.compile(r"^trampoline\s*(?:(?P<sign>[+-])\s*(?P<n>0x[0-9a-fA-F]+|\d+
 class ProtocolError(InputError):
     """A protocol file that cannot be used (one line, naming the file)."""
 
+    names_its_file = True
+
 
 @dataclass(frozen=True, slots=True)
 class StepSpec:

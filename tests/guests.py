@@ -69,7 +69,10 @@ SITE_CHECKS: tuple[tuple[str, str, int], ...] = (
     ("combo5@pc+1", "combo5", 1), ("combo10@pc", "combo10", 0),
     ("combo10@pc+1", "combo10", 1), ("nop10@pc", "nop10", 0),
 )
-SITE_NAMES = tuple(name for name, _f, _d in SITE_CHECKS)
+# The probe of args.c's `usdtpatch rewrite --form combo10` copy, attached at its new pc + 1
+# (the nop10 of its `90` + nop10): the rewrite on the generation's fast path.
+REWRITTEN_CHECK = ("rewritten-combo10@pc+1", "combo10", 1)
+SITE_NAMES = tuple(name for name, _f, _d in (*SITE_CHECKS, REWRITTEN_CHECK))
 ITERATIONS = 10_000  # passes of one site per check (a counting uprobe must count exactly)
 KCHECK_ITERATIONS = 1_000  # passes of every site under kcheck (`sites all N`)
 REWRITE_ITERATIONS = 1_000  # passes of the rewritten args program's probe
@@ -90,11 +93,14 @@ ENOTSUPP = 524
 # (6.18), written down for comparison.
 EXPECTED: dict[str, dict[str, str]] = {
     "none": {"nop1@pc": INT3, "nop5@pc": INT3, "combo5@pc": INT3, "combo5@pc+1": INT3,
-             "combo10@pc": INT3, "combo10@pc+1": NEVER, "nop10@pc": NEVER},
+             "combo10@pc": INT3, "combo10@pc+1": NEVER, "nop10@pc": NEVER,
+             "rewritten-combo10@pc+1": NEVER},
     "nop5": {"nop1@pc": INT3, "nop5@pc": NOP5, "combo5@pc": INT3, "combo5@pc+1": NOP5,
-             "combo10@pc": INT3, "combo10@pc+1": NEVER, "nop10@pc": NEVER},
+             "combo10@pc": INT3, "combo10@pc+1": NEVER, "nop10@pc": NEVER,
+             "rewritten-combo10@pc+1": NEVER},
     "nop10": {"nop1@pc": INT3, "nop5@pc": INT3, "combo5@pc": INT3, "combo5@pc+1": INT3,
-              "combo10@pc": INT3, "combo10@pc+1": NOP10, "nop10@pc": NOP10},
+              "combo10@pc": INT3, "combo10@pc+1": NOP10, "nop10@pc": NOP10,
+              "rewritten-combo10@pc+1": NOP10},
 }
 ERRNO_NAME = {"none": "ENOSYS", "nop5": "ENXIO", "nop10": "EPROTO"}
 # kcheck on the site program: the note pc of each probe, where kcheck attaches (pc + 1 for a
@@ -267,6 +273,15 @@ def compile_rewritten(tmp: Path) -> tuple[Path, Path]:
     return exe, rewritten
 
 
+def note_pc_offset(path: Path) -> int:
+    """The file offset of the one probe's note pc in `path` (`usdtpatch list --json`)."""
+    out = subprocess.run([sys.executable, "-m", "usdtpatch", "list", "--json", str(path)],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    probes = json.loads(out)["files"][0]["probes"]
+    assert len(probes) == 1, probes
+    return int(probes[0]["file_offset"])
+
+
 def session_spec(exe: Path, rewritten: Path) -> dict[str, Any]:
     offsets = file_offsets(exe)
     checks: list[dict[str, Any]] = [{"name": "kernel", "kind": "kernel"}]
@@ -285,6 +300,18 @@ def session_spec(exe: Path, rewritten: Path) -> dict[str, Any]:
                        "args": ["all", str(KCHECK_ITERATIONS)], "timeout": 150,
                        "script": script})
     n = str(REWRITE_ITERATIONS)
+    pc = note_pc_offset(rewritten)
+    name, form, delta = REWRITTEN_CHECK
+    checks.append({"name": name, "kind": "site", "program": str(rewritten), "form": form,
+                   "site_offset": pc, "offset": pc + delta, "length": len(FORMS[form]),
+                   "iterations": ITERATIONS, "args": [str(ITERATIONS), "wait"]})
+    # bpftrace at the nop10 itself (pc + 1, by address: bpftrace's usdt probes attach at the
+    # pc), the arguments read from the registers the note names (-8@%rdi -8@%rax): the
+    # values the optimized path hands a consumer.
+    checks.append({"name": "rewritten-traced-pc+1", "kind": "bpftrace",
+                   "program": str(rewritten), "args": [n], "timeout": 150,
+                   "script": f"uprobe:{rewritten}:{pc + 1:#x} {{ @hits = count(); "
+                             f"@arg0 = sum(reg(\"di\")); @arg1 = sum(reg(\"ax\")); }}"})
     checks.append({"name": "rewritten-untraced", "kind": "run", "program": str(rewritten),
                    "args": [n], "timeout": 60})
     checks.append({"name": "rewritten-traced", "kind": "bpftrace", "program": str(rewritten),
@@ -372,7 +399,11 @@ def _site_expectation(key: str, name: str) -> str:
 
 
 def _delta(name: str) -> int:
-    return next(d for n, _f, d in SITE_CHECKS if n == name)
+    return next(d for n, _f, d in (*SITE_CHECKS, REWRITTEN_CHECK) if n == name)
+
+
+def _form(name: str) -> str:
+    return next(f for n, f, _d in (*SITE_CHECKS, REWRITTEN_CHECK) if n == name)
 
 
 def _state(res: dict[str, Any], state: str) -> bytes:
@@ -448,7 +479,7 @@ class GuestChecks:
     def test_bytes_attached(self, session: Session, name: str) -> None:
         res = session.result(name)
         before = bytes.fromhex(res["before"])
-        assert before == FORMS[name.split("@", maxsplit=1)[0]], res
+        assert before == FORMS[_form(name)], res
         want = _expected_attached(before, _site_expectation(self.KEY, name), _delta(name))
         assert _state(res, "attached") == want, res
 
@@ -520,6 +551,20 @@ def file_offsets_of(session: Session) -> dict[str, int]:
                 "arg1": str(3 * n * (n - 1) // 2 + n)}
         assert res["exit_code"] == 0 and got == want, res
 
+    def test_rewritten_traced_at_the_nop10(self, session: Session) -> None:
+        """bpftrace attached at the rewritten site's nop10 (pc + 1): every pass and both
+        arguments' exact sums, from the registers (on the nop10 generation: the optimized
+        path); before it the kernel refuses the probe."""
+        res = session.result("rewritten-traced-pc+1")
+        got = dict(re.findall(r"^@(\w+): (\d+)$", res["stdout"], re.M))
+        if EXPECTED[generation(self.KEY)][REWRITTEN_CHECK[0]] == NEVER:
+            assert res["exit_code"] != 0 and not got, res
+            return
+        n = REWRITE_ITERATIONS
+        want = {"hits": str(n), "arg0": str(n * (n - 1) // 2),
+                "arg1": str(3 * n * (n - 1) // 2 + n)}
+        assert res["exit_code"] == 0 and got == want, res
+
     def test_rewritten_traced_output(self, session: Session) -> None:
         """Traced, the rewritten program still prints the original's output."""
         res = session.result("rewritten-traced")
@@ -530,10 +575,11 @@ class Nop10ProtocolChecks:
     """The nop10 generation's write protocol: the states of a nop10 site read in the guest
     (before attach, attached with no hit, optimized, after detach) are the ends of the
     sequences usdtpatch's emulator verifies (usdtpatch.sequences.nop10, what `plan`/`verify
-    --kernel nop10-series` use), for the bare nop10 and for the nop10 at pc + 1 of `90` +
-    nop10. Mixed into the tests of a nop10 guest, after GuestChecks."""
+    --kernel nop10-series` use), for the bare nop10, for the nop10 at pc + 1 of `90` +
+    nop10 and for the one of a combo10 rewrite. Mixed into the tests of a nop10 guest, after
+    GuestChecks."""
 
-    @pytest.mark.parametrize("name", ["nop10@pc", "combo10@pc+1"])
+    @pytest.mark.parametrize("name", ["nop10@pc", "combo10@pc+1", "rewritten-combo10@pc+1"])
     def test_nop10_states_are_the_protocol_ends(self, session: Session, name: str) -> None:
         from usdtpatch.sequences.nop10 import nop10_sequences
 

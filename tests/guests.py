@@ -574,14 +574,15 @@ def file_offsets_of(session: Session) -> dict[str, int]:
 class Nop10ProtocolChecks:
     """The nop10 generation's write protocol: the states of a nop10 site read in the guest
     (before attach, attached with no hit, optimized, after detach) are the ends of the
-    sequences usdtpatch's emulator verifies (usdtpatch.sequences.nop10, what `plan`/`verify
-    --kernel nop10-series` use), for the bare nop10, for the nop10 at pc + 1 of `90` +
-    nop10 and for the one of a combo10 rewrite. Mixed into the tests of a nop10 guest, after
-    GuestChecks."""
+    sequences usdtpatch's emulator verifies (sequences.optimized_sequences of the nop10
+    generation's row, what `plan`/`verify --kernel nop10` use), for the bare nop10, for the
+    nop10 at pc + 1 of `90` + nop10 and for the one of a combo10 rewrite. Mixed into the tests
+    of a nop10 guest, after GuestChecks."""
 
     @pytest.mark.parametrize("name", ["nop10@pc", "combo10@pc+1", "rewritten-combo10@pc+1"])
     def test_nop10_states_are_the_protocol_ends(self, session: Session, name: str) -> None:
-        from usdtpatch.sequences.nop10 import nop10_sequences
+        from usdtpatch.kernelfacts import generation
+        from usdtpatch.sequences.sequences import optimized_sequences
 
         res = session.result(name)
         delta = _delta(name)
@@ -589,7 +590,8 @@ class Nop10ProtocolChecks:
         states = {k: bytes.fromhex(res[k])[delta:delta + 10]
                   for k in ("before", "attached", "after_hits", "detached")}
         rel = int.from_bytes(states["after_hits"][6:10], "little", signed=True)
-        seqs = nop10_sequences(address, states["before"], address + 10 + rel)
+        seqs = optimized_sequences(generation("nop10"), address, states["before"],
+                                   address + 10 + rel)
         assert seqs.optimize is not None and seqs.unoptimize is not None
         model = {"before": seqs.attach.start, "attached": seqs.attach.end,
                  "after_hits": seqs.optimize.end, "detached": seqs.unoptimize.end}

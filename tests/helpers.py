@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from usdtpatch.cli import main
+from usdtpatch.kernelfacts import generation
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "bin"
@@ -208,3 +209,10 @@ def disable_prover(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(Prover, "prove",
                         lambda self, *a, **k: Proof(NOT_PROVABLE, "disabled by the test"))
+
+
+# The kernel generations the tests name (usdtpatch.kernelfacts.GENERATIONS: the code reads
+# rows, never names one; a test states a row's facts)
+NONE_GEN = generation("none")
+NOP5_GEN = generation("nop5")
+NOP10_GEN = generation("nop10")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture
+from tests.helpers import NOP5_GEN, NOP10_GEN, fixture
 from usdtpatch.analysis.candidacy import Outcome, site_candidacy, trampoline_reachable
 from usdtpatch.analysis.check import BLOCKED, check
 from usdtpatch.api import load
@@ -38,20 +38,21 @@ def test_matrix(name: str, k618: Outcome, nop10: Outcome, code: str | None) -> N
     assert ps.probes
     for p in ps.probes:
         c = site_candidacy(p, ps.image)
-        assert (c.kernel_618.outcome, c.nop10_series.outcome) == (k618, nop10), p.probe_id
-        assert c.kernel_618.code == code
-        assert c.kernel_618.reason
+        got = (c.verdict(NOP5_GEN).outcome, c.verdict(NOP10_GEN).outcome)
+        assert got == (k618, nop10), p.probe_id
+        assert c.verdict(NOP5_GEN).code == code
+        assert c.verdict(NOP5_GEN).reason
 
 
 def test_page_crossing_is_the_4091_rule() -> None:
     ps = load(str(fixture("nop5-pagecross")))
-    by_offset = {p.address % 4096: site_candidacy(p, ps.image).kernel_618 for p in ps.probes}
+    by_offset = {p.address % 4096: site_candidacy(p, ps.image).verdict(NOP5_GEN) for p in ps.probes}
     crossing = [v for off, v in by_offset.items() if off > 4091]
     assert crossing and all(v.code == "site-crosses-page" and v.outcome is INT3
                             for v in crossing)
     ps = load(str(fixture("nop5-pageend")))
     assert any(p.address % 4096 == 4091 for p in ps.probes)
-    assert all(site_candidacy(p, ps.image).kernel_618.outcome is OPT for p in ps.probes)
+    assert all(site_candidacy(p, ps.image).verdict(NOP5_GEN).outcome is OPT for p in ps.probes)
 
 
 def test_page_crossing_site_can_move_to_a_detour() -> None:

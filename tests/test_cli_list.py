@@ -83,3 +83,20 @@ def test_demo_runs_on_its_fixture() -> None:
     res = run_cli("demo")
     assert res.rc == 0, res.err
     assert "probe(s)" in res.out
+
+
+@pytest.mark.parametrize(("name", "lost"), [("nop10", 3), ("combo10", 0), ("nop5", 0),
+                                            ("dsprefix", 0)])
+def test_a_site_some_generation_cannot_probe_is_a_finding(name: str, lost: int) -> None:
+    """A bare nop10 at a note pc is probed by the nop10 generation alone: 6.1 and 6.18 lose a
+    probe there without a word (measured), so `list` says so for each such site; a `90` in
+    front (combo10) is probed everywhere, and a site no generation probes is check's
+    site-segment-prefix."""
+    res = run_cli("list", "--json", fixture(name))
+    assert res.rc == 0, res.err
+    found = [f for f in json.loads(res.out)["files"][0]["findings"]
+             if f["code"] == "site-probe-lost"]
+    assert len(found) == lost
+    for f in found:
+        assert "only the nop10 generation probes it" in f["message"]
+        assert "none, nop5" in f["message"]

@@ -326,7 +326,8 @@ def _bench_report() -> BenchReport:
     jvm = [Row("jvm-nop5", "OpenJDK", "0f 1f 44 00 00", 3, 2_000_000, 3.0e6, 2.5, 333.3,
                812.0, 1.01, (2.4, 2.6), 0.75, 0.7)]
     return BenchReport("6.18.0", "AMD EPYC", 2_000_000, 2_000_000, 5, trig, jvm, 42.0,
-                       ["a note"])
+                       ["a note"], generation="nop5", same_form="hdr-nop5",
+                       same_form_ratio=(1.04, 0.97, 1.11))
 
 
 def test_kcheck_and_bench_renderings() -> None:

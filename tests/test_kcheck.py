@@ -13,6 +13,7 @@ tests check the site bytes afterwards.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartProcess, default_sigint, runtime_address
+from tests.helpers import NOP5_GEN
 from usdtpatch import api
 from usdtpatch.cli import main
 from usdtpatch.errors import InputError, UnsupportedError
@@ -384,15 +386,20 @@ def test_refuses_without_the_uprobe_pmu(monkeypatch: pytest.MonkeyPatch,
     assert "no uprobe PMU" in _refusal([FIXTURE, "--", "/bin/true"])
 
 
-def test_refuses_without_the_uprobe_syscall(monkeypatch: pytest.MonkeyPatch,
-                                            tmp_path: Path) -> None:
+def test_refuses_an_answer_no_generation_gives(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """A kernel without the uprobe syscall is the generation that optimizes nothing (kcheck
+    runs there: tests/test_live_guest_none.py); an answer no generation gives (a seccomp
+    filter's EPERM) leaves kcheck nothing to plan with."""
     pmu = tmp_path / "type"
     pmu.write_text("9\n")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(perf, "UPROBE_TYPE_PATH", str(pmu))
-    monkeypatch.setattr(kmod, "has_uprobe_syscall", lambda: False)
+    monkeypatch.setattr(kmod, "uprobe_syscall_errno", lambda: errno.EPERM)
     text = _refusal([FIXTURE, "--", "/bin/true"])
-    assert "no uprobe syscall" in text and "int3 path" in text
+    assert "EPERM" in text and "no known kernel generation" in text
+    monkeypatch.setattr(kmod, "uprobe_syscall_errno", lambda: errno.ENOSYS)
+    assert kmod.kernel_support().name == "none"
 
 
 def test_usage_needs_exactly_one_of_command_and_pid() -> None:
@@ -404,7 +411,7 @@ def test_usage_needs_exactly_one_of_command_and_pid() -> None:
 
 
 def test_a_file_without_probes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kmod, "kernel_support", lambda: None)
+    monkeypatch.setattr(kmod, "kernel_support", lambda: NOP5_GEN)
     text = _refusal([str(ROOT / "fixtures" / "bin" / "noprobes"), "--", "/bin/true"])
     assert "noprobes" in text and "no USDT probe sites" in text
 
@@ -412,7 +419,7 @@ def test_a_file_without_probes_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_pid_that_does_not_map_the_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() != 0:
         pytest.skip("reading another process's maps needs root")
-    monkeypatch.setattr(kmod, "kernel_support", lambda: None)
+    monkeypatch.setattr(kmod, "kernel_support", lambda: NOP5_GEN)
     text = _refusal([FIXTURE, "--pid", str(os.getpid())])
     assert "not mapped in pid" in text
 
@@ -454,8 +461,8 @@ def test_bytes_unlike_the_plan_fail_the_run(built: dict[str, Path],
     optimized site a problem and kcheck exit 1."""
     real = kmod.process_plan
 
-    def wrong(ps: Any, path: str, maps: Any) -> Any:
-        plan = real(ps, path, maps)
+    def wrong(ps: Any, path: str, maps: Any, gen: Any) -> Any:
+        plan = real(ps, path, maps, gen)
         assert plan is not None
         (t,) = {s.sequences.trampoline for s in plan.sites
                 if s.sequences is not None and s.sequences.trampoline is not None}
@@ -563,7 +570,7 @@ def test_api_kcheck_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_api_kcheck_refuses_a_file_without_sites_or_no_file(monkeypatch: pytest.MonkeyPatch,
                                                             tmp_path: Path) -> None:
-    monkeypatch.setattr(kmod, "kernel_support", lambda: None)
+    monkeypatch.setattr(kmod, "kernel_support", lambda: NOP5_GEN)
     noprobes = str(ROOT / "fixtures" / "bin" / "noprobes")
     with pytest.raises(InputError, match=r"noprobes: no USDT probe sites to attach to$"):
         api.kcheck(noprobes, command=["/bin/true"])

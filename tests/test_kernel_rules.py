@@ -20,27 +20,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture
+from tests.helpers import NOP5_GEN, NOP10_GEN, fixture
 from usdtpatch.analysis.check import check
 from usdtpatch.analysis.probes import read_probes
 from usdtpatch.analysis.rules import (
     Outcome,
     Reach,
     optimized_where_it_is,
-    rule_618,
-    rule_nop10,
+    rule,
     unprobeable,
 )
 from usdtpatch.elf.image import parse_elf
-from usdtpatch.sequences.nop10 import nop10_refusal
 from usdtpatch.sequences.plan import build_plan, with_site
 from usdtpatch.sequences.sequences import (
     PROTOCOL_INT3,
-    PROTOCOL_NOP5,
-    PROTOCOL_NOP10,
-    nop5_refusal,
-    nop5_sequences,
+    optimized_sequences,
     probeable_refusal,
+    refusal,
 )
 from usdtpatch.sequences.trampoline import default_load_base
 from usdtpatch.verification.plans import FAIL, verify_plan
@@ -86,8 +82,8 @@ def test_plan_refusals_are_the_engines_verdicts(is64: bool) -> None:
     for code, address in itertools.product(PATTERNS + _random_patterns(400), ADDRESSES):
         for tramp in (address - 0x10000, None, address + 5 + (1 << 31)):
             reach = tramp is not None and abs(tramp - (address + 5)) < (1 << 31)
-            v = rule_618(code, address, is64=is64, reach=_const(reach))
-            f = nop5_refusal(address, code, tramp, is64, "p:n")
+            v = rule(NOP5_GEN, code, address, is64=is64, reach=_const(reach))
+            f = refusal(NOP5_GEN, address, code, tramp, is64, "p:n")
             want = None if v.outcome.optimized else v.code
             assert (f.code if f else None) == want, (code.hex(), hex(address), tramp, v)
             p = probeable_refusal(code, "p:n")
@@ -95,8 +91,8 @@ def test_plan_refusals_are_the_engines_verdicts(is64: bool) -> None:
             if p is not None:
                 assert p.code == v.code
             reach10 = tramp is not None and abs(tramp - (address + 10)) < (1 << 31)
-            v10 = rule_nop10(code, address, is64=is64, reach=_const(reach10))
-            f10 = nop10_refusal(address, code, tramp, is64, "p:n")
+            v10 = rule(NOP10_GEN, code, address, is64=is64, reach=_const(reach10))
+            f10 = refusal(NOP10_GEN, address, code, tramp, is64, "p:n")
             assert (f10.code if f10 else None) == (None if v10.outcome.optimized else v10.code)
             seen.add(("618", v.code))
             seen.add(("nop10", v10.code))
@@ -116,7 +112,7 @@ def test_site_form_classifier_agrees_with_the_engine() -> None:
     # x86.nops (below the engine) names a site `nop5`/`nop5-alt` by kernel_optimizable_nop5;
     # the forms rewrite keeps as they are must be exactly the ones the engine optimizes
     for code in PATTERNS + _random_patterns(2000, seed=11):
-        engine = rule_618(code, 0x1000).outcome is Outcome.OPTIMIZED
+        engine = rule(NOP5_GEN, code, 0x1000).outcome is Outcome.OPTIMIZED
         assert kernel_optimizable_nop5(code) == engine, code.hex()
         form = classify_site(code + bytes(16)).form
         if form in (SiteForm.NOP5, SiteForm.NOP5_ALT):
@@ -144,13 +140,13 @@ def test_check_and_plan_agree_on_every_site(name: str, tmp_path: Path) -> None:
         path = _patched(name, pattern, tmp_path)
         ps = read_probes(parse_elf(path.read_bytes()))
         rep = check(ps)
-        for protocol in (PROTOCOL_NOP5, PROTOCOL_NOP10):
+        for protocol in ("nop5", "nop10"):
             plan = build_plan(ps, str(path), protocol, default_load_base(ps.image))
             by_probe = {s.probe: s for s in plan.sites}
             for sc in rep.sites:
                 site = by_probe[sc.probe.probe_id]
-                v = sc.candidacy.kernel_618 if protocol == PROTOCOL_NOP5 else \
-                    sc.candidacy.nop10_series
+                v = sc.candidacy.verdict(NOP5_GEN) if protocol == "nop5" else \
+                    sc.candidacy.verdict(NOP10_GEN)
                 codes = [f.code for f in site.findings
                          if f.code != "optimized-call-clobbers-red-zone"]
                 label = (pattern.hex(), protocol, sc.probe.probe_id, v, codes)
@@ -178,13 +174,13 @@ def test_verification_fails_an_optimized_site_the_engine_refuses(pattern: bytes,
     path = _patched("pie", pattern, tmp_path)
     image = parse_elf(path.read_bytes())
     ps = read_probes(image)
-    plan = build_plan(ps, str(path), PROTOCOL_NOP5, default_load_base(image))
+    plan = build_plan(ps, str(path), "nop5", default_load_base(image))
     site = plan.sites[0]
     assert site.sequences is not None and site.sequences.protocol == PROTOCOL_INT3
-    assert rule_618(site.sequences.original, site.address).code == code
+    assert rule(NOP5_GEN, site.sequences.original, site.address).code == code
     tramp = site.address - 0x200000 & ~0xFFF
-    forced = replace(site, sequences=nop5_sequences(site.address, site.sequences.original,
-                                                    tramp))
+    forced = replace(site, sequences=optimized_sequences(NOP5_GEN, site.address,
+                                                         site.sequences.original, tramp))
     rep = verify_plan(with_site(plan, 0, forced), image)
     v = rep.verdicts[0]
     assert v.status == FAIL and code in v.codes, v
@@ -192,7 +188,7 @@ def test_verification_fails_an_optimized_site_the_engine_refuses(pattern: bytes,
 
 def test_verification_accepts_what_the_engine_accepts() -> None:
     image = parse_elf(fixture("nop5").read_bytes())
-    plan = build_plan(read_probes(image), "nop5", PROTOCOL_NOP5, default_load_base(image))
+    plan = build_plan(read_probes(image), "nop5", "nop5", default_load_base(image))
     rep = verify_plan(plan, image)
     optimized = [v for s, v in zip(plan.sites, rep.verdicts, strict=True)
                  if s.sequences is not None and s.sequences.optimize is not None]
@@ -203,40 +199,40 @@ def test_verification_accepts_what_the_engine_accepts() -> None:
 # -- the rules' facts, accepted and rejected ------------------------------------------------------
 
 def test_page_rule_is_x86_nops_crosses_page() -> None:
-    assert rule_618(NOP5, 0x1000 + 4091).outcome is Outcome.OPTIMIZED
-    assert rule_618(NOP5, 0x1000 + 4092).code == "site-crosses-page"
-    assert rule_nop10(NOP10, 0x1000 + 4086).outcome is Outcome.OPTIMIZED
-    assert rule_nop10(NOP10, 0x1000 + 4087).code == "site-crosses-page"
+    assert rule(NOP5_GEN, NOP5, 0x1000 + 4091).outcome is Outcome.OPTIMIZED
+    assert rule(NOP5_GEN, NOP5, 0x1000 + 4092).code == "site-crosses-page"
+    assert rule(NOP10_GEN, NOP10, 0x1000 + 4086).outcome is Outcome.OPTIMIZED
+    assert rule(NOP10_GEN, NOP10, 0x1000 + 4087).code == "site-crosses-page"
 
 
 def test_segment_prefix_comes_before_bitness() -> None:
     ds = bytes.fromhex("3e0f1f4000")
-    assert rule_618(ds, 0x1000, is64=False).code == "site-segment-prefix"
-    assert rule_618(NOP5, 0x1000, is64=False).code == "site-elf32"
+    assert rule(NOP5_GEN, ds, 0x1000, is64=False).code == "site-segment-prefix"
+    assert rule(NOP5_GEN, NOP5, 0x1000, is64=False).code == "site-elf32"
     assert unprobeable(ds) is not None and unprobeable(NOP5) is None
 
 
 def test_nop10_series_is_kept_apart() -> None:
     # the unreleased series optimizes the CS-prefixed nop10 6.18 refuses, and no nop5
-    assert rule_618(NOP10, 0x1000).outcome is Outcome.UNPROBEABLE
-    assert rule_nop10(NOP10, 0x1000).outcome is Outcome.OPTIMIZED
-    assert rule_nop10(NOP5, 0x1000).code == "site-not-nop10"
-    assert rule_nop10(NOP10, 0x1000, is64=False).code == "site-elf32"
+    assert rule(NOP5_GEN, NOP10, 0x1000).outcome is Outcome.UNPROBEABLE
+    assert rule(NOP10_GEN, NOP10, 0x1000).outcome is Outcome.OPTIMIZED
+    assert rule(NOP10_GEN, NOP5, 0x1000).code == "site-not-nop10"
+    assert rule(NOP10_GEN, NOP10, 0x1000, is64=False).code == "site-elf32"
 
 
 def test_combo5_is_optimized_at_the_next_byte_only() -> None:
-    v = rule_618(NOP5, 0x1001, at_next=True)
+    v = rule(NOP5_GEN, NOP5, 0x1001, at_next=True)
     assert v.outcome is Outcome.OPTIMIZED_AT_NEXT and v.code == "site-combo5-pc1"
-    assert rule_618(b"\x90" + NOP5, 0x1000).code == "site-not-nop5"
+    assert rule(NOP5_GEN, b"\x90" + NOP5, 0x1000).code == "site-not-nop5"
 
 
 def test_rewrite_question() -> None:
     assert optimized_where_it_is(NOP5, 0x4000)
     assert not optimized_where_it_is(NOP5, 0x4ffd)
     assert not optimized_where_it_is(bytes.fromhex("0f1f4c0000"), 0x4000)
-    assert optimized_where_it_is(NOP10, 0x4ff6, nop10=True)
-    assert not optimized_where_it_is(NOP10, 0x4ff7, nop10=True)
-    assert not optimized_where_it_is(NOP5, 0x4000, nop10=True)
+    assert optimized_where_it_is(NOP10, 0x4ff6, NOP10_GEN)
+    assert not optimized_where_it_is(NOP10, 0x4ff7, NOP10_GEN)
+    assert not optimized_where_it_is(NOP5, 0x4000, NOP10_GEN)
 
 
 def test_patched_fixture_helper_writes_the_pattern(tmp_path: Path) -> None:

@@ -14,23 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture, run_cli
+from tests.helpers import NOP5_GEN, NOP10_GEN, fixture, run_cli
 from usdtpatch import api
 from usdtpatch.analysis.forms import Form
-from usdtpatch.kernelfacts import Kernel
+from usdtpatch.kernelfacts import Generation
 from usdtpatch.live.perf import has_uprobe_syscall
 from usdtpatch.rewriter import kernel as kmod
 from usdtpatch.rewriter.kernel import choose_form, detect_kernel
 
 
 @pytest.mark.parametrize(("err", "gen", "form"), [
-    (errno.ENXIO, Kernel.K618, Form.NOP5),
-    (errno.EPROTO, Kernel.NOP10_SERIES, Form.COMBO10),
+    (errno.ENXIO, NOP5_GEN, Form.NOP5),
+    (errno.EPROTO, NOP10_GEN, Form.COMBO10),
     (errno.ENOSYS, None, None),
     (errno.EPERM, None, None),  # a seccomp filter's answer: no known generation
     (None, None, None),  # not x86-64 Linux, or the call did not fail
 ])
-def test_the_errno_decides(err: int | None, gen: Kernel | None, form: Form | None) -> None:
+def test_the_errno_decides(err: int | None, gen: Generation | None, form: Form | None) -> None:
     assert detect_kernel(lambda: err)[0] is gen
     choice = choose_form("auto", errno_of=lambda: err)
     assert (choice.form, choice.kernel, choice.detected) == (form, gen, True)
@@ -44,8 +44,8 @@ def test_named_form_and_kernel_need_no_detection() -> None:
     assert choose_form("combo5", errno_of=never).form is Form.COMBO5
     assert choose_form(Form.NOP5, "nop10-series", errno_of=never).form is Form.NOP5
     c = choose_form("auto", "nop10-series", errno_of=never)
-    assert (c.form, c.kernel, c.detected) == (Form.COMBO10, Kernel.NOP10_SERIES, False)
-    assert choose_form("auto", Kernel.K618, errno_of=never).form is Form.NOP5
+    assert (c.form, c.kernel, c.detected) == (Form.COMBO10, NOP10_GEN, False)
+    assert choose_form("auto", NOP5_GEN, errno_of=never).form is Form.NOP5
     with pytest.raises(ValueError, match="kernel"):
         choose_form("auto", "7.3", errno_of=never)
 

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import NOP5_GEN
 from tests.test_sdt_support import (
     DATA,
     SDT_INCLUDE,
@@ -255,7 +256,7 @@ def test_every_site_is_an_optimizable_nop5(builds: dict[Config, Built], cfg: Con
     assert len(report.sites) == len(ours.probes)
     for site in report.sites:
         assert site.outcome == OPTIMIZABLE, (site.probe.probe_id, site.outcome)
-        assert site.candidacy.kernel_618.outcome == Outcome.OPTIMIZED, site.probe.probe_id
+        assert site.candidacy.verdict(NOP5_GEN).outcome == Outcome.OPTIMIZED, site.probe.probe_id
     assert {s.outcome for s in check(theirs).sites} & {OPTIMIZABLE} == set()
 
     dflt = load_probes(builds[cfg].paths["usdt"])

@@ -119,7 +119,7 @@ def test_cli_plan_json_and_options(tmp_path: Path) -> None:
     assert r.rc == 0, r.err
     assert json.loads(r.out)["trampolines"] == [0x55555554F000]
     r = run_cli("plan", fixture("combo10"), "--form", "nop10")
-    assert "EXPERIMENTAL" in r.out and "lea" in r.out
+    assert "nop10 protocol" in r.out and "lea" in r.out and "EXPERIMENTAL" not in r.out
 
 
 @pytest.mark.parametrize("argv", [

@@ -1,19 +1,19 @@
 """The kernel's write sequences as data: the 6.18 nop5 protocol, int3-only sites, the
-experimental nop10 protocol, and the reasons a site is not optimized."""
+nop10 generation's protocol, and the reasons a site is not optimized."""
 
 from __future__ import annotations
 
 import pytest
 
-from usdtpatch.sequences.nop10 import nop10_refusal, nop10_sequences
+from tests.helpers import NOP5_GEN, NOP10_GEN
 from usdtpatch.sequences.sequences import (
     INT3,
     apply_write,
     call_target,
     int3_sequences,
-    nop5_refusal,
-    nop5_sequences,
+    optimized_sequences,
     probeable_refusal,
+    refusal,
     rel32_for,
 )
 from usdtpatch.x86.nops import NOP5, NOP10
@@ -24,7 +24,7 @@ TRAMP = 0x555555553000
 
 def test_nop5_states_are_the_measured_table() -> None:
     """docs/kernel.md: 0f 1f 44 00 00 -> cc 1f.. -> cc d0..d3 -> e8 d0..d3 and back."""
-    s = nop5_sequences(SITE, NOP5, TRAMP)
+    s = optimized_sequences(NOP5_GEN, SITE, NOP5, TRAMP)
     assert s.optimize is not None and s.unoptimize is not None
     rel = (TRAMP - (SITE + 5)).to_bytes(4, "little", signed=True)
     assert s.optimize.states == (NOP5, b"\xcc" + NOP5[1:], b"\xcc" + rel, b"\xe8" + rel)
@@ -57,7 +57,7 @@ def test_int3_only_site() -> None:
         "out-of-reach", "32-bit", "ds-prefix-32-bit"])
 def test_nop5_refusal(address: int, code: bytes, tramp: int | None, is64: bool,
                       want: str | None) -> None:
-    f = nop5_refusal(address, code, tramp, is64, "p:n")
+    f = refusal(NOP5_GEN, address, code, tramp, is64, "p:n")
     assert (f.code if f else None) == want
 
 
@@ -82,8 +82,8 @@ def test_apply_write_rejects_out_of_site() -> None:
         apply_write(NOP5, 3, b"\x00\x00\x00")
 
 
-def test_nop10_experimental_states() -> None:
-    s = nop10_sequences(SITE, NOP10, TRAMP)
+def test_nop10_states() -> None:
+    s = optimized_sequences(NOP10_GEN, SITE, NOP10, TRAMP)
     assert s.optimize is not None and s.unoptimize is not None
     rel = (TRAMP - (SITE + 10)).to_bytes(4, "little", signed=True)
     opt = bytes.fromhex("488d642480e8") + rel
@@ -102,5 +102,5 @@ def test_nop10_experimental_states() -> None:
     (SITE, NOP5 + NOP5, "site-not-nop10"),
 ], ids=["nop10", "page-end", "crosses-page", "two-nop5"])
 def test_nop10_refusal(address: int, code: bytes, want: str | None) -> None:
-    f = nop10_refusal(address, code, address - 0x3000, True, "p:n")
+    f = refusal(NOP10_GEN, address, code, address - 0x3000, True, "p:n")
     assert (f.code if f else None) == want

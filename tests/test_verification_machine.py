@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import fixture
+from tests.helpers import NOP5_GEN, fixture
 from usdtpatch.api import load
 from usdtpatch.sequences.plan import SitePlan, build_plan
-from usdtpatch.sequences.trampoline import TRAMPOLINE_NOP5, default_load_base
+from usdtpatch.sequences.trampoline import default_load_base
 from usdtpatch.verification.machine import ARRIVAL_RSP, KernelState, Machine
 from usdtpatch.x86.nops import NOP5
 
@@ -18,7 +18,7 @@ def setup() -> tuple[Machine, SitePlan]:
     plan = build_plan(ps, "nop5", "nop5", default_load_base(ps.image))
     site = plan.sites[0]
     assert site.sequences is not None and site.sequences.trampoline is not None
-    return Machine(ps.image, plan.load_base, {site.sequences.trampoline: TRAMPOLINE_NOP5}), site
+    return Machine(ps.image, plan.load_base, {site.sequences.trampoline: NOP5_GEN.trampoline}), site
 
 
 def test_original_nop_runs_through(setup: tuple[Machine, SitePlan]) -> None:
@@ -114,7 +114,7 @@ def leaf_results(name: str, xs: tuple[int, ...] = (0, 5, 77)) -> list[tuple[int,
     assert s is not None and s.trampoline is not None and s.optimized is not None
     probe = ps.probes[0]
     function = plan.load_base + probe.address - probe.function_offset
-    m = Machine(ps.image, plan.load_base, {s.trampoline: TRAMPOLINE_NOP5})
+    m = Machine(ps.image, plan.load_base, {s.trampoline: NOP5_GEN.trampoline})
     out = []
     for x in xs:
         a = m.call(function, (x,), s.address, s.original, KernelState(True, 5))

@@ -1,5 +1,5 @@
 """`usdtpatch verify`: torn-state verification in the emulator. Every fixture nop5 site
-passes, nop10 fixtures pass under the experimental protocol, the seven wrong sequences are
+passes, nop10 fixtures pass under the nop10 generation's protocol, the seven wrong sequences are
 rejected with their reasons, the red zone is measured, a guarded site is shown clean."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fixture, fixture_files, run_cli
+from tests.helpers import NOP5_GEN, fixture, fixture_files, run_cli
 from usdtpatch.api import load
 from usdtpatch.cli.cmd_verify import summarize
 from usdtpatch.errors import UsdtpatchError
 from usdtpatch.report.plan import plan_json
 from usdtpatch.sequences.plan import Plan, build_plan, with_site
-from usdtpatch.sequences.trampoline import TRAMPOLINE_NOP5, default_load_base
+from usdtpatch.sequences.trampoline import default_load_base
 from usdtpatch.sequences.wrong import crossing_site, wrong_sequences
 from usdtpatch.verification.machine import Machine
 from usdtpatch.verification.plans import FAIL, PASS, SKIP, verify_plan, verify_site
@@ -69,7 +69,7 @@ def test_nop5_fixture_sites_are_optimized_and_verified() -> None:
 
 
 @pytest.mark.parametrize("name", ["nop10", "combo10"])
-def test_nop10_experimental_verifies_and_spares_the_red_zone(name: str) -> None:
+def test_nop10_verifies_and_spares_the_red_zone(name: str) -> None:
     plan = _plan(name, "nop10")
     rep = verify_plan(plan, load(str(fixture(name))).image)
     assert [v.status for v in rep.verdicts] == [PASS] * 3
@@ -165,11 +165,11 @@ def test_claimed_guard_on_a_plain_site_is_rejected() -> None:
 
 
 @pytest.mark.parametrize(("code", "failure"), [
-    (TRAMPOLINE_NOP5.replace(b"\x59\xc3", b"\x90\xc3"), "torn-state-faults"),
-    (TRAMPOLINE_NOP5.replace(b"\x58\x41\x5b\x59", b"\x58\x59\x41\x5b"),
+    (NOP5_GEN.trampoline.replace(b"\x59\xc3", b"\x90\xc3"), "torn-state-faults"),
+    (NOP5_GEN.trampoline.replace(b"\x58\x41\x5b\x59", b"\x58\x59\x41\x5b"),
      "torn-state-clobbers-registers"),
-    (TRAMPOLINE_NOP5.replace(b"\x41\x53\x50", b"\x50\x41\x53"), "hit-reports-wrong-registers"),
-    (TRAMPOLINE_NOP5.replace(b"\x0f\x05", b"\x90\x90"), "torn-state-misses-hit"),
+    (NOP5_GEN.trampoline.replace(b"\x41\x53\x50", b"\x50\x41\x53"), "hit-reports-wrong-registers"),
+    (NOP5_GEN.trampoline.replace(b"\x0f\x05", b"\x90\x90"), "torn-state-misses-hit"),
 ], ids=["no-pop-rcx", "pops-swapped", "pushes-swapped", "no-syscall"])
 def test_a_broken_trampoline_is_caught(code: bytes, failure: str) -> None:
     """The checker has teeth: a trampoline that is wrong in one way fails the site."""

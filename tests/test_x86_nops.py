@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import NOP5_GEN, NOP10_GEN
 from usdtpatch.x86.nops import SiteForm, classify_site, decode_nop, kernel_optimizable_nop5
 
 FORMS = [
@@ -86,14 +87,13 @@ def test_what_a_rewrite_keeps_is_read_from_the_facts_of_a_form_made_here() -> No
     """A form the package does not have (an 8-byte NOP a kernel would optimize): the
     predicates answer from its facts alone, so a new form is a row, not edits in modules."""
     from usdtpatch.analysis.forms import Form, kept_as_is
-    from usdtpatch.kernelfacts import Kernel
     from usdtpatch.x86.nops import FormFacts
 
     made = FormFacts(length=9, insns=2, nop_at=1, nop_length=8,
-                     kept_by=frozenset({Kernel.NOP10_SERIES}))
+                     kept_by=frozenset({NOP10_GEN.name}))
     assert kept_as_is(made, Form.COMBO10) and not kept_as_is(made, Form.NOP5)
     assert made.nop5_at == 0  # no nop5 in it: the 6.18 rule looks at pc
-    wider = FormFacts(9, 2, 1, 5, frozenset({Kernel.K618}))
+    wider = FormFacts(9, 2, 1, 5, frozenset({NOP5_GEN.name}))
     assert kept_as_is(wider, Form.NOP5) and wider.nop5_at == 1
 
 

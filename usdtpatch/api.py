@@ -81,7 +81,8 @@ from usdtpatch.io import (
     umask_mode,
     write_atomic,
 )
-from usdtpatch.kernelfacts import PAGE, Kernel
+from usdtpatch.kernelfacts import CHOICES as KERNEL_CHOICES
+from usdtpatch.kernelfacts import DEFAULT, GENERATIONS, PAGE, Generation, generation
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for type checkers
@@ -95,7 +96,6 @@ if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for ty
     from usdtpatch.rewriter.plan import RewritePlan, SiteDecision, Verifier
     from usdtpatch.sequences.plan import Plan
     from usdtpatch.sequences.protocols import Protocol, ProtocolError
-    from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10
     from usdtpatch.sequences.trampoline import TASK_SIZE
     from usdtpatch.verification.plans import VerifyReport
 
@@ -104,10 +104,11 @@ if TYPE_CHECKING:  # the deferred modules (see above); the names of _LAZY for ty
 __all__ = [
     "CALL_CHOICES",
     "CODES",
+    "DEFAULT_KERNEL",
+    "GENERATIONS",
+    "KERNEL_CHOICES",
     "NOT_FOUND",
     "PAGE",
-    "PROTOCOL_NOP5",
-    "PROTOCOL_NOP10",
     "RENAMED",
     "SYSTEM_JDK",
     "TASK_SIZE",
@@ -119,10 +120,10 @@ __all__ = [
     "FileRewrite",
     "ForkGuard",
     "Form",
+    "Generation",
     "Guard",
     "InputError",
     "KcheckReport",
-    "Kernel",
     "OutputError",
     "Plan",
     "Probe",
@@ -165,6 +166,9 @@ __all__ = [
     "write_atomic",
 ]
 
+# The generation rewrite, check, plan and the build steps target when no --kernel names one
+DEFAULT_KERNEL = DEFAULT.name
+
 # The public names of deferred modules, by module: bound on first use (PEP 562).
 _LAZY = {
     "CALL_CHOICES": "usdtpatch.analysis.calls",
@@ -177,8 +181,6 @@ _LAZY = {
     "Plan": "usdtpatch.sequences.plan",
     "Protocol": "usdtpatch.sequences.protocols",
     "ProtocolError": "usdtpatch.sequences.protocols",
-    "PROTOCOL_NOP5": "usdtpatch.sequences.sequences",
-    "PROTOCOL_NOP10": "usdtpatch.sequences.sequences",
     "TASK_SIZE": "usdtpatch.sequences.trampoline",
     "VerifyReport": "usdtpatch.verification.plans",
 }
@@ -438,7 +440,14 @@ def _form_choice(form: Form | str, kernel: str | None) -> FormChoice:
         raise ValueError(f"form={form!r}: expected one of {AUTO}, "
                          f"{', '.join(f.value for f in Form)}")  # "auto", rewrite's default
     return choose_form(form if form == AUTO else _enum(Form, form, "form"),
-                       None if kernel is None else _enum(Kernel, kernel, "kernel"))
+                       None if kernel is None else _generation(kernel))
+
+
+def _generation(kernel: str) -> Generation:
+    """The optimizing generation `kernel` names (its name or an alias, kernelfacts.CHOICES)."""
+    if kernel not in KERNEL_CHOICES:
+        raise ValueError(f"kernel={kernel!r}: expected one of {', '.join(KERNEL_CHOICES)}")
+    return generation(kernel)
 
 
 def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "auto",
@@ -466,7 +475,7 @@ def rewrite(path: StrPath, out: StrPath | None = None, *, form: Form | str = "au
     (docs/rewrite.md, "Windows that hold a call"). `jobs`: processes verifying detours in
     parallel (None: one per CPU; the decisions do not depend on it). `form` "auto" (the
     default) takes the form the kernel optimizes: the running kernel's (usdtpatch.rewriter.
-    kernel), or the generation `kernel` names ("6.18" or "nop10-series"); the outcome's
+    kernel), or the generation `kernel` names ("nop5" or "nop10", KERNEL_CHOICES); the outcome's
     findings say which and why, and where the kernel optimizes nothing the file is left as it
     is (copied to `out`). `progress(done, total)` is called as the sites are decided, then
     `phase(name)` as each later phase starts: "verify" (the proofs and the emulator's check
@@ -857,8 +866,8 @@ def _placement(trampoline: int | None, maps: StrPath | None, pid: int | None) ->
 def plan(path: StrPath, *, form: str = "nop5", load_base: int | None = None,
          trampoline: int | None = None, maps: StrPath | None = None,
          pid: int | None = None, protocol: Protocol | None = None) -> Plan:
-    """The kernel's write sequences for every probe site of `path` (`form`: "nop5", the
-    Linux 6.18 protocol, or "nop10", experimental). The trampoline page comes from
+    """The kernel's write sequences for every probe site of `path` (`form`: the name of the
+    generation whose protocol is planned, "nop5" or "nop10"). The trampoline page comes from
     `trampoline`, a /proc/PID/maps snapshot `maps`, a live process `pid`, or the loader's
     layout at `load_base` (default: 0x555555554000 for PIE, 0 otherwise). With `protocol`
     (`read_protocol`), the plan of its model (instead of `form`) with the protocol's
@@ -948,11 +957,12 @@ def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | No
     The report (usdtpatch.live.kcheck.KcheckReport; usdtpatch.report.kcheck.kcheck_json makes
     the `kcheck --json` document of it) has per process and site the hits, the bytes while
     attached and after detach and what `plan` predicts; `.problems` lists what did not go as
-    planned. Raises UnsupportedError where kcheck cannot run (not root, no uprobe PMU, no
-    uprobe syscall), InputError for a file without probe sites, a command that cannot be run
-    or a pid that is no process or does not map `path`, ValueError for arguments that do not
-    fit (neither or both of `command` and `pid`, an empty command, a string where a list is
-    expected, a `duration` that is not positive or a negative `settle`)."""
+    planned, for the running kernel's generation (told by the uprobe syscall's answer).
+    Raises UnsupportedError where kcheck cannot run (not root, no uprobe PMU, an answer of
+    the uprobe syscall no generation gives), InputError for a file without probe sites, a
+    command that cannot be run or a pid that is no process or does not map `path`, ValueError
+    for arguments that do not fit (neither or both of `command` and `pid`, an empty command, a
+    string where a list is expected, a `duration` that is not positive or a negative `settle`)."""
     if (command is None) == (pid is None):
         raise ValueError("kcheck: give `command` or `pid`, one of them")
     if isinstance(command, str) or isinstance(probes, str):
@@ -965,8 +975,8 @@ def kcheck(path: StrPath, *, command: Sequence[str] | None = None, pid: int | No
         raise ValueError(f"kcheck: settle={settle!r}: expected seconds >= 0")
     from usdtpatch.live import kcheck as live
 
-    live.kernel_support()
-    run = live.Kcheck(os.fspath(path), settle=settle, probes=probes, progress=progress)
+    gen = live.kernel_support()
+    run = live.Kcheck(os.fspath(path), settle=settle, probes=probes, progress=progress, gen=gen)
     if command is not None:
         return run.run_command(list(command), stdout=command_stdout)
     assert pid is not None  # one of the two, checked above

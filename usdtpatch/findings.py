@@ -201,6 +201,10 @@ TOO_MANY_ARGS = _code("too-many-args", _W, "more than 12 arguments",
                       "tracers may ignore the arguments past the twelfth")
 PC_OUTSIDE_SEGMENTS = _code("pc-outside-segments", _E, "the probe address maps to no file bytes",
                             "the note or the file is damaged", (_F, _S))
+SITE_PROBE_LOST = _code("site-probe-lost", _W,
+                        "a probe at this pc is lost on some kernel generations",
+                        "put a 1-byte nop before a nop10 (combo10, as usdt.h writes it) so "
+                        "that every kernel probes the note's pc", (_F, _S))
 UNSUPPORTED_ARCH = _code("unsupported-arch", _I, "not x86 code",
                          "usdtpatch rewrites x86-64 only")
 BIG_ENDIAN = _code("big-endian", _E, "a big-endian x86 ELF file",
@@ -219,16 +223,17 @@ SITE_CROSSES_PAGE = _code("site-crosses-page", _W, "the probed NOP crosses a 4 K
                           "a rewrite can move the probe into a detour that does not cross a "
                           "page", (_F, _V))
 SITE_SEGMENT_PREFIX = _code("site-segment-prefix", _E, "a CS or DS prefix: not probeable",
-                            "uprobes cannot be attached here at all; rewrite the site to the "
-                            "canonical nop5", (_F, _V))
+                            "uprobes cannot be attached here on that generation; a nop10 "
+                            "belongs behind a 1-byte nop (combo10, as usdt.h writes it), any "
+                            "other site is best rewritten to the canonical nop5", (_F, _V))
 SITE_HINT_NOP = _code("site-hint-nop", _W, "a hint NOP: single-stepped, not optimized",
                       "the kernel single-steps this NOP (about 15x slower than the int3 path); "
                       "rewrite it to the canonical nop5", (_F, _V))
 SITE_ELF32 = _code("site-elf32", _I, "a 32-bit process: never optimized",
                    "only 64-bit processes get optimized uprobes", (_F, _S))
-SITE_NOT_NOP5 = _code("site-not-nop5", _I, "not a 5-byte NOP the 6.18 kernel optimizes",
+SITE_NOT_NOP5 = _code("site-not-nop5", _I, "not a 5-byte NOP the nop5 generation optimizes",
                       f"{_INT3_PATH}; `usdtpatch rewrite` can make room for a nop5", (_F, _V))
-SITE_NOT_NOP10 = _code("site-not-nop10", _I, "not the nop10 the queued series optimizes",
+SITE_NOT_NOP10 = _code("site-not-nop10", _I, "not the 10-byte NOP the nop10 generation optimizes",
                        _INT3_PATH, (_F, _V))
 NO_TRAMPOLINE_REACH = _code("no-trampoline-reach", _W,
                             "no trampoline page within +/-2 GiB of the site",
@@ -360,9 +365,6 @@ SEMAPHORE_NOT_IN_PROBES = _code("semaphore-not-in-probes", _W,
                                 "bcc and perf look semaphores up through .probes")
 
 # -- plan --
-EXPERIMENTAL_PROTOCOL = _code("experimental-protocol", _W,
-                              "the nop10 protocol of an unreleased kernel series",
-                              "treat nop10 results as a preview")
 SITE_UNMAPPED = _code("site-unmapped", _E, "the site is in no loadable segment",
                       "nothing to plan for this probe", (_F, _V))
 SITE_TRUNCATED = _code("site-truncated", _E, "the site's bytes end before the instruction does",
@@ -498,13 +500,13 @@ DEBUG_FILE_STALE = _code(
     "split the debug information from the rewritten file (objcopy --only-keep-debug OUTPUT), "
     "not before: gdb's break FILE:LINE can put an int3 inside a moved window")
 FORM_CHOSEN = _code("form-chosen", _I, "the site form --form auto chose, and why",
-                    "rewrite for another machine's kernel with --kernel 6.18|nop10-series, "
+                    "rewrite for another machine's kernel with --kernel nop5|nop10, "
                     "or name the form with --form")
 KERNEL_OPTIMIZES_NOTHING = _code(
     "kernel-optimizes-nothing", _W,
     "the running kernel optimizes no uprobe: --form auto leaves the file as it is",
-    "name the form (--form nop5|combo5|combo10) or the target kernel (--kernel 6.18|"
-    "nop10-series) to rewrite for another machine")
+    "name the form (--form nop5|combo5|combo10) or the target kernel (--kernel nop5|nop10) "
+    "to rewrite for another machine")
 SITE_ALREADY_5_BYTE = _code(
     "site-already-5-byte", _I,
     "the site is already 5 bytes long",
@@ -578,5 +580,9 @@ RENAMED: Mapping[str, str] = MappingProxyType({
     "no-trampoline": NO_TRAMPOLINE_REACH.code,
     "trampoline-out-of-reach": NO_TRAMPOLINE_REACH.code,
 })
+
+# Codes an earlier version emitted for a cause that is gone: a document that holds one is read
+# without it. experimental-protocol: the nop10 protocol was a queued series, measured since.
+RETIRED: frozenset[str] = frozenset({"experimental-protocol"})
 
 CODES: Mapping[str, Code] = MappingProxyType(_REGISTRY)

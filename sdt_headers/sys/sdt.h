@@ -18,14 +18,14 @@
  * around it (by default, see below: then the argument operands are registers), and the
  * fork guard's table entry.  On x86-64, USDTPATCH_SITE_FORM picks the instruction:
  *   nop5    (default) 0f 1f 44 00 00        nopl 0x0(%rax,%rax,1); the note pc is on it.
- *                                           Linux 6.18+ turns it into a call to the uprobe
- *                                           trampoline on the first hit (no int3 any more).
+ *                                           The nop5 generation (6.18.y) turns it into a
+ *                                           call to the uprobe trampoline on the first hit.
  *   combo5  90 0f 1f 44 00 00               nop; nopl 0x0(%rax,%rax,1); pc on the 90.  Old
  *                                           consumers probe the 1-byte nop, libbpf >= 1.7 on
- *                                           a kernel with the uprobe syscall probes pc + 1.
+ *                                           the nop5 generation probes pc + 1.
  *   combo10 90 66 2e 0f 1f 84 00 00 00 00 00  nop; cs nopw 0x0(%rax,%rax,1); pc on the 90
- *                                           (what libbpf's usdt.h emits; for kernels with
- *                                           the nop10 series).
+ *                                           (what libbpf's usdt.h emits; the nop10
+ *                                           generation, 7.3: optimized at pc + 1).
  *   nop1    90                              nop: exactly systemtap's site.
  * USDTPATCH_FORK_GUARD (default 1 with nop5 and combo5; 0 leaves it out) records every site
  * in a table and registers, once per linked object, an atfork child handler that re-arms the

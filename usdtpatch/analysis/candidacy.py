@@ -2,8 +2,9 @@
 probeable, with the reason.
 
 The rules themselves live in usdtpatch.analysis.rules, the one engine plan, verify and rewrite
-ask too; this module picks the instruction a tracer attaches to (pc, or pc + 1 for `nop; nop5`,
-where libbpf 1.7 attaches) and the trampoline's reach in the file's own layout.
+ask too; this module picks the instruction a tracer attaches to on each generation (pc, or
+pc + 1 for the `90` + NOP form whose consumers attach there: `nop; nop5` under libbpf 1.7,
+`nop; nop10` under 7.3's libbpf) and the trampoline's reach in the file's own layout.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from usdtpatch.analysis.probes import Probe, is_x86
-from usdtpatch.analysis.rules import Outcome, Verdict, rule_618, rule_nop10
+from usdtpatch.analysis.rules import Outcome, Verdict, rule
 from usdtpatch.elf.image import ELFCLASS64, EM_X86_64, PT_LOAD, ElfImage
-from usdtpatch.kernelfacts import PAGE
+from usdtpatch.kernelfacts import OPTIMIZING, PAGE, Generation
 from usdtpatch.x86.nops import FORMS, SiteForm
 
 __all__ = ["KERNELS", "Candidacy", "Outcome", "Verdict", "site_candidacy",
@@ -22,20 +23,21 @@ __all__ = ["KERNELS", "Candidacy", "Outcome", "Verdict", "site_candidacy",
 REACH = 1 << 31  # rel32 of the call to the trampoline
 MIN_TRAMPOLINE_PAGE = 0x11000  # pages below about 0x11000 were never used (mmap_min_addr)
 
-KERNEL_618 = "6.18"
-KERNEL_NOP10 = "nop10-series"
-KERNELS = (KERNEL_618, KERNEL_NOP10)
+KERNELS: tuple[str, ...] = tuple(g.name for g in OPTIMIZING)  # the verdict matrix's columns
 
 
 @dataclass(frozen=True, slots=True)
 class Candidacy:
-    """The verdict matrix of one site: one Verdict per kernel generation."""
+    """The verdict matrix of one site: one Verdict per optimizing kernel generation, in the
+    order of kernelfacts.OPTIMIZING."""
 
-    kernel_618: Verdict
-    nop10_series: Verdict
+    verdicts: tuple[Verdict, ...]
+
+    def verdict(self, gen: Generation) -> Verdict:
+        return self.verdicts[OPTIMIZING.index(gen)]
 
     def items(self) -> tuple[tuple[str, Verdict], ...]:
-        return ((KERNEL_618, self.kernel_618), (KERNEL_NOP10, self.nop10_series))
+        return tuple(zip(KERNELS, self.verdicts, strict=True))
 
 
 def trampoline_reachable(image: ElfImage, site_end: int) -> bool:
@@ -58,25 +60,40 @@ def trampoline_reachable(image: ElfImage, site_end: int) -> bool:
 
 
 def site_candidacy(probe: Probe, image: ElfImage) -> Candidacy:
-    """What a 6.18 kernel and a kernel with the (unreleased) nop10 series do with `probe`."""
+    """What a kernel of each optimizing generation does with `probe`."""
     if (not is_x86(image) or not image.little_endian
             or probe.site.form in (SiteForm.UNSUPPORTED_ARCH, SiteForm.UNMAPPED)):
         why = ("not x86 code" if not is_x86(image)
                else "big-endian x86 ELF: not analysed" if not image.little_endian
                else f"the probe address {probe.address:#x} maps to no file bytes")
         v = Verdict(Outcome.NOT_APPLICABLE, why)
-        return Candidacy(v, v)
+        return Candidacy((v,) * len(OPTIMIZING))
     is64 = image.machine == EM_X86_64 and image.elfclass == ELFCLASS64
 
     def reach(end: int) -> bool:
         return trampoline_reachable(image, end)
 
     code, pc, form = probe.code, probe.address, probe.site.form
-    # libbpf 1.7 attaches at pc + 1 when the site is `nop; nop5` (and `nop; nop10`)
     facts = FORMS[form]
-    at = facts.nop5_at
-    v618 = rule_618(code[at:], pc + at, is64=is64, reach=reach, at_next=bool(at))
-    at10 = facts.nop_at if facts.nop_length == 10 else 0
-    nop10 = rule_nop10(code[at10:], pc + at10, is64=is64, reach=reach, at_next=bool(at10),
-                       v618=v618)
-    return Candidacy(v618, nop10)
+    verdicts: list[Verdict] = []
+    for gen in OPTIMIZING:
+        # the consumers of `gen` attach at pc + 1 when the site is `90` + its NOP
+        at = facts.nop_at if facts.nop_length == gen.nop_length else 0
+        verdicts.append(rule(gen, code[at:], pc + at, is64=is64, reach=reach,
+                             at_next=bool(at)))
+    return _interned(tuple(verdicts))
+
+
+# Most sites of a file share their verdicts (every 1-byte site gets the same ones): their
+# Candidacy is made once, as the two-field one was, so that a million sites hold one each.
+_SHARED: dict[tuple[Verdict, ...], Candidacy] = {}
+_SHARED_MAX = 256
+
+
+def _interned(verdicts: tuple[Verdict, ...]) -> Candidacy:
+    got = _SHARED.get(verdicts)
+    if got is None:
+        got = Candidacy(verdicts)
+        if len(_SHARED) < _SHARED_MAX:
+            _SHARED[verdicts] = got
+    return got

@@ -102,7 +102,7 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
-from usdtpatch.kernelfacts import Kernel
+from usdtpatch.kernelfacts import DEFAULT
 from usdtpatch.x86.decode import CodeInsn
 from usdtpatch.x86.nops import FORMS, nop5_offset
 
@@ -124,8 +124,9 @@ _KERNEL_FINDINGS = frozenset(c.code for c in (
 @dataclass(frozen=True, slots=True)
 class CheckOptions:
     """The options of `rewrite` its decisions depend on, for check to predict them (the
-    defaults are rewrite's for a 6.18 target): the site form, the red-zone guard, how a
-    window's calls are handled (usdtpatch.analysis.calls.CALL_CHOICES) and the fork guard."""
+    defaults are rewrite's for the default generation's target): the site form, the red-zone
+    guard, how a window's calls are handled (usdtpatch.analysis.calls.CALL_CHOICES) and the
+    fork guard."""
 
     form: Form = Form.NOP5
     guard: Guard = Guard.AUTO
@@ -439,7 +440,7 @@ def _together(ctx: CodeContext, made: _InOrder, options: CheckOptions = DEFAULT_
         w = join_following(w, made, k)  # as rewriter/plan.py joins, after the re-laid try
         members = made.between(w.start, w.end)
         w = used_window(w, sc.probe, [m.probe for m in members], options.form, any(
-            _needs_guard(m, options.guard) for m in members))
+            needs_red_zone_guard(m, options.guard, options.form) for m in members))
         why = _window_refused(ctx, sc, w, members, claimed, options, shstk)
         if why is not None:
             code, reason = why
@@ -471,11 +472,11 @@ def relaid_window(ctx: CodeContext, sc: SiteCheck, w: PatchWindow, claimed: Clai
     when its detour window `w` is not in place already, the site needs no red-zone guard
     (the guard needs a detour), and the re-laid window holds no other site and overlaps no
     window taken; else None. rewriter/plan.py asks the same."""
-    if w.shape is WindowShape.IN_PLACE or _needs_guard(sc, guard) or \
+    if w.shape is WindowShape.IN_PLACE or needs_red_zone_guard(sc, guard, form) or \
             sc.window is None or sc.window.window is None:
         return None
     sb = site_bytes(form, False)
-    got = relay(ctx, sc.probe, sb.code, sb.optimized_offset, nop10=form is Form.COMBO10)
+    got = relay(ctx, sc.probe, sb.code, sb.optimized_offset, gen=form.kernel)
     if isinstance(got, str) or claimed.overlaps(got.window.start, got.window.end) or \
             [m.probe.address for m in sites_between(got.window.start, got.window.end)] \
             != [sc.probe.address] or \
@@ -524,16 +525,22 @@ def same_row(ctx: CodeContext) -> SameRow | None:
 
 def _in_target_form(sc: SiteCheck, form: Form) -> bool:
     """Whether rewrite leaves the site as it is for `form` (analysis.forms.left_as_is, as
-    rewriter/plan.py asks) though 6.18's rules, which judged it, do not optimize it: a 10-byte
-    NOP site for a nop10-series target (--form combo10)."""
+    rewriter/plan.py asks) though the default generation's rules, which judged it, do not
+    optimize it: a 10-byte NOP site for a nop10 target (--form combo10)."""
     facts = FORMS[sc.probe.site.form]
-    return kept_as_is(facts, form) and Kernel.K618 not in facts.kept_by \
+    return kept_as_is(facts, form) and DEFAULT.name not in facts.kept_by \
         and sc.outcome != NOT_APPLICABLE
 
 
-def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
+def needs_red_zone_guard(sc: SiteCheck, guard: Guard, form: Form) -> bool:
+    """Whether a rewrite to `form` wraps the site in the red-zone guard (rewriter/plan.py asks
+    this too): always or never as `guard` says; with auto, where the form's generation writes
+    below %rsp on a hit (nop5's call and pushes; nop10's lea moves %rsp first) and the
+    site's function may keep live data there."""
     if guard is not Guard.AUTO:
         return guard is Guard.ALWAYS
+    if not form.kernel.red_zone_hazard:
+        return False
     return sc.red_zone is None or sc.red_zone.may_use
 
 
@@ -555,7 +562,7 @@ def _window_refused(ctx: CodeContext, sc: SiteCheck, w: PatchWindow,
         if claimed.overlaps(a, a + STUB_SIZE):
             return WINDOW_WAY_IN.code, (f"the stub at {a:#x} lies in another rewritten site's "
                                         f"window")
-    guarded = any(_needs_guard(m, options.guard) for m in members)
+    guarded = any(needs_red_zone_guard(m, options.guard, options.form) for m in members)
     for m in members:
         if guarded:
             _args, why = guard_args(m.probe.args)
@@ -606,7 +613,7 @@ def used_window(w: PatchWindow, probe: Probe, members: list[Probe], form: Form,
     pc = probe.address
     if (len(members) == 1 and not guarded and pc == w.start and len(sb.code) <= w.end - pc
             and optimized_where_it_is(sb.code[sb.optimized_offset:], pc + sb.optimized_offset,
-                                      nop10=form is Form.COMBO10)):
+                                      form.kernel)):
         return w
     why = ("the red-zone guard needs a detour" if guarded else
            f"{len(members)} sites share the NOP run" if len(members) > 1 else
@@ -694,7 +701,7 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
     image = ctx.image
     where = probe.probe_id
     cand = site_candidacy(probe, image)
-    v = cand.kernel_618
+    v = cand.verdict(DEFAULT)
     findings: list[Finding] = []
     findings.extend(semaphore_problems(probe, image, where))
     if v.code in _KERNEL_FINDINGS:
@@ -747,7 +754,8 @@ def _check_site(ctx: CodeContext, probe: Probe, rseq: tuple[RseqCs, ...],
     # Hazards that depend on the outcome.
     if rz.may_use and outcome == OPTIMIZABLE:
         findings.append(RED_ZONE_LIVE.finding(
-            f"the site is optimized on 6.18 and its function may keep live data below %rsp: "
+            f"the site is optimized on {DEFAULT.name} and its function may keep live data "
+            f"below %rsp: "
             f"{rz.reason}; every optimized hit overwrites the {CLOBBERED} bytes below %rsp",
             where))
     elif rz.may_use and outcome in (IN_PLACE, FORWARD, BACKWARD):

@@ -1,8 +1,9 @@
 """The site forms a rewrite can emit, the red-zone guard, and the note argument fix-up.
 
-Linux 6.18 optimizes a uprobe only on a 5-byte NOP, and its optimized call clobbers the 32
-bytes below %rsp on every hit: docs/rewrite.md ("Site forms", "The red-zone guard") says why
-each form and the guard look the way they do.
+Each form carries the NOP one kernel generation optimizes (usdtpatch.kernelfacts): nop5 and
+combo5 the nop5 generation's, whose optimized call clobbers the 32 bytes below %rsp on every
+hit; combo10 the nop10 generation's. docs/rewrite.md ("Site forms", "The red-zone guard") says
+why each form and the guard look the way they do.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from usdtpatch.elf.args import MemOperand, RegOperand, SdtArg
-from usdtpatch.kernelfacts import Kernel
+from usdtpatch.kernelfacts import RED_ZONE, Generation, generation_of_nop
 from usdtpatch.x86.nops import (
     COMBO5,
     COMBO10,
@@ -20,7 +21,6 @@ from usdtpatch.x86.nops import (
     GUARD_ENTER,
     GUARD_LEAVE,
     NOP5,
-    RED_ZONE,
     FormFacts,
     SiteForm,
 )
@@ -29,7 +29,7 @@ from usdtpatch.x86.nops import (
 class Form(Enum):
     NOP5 = "nop5"  # note pc on the nop5
     COMBO5 = "combo5"  # 90 + nop5, note pc on the 90 (libbpf 1.7 attaches at pc + 1)
-    COMBO10 = "combo10"  # 90 + 10-byte NOP (kernels with the queued nop10 series)
+    COMBO10 = "combo10"  # 90 + 10-byte NOP (the nop10 generation; 7.3's libbpf at pc + 1)
 
     @property
     def bytes(self) -> bytes:
@@ -45,16 +45,26 @@ class Form(Enum):
         return 10 if self is Form.COMBO10 else 5
 
     @property
-    def kernel(self) -> Kernel:
-        """The kernel generation the form is written for."""
-        return Kernel.NOP10_SERIES if self is Form.COMBO10 else Kernel.K618
+    def kernel(self) -> Generation:
+        """The kernel generation the form is written for: the one that optimizes its NOP."""
+        gen = generation_of_nop(self.optimized_length)
+        assert gen is not None, f"no generation optimizes the {self.value} form's NOP"
+        return gen
+
+
+def form_for(gen: Generation) -> Form:
+    """The form a rewrite for `gen` writes (its row's auto_form); ValueError for a generation
+    that optimizes nothing."""
+    if gen.auto_form is None:
+        raise ValueError(f"the {gen.name} generation optimizes no uprobe: no form is for it")
+    return Form(gen.auto_form)
 
 
 def kept_as_is(facts: FormFacts, form: Form) -> bool:
     """Whether a rewrite to `form` leaves a site of these facts as it is: one the target
-    kernel already optimizes (a 5-byte NOP site always; a 10-byte one for a nop10-series
-    target). For a 6.18 target a 10-byte site is rewritten like any NOP run."""
-    return form.kernel in facts.kept_by
+    generation already optimizes (a 5-byte NOP site always; a 10-byte one for a nop10
+    target). For a nop5 target a 10-byte site is rewritten like any NOP run."""
+    return form.kernel.name in facts.kept_by
 
 
 def left_as_is(site: SiteForm, form: Form) -> bool:

@@ -51,10 +51,12 @@ from usdtpatch.findings import (
     SEMAPHORE_UNMAPPED,
     Finding,
 )
+from usdtpatch.kernelfacts import OPTIMIZING
 from usdtpatch.x86.decode import CodeInsn, Flow
 
-RED_ZONE = 128
-CLOBBERED = 32  # bytes below rsp written by the optimized path (return address + 3 pushes)
+# bytes below rsp an optimized hit writes, on the generation that writes most (nop5's return
+# address and the trampoline's 3 pushes)
+CLOBBERED = max(g.writes_below_rsp for g in OPTIMIZING)
 
 FORK_FAMILY = frozenset({"fork", "vfork", "clone", "clone3", "daemon", "posix_spawn",
                          "posix_spawnp", "_Fork", "__libc_fork", "forkpty", "system",

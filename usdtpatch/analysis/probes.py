@@ -35,11 +35,13 @@ from usdtpatch.findings import (
     NOTE_SECTION_TYPE,
     NOTE_TRUNCATED,
     PC_OUTSIDE_SEGMENTS,
+    SITE_PROBE_LOST,
     TOO_MANY_ARGS,
     UNSUPPORTED_ARCH,
     Finding,
 )
-from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site
+from usdtpatch.kernelfacts import GENERATIONS
+from usdtpatch.x86.nops import SiteClass, SiteForm, classify_site, decode_nop
 
 NOTE_SECTION = ".note.stapsdt"
 BASE_SECTION = ".stapsdt.base"
@@ -164,6 +166,10 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
         if offset is None and linked:  # an object's pcs are section offsets: not-linked
             findings.append(PC_OUTSIDE_SEGMENTS.finding(
                 f"probe address {address:#x} is in no loadable segment's file bytes", where))
+        elif x86 and site.form in PREFIXED_FORMS:
+            lost = lost_on(code)
+            if lost:
+                findings.append(SITE_PROBE_LOST.finding(lost, where))
         sem = None
         if note.semaphore:
             sem_addr = (note.semaphore + adjust) & ((1 << (8 * image.word_size)) - 1)
@@ -188,6 +194,30 @@ def read_probes(image: ElfImage, symbols: SymbolTable | None = None) -> ProbeSet
                             function_offset=function_offset))
     return ProbeSet(image=image, notes=notes, probes=tuple(probes), findings=tuple(findings),
                     symbols=symbols)
+
+
+# the site forms whose NOP may carry a segment prefix (the others are plain NOPs, 0f 1f or 90)
+PREFIXED_FORMS = frozenset({SiteForm.NOP10, SiteForm.OTHER})
+
+
+def lost_on(code: bytes) -> str:
+    """Why a probe on the NOP at code[0] is lost on some kernel generations but not all (the
+    kernel refuses a CS- or DS-prefixed instruction: errno 524 for a process, a system-wide
+    probe that never fires; a bare nop10 is probed by its generation alone), in words; "" when
+    every generation probes it, or none does (check's site-segment-prefix says that)."""
+    nop = decode_nop(code[:15])
+    if nop is None:
+        return ""
+    lost = [g.name for g in GENERATIONS if not g.probeable(code, nop.prefixes)]
+    if not lost:
+        return ""
+    kept = [g.name for g in GENERATIONS if g.name not in lost]
+    if not kept:
+        return ""
+    return (f"{nop.length}-byte NOP {code[:nop.length].hex(' ')} at pc: only the "
+            f"{', '.join(kept)} generation probes it; on the "
+            f"{', '.join(lost)} generation(s) a probe here is silently lost (never hit; "
+            f"errno 524 for a process)")
 
 
 def _raw_note_finding(raw: RawNote) -> Finding:

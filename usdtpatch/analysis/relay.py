@@ -40,6 +40,7 @@ from usdtpatch.elf.image import SHT_RELA, ElfImage
 from usdtpatch.elf.model import fixed_place_in
 from usdtpatch.elf.relocs import rela_table
 from usdtpatch.errors import UnsupportedError
+from usdtpatch.kernelfacts import DEFAULT, Generation
 from usdtpatch.x86.decode import CodeInsn, Flow
 from usdtpatch.x86.nops import decode_nop
 from usdtpatch.x86.relocate import Detour, RelocationError, relay_window
@@ -58,10 +59,10 @@ class Relaid:
 
 
 def relay(ctx: CodeContext, probe: Probe, site: bytes, optimized_offset: int, *,
-          nop10: bool = False) -> Relaid | str:
+          gen: Generation = DEFAULT) -> Relaid | str:
     """The probe's window re-laid with `site` at its pc, or why it cannot be."""
     pc = probe.address
-    if not optimized_where_it_is(site[optimized_offset:], pc + optimized_offset, nop10=nop10):
+    if not optimized_where_it_is(site[optimized_offset:], pc + optimized_offset, gen):
         return "the new site would not be optimized at the probe's address"
     image = ctx.image
     if image.section(".debug_frame") is not None:

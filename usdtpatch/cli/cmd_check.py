@@ -28,11 +28,11 @@ from typing import IO, Any
 from usdtpatch import api
 from usdtpatch.api import (
     CALL_CHOICES,
+    KERNEL_CHOICES,
     NOT_FOUND,
     ForkGuard,
     Form,
     Guard,
-    Kernel,
     OutputError,
     UsdtpatchError,
     check_output,
@@ -75,11 +75,11 @@ def register(sub: Any) -> None:
                    help="exit 1 when a finding has this severity or worse (default: error)")
     p.add_argument("--summary", action="store_true", help="only the summary line per file")
     p.add_argument("--form", choices=["auto", *(f.value for f in Form)], default="nop5",
-                   help="predict rewrite --form F (default nop5, a fixed Linux 6.18 target, "
+                   help="predict rewrite --form F (default nop5, a fixed nop5-generation target, "
                         "not rewrite's auto: a check in CI must not depend on the runner's "
                         "kernel, and auto refuses to check on a kernel that optimizes "
                         "nothing; auto: the running kernel's, as rewrite)")
-    p.add_argument("--kernel", choices=[k.value for k in Kernel], default=None,
+    p.add_argument("--kernel", choices=list(KERNEL_CHOICES), default=None,
                    help="with --form auto: the kernel generation the binary will run on")
     p.add_argument("--redzone-guard", choices=[g.value for g in Guard],
                    default=Guard.AUTO.value, help="predict rewrite --redzone-guard G")

@@ -1,5 +1,5 @@
 """`usdtpatch plan FILE [--trampoline ADDR | --maps FILE | --pid PID] [--load-base ADDR]
-[--kernel 6.18|nop10-series] [--probe PATTERN] [--json]`: the kernel's write sequences for
+[--kernel nop5|nop10] [--probe PATTERN] [--json]`: the kernel's write sequences for
 every probe site (or those --probe selects; a pattern that selects none is an error, exit 2,
 as in every command). --form nop5|nop10 is the deprecated spelling of --kernel.
 
@@ -15,7 +15,7 @@ import json
 from typing import IO, TYPE_CHECKING, Any
 
 from usdtpatch import api
-from usdtpatch.api import PROTOCOL_NOP5, PROTOCOL_NOP10, InputError, UsdtpatchError, no_match
+from usdtpatch.api import GENERATIONS, KERNEL_CHOICES, InputError, UsdtpatchError, no_match
 from usdtpatch.cli.common import EXIT_OK, EXIT_UNUSABLE, error_line
 from usdtpatch.report.listing import PROBE_PATTERN_HELP, probe_matches
 from usdtpatch.report.plan import plan_json, plan_text
@@ -59,19 +59,19 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-base", type=_addr, metavar="ADDR",
                    help="where the file is loaded (default: from the maps, else "
                         "0x555555554000 for PIE, 0 for non-PIE)")
-    p.add_argument("--kernel", choices=list(KERNEL_PROTOCOL), default=None,
+    p.add_argument("--kernel", choices=list(KERNEL_CHOICES), default=None,
                    help="the kernel generation whose write protocol is planned, as rewrite's "
-                        "--kernel: 6.18 (Linux 6.18 to 7.2: the nop5 protocol; default) or "
-                        "nop10-series (EXPERIMENTAL: the queued upstream series)")
-    p.add_argument("--form", choices=list(FORM_ALIAS), default=None,
-                   help="deprecated spelling of --kernel (nop5: 6.18, nop10: nop10-series): "
-                        "--form names a site form in rewrite and check")
+                        f"--kernel: {_GENERATIONS_HELP} (default {OPTIMIZING[0]})")
+    p.add_argument("--form", choices=list(OPTIMIZING), default=None,
+                   help="deprecated spelling of --kernel: --form names a site form in "
+                        "rewrite and check")
 
 
-# --kernel's generation -> the write protocol planned (Kernel's values, written out: the
-# plan's parser does not import kernelfacts) and the deprecated --form's spellings of it
-KERNEL_PROTOCOL = {"6.18": PROTOCOL_NOP5, "nop10-series": PROTOCOL_NOP10}
-FORM_ALIAS = {PROTOCOL_NOP5: "6.18", PROTOCOL_NOP10: "nop10-series"}
+# the optimizing generations, by name (the first is the default), and --kernel's help
+OPTIMIZING = tuple(g.name for g in GENERATIONS if g.optimizes)
+_GENERATIONS_HELP = "; ".join(
+    f"{g.name} ({'/'.join(g.aliases)}; e.g. Linux {', '.join(g.examples)})"
+    for g in GENERATIONS if g.optimizes)
 
 
 def register(sub: Any) -> None:
@@ -90,13 +90,18 @@ def placement(args: argparse.Namespace, err: IO[str] | None = None) -> dict[str,
     if args.form is not None:
         if err is not None:
             print(f"usdtpatch: {args.command}: --form {args.form} is deprecated here, give "
-                  f"--kernel {FORM_ALIAS[args.form]} (--form names a site form in rewrite and "
+                  f"--kernel {args.form} (--form names a site form in rewrite and "
                   f"check)", file=err)
-        if kernel is not None and kernel != FORM_ALIAS[args.form]:
+        if kernel is not None and _name(kernel) != args.form:
             raise InputError(f"--form {args.form} contradicts --kernel {kernel}")
-        kernel = FORM_ALIAS[args.form]
-    return {"form": KERNEL_PROTOCOL[kernel or "6.18"], "load_base": args.load_base,
+        kernel = args.form
+    return {"form": _name(kernel or OPTIMIZING[0]), "load_base": args.load_base,
             "trampoline": args.trampoline, "maps": args.maps, "pid": args.pid}
+
+
+def _name(kernel: str) -> str:
+    """The generation `kernel` (a name or an alias of --kernel's choices) names."""
+    return next(g.name for g in GENERATIONS if kernel == g.name or kernel in g.aliases)
 
 
 def add_probe_arg(p: argparse.ArgumentParser, what: str) -> None:

@@ -31,12 +31,12 @@ from typing import IO, Any
 
 from usdtpatch import api
 from usdtpatch.api import (
+    KERNEL_CHOICES,
     FileRewrite,
     ForkGuard,
     Form,
     Guard,
     InputError,
-    Kernel,
     OutputError,
     UsdtpatchError,
     check_output,
@@ -83,14 +83,15 @@ def register(sub: Any) -> None:
                         "one line per file and the counts; --form auto is for --kernel "
                         f"{TREE_KERNEL} unless --kernel names another")
     p.add_argument("--form", choices=["auto", *(f.value for f in Form)], default="auto",
-                   help="site form: auto (the one the kernel optimizes: nop5 on Linux 6.18 to "
-                        "7.2, combo10 with the nop10 series; none, file left as it is, on a "
-                        "kernel without the uprobe syscall), nop5, combo5, combo10 "
-                        "(default auto)")
-    p.add_argument("--kernel", choices=[k.value for k in Kernel], default=None,
+                   help="site form: auto (the one the kernel optimizes, told by the uprobe "
+                        "syscall's answer: nop5 on the nop5 generation, e.g. 6.18; combo10 "
+                        "on the nop10 one, e.g. 7.3; none, file left as it is, on a kernel "
+                        "without the uprobe syscall), nop5, combo5, combo10 (default auto)")
+    p.add_argument("--kernel", choices=list(KERNEL_CHOICES), default=None,
                    help="with --form auto: the kernel generation the binary will run on, "
-                        "instead of the running kernel's (6.18: Linux 6.18 to 7.2; "
-                        "nop10-series: the queued nop10 series)")
+                        "instead of the running kernel's (nop5: 6.18.y; nop10: 7.3 and "
+                        "backports such as Debian's 7.2.13; 6.18 and nop10-series are "
+                        "the old names)")
     p.add_argument("--redzone-guard", choices=[g.value for g in Guard], default=Guard.AUTO.value,
                    help="wrap sites in lea -128/+128 of rsp: auto (where the red zone may be "
                         "in use), always, never (default auto)")

@@ -93,7 +93,7 @@ from usdtpatch.errors import UsdtpatchError
 from usdtpatch.forkguard import _code
 from usdtpatch.forkguard.dso import find_dso_handle  # only for a stripped object
 from usdtpatch.x86.decode import Flow
-from usdtpatch.x86.nops import NOP5, crosses_page, kernel_optimizable_nop5
+from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, crosses_page, kernel_optimizable_nop5
 
 __all__ = ["ENTRY_SIZE", "LOOKUPS", "NON_FORKING_LIBRARIES", "TABLE_SECTION", "Coverage",
            "GuardBuild", "GuardUnsupported", "TableEntry", "build_guard", "coverage",
@@ -819,8 +819,7 @@ def _interposition(t: _Asm, image: ElfImage, routes: dict[str, list[int]], child
 # --- a static executable without __register_atfork: the fork system calls hooked -----------
 
 SYSCALL_HOOK_WINDOW = 7  # mov $N,%eax (b8 imm32) + syscall (0f 05)
-_CHILD_CALL = bytes([
-    0x48, 0x8D, 0x64, 0x24, 0x80,  # lea -0x80(%rsp),%rsp: past the red zone
+_CHILD_CALL = GUARD_ENTER + bytes([  # lea -0x80(%rsp),%rsp: past the red zone
     0x50, 0x51, 0x52, 0x56, 0x57,  # push %rax, %rcx, %rdx, %rsi, %rdi
     0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53,  # push %r8 .. %r11
     0x9C,  # pushfq
@@ -1030,8 +1029,8 @@ def _syscall_guard(image: ElfImage, todo: tuple[tuple[int, bytes], ...],
                       hooked=tuple((k.start, k.start + k.length) for k in hooks))
 
 
-_LEA_DOWN = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
-_LEA_UP = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
+_LEA_DOWN = GUARD_ENTER  # lea -0x80(%rsp),%rsp
+_LEA_UP = GUARD_LEAVE  # lea 0x80(%rsp),%rsp
 _PUSHF, _POPF, _SYSCALL = b"\x9c", b"\x9d", b"\x0f\x05"
 SYS_FORK, SYS_CLONE, SYS_CLONE3 = 57, 56, 435
 _CLONE_VM = 0x100

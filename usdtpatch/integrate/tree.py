@@ -34,10 +34,10 @@ from usdtpatch import api
 from usdtpatch.api import InputError, OutputError, UsdtpatchError
 
 ELF_MAGIC = b"\x7fELF"
-# The kernel generation a tree is rewritten for when neither --form nor --kernel is given:
-# the released kernels that optimize uprobes (Linux 6.18 to 7.2) optimize the 5-byte NOP. A
-# package is built on one machine and runs on many: the build host's kernel is no guide.
-TREE_KERNEL = "6.18"
+# The kernel generation a tree is rewritten for when neither --form nor --kernel is given: the
+# library's default target (docs/rewrite.md, "Which generation"). A package is built on one
+# machine and runs on many: the build host's kernel is no guide.
+TREE_KERNEL = api.DEFAULT_KERNEL
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,11 +50,17 @@ from usdtpatch.analysis.probes import ProbeSet, no_match, read_probes
 from usdtpatch.elf.image import parse_elf
 from usdtpatch.errors import InputError, UnsupportedError, UsdtpatchError
 from usdtpatch.io import read_elf
+from usdtpatch.kernelfacts import (
+    CALL_REL32,
+    INT3,
+    Generation,
+    generation_of_errno,
+    uprobe_syscall_errno,
+)
 from usdtpatch.live import ptrace
-from usdtpatch.live.perf import SiteSampler, has_uprobe_syscall, uprobe_pmu_type
+from usdtpatch.live.perf import SiteSampler, uprobe_pmu_type
 from usdtpatch.live.procfs import read_maps
 from usdtpatch.sequences.plan import Plan, SitePlan, plan_for
-from usdtpatch.sequences.sequences import CALL_REL32, INT3, PROTOCOL_NOP5
 from usdtpatch.sequences.trampoline import TRAMPOLINE_NAME, MapEntry
 
 _OPTIONS = (ptrace.O_TRACEFORK | ptrace.O_TRACEVFORK | ptrace.O_TRACECLONE
@@ -67,17 +73,20 @@ NO_RED_ZONE: Mapping[int, str] = MappingProxyType({})
 MAX_OTHER_FAULTS = 20  # per process, faults not at a site that are analysed and listed
 
 
-def kernel_support() -> None:
-    """Raise UnsupportedError (one sentence) unless kcheck can run here."""
+def kernel_support() -> Generation:
+    """The running kernel's generation (kernelfacts.GENERATIONS, told by the uprobe syscall's
+    answer); UnsupportedError (one sentence) unless kcheck can run here. A kernel without the
+    uprobe syscall is the generation that optimizes nothing: kcheck runs there too, and plans
+    every site on the int3 path."""
     if os.geteuid() != 0:
         raise UnsupportedError("kcheck needs root (perf_event_open uprobes in another "
                                "process, ptrace, /proc/PID/mem)")
     uprobe_pmu_type()  # raises: no uprobe PMU
-    if not has_uprobe_syscall():
-        raise UnsupportedError(
-            f"the kernel ({platform.release()}) has no uprobe syscall (336): no site is ever "
-            f"optimized here, every site takes the int3 path (Linux 6.18+ optimizes nop5 "
-            f"sites)")
+    gen, why = generation_of_errno(uprobe_syscall_errno())
+    if gen is None:
+        raise UnsupportedError(f"the kernel ({platform.release()}): {why}: kcheck cannot "
+                               f"tell what it does with a uprobe")
+    return gen
 
 
 # ------------------------------------------------------------------------------ results
@@ -145,6 +154,7 @@ class KcheckReport:
     interrupted: bool = False
     attach_seconds: float = 0.0  # opening the events (sites x CPUs)
     detach_seconds: float = 0.0  # closing them
+    generation: str = ""  # the running kernel's generation (kernelfacts.GENERATIONS), planned
 
     @property
     def targets(self) -> list[ProcessResult]:
@@ -197,15 +207,20 @@ def load_probes(path: str) -> ProbeSet:
     return read_probes(parse_elf(read_elf(path)))
 
 
-def site_specs(ps: ProbeSet, path: str, probes: Sequence[str] = ()) -> list[SiteSpec]:
-    """The instruction the kernel probes for every USDT site of `ps` (the file `path`; the
-    plan's choice: combo5 -> the nop5 at pc + 1, a guarded nop5 -> the nop5, else the pc);
-    with `probes`, only the sites whose provider:name matches one of these shell patterns."""
+def site_specs(ps: ProbeSet, path: str, probes: Sequence[str] = (),
+               gen: Generation | None = None) -> list[SiteSpec]:
+    """The instruction the kernel probes for every USDT site of `ps` (the file `path`), where
+    the consumers of generation `gen` attach (the plan's choice: `90` + the generation's NOP ->
+    the NOP at pc + 1, a guarded nop5 -> the nop5, else the pc; default: the running kernel's
+    generation); with `probes`, only the sites whose provider:name matches one of these shell
+    patterns."""
     import fnmatch
 
+    if gen is None:
+        gen = kernel_support()
     sems = {p.index: (p.semaphore.offset or 0) if p.semaphore is not None else 0
             for p in ps.probes}
-    plan = plan_for(ps, path, red_zone=NO_RED_ZONE)
+    plan = plan_for(ps, path, gen.name, red_zone=NO_RED_ZONE)
     out = []
     for s in plan.sites:
         if s.file_offset is None:
@@ -245,12 +260,14 @@ def _read(pid: int, address: int, size: int) -> bytes | None:
     return data if len(data) == size else None
 
 
-def process_plan(ps: ProbeSet, path: str, maps: Sequence[MapEntry]) -> Plan | None:
-    """`usdtpatch plan` for this process, from its mappings without the trampoline pages
-    (a prediction: where would the kernel put the trampoline, what would it write)."""
+def process_plan(ps: ProbeSet, path: str, maps: Sequence[MapEntry],
+                 gen: Generation) -> Plan | None:
+    """`usdtpatch plan --kernel GEN` for this process, from its mappings without the
+    trampoline pages (a prediction: where would the kernel put the trampoline, what would it
+    write)."""
     free = tuple(m for m in maps if m.path != TRAMPOLINE_NAME)
     try:
-        return plan_for(ps, path, maps=free, maps_source="the process's maps",
+        return plan_for(ps, path, gen.name, maps=free, maps_source="the process's maps",
                         red_zone=NO_RED_ZONE)
     except UsdtpatchError:
         return None
@@ -274,11 +291,14 @@ class Kcheck:
     """One run. `run_command(argv)` or `run_pid(pid, duration)`, then `.report`."""
 
     def __init__(self, path: str, *, settle: float = 2.0, probes: Sequence[str] = (),
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 gen: Generation | None = None) -> None:
         self.path = path
         self.real = os.path.realpath(path)
+        # the running kernel's generation: where its consumers attach, what it writes
+        self.gen = gen if gen is not None else kernel_support()
         self.probeset = load_probes(path)  # one reading: the specs and every process's plan
-        self.specs = site_specs(self.probeset, path, probes)
+        self.specs = site_specs(self.probeset, path, probes, self.gen)
         self.settle = settle
         self._explained: dict[tuple[int, int], bool] = {}
         self.progress = progress
@@ -353,7 +373,8 @@ class Kcheck:
         maps, tramps = self._state(pid)
         res.trampolines = tramps
         tranges = [(m.start, m.end) for m in maps if m.path == TRAMPOLINE_NAME]
-        plan = process_plan(self.probeset, self.path, t.first_maps or maps) if maps else None
+        plan = process_plan(self.probeset, self.path, t.first_maps or maps,
+                            self.gen) if maps else None
         planned: dict[int, SitePlan] = {s.index: s for s in plan.sites} if plan else {}
         sampler = self.sampler
         if sampler is not None:
@@ -366,9 +387,8 @@ class Kcheck:
             if sampler is not None and not site.attach_error:
                 site.hits = sampler.hits(pid, site.address)
             site.attached = _read(pid, site.address, spec.length)
-            if site.attached is not None and site.attached[0] == CALL_REL32 and spec.length >= 5:
-                site.call_target = (site.address + 5
-                                    + int.from_bytes(site.attached[1:5], "little", signed=True))
+            site.call_target = self._call_target(site.address, site.attached)
+            if site.call_target is not None:
                 site.optimized = any(a <= site.call_target < b for a, b in tranges)
             ps = planned.get(spec.index)
             seqs = ps.sequences if ps is not None else None
@@ -378,7 +398,8 @@ class Kcheck:
                 site.planned_trampoline = seqs.trampoline
                 if site.attach_error:
                     site.planned = None
-                elif seqs.protocol == PROTOCOL_NOP5 and seqs.optimized is not None and site.hits:
+                elif seqs.protocol == self.gen.name and seqs.optimized is not None \
+                        and site.hits:
                     site.planned = seqs.optimized
                 else:
                     site.planned = seqs.attach.end  # int3 at byte 0
@@ -410,10 +431,34 @@ class Kcheck:
                 continue
             site.detached = _read(pid, site.address, spec.length)
             if site.original and site.detached is not None:
-                site.restored = site.detached == site.original
+                site.restored = site.detached in self._restored_bytes(site)
         if self.progress:
             n = sum(1 for s in res.sites if s.optimized)
             self.progress(f"pid {pid}: {n} of {len(res.sites)} site(s) optimized, detached")
+
+    def _restored_bytes(self, site: SiteResult) -> tuple[bytes, ...]:
+        """What a site may read after detach: its original bytes, or, where the kernel had
+        optimized it, the end of its generation's unoptimize sequence (the nop10 generation
+        leaves `e8 rel32` in bytes 5..9, the same NOP's SIB and disp32)."""
+        if not site.optimized or site.call_target is None or site.address is None:
+            return (site.original,)
+        from usdtpatch.sequences.sequences import optimized_sequences
+
+        seqs = optimized_sequences(self.gen, site.address, site.original, site.call_target)
+        assert seqs.unoptimize is not None
+        return (site.original, seqs.unoptimize.end)
+
+    def _call_target(self, address: int, attached: bytes | None) -> int | None:
+        """Where the optimized call of the running generation in `attached` goes (None: the
+        bytes are not its optimized form: `e8 rel32`, after its head, ending at the end of
+        its NOP)."""
+        gen = self.gen
+        at = gen.call_offset
+        if not gen.optimizes or attached is None or len(attached) < gen.nop_length or \
+                attached[:at] != gen.optimized_head or attached[at] != CALL_REL32:
+            return None
+        return address + gen.nop_length + int.from_bytes(attached[at + 1:at + 5], "little",
+                                                         signed=True)
 
     def _placement_explained(self, t: _Target, maps: Sequence[MapEntry], page: int) -> bool:
         """Whether the kernel's trampoline `page` is where the placement rule puts it for one
@@ -757,7 +802,7 @@ class Kcheck:
 
     def _report(self) -> KcheckReport:
         return KcheckReport(path=self.path, command=self.command, pid=self.pid,
-                            kernel=platform.release(),
+                            kernel=platform.release(), generation=self.gen.name,
                             processes=sorted(self.processes.values(), key=lambda p: p.pid),
                             faults=self.faults, seconds=time.monotonic() - self.t0,
                             interrupted=self.interrupted, attach_seconds=self.attach_seconds,

@@ -42,7 +42,7 @@ def uprobe_pmu_type() -> int:
 
 def has_uprobe_syscall() -> bool:
     """True when the kernel has the uprobe syscall: its answer is one a kernel generation
-    that optimizes uprobes gives (ENXIO: 6.18 to 7.2, EPROTO: the nop10 series)."""
+    that optimizes uprobes gives (a row of kernelfacts.GENERATIONS that optimizes)."""
     return kernel_of_errno(uprobe_syscall_errno())[0] is not None
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from usdtpatch.analysis.windows import PatchWindow
+from usdtpatch.kernelfacts import RED_ZONE
 from usdtpatch.prove.smt import (
     Dead,
     Machine,
@@ -47,7 +48,7 @@ from usdtpatch.prove.smt import (
     solve,
 )
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5, RED_ZONE
+from usdtpatch.x86.nops import GUARD_ENTER, GUARD_LEAVE, NOP5
 from usdtpatch.x86.relocate import Detour
 
 PROVED = "proved"

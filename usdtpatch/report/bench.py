@@ -35,7 +35,11 @@ def bench_json(rep: BenchReport) -> dict[str, Any]:
             "reference": REFERENCE, "jvm_reference": JVM_REFERENCE,
             "trigger": [row_json(r) for r in rep.trigger],
             "jvm": [row_json(r) for r in rep.jvm],
-            "seconds": round(rep.seconds, 2), "notes": rep.notes}
+            "seconds": round(rep.seconds, 2), "notes": rep.notes,
+            "generation": rep.generation,
+            "same_form": {"native": rep.same_form,
+                          "ratio_traced_ns_per_hit": round(rep.same_form_ratio[0], 4),
+                          "range": [round(v, 4) for v in rep.same_form_ratio[1:]]}}
 
 
 NOISE = "noise"
@@ -84,7 +88,8 @@ def _table(title: str, rows: list[Row], jvm: bool, out: IO[str]) -> None:
 
 def print_bench(rep: BenchReport, out: IO[str]) -> None:
     """`usdtpatch bench`'s text: the two tables and the notes."""
-    out.write(f"Linux {rep.kernel}, {rep.cpu}; medians of {rep.repeats} interleaved "
+    gen = f" (the {rep.generation} generation)" if rep.generation else ""
+    out.write(f"Linux {rep.kernel}{gen}, {rep.cpu}; medians of {rep.repeats} interleaved "
               f"round(s); x ref = median of the per-round ratios to the reference (lowest-"
               f"highest round); untraced: time ratio, below 1 is faster\n")
     if rep.trigger:
@@ -99,6 +104,11 @@ def print_bench(rep: BenchReport, out: IO[str]) -> None:
     if any(is_noise(r, refs[REFERENCE]) for r in rep.trigger) or \
             any(is_noise(r, refs[JVM_REFERENCE]) for r in rep.jvm):
         out.write(f"{NOISE_NOTE}\n")
+    if rep.same_form and rep.same_form_ratio[0]:
+        med, lo, hi = rep.same_form_ratio
+        word = " (noise)" if lo <= 1.0 <= hi else ""
+        out.write(f"rewritten against {rep.same_form} (a native site of the same form), "
+                  f"traced: {med:.3f}x its ns per hit ({lo:.3f}-{hi:.3f}){word}\n")
     for n in rep.notes:
         out.write(f"note: {n}\n")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from usdtpatch.kernelfacts import OPTIMIZING
 from usdtpatch.report.envelope import envelope
 
 if TYPE_CHECKING:
@@ -45,8 +46,10 @@ def summary_text(entry: dict[str, Any] | None, doc: dict[str, Any], form: str,
     """What the step did to the file, for its last line: the check document `doc`'s sites,
     the rewrite document's `entry` (None: only checked)."""
     sites = doc["files"][0]["sites"]
-    fast = sum(1 for s in sites if s["kernels"].get("6.18", {}).get("outcome") == "optimized")
-    text = f"{len(sites)} site(s), {fast} optimized by a 6.18 kernel"
+    fast = ", ".join(
+        f"{sum(1 for s in sites if s['kernels'].get(g.name, {}).get('outcome') == 'optimized')}"
+        f" optimized on {g.name}" for g in OPTIMIZING)
+    text = f"{len(sites)} site(s), {fast}"
     if entry is not None:
         if entry.get("note"):
             text += "; already rewritten, left as it is"

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from usdtpatch.api import CheckResult
 
 CHECK_SCHEMA = "usdtpatch/analysis"
-CHECK_SCHEMA_VERSION = 1
+CHECK_SCHEMA_VERSION = 2  # 2: `kernels` keyed by generation name (nop5, nop10)
 
 
 def window_json(w: PatchWindow) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from usdtpatch.findings import (
     FORK_GUARDED,
     PROCESS_CAN_FORK,
 )
+from usdtpatch.kernelfacts import OPTIMIZING
 from usdtpatch.report.html_assets import CSS, SCRIPT
 from usdtpatch.report.plain import check_summary_line, verification_text
 
@@ -313,9 +314,8 @@ def _show_view(view: dict[str, Any]) -> str:
 
 def _site_facts(s: dict[str, Any]) -> str:
     k = s["kernels"]
-    facts = [("6.18 kernel", f"{k['6.18']['outcome']}: {k['6.18']['reason']}"),
-             ("nop10 series (unreleased)",
-              f"{k['nop10-series']['outcome']}: {k['nop10-series']['reason']}"),
+    facts = [*((f"{g.label} kernel", f"{k[g.name]['outcome']}: {k[g.name]['reason']}")
+               for g in OPTIMIZING),
              ("site bytes", s["site"]["bytes"]),
              ("file offset", _hex(s["file_offset"]))]
     if s["function_bounds"] is not None:
@@ -334,7 +334,7 @@ CHECK_COLUMNS = (
     Column("probe", "probe", "text", "minmax(10em,1.5fr)"),
     Column("address", "address", "num", "6em"),
     Column("form", "site", "text", "5.5em"),
-    Column("k618", "6.18", "text", "minmax(4em,7.5em)"),
+    *(Column(f"k-{g.name}", g.name, "text", "minmax(4em,7.5em)") for g in OPTIMIZING),
     Column("outcome", "outcome", "num", "6.5em"),
     Column("window", "window", "num", "minmax(8em,11.5em)"),
     Column("function", "function", "text", "minmax(9em,2.2fr)"),
@@ -358,11 +358,12 @@ def _check_site(fi: int, si: int, s: dict[str, Any], view: dict[str, Any] | None
         wtext, wsort = "-", 0
     codes = sorted({x["code"] for x in s["findings"]} |
                    ({s["blocked"]["code"]} if s["blocked"] else set()))
-    k = s["kernels"]["6.18"]
+    k = s["kernels"]
     cells = [
         *_probe_cells(s),
         _cell("form", _e(s["site"]["form"])),
-        _cell("k618", f'<span title="{_e(k["reason"])}">{_e(k["outcome"])}</span>'),
+        *(_cell(f"k-{g.name}", f'<span title="{_e(k[g.name]["reason"])}">'
+                               f'{_e(k[g.name]["outcome"])}</span>') for g in OPTIMIZING),
         _cell("outcome", _pill(s["outcome"]), OUTCOME_ORDER.index(s["outcome"])
               if s["outcome"] in OUTCOME_ORDER else 9),
         _cell("window", _e(wtext), wsort),

@@ -55,7 +55,8 @@ def kcheck_json(rep: KcheckReport) -> dict[str, Any]:
     problems = rep.problems
     return {**envelope(KCHECK_SCHEMA, KCHECK_SCHEMA_VERSION, tool="none"),
             "path": rep.path, "command": rep.command, "pid": rep.pid,
-            "kernel": rep.kernel, "seconds": round(rep.seconds, 3),
+            "kernel": rep.kernel, "generation": rep.generation,
+            "seconds": round(rep.seconds, 3),
             "attach_seconds": round(rep.attach_seconds, 3),
             "detach_seconds": round(rep.detach_seconds, 3),
             "interrupted": rep.interrupted, "ok": not problems,
@@ -86,8 +87,9 @@ def _proc_line(p: ProcessResult) -> str:
 
 def kcheck_text(rep: KcheckReport) -> str:
     """`usdtpatch kcheck`'s text."""
-    lines = [f"{rep.path} on Linux {rep.kernel}: events attached in {rep.attach_seconds:.2f} s, "
-             f"detached in {rep.detach_seconds:.2f} s"]
+    gen = f" (the {rep.generation} generation)" if rep.generation else ""
+    lines = [f"{rep.path} on Linux {rep.kernel}{gen}: events attached in "
+             f"{rep.attach_seconds:.2f} s, detached in {rep.detach_seconds:.2f} s"]
     for p in rep.processes:
         lines.append(_proc_line(p))
         if p.samples_lost or p.throttled:

@@ -34,6 +34,7 @@ import os
 from collections.abc import Iterator, Sequence
 
 from usdtpatch.findings import FORK_GUARDED, FORM_CHOSEN
+from usdtpatch.kernelfacts import OPTIMIZING
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (`list` does not)
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ def _hex(v: int | None) -> str:
 # The cells (shared with report/render.py)
 
 LIST_HEADERS = ("probe", "address", "offset", "semaphore", "site", "function", "arguments")
-CHECK_HEADERS = ("probe", "address", "site", "6.18", "nop10 (unreleased)", "outcome",
-                 "function", "findings")
+# one verdict column per optimizing kernel generation, named as --kernel names it
+KERNELS = tuple(g.name for g in OPTIMIZING)
+CHECK_HEADERS = ("probe", "address", "site", *KERNELS, "outcome", "function", "findings")
 
 
 def list_heading(f: dict[str, Any]) -> str:
@@ -107,7 +109,7 @@ def check_cells(s: dict[str, Any]) -> tuple[str, ...]:
     """The cells of one site of a `check` document."""
     k = s["kernels"]
     return (f"{s['provider']}:{s['name']}", _hex(s["address"]), s["site"]["form"],
-            k["6.18"]["outcome"], k["nop10-series"]["outcome"], outcome_text(s),
+            *(k[g]["outcome"] for g in KERNELS), outcome_text(s),
             s["function"] or "-", " ".join(sorted({x["code"] for x in s["findings"]})) or "-")
 
 

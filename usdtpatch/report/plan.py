@@ -8,7 +8,7 @@ from typing import Any
 
 from usdtpatch.report.envelope import envelope
 from usdtpatch.sequences.plan import PLAN_SCHEMA, PLAN_SCHEMA_VERSION, Plan, SitePlan
-from usdtpatch.sequences.sequences import PROTOCOL_NOP5, PROTOCOL_NOP10, Sequence, Step
+from usdtpatch.sequences.sequences import Sequence, Step
 from usdtpatch.x86.describe import describe
 
 
@@ -47,7 +47,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     return {
         **envelope(PLAN_SCHEMA, PLAN_SCHEMA_VERSION, tool="text"), "path": plan.path,
         "elf": {"class": 64 if plan.is64 else 32, "type": plan.elf_type},
-        "protocol": plan.protocol, "experimental": plan.experimental,
+        "protocol": plan.protocol, "experimental": False,
         "load_base": plan.load_base, "load_base_source": plan.load_base_source,
         "trampoline_source": plan.trampoline_source,
         "trampolines": list(plan.trampolines),
@@ -86,7 +86,7 @@ def site_lines(site: SitePlan) -> list[str]:
         lines = [head + ", cannot be probed"]
     else:
         if s.trampoline is not None and s.optimize is not None:
-            call_end = s.address + (10 if s.protocol == PROTOCOL_NOP10 else 5)
+            call_end = s.address + len(s.original)
             head += (f", {s.protocol} protocol, trampoline {s.trampoline:#x} "
                      f"(rel32 {s.trampoline - call_end:+#x})")
         else:
@@ -106,8 +106,8 @@ def site_lines(site: SitePlan) -> list[str]:
 
 def plan_text(plan: Plan) -> str:
     """`usdtpatch plan`'s text."""
-    proto = "nop5 protocol (Linux 6.18)" if plan.protocol == PROTOCOL_NOP5 else \
-        "nop10 protocol (EXPERIMENTAL: queued upstream series, unreleased)"
+    gen = plan.generation
+    proto = f"{gen.name} protocol (Linux {', '.join(gen.examples)})"
     tr = ", ".join(f"{t:#x}" for t in plan.trampolines) or "none"
     lines = [f"{plan.path}: {len(plan.sites)} site(s), {proto}, load base "
              f"{plan.load_base:#x} ({plan.load_base_source}), trampoline {tr} "

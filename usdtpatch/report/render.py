@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from usdtpatch.report.plain import (
+    CHECK_HEADERS,
     REWRITE_HEADERS,
     check_cells,
     check_summary_line,
@@ -100,7 +101,7 @@ def render_check(console: Console, doc: dict[str, Any], summary_only: bool = Fal
         made = f.get("rows")
         if (f["sites"] or made) and not summary_only:
             table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-            for col in ("probe", "address", "site", "6.18", "nop10 (unreleased)", "outcome"):
+            for col in CHECK_HEADERS[:-2]:
                 table.add_column(col, no_wrap=True)
             table.add_column("function", overflow="fold", ratio=1)
             table.add_column("findings", overflow="fold", ratio=1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from usdtpatch.kernelfacts import OPTIMIZING
 from usdtpatch.report.plain import (
     check_text,
     list_text,
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 # which site form each kernel generation optimizes (docs/rewrite.md, "Site forms")
-FORMS_LINE = ("site forms: Linux 6.18 to 7.2 optimize 5-byte NOPs (rewrite --form nop5); the "
-              "queued nop10 series only the 10-byte NOP (--form combo10); rewrite --form auto "
-              "takes the running kernel's")
+FORMS_LINE = "site forms: " + "; ".join(
+    f"the {g.name} generation (e.g. Linux {', '.join(g.examples)}) optimizes only "
+    f"{g.nop_length}-byte NOPs (rewrite --form {g.auto_form})" for g in OPTIMIZING) + \
+    "; rewrite --form auto takes the running kernel's"
 
 
 # rich's page for what it lays out in a pipe (non-ASCII text): $COLUMNS, else wide enough

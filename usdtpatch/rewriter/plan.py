@@ -40,7 +40,14 @@ from usdtpatch.analysis.calls import (
 from usdtpatch.analysis.calls import DetourEh as _DetourEh
 from usdtpatch.analysis.calls import Refusal as _Refusal
 from usdtpatch.analysis.calls import detour_handling as _detour_handling
-from usdtpatch.analysis.check import CheckReport, SiteCheck, check, relaid_window, used_window
+from usdtpatch.analysis.check import (
+    CheckReport,
+    SiteCheck,
+    check,
+    needs_red_zone_guard,
+    relaid_window,
+    used_window,
+)
 from usdtpatch.analysis.closed import REFUSALS
 from usdtpatch.analysis.debuglines import window_debug_refusal
 from usdtpatch.analysis.forms import (
@@ -108,9 +115,10 @@ from usdtpatch.elf.symbols import DETOUR_PREFIX, SymtabInPlace, symtab_in_place
 from usdtpatch.elf.writer import SegmentLayout, added_sections_index, plan_segment
 from usdtpatch.errors import UnsupportedError
 from usdtpatch.findings import Finding
+from usdtpatch.kernelfacts import DEFAULT, RED_ZONE
 from usdtpatch.rewriter.marker import AlreadyRewritten
 from usdtpatch.x86.decode import sweep
-from usdtpatch.x86.nops import FORMS, GUARD_ENTER, RED_ZONE
+from usdtpatch.x86.nops import FORMS, GUARD_ENTER
 from usdtpatch.x86.relocate import (
     Detour,
     RelocationError,
@@ -335,14 +343,6 @@ class _Skip(Exception):
         self.verification = verification
 
 
-def _needs_guard(sc: SiteCheck, guard: Guard) -> bool:
-    if guard is Guard.ALWAYS:
-        return True
-    if guard is Guard.NEVER:
-        return False
-    return sc.red_zone is None or sc.red_zone.may_use
-
-
 def check_rewritable(image: ElfImage) -> None:
     """Raise AlreadyRewritten or UnsupportedError when `image` cannot be rewritten at all."""
     if marker_of(image) is not None:
@@ -439,8 +439,11 @@ def plan_rewrite(image: ElfImage, *, form: Form = Form.NOP5, guard: Guard = Guar
     else:
         rep = check(ps, keep=walk.keep, context=walk.start)
     walk.finish()
-    # the check's findings first (said again in _whole_file only where a detour is added)
-    seg.found[:0] = [f for f in rep.findings if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code]
+    # the check's findings first (said again in _whole_file only where a detour is added); a
+    # site a generation cannot probe is said of the input only where the output keeps it
+    moved = {d.probe.probe_id for d in walk.decided.values() if d.new_pc is not None}
+    seg.found[:0] = [f for f in rep.findings if f.code != findings.DETOUR_UNWIND_LEFT_OUT.code
+                     and not (f.code == findings.SITE_PROBE_LOST.code and f.where in moved)]
     del rep
     return _whole_file(RewritePlan(image=image, probeset=ps, form=form, guard=guard,
                                    fork_guard=fork_guard, verified=verify is not None,
@@ -551,7 +554,7 @@ def _decide_site(inputs: _Inputs, seg: _Segment, order: list[SiteCheck], n: int
         raise _Skip(findings.WINDOW_OVERLAPS_SITE.code,
                     "its window overlaps another rewritten site's")
     members = inputs.by_address.between(win.start, win.end)
-    guarded = any(_needs_guard(m, inputs.guard) for m in members)
+    guarded = any(needs_red_zone_guard(m, inputs.guard, inputs.form) for m in members)
     win = used_window(win, sc.probe, [m.probe for m in members], inputs.form, guarded)
     new_args = _member_args(members, win, guarded)
     sb = site_bytes(inputs.form, guarded)
@@ -592,8 +595,8 @@ def _window(sc: SiteCheck, order: list[SiteCheck], n: int, form: Form) -> PatchW
                                       findings.PROBE_NOT_DECODED.code):
         raise _Skip(wr.code, wr.reason)  # data in code, or not an instruction boundary
     facts = FORMS[p.site.form]
-    if facts.nop_length == 5 and facts.nop_at == 0 and \
-            sc.candidacy.kernel_618.code == findings.SITE_CROSSES_PAGE.code:
+    if facts.nop_at == 0 and facts.nop_length == DEFAULT.nop_length and \
+            sc.candidacy.verdict(DEFAULT).code == findings.SITE_CROSSES_PAGE.code:
         return _page_crossing_window(p)
     if left_as_is(p.site.form, form):
         raise _Skip(findings.SITE_ALREADY_5_BYTE.code, f"already a {p.site.form.value} site")
@@ -680,7 +683,7 @@ def _call_handling(inputs: _Inputs, win: PatchWindow) -> _Calls:
 def _optimized(form: Form, sb: SiteBytes, at: int) -> bool:
     """Whether the kernel optimizes the new site's NOP when the site lies at `at`."""
     return optimized_where_it_is(sb.code[sb.optimized_offset :], at + sb.optimized_offset,
-                                 nop10=form is Form.COMBO10)
+                                 form.kernel)
 
 
 def _detoured(inputs: _Inputs, seg: _Segment, sc: SiteCheck, win: PatchWindow,

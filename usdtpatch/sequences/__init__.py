@@ -1,1 +1,2 @@
-"""Kernel write sequences for uprobe sites (nop5; nop10 experimental), trampoline placement."""
+"""Kernel write sequences for uprobe sites (every kernel generation),
+trampoline placement."""

@@ -9,7 +9,8 @@ Which instruction the kernel probes for each site form (docs/plan-verify.md):
 - red-zone-guarded nop5 (`lea -0x80(%rsp),%rsp; nop5; lea 0x80(%rsp),%rsp` at the pc, the
   form `rewrite` writes, docs/rewrite.md): the nop5 at pc + 5, verified from pc to the end of
   the second lea;
-- nop10 / combo10 under the EXPERIMENTAL nop10 protocol: the nop10 (at pc, or pc + 1);
+- nop10 / combo10 under the nop10 generation's protocol: the nop10 (at pc, or pc + 1, where
+  the libbpf of the 7.3 tree attaches);
 - anything else: the instruction at the pc, int3 path only (attach/detach).
 
 Trampolines: `--trampoline` fixes one for every site; otherwise sites are placed in address
@@ -27,31 +28,28 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from usdtpatch.analysis.probes import ProbeSet, is_x86
-from usdtpatch.analysis.rules import Outcome, rule_618, rule_nop10
+from usdtpatch.analysis.rules import Outcome, rule
 from usdtpatch.elf.image import ET_EXEC, ElfImage
 from usdtpatch.errors import InputError, UnsupportedError
 from usdtpatch.findings import (
-    EXPERIMENTAL_PROTOCOL,
     OPTIMIZED_CALL_CLOBBERS_RED_ZONE,
     RENAMED,
+    RETIRED,
     SITE_TRUNCATED,
     SITE_UNMAPPED,
     Finding,
     Severity,
     is_registered,
 )
-from usdtpatch.kernelfacts import PAGE
-from usdtpatch.sequences.nop10 import NOP10_LENGTH, nop10_sequences
+from usdtpatch.kernelfacts import DEFAULT, OPTIMIZING, PAGE, Generation
 from usdtpatch.sequences.sequences import (
-    NOP5_LENGTH,
     PROTOCOL_INT3,
-    PROTOCOL_NOP5,
-    PROTOCOL_NOP10,
     Sequence,
     SiteSequences,
     Step,
     int3_sequences,
-    nop5_sequences,
+    optimized_sequences,
+    protocol_generation,
     refusal_finding,
     trampoline_reach,
 )
@@ -79,6 +77,7 @@ PLAN_SCHEMA = "usdtpatch/plan"
 PLAN_SCHEMA_VERSION = 1
 
 GUARDED_NOP5 = GUARD_ENTER + NOP5 + GUARD_LEAVE
+_PROTOCOLS = " or ".join(g.name for g in OPTIMIZING)  # a plan's protocols, in an error
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +103,7 @@ class Plan:
     path: str
     is64: bool
     elf_type: int
-    protocol: str  # nop5 | nop10
+    protocol: str  # the name of the generation planned (nop5 | nop10)
     load_base: int
     load_base_source: str  # maps | option | default
     trampoline_source: str  # option | maps | layout
@@ -112,8 +111,10 @@ class Plan:
     findings: tuple[Finding, ...]
 
     @property
-    def experimental(self) -> bool:
-        return self.protocol == PROTOCOL_NOP10
+    def generation(self) -> Generation:
+        gen = protocol_generation(self.protocol)
+        assert gen is not None, f"a plan of protocol {self.protocol!r}"
+        return gen
 
     @property
     def trampolines(self) -> tuple[int, ...]:
@@ -121,18 +122,21 @@ class Plan:
                              if s.sequences is not None and s.sequences.trampoline is not None}))
 
 
-def _kernel_site(form: SiteForm, code: bytes, before: bytes, protocol: str
+def _kernel_site(form: SiteForm, code: bytes, before: bytes, gen: Generation
                  ) -> tuple[int, int, bool, str]:
-    """(offset from pc, length, guarded, description) of the instruction the kernel probes.
+    """(offset from pc, length, guarded, description) of the instruction a consumer of `gen`
+    probes.
 
     A guarded site has its pc on the nop5, between `lea -0x80(%rsp),%rsp` (the bytes
     `before` the pc) and `lea 0x80(%rsp),%rsp`: tracers attach to the NOP itself.
     """
     if is_guarded_nop5(before, code):
-        return 0, NOP5_LENGTH, True, "guarded-nop5 (lea -0x80(%rsp) before, lea 0x80 after)"
+        return 0, len(NOP5), True, "guarded-nop5 (lea -0x80(%rsp) before, lea 0x80 after)"
     facts = FORMS[form]
-    wanted = NOP10_LENGTH if protocol == PROTOCOL_NOP10 else NOP5_LENGTH
-    if facts.nop_length in (wanted, NOP5_LENGTH):  # the nop10 series probes a nop5 as 6.18
+    # the generation's own NOP is probed where its consumers attach: pc + 1 behind a `90`
+    # (libbpf 1.7 for `90` + nop5 on ENXIO, the 7.3 tree's for `90` + nop10 on EPROTO);
+    # anything else at the pc (combo5's `90` on the nop10 generation, measured on 7.3)
+    if facts.nop_length and facts.nop_length == gen.nop_length:
         at, n = facts.nop_at, facts.nop_length
         return at, n, False, f"{form.value} (nop{n} at pc+{at})" if at else form.value
     insn = decode_nop(code[:15])
@@ -153,7 +157,7 @@ def red_zone_users(ps: ProbeSet) -> dict[int, str]:
             if s.red_zone is not None and s.red_zone.may_use}
 
 
-def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base: int = 0,
+def build_plan(ps: ProbeSet, path: str, protocol: str = DEFAULT.name, load_base: int = 0,
                load_base_source: str = "default", maps: tuple[MapEntry, ...] | None = None,
                trampoline: int | None = None, mmap_min_addr: int = PAGE,
                red_zone: Mapping[int, str] | None = None) -> Plan:
@@ -168,8 +172,9 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         raise UnsupportedError(f"{image.machine_name} code: plan handles x86 only")
     if not image.little_endian:
         raise UnsupportedError("big-endian x86 ELF: plan handles little-endian x86 only")
-    if protocol not in (PROTOCOL_NOP5, PROTOCOL_NOP10):
-        raise InputError(f"unknown protocol {protocol!r}, expected nop5 or nop10")
+    gen = protocol_generation(protocol)
+    if gen is None:
+        raise InputError(f"unknown protocol {protocol!r}, expected {_PROTOCOLS}")
     if image.type == ET_EXEC:  # loaded at its link addresses: no base moves it
         load_base = 0
     findings: list[Finding] = []
@@ -182,10 +187,6 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
     else:
         tsource = "layout"
         layout = layout_from_load_base(image, load_base, path)
-    if protocol == PROTOCOL_NOP10:
-        findings.append(EXPERIMENTAL_PROTOCOL.finding(
-            "the nop10 protocol models a kernel series that is not in any release (queued "
-            "upstream, July 2026)"))
     sites: list[SitePlan] = []
     # In address order: the kernel places a trampoline when a site is first optimized and a
     # later site within reach reuses it; planned in this order, each site sees the pages the
@@ -202,7 +203,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         # pc is read to tell), so its entry and exit are those of the whole guarded sequence.
         window = image.read_vaddr(probe.address, len(GUARDED_NOP5) + 16)
         before = image.read_vaddr(probe.address - len(GUARD_ENTER), len(GUARD_ENTER))
-        off, length, guarded, desc = _kernel_site(probe.site.form, window, before, protocol)
+        off, length, guarded, desc = _kernel_site(probe.site.form, window, before, gen)
         code = window[off:]
         if len(code) < length:
             findings.append(SITE_TRUNCATED.finding(
@@ -214,15 +215,14 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
         entry = addr - len(GUARD_ENTER) if guarded else addr
         exit_ = entry + len(GUARDED_NOP5) if guarded else addr + length
         site_findings: list[Finding] = []
-        call_end = NOP10_LENGTH if protocol == PROTOCOL_NOP10 else NOP5_LENGTH
+        call_end = gen.nop_length
         tramp = trampoline
         reused = False
-        if tramp is None:
+        if tramp is None and gen.optimizes:
             placed = place_trampoline(layout, addr, call_end, mmap_min_addr)
             tramp, reused = placed.address, placed.reused
         # the rule engine's verdict (the one check asks), worded for the plan
-        rule = rule_nop10 if protocol == PROTOCOL_NOP10 else rule_618
-        verdict = rule(original, addr, is64=image.is64,
+        verdict = rule(gen, original, addr, is64=image.is64,
                        reach=trampoline_reach(addr, call_end, tramp))
         why = refusal_finding(verdict, addr, call_end, original, tramp, where)
         if verdict.outcome is Outcome.UNPROBEABLE:
@@ -232,29 +232,29 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                                   exit=exit_, guarded=guarded, form=desc, sequences=None,
                                   findings=(why,)))
             continue
-        if why is not None:
-            site_findings.append(why)
+        if why is not None or not gen.optimizes:
+            if why is not None:
+                site_findings.append(why)
             seqs = int3_sequences(addr, original)
-        elif protocol == PROTOCOL_NOP10:
-            assert tramp is not None
-            seqs = nop10_sequences(addr, original, tramp)
         else:
             assert tramp is not None
-            seqs = nop5_sequences(addr, original, tramp)
+            seqs = optimized_sequences(gen, addr, original, tramp)
         # a new trampoline is a new mapping: the next sites reuse it or must fit around it
         if (seqs.trampoline is not None and trampoline is None and not reused):
             layout = (*layout, MapEntry(start=seqs.trampoline, end=seqs.trampoline + PAGE,
                                         perms="r-xp", offset=0, inode=0, path=TRAMPOLINE_NAME))
-        # Only an optimized, unguarded nop5 writes below rsp (the call's return address and
-        # the trampoline's pushes); a guarded site moved rsp past the red zone first, and a
-        # site left to int3 never calls. The red-zone analysis is asked once, lazily.
-        if protocol == PROTOCOL_NOP5 and seqs.protocol == PROTOCOL_NOP5 and not guarded:
+        # Only an optimized, unguarded site of a generation whose hit writes below rsp (nop5:
+        # the call's return address and the trampoline's pushes) clobbers the red zone; a
+        # guarded site moved rsp past the red zone first, and a site left to int3 never
+        # calls. The red-zone analysis is asked once, lazily.
+        if gen.red_zone_hazard and seqs.protocol == gen.name and not guarded:
             if red_zone is None:
                 red_zone = red_zone_users(ps)
             reason = red_zone.get(probe.index)
             if reason is not None:  # check's red-zone-live site
                 site_findings.append(OPTIMIZED_CALL_CLOBBERS_RED_ZONE.finding(
-                    "when optimized, the call and the trampoline's pushes write the 32 bytes "
+                    f"when optimized, the call and the trampoline's pushes write the "
+                    f"{gen.writes_below_rsp} bytes "
                     f"below rsp on every hit (verify measures it), and the function may keep "
                     f"live data there: {reason}", where))
         sites.append(SitePlan(probe=probe.probe_id, index=probe.index, link_address=link,
@@ -266,7 +266,7 @@ def build_plan(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, load_base
                 sites=tuple(sites), findings=tuple(findings))
 
 
-def plan_for(ps: ProbeSet, path: str, protocol: str = PROTOCOL_NOP5, *,
+def plan_for(ps: ProbeSet, path: str, protocol: str = DEFAULT.name, *,
              load_base: int | None = None, maps: tuple[MapEntry, ...] | None = None,
              maps_source: str = "maps", trampoline: int | None = None,
              mmap_min_addr: int = 4096, red_zone: Mapping[int, str] | None = None) -> Plan:
@@ -373,6 +373,8 @@ def _findings_from(raw: Any, r: _Reader, where: str) -> tuple[Finding, ...]:
             except ValueError:
                 sev = Severity.INFO
             code = RENAMED.get(f["code"], f["code"])  # a plan written by an earlier version
+            if code in RETIRED:
+                continue
             if not is_registered(code):
                 raise r.fail(f"{where}[{i}].code", f"unknown finding code {f['code']!r}")
             out.append(Finding(code=code, severity=sev, message=str(f.get("message", "")),
@@ -392,8 +394,8 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
                                          f"usdtpatch {__version__}, plan schema "
                                          f"{PLAN_SCHEMA_VERSION})")
     protocol = r.str_(doc, "protocol", "$")
-    if protocol not in (PROTOCOL_NOP5, PROTOCOL_NOP10):
-        raise r.fail("$.protocol", f"expected nop5 or nop10, found {protocol!r}")
+    if protocol_generation(protocol) is None:
+        raise r.fail("$.protocol", f"expected {_PROTOCOLS}, found {protocol!r}")
     elf = r.get(doc, "elf", "$")
     elfclass = r.int_(elf, "class", "$.elf")
     elf_type = r.int_(elf, "type", "$.elf")
@@ -417,8 +419,9 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
         seqs: SiteSequences | None = None
         if seqs_doc is not None:
             sp = r.str_(sd, "protocol", w)
-            if sp not in (PROTOCOL_NOP5, PROTOCOL_NOP10, PROTOCOL_INT3):
-                raise r.fail(f"{w}.protocol", f"expected nop5, nop10 or int3, found {sp!r}")
+            if sp != PROTOCOL_INT3 and protocol_generation(sp) is None:
+                raise r.fail(f"{w}.protocol", f"expected {_PROTOCOLS} or {PROTOCOL_INT3}, "
+                                              f"found {sp!r}")
             original = r.hex_(sd, "original", w)
             if not original:
                 raise r.fail(f"{w}.original", "empty")

@@ -1,18 +1,22 @@
-"""The kernel's write sequences for one uprobe site, as data (Linux 6.18, nop5 protocol).
+"""The kernel's write sequences for one uprobe site, as data, for every kernel generation.
 
-Reference: the 6.18 kernel's `int3_update` / `set_swbp` / `set_orig_insn` write protocol
-(arch/x86/kernel/uprobes.c) as measured and described in docs/plan-verify.md:
+Reference: the kernel's `int3_update` / `set_swbp` / `set_orig_insn` write protocol
+(arch/x86/kernel/uprobes.c) as measured and described in docs/plan-verify.md. Its shape is the
+same on every generation that optimizes (the row of usdtpatch.kernelfacts says what differs:
+the optimized bytes, and how many bytes unoptimize writes back):
 
 - attach:     byte 0 := cc                               (int3; the kernel checks byte 0 is
                                                           the original opcode)
-- optimize:   byte 0 := cc, bytes 1..4 := rel32, byte 0 := e8
+- optimize:   byte 0 := cc, bytes 1..n-1 := the optimized bytes' (nop5: the rel32; nop10: the
+              lea's tail and `e8 rel32`), byte 0 := the optimized byte 0 (e8, or 48)
               (before each write the kernel re-reads the site and checks byte 0: the original
               opcode, then cc, then cc; after each write it serializes every CPU)
-- unoptimize: byte 0 := cc (expects e8), bytes 1..4 := original (expects cc),
-              byte 0 := original (expects cc)
+- unoptimize: byte 0 := cc (expects the optimized byte 0), bytes 1..restored := original
+              (expects cc), byte 0 := original (expects cc): on nop10 bytes 5..9 keep
+              `e8 rel32`, which decode as the SIB and disp32 of the same NOP
 - detach:     byte 0 := original (expects cc)
 
-rel32 = trampoline - (site + 5). Whether a site is a candidate at all is decided by the rule
+rel32 = trampoline - (site + n). Whether a site is a candidate at all is decided by the rule
 engine (usdtpatch.analysis.rules), the same one `check` asks; the refusals here only word its
 verdict for a plan. Everything here is pure: bytes and ints in, frozen dataclasses out.
 """
@@ -21,30 +25,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from usdtpatch.analysis.rules import NOP10_LENGTH, Reach, Verdict, rule_618, unprobeable
+from usdtpatch.analysis.rules import Reach, Verdict, not_optimized_code, rule, unprobeable
 from usdtpatch.findings import (
     NO_TRAMPOLINE_REACH,
     SITE_CROSSES_PAGE,
     SITE_ELF32,
     SITE_HINT_NOP,
-    SITE_NOT_NOP5,
-    SITE_NOT_NOP10,
     SITE_SEGMENT_PREFIX,
     Finding,
     lookup,
 )
-from usdtpatch.kernelfacts import PAGE
+from usdtpatch.kernelfacts import CALL_REL32, GENERATIONS, INT3, OPTIMIZING, PAGE, Generation
 from usdtpatch.x86.nops import decode_nop
 
-INT3 = 0xCC  # int3
-CALL_REL32 = 0xE8  # call rel32
-NOP5_LENGTH = 5
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 
-PROTOCOL_NOP5 = "nop5"
-PROTOCOL_NOP10 = "nop10"
 PROTOCOL_INT3 = "int3"  # attach/detach only: the site stays on the int3 path
+__all__ = ["CALL_REL32", "INT3"]  # the kernel's two opcodes, for the modules that read states
+
+
+def protocol_generation(protocol: str) -> Generation | None:
+    """The generation whose write protocol `protocol` names (a plan's protocol is the
+    generation's name; `none`'s is attach and detach alone); None for int3 or a name no
+    generation has."""
+    return next((g for g in GENERATIONS if g.name == protocol), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +114,8 @@ def build_sequence(name: str, address: int, start: bytes,
 def rel32_for(site: int, length: int, target: int) -> int | None:
     """The displacement of a `call` ending at site + length to `target`, None when > +/-2 GiB.
 
-    For the nop5 protocol the call is the whole 5-byte site; for nop10 it is bytes 5..9.
+    The call ends at the end of the generation's NOP (`Generation.call_offset` is where it
+    starts: 0 on nop5, 5 on nop10).
     """
     rel = target - (site + length)
     return rel if INT32_MIN <= rel <= INT32_MAX else None
@@ -124,8 +130,9 @@ def call_target(site: int, call_end: int, rel32_bytes: bytes) -> int:
 class SiteSequences:
     """Everything the kernel writes to one site under one protocol.
 
-    `protocol` is nop5 (6.18), nop10 (experimental: queued upstream series) or int3 (the site
-    cannot be optimized: only attach/detach). `optimize`/`unoptimize` are None for int3.
+    `protocol` is the name of the generation whose sequences these are (nop5, nop10) or int3
+    (the site cannot be optimized: only attach/detach). `optimize`/`unoptimize` are None for
+    int3.
     """
 
     protocol: str
@@ -140,6 +147,10 @@ class SiteSequences:
     @property
     def length(self) -> int:
         return len(self.original)
+
+    @property
+    def generation(self) -> Generation | None:
+        return protocol_generation(self.protocol)
 
     @property
     def optimized(self) -> bytes | None:
@@ -163,28 +174,36 @@ def int3_sequences(address: int, original: bytes) -> SiteSequences:
                          unoptimize=None)
 
 
-def nop5_sequences(address: int, original: bytes, trampoline: int) -> SiteSequences:
-    """The 6.18 sequences for a nop5 at `address` calling `trampoline` (checked by the caller:
-    see `nop5_refusal`)."""
-    rel = rel32_for(address, NOP5_LENGTH, trampoline)
+def optimized_sequences(gen: Generation, address: int, original: bytes,
+                        trampoline: int) -> SiteSequences:
+    """The sequences of generation `gen` for its NOP at `address` calling `trampoline` (checked
+    by the caller: see `refusal`)."""
+    n = gen.nop_length
+    rel = rel32_for(address, n, trampoline)
     if rel is None:
         raise ValueError(f"trampoline {trampoline:#x} is out of rel32 reach of {address:#x}")
-    disp = rel.to_bytes(4, "little", signed=True)
+    target = gen.optimized(rel)
     attach = build_sequence("attach", address, original,
                             [(0, bytes([INT3]), original[0], "int3 at byte 0")])
     detach = build_sequence("detach", address, attach.end,
                             [(0, original[:1], INT3, "restore byte 0")])
+    # the words of each step, as the shipped protocol files have them (protocols/*.toml)
+    head = gen.call_offset > 0  # the optimized bytes begin with a lea before the call
     optimize = build_sequence("optimize", address, original, [
         (0, bytes([INT3]), original[0], "int3 at byte 0 (attach)"),
-        (1, disp, INT3, "rel32 in bytes 1..4"),
-        (0, bytes([CALL_REL32]), INT3, "call opcode e8 at byte 0"),
+        (1, target[1:], INT3, f"lea tail and call rel32 in bytes 1..{n - 1}" if head
+         else f"rel32 in bytes 1..{n - 1}"),
+        (0, target[:1], INT3, f"REX.W {target[0]:02x} at byte 0" if head
+         else f"call opcode {target[0]:02x} at byte 0"),
     ])
+    kept = " (e8 rel32 stays as SIB/disp32)" if gen.restored + 1 < n else ""
     unoptimize = build_sequence("unoptimize", address, optimize.end, [
-        (0, bytes([INT3]), CALL_REL32, "int3 over the call opcode"),
-        (1, original[1:5], INT3, "restore bytes 1..4"),
+        (0, bytes([INT3]), target[0], "int3 over byte 0" if head
+         else "int3 over the call opcode"),
+        (1, original[1:gen.restored + 1], INT3, f"restore bytes 1..{gen.restored}{kept}"),
         (0, original[:1], INT3, "restore byte 0"),
     ])
-    return SiteSequences(protocol=PROTOCOL_NOP5, address=address, original=original,
+    return SiteSequences(protocol=gen.name, address=address, original=original,
                          trampoline=trampoline, attach=attach, detach=detach, optimize=optimize,
                          unoptimize=unoptimize)
 
@@ -205,7 +224,6 @@ def refusal_finding(verdict: Verdict, address: int, length: int, original: bytes
     if verdict.outcome.optimized or verdict.code is None:
         return None
     code = lookup(verdict.code)
-    form = "nop10" if length == NOP10_LENGTH else "nop5"
     if code is SITE_SEGMENT_PREFIX:
         insn = decode_nop(original[:15])
         n = insn.length if insn is not None else len(original)
@@ -213,27 +231,22 @@ def refusal_finding(verdict: Verdict, address: int, length: int, original: bytes
                             f"segment prefix: perf_event_open refuses it (errno 524)", where)
     if code is SITE_ELF32:
         return code.finding("32-bit (compat) processes are never optimized", where)
-    if code is SITE_NOT_NOP5:
-        return code.finding(f"the probe instruction {original[:5].hex(' ')} is not a 5-byte NOP "
-                            f"the 6.18 kernel optimizes", where)
+    for gen in OPTIMIZING:
+        if code.code == not_optimized_code(gen):
+            n = gen.nop_length
+            return code.finding(f"the probe instruction {original[:n].hex(' ')} is not the "
+                                f"{n}-byte NOP the {gen.name} generation optimizes", where)
     if code is SITE_HINT_NOP:
         return code.finding(f"the probe instruction {original[:5].hex(' ')} is a hint NOP "
                             f"(0f 1f /r with ModRM.reg != 0): the kernel single-steps it", where)
-    if code is SITE_NOT_NOP10:
-        return code.finding(f"the probe instruction {original[:10].hex(' ')} is not the 10-byte "
-                            f"NOP the queued nop10 series optimizes", where)
     if code is SITE_CROSSES_PAGE:
-        if length == NOP10_LENGTH:
-            return code.finding(f"the nop10 at {address:#x} crosses a page boundary: the "
-                                "series would not optimize it", where)
-        return code.finding(f"the nop5 at {address:#x} crosses a page boundary "
+        return code.finding(f"the nop{length} at {address:#x} crosses a page boundary "
                             f"({address % PAGE:#x} > {PAGE - length:#x} into its page): the kernel "
                             "never optimizes it", where)
     if code is NO_TRAMPOLINE_REACH:
         if trampoline is None:
-            tail = " for the trampoline" if form == "nop5" else ""
-            return code.finding(f"no free page within +/-2 GiB of {address + length:#x}{tail}",
-                                where)
+            return code.finding(f"no free page within +/-2 GiB of {address + length:#x} for "
+                                f"the trampoline", where)
         return code.finding(f"trampoline {trampoline:#x} is more than +/-2 GiB from "
                             f"{address + length:#x}", where)
     return code.finding(verdict.reason, where)
@@ -245,9 +258,9 @@ def probeable_refusal(original: bytes, where: str) -> Finding | None:
     return None if v is None else refusal_finding(v, 0, len(original), original, None, where)
 
 
-def nop5_refusal(address: int, original: bytes, trampoline: int | None, is64: bool,
-                 where: str) -> Finding | None:
-    """Why the 6.18 kernel would not optimize this site, as a finding; None when it would."""
-    v = rule_618(original, address, is64=is64,
-                 reach=trampoline_reach(address, NOP5_LENGTH, trampoline))
-    return refusal_finding(v, address, NOP5_LENGTH, original, trampoline, where)
+def refusal(gen: Generation, address: int, original: bytes, trampoline: int | None,
+            is64: bool, where: str) -> Finding | None:
+    """Why a kernel of `gen` would not optimize this site, as a finding; None when it would."""
+    n = gen.nop_length
+    v = rule(gen, original, address, is64=is64, reach=trampoline_reach(address, n, trampoline))
+    return refusal_finding(v, address, n, original, trampoline, where)

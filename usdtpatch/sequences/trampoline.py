@@ -26,36 +26,6 @@ TASK_SIZE = 0x7FFFFFFFF000  # x86-64 user space with 4-level paging
 STACK_GUARD_GAP = 256 * PAGE  # mm/mmap.c stack_guard_gap default
 DEFAULT_PIE_BASE = 0x555555554000  # ELF_ET_DYN_BASE on x86-64 without randomization
 
-# The 6.18 kernel's trampoline, 19 bytes at the start of the page (the rest is zero):
-TRAMPOLINE_NOP5 = bytes([
-    0x51,  # push %rcx
-    0x41, 0x53,  # push %r11
-    0x50,  # push %rax
-    0x48, 0xC7, 0xC0, 0x50, 0x01, 0x00, 0x00,  # mov $0x150,%rax   (336: the uprobe syscall)
-    0x0F, 0x05,  # syscall
-    0x58,  # pop %rax
-    0x41, 0x5B,  # pop %r11
-    0x59,  # pop %rcx
-    0xC3,  # ret
-    0xCC,  # int3
-])
-
-# EXPERIMENTAL (queued nop10 series, unreleased): the same code returning with `ret $0x80`,
-# which undoes the site's `lea -0x80(%rsp),%rsp`.
-TRAMPOLINE_NOP10 = bytes([
-    0x51,  # push %rcx
-    0x41, 0x53,  # push %r11
-    0x50,  # push %rax
-    0x48, 0xC7, 0xC0, 0x50, 0x01, 0x00, 0x00,  # mov $0x150,%rax
-    0x0F, 0x05,  # syscall
-    0x58,  # pop %rax
-    0x41, 0x5B,  # pop %r11
-    0x59,  # pop %rcx
-    0xC2, 0x80, 0x00,  # ret $0x80
-    0xCC,  # int3
-])
-
-
 @dataclass(frozen=True, slots=True)
 class MapEntry:
     """One line of /proc/PID/maps."""
@@ -133,7 +103,7 @@ def place_trampoline(maps: tuple[MapEntry, ...], site: int, call_end_offset: int
     """The page the kernel will use for the trampoline of the site at `site`.
 
     `call_end_offset` is where the call instruction ends relative to the site (5 for nop5,
-    10 for the experimental nop10 form). `gap_pages`: the smallest free gap the kernel takes
+    10 for the nop10 generation's). `gap_pages`: the smallest free gap the kernel takes
     a page from (2, below; 1 answers where a page would go had the page after it been free,
     which kcheck asks of mappings read after the kernel placed it: usdtpatch.live.kcheck).
     """

@@ -1,15 +1,16 @@
-"""Seven wrong nop5 write sequences that `usdtpatch verify` must reject, each with the reason
-(failure code) it must name. They are built from a correct site plan, so that they are wrong
-in exactly one way; tests, docs/plan-verify.md and the benchmark use them.
+"""Seven wrong write sequences that `usdtpatch verify` must reject, each with the reason
+(failure code) it must name. They are built from a correct site plan of a generation whose
+optimized site is the call alone (the nop5 generation's), so that they are wrong in exactly one
+way; tests, docs/plan-verify.md and the benchmark use them.
 
-Reference for what is right: usdtpatch.sequences.sequences (the 6.18 protocol).
+Reference for what is right: usdtpatch.sequences.sequences.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from usdtpatch.analysis.rules import rule_618
+from usdtpatch.analysis.rules import rule
 from usdtpatch.findings import (
     DISPLACEMENT_WITHOUT_INT3,
     NO_INT3_FIRST,
@@ -19,14 +20,14 @@ from usdtpatch.findings import (
     WRITE_SPANS_BYTE0,
     WRONG_REL32,
 )
+from usdtpatch.kernelfacts import DEFAULT, Generation
 from usdtpatch.sequences.plan import SitePlan
 from usdtpatch.sequences.sequences import (
     CALL_REL32,
     INT3,
-    PROTOCOL_NOP5,
     SiteSequences,
     build_sequence,
-    nop5_sequences,
+    optimized_sequences,
 )
 
 
@@ -43,12 +44,14 @@ def _with(site: SitePlan, seqs: SiteSequences) -> SitePlan:
 
 
 def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
-    """The wrong variants of a correct, optimizable nop5 `site` (all but page crossing, which
-    needs a crossing site: see `crossing_site`)."""
+    """The wrong variants of a correct, optimizable `site` whose optimized bytes are the call
+    alone (all but page crossing, which needs a crossing site: see `crossing_site`)."""
     s = site.sequences
-    if s is None or s.protocol != PROTOCOL_NOP5 or s.optimize is None or s.trampoline is None \
-            or s.optimized is None or s.unoptimize is None:
-        raise ValueError(f"{site.probe}: not an optimizable nop5 site")
+    gen = None if s is None else s.generation
+    if s is None or gen is None or gen.call_offset or s.optimize is None \
+            or s.trampoline is None or s.optimized is None or s.unoptimize is None:
+        raise ValueError(f"{site.probe}: not an optimizable site whose optimized bytes are "
+                         f"the call alone")
     a, orig, opt = s.address, s.original, s.optimized
     disp = opt[1:5]
     out: list[WrongSequence] = []
@@ -77,7 +80,8 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
         "optimize writes the displacement while byte 0 still holds the NOP's opcode",
         _with(site, replace(s, optimize=seq))))
 
-    bad = nop5_sequences(a, orig, s.trampoline + 5)  # rel32 measured from the site's start
+    # rel32 measured from the site's start
+    bad = optimized_sequences(gen, a, orig, s.trampoline + gen.nop_length)
     bad = replace(bad, trampoline=s.trampoline)
     out.append(WrongSequence(
         WRONG_REL32.code, WRONG_REL32.code,
@@ -104,14 +108,15 @@ def wrong_sequences(site: SitePlan) -> list[WrongSequence]:
     return out
 
 
-def crossing_site(site: SitePlan, trampoline: int) -> WrongSequence:
+def crossing_site(site: SitePlan, trampoline: int, gen: Generation = DEFAULT) -> WrongSequence:
     """A nop5 `site` that crosses a page, given the optimize sequences the kernel never
     writes for it (calling `trampoline`)."""
     s = site.sequences
     if s is None:
         raise ValueError(f"{site.probe}: no sequences")
-    if rule_618(s.original, site.address).code != SITE_CROSSES_PAGE.code:
+    if rule(gen, s.original, site.address).code != SITE_CROSSES_PAGE.code:
         raise ValueError(f"{site.probe}: {site.address:#x} does not cross a page")
     return WrongSequence(SITE_CROSSES_PAGE.code, SITE_CROSSES_PAGE.code,
-                         "a nop5 that crosses a page boundary, optimized anyway",
-                         _with(site, nop5_sequences(site.address, s.original, trampoline)))
+                         f"a nop{gen.nop_length} that crosses a page boundary, optimized anyway",
+                         _with(site, optimized_sequences(gen, site.address, s.original,
+                                                         trampoline)))

@@ -18,9 +18,10 @@ arch/x86/kernel/uprobes.c):
   still there the thread would get SIGTRAP: a fault.
 - `syscall` with rax = 336 from inside a trampoline page: the kernel reads {rax, r11, rcx,
   return address} from the stack, reports ip = return address - call length and sp as at the
-  site (+32, and +128 more for the experimental nop10 protocol whose site lowered rsp by
-  128), and returns to the instruction after the syscall with rcx/r11 clobbered as `syscall`
-  does. From anywhere else syscall 336 returns -ENXIO; any other syscall is a fault.
+  site (+32, and + the generation's `rsp_moved` more: 128 on nop10, whose site lowered rsp
+  first), and returns to the instruction after the syscall with rcx/r11 clobbered as
+  `syscall` does. From anywhere else syscall 336 fails with the modelled generation's errno
+  (kernelfacts.GENERATIONS); any other syscall is a fault.
 - any other int3, an invalid instruction, an unmapped or protected access: a fault.
 
 One Machine serves every run on one file: registers are restored from a saved context, the
@@ -48,7 +49,7 @@ from unicorn import x86_const as X
 
 from usdtpatch.elf.image import PT_LOAD, ElfImage
 from usdtpatch.errors import UnsupportedError
-from usdtpatch.kernelfacts import PAGE, UPROBE_SYSCALL, UPROBE_SYSCALL_ERRNO, Kernel
+from usdtpatch.kernelfacts import DEFAULT, PAGE, UPROBE_SYSCALL, Generation
 
 _UC: Any = _unicorn  # the binding's own annotations are partial: use it untyped, here only
 UcError: Any = _UC.UcError
@@ -77,7 +78,6 @@ STACK_SIZE = 0x10000
 ARRIVAL_RSP = STACK_BASE + 0x8000 - 8  # as inside a function body after a call
 STACK_WINDOW = 1024  # bytes around rsp restored after a run that wrote to the stack
 STACK_FILL = 0x5A
-ENXIO = UPROBE_SYSCALL_ERRNO[Kernel.K618]  # the modelled kernel is a 6.18 one
 
 GPR_NAMES = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
@@ -189,8 +189,10 @@ class Machine:
     `trampolines` maps a page address to the code at its start.
     """
 
-    def __init__(self, image: ElfImage, load_base: int, trampolines: dict[int, bytes]) -> None:
+    def __init__(self, image: ElfImage, load_base: int, trampolines: dict[int, bytes],
+                 gen: Generation = DEFAULT) -> None:
         self.image = image
+        self.gen = gen  # the modelled kernel: its errno outside a trampoline
         self.load_base = load_base
         self.uc: Any = new_x86_64()
         self._ranges: list[tuple[int, int]] = []
@@ -324,7 +326,7 @@ class Machine:
             uc.emu_stop()
             return
         if not self._in_trampoline(rip):
-            ret = -ENXIO & 0xFFFF_FFFF_FFFF_FFFF
+            ret = -self.gen.errno & 0xFFFF_FFFF_FFFF_FFFF
         else:
             rsp = uc.reg_read(X.UC_X86_REG_RSP)
             raw = bytes(uc.mem_read(rsp, 32))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 
 from usdtpatch.analysis.probes import read_probes
-from usdtpatch.analysis.rules import rule_618, rule_nop10
+from usdtpatch.analysis.rules import rule
 from usdtpatch.elf.image import ET_EXEC, ElfImage
 from usdtpatch.findings import (
     ADDRESS_MISMATCH,
@@ -64,21 +64,18 @@ from usdtpatch.findings import (
     Severity,
     lookup,
 )
-from usdtpatch.kernelfacts import PAGE
-from usdtpatch.sequences.nop10 import LEA_RSP_MINUS_128, NOP10_HEAD, NOP10_LENGTH, REX_W
+from usdtpatch.kernelfacts import DEFAULT, PAGE, RED_ZONE, Generation
 from usdtpatch.sequences.plan import Plan, SitePlan, check_plan_matches, red_zone_users
 from usdtpatch.sequences.sequences import (
     CALL_REL32,
     INT3,
-    NOP5_LENGTH,
     PROTOCOL_INT3,
-    PROTOCOL_NOP10,
     Sequence,
     SiteSequences,
     apply_write,
     call_target,
+    protocol_generation,
 )
-from usdtpatch.sequences.trampoline import TRAMPOLINE_NOP5, TRAMPOLINE_NOP10
 from usdtpatch.verification.machine import (
     KernelState,
     Machine,
@@ -86,7 +83,7 @@ from usdtpatch.verification.machine import (
     RunResult,
     load_segments,
 )
-from usdtpatch.x86.nops import RED_ZONE, decode_nop
+from usdtpatch.x86.nops import decode_nop
 
 MAX_TORN_BYTES = 12  # 4096 mixtures per transition at most
 TRAMPOLINE_INSNS = 9  # push, push, push, mov, syscall, pop, pop, pop, ret
@@ -168,19 +165,23 @@ def _hx(b: bytes) -> str:
     return b.hex(" ")
 
 
+def _gen(seqs: SiteSequences) -> Generation:
+    """The generation whose sequences these are (an int3-only site: the default's)."""
+    return seqs.generation or DEFAULT
+
+
 def _call_form(seqs: SiteSequences, state: bytes) -> int | None:
     """The call target of an optimized state, None when it is not the call form."""
-    if seqs.protocol == PROTOCOL_NOP10:
-        if state[:5] == LEA_RSP_MINUS_128 and state[5] == CALL_REL32:
-            return call_target(seqs.address, NOP10_LENGTH, state[6:10])
-        return None
-    if state[0] == CALL_REL32:
-        return call_target(seqs.address, NOP5_LENGTH, state[1:5])
+    gen = _gen(seqs)
+    at = gen.call_offset
+    if state[:at] == gen.optimized_head and len(state) >= at + 5 and state[at] == CALL_REL32:
+        return call_target(seqs.address, gen.nop_length, state[at + 1:at + 5])
     return None
 
 
 def _opcode(seqs: SiteSequences) -> int:
-    return REX_W if seqs.protocol == PROTOCOL_NOP10 else CALL_REL32
+    """The byte an optimize sequence writes last at byte 0 (e8, or the lea's REX.W 48)."""
+    return _gen(seqs).optimized(0)[0]
 
 
 def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
@@ -256,8 +257,7 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
     if seqs.optimize is not None and seqs.unoptimize is not None:
         # the rule engine check asks: would the kernel optimize this site at all? (64-bit
         # only reaches here; the trampoline's reach is checked below, as wrong-rel32)
-        rule = rule_nop10 if seqs.protocol == PROTOCOL_NOP10 else rule_618
-        v = rule(seqs.original, site.address)
+        v = rule(_gen(seqs), seqs.original, site.address)
         if v.code == SITE_CROSSES_PAGE.code:
             ctx.fail(SITE_CROSSES_PAGE.code,
                      f"the {n}-byte site at {site.address:#x} crosses a page boundary: the "
@@ -276,10 +276,11 @@ def _check_rules(ctx: _Ctx, file_bytes: bytes) -> None:
         if _call_form(seqs, end) is not None or end[0] == _opcode(seqs):
             ctx.fail(UNOPTIMIZE_LEAVES_CALL.code, f"unoptimize ends on {_hx(end)}: the call is "
                                                f"still there")
-        elif seqs.protocol == PROTOCOL_NOP10:
-            if end[:5] != NOP10_HEAD:
+        elif _gen(seqs).restored + 1 < n:  # bytes after the restored ones keep the call's
+            kept = _gen(seqs).restored + 1
+            if end[:kept] != seqs.original[:kept]:
                 ctx.fail(UNOPTIMIZE_END_NOT_NOP.code, f"unoptimize ends on {_hx(end)}, not the "
-                                                   f"10-byte NOP")
+                                                   f"{n}-byte NOP")
         elif end != seqs.original:
             ctx.fail(UNOPTIMIZE_END_NOT_NOP.code, f"unoptimize ends on {_hx(end)}, not the "
                                                f"original {_hx(seqs.original)}")
@@ -355,7 +356,7 @@ def _judge(ctx: _Ctx, res: RunResult, label: str) -> bool:
         ok = False
     below = [w for w in res.stack_writes if -RED_ZONE <= w < 0]
     if below:
-        if ctx.site.guarded or ctx.seqs.protocol == PROTOCOL_NOP10:
+        if ctx.site.guarded or not _gen(ctx.seqs).red_zone_hazard:
             ctx.fail(GUARDED_SITE_WRITES_RED_ZONE.code,
                      f"{label}: writes {_span(below)} inside the red zone of a guarded site")
             ok = False
@@ -410,7 +411,9 @@ def _check_parked(ctx: _Ctx) -> None:
         return
     if _call_form(seqs, seqs.optimize.end) != seqs.trampoline or seqs.trampoline is None:
         return  # wrong-rel32 already says it; a thread cannot park in a missing trampoline
-    pre = 1 + (1 if seqs.protocol == PROTOCOL_NOP10 else 0) + (1 if ctx.site.guarded else 0)
+    # the instructions run before the trampoline's first: the call, the optimized head's lea,
+    # the red-zone guard's lea
+    pre = 1 + (1 if _gen(seqs).call_offset else 0) + (1 if ctx.site.guarded else 0)
     states = seqs.unoptimize.states[1:]
     for k in range(TRAMPOLINE_INSNS):
         for j, st in enumerate(states):
@@ -457,10 +460,9 @@ def verify_site(machine: Machine, site: SitePlan, image: ElfImage, load_base: in
                    f"kernel single-steps it out of line, which is not modelled")
     link = site.address - (0 if image.type == ET_EXEC else load_base)
     file_bytes = image.read_vaddr(link, len(seqs.original))
-    nop10 = proto == PROTOCOL_NOP10
+    gen = _gen(seqs)
     ctx = _Ctx(machine=machine, site=site, seqs=seqs, kernel_length=len(seqs.original),
-               call_length=NOP10_LENGTH if nop10 else NOP5_LENGTH,
-               extra_sp=RED_ZONE if nop10 else 0)
+               call_length=gen.nop_length, extra_sp=gen.rsp_moved)
     if link != site.link_address:
         ctx.fail(ADDRESS_MISMATCH.code, f"run-time address {site.address:#x} minus the load base "
                                      f"is {link:#x}, the plan says {site.link_address:#x}")
@@ -499,7 +501,8 @@ def _verdict(ctx: _Ctx, proto: str) -> SiteVerdict:
 
 
 def trampoline_code(protocol: str) -> bytes:
-    return TRAMPOLINE_NOP10 if protocol == PROTOCOL_NOP10 else TRAMPOLINE_NOP5
+    """The trampoline page's code of the generation `protocol` names."""
+    return (protocol_generation(protocol) or DEFAULT).trampoline
 
 
 def verify_plan(plan: Plan, image: ElfImage,
@@ -513,6 +516,7 @@ def verify_plan(plan: Plan, image: ElfImage,
     for problem in check_plan_matches(plan, image):
         findings.append(PLAN_FILE_MISMATCH.finding(problem))
     code = trampoline_code(plan.protocol)
+    gen = protocol_generation(plan.protocol) or DEFAULT
     load_base = 0 if image.type == ET_EXEC else plan.load_base
     # Map every trampoline the plan names that the machine can hold; sites naming another
     # fail with trampoline-overlaps-file.
@@ -522,7 +526,7 @@ def verify_plan(plan: Plan, image: ElfImage,
         try:
             load_segments(image)  # a malformed segment: no load base helps
             try:
-                probe_machine = Machine(image, load_base, {})
+                probe_machine = Machine(image, load_base, {}, gen)
             except MachineError as exc:
                 findings.append(MACHINE_ERROR.finding(
                     f"the load base puts the file outside user space: {exc}"))
@@ -539,7 +543,7 @@ def verify_plan(plan: Plan, image: ElfImage,
     machine: Machine | None = None
     if probe_machine is not None:
         try:
-            machine = Machine(image, load_base, mapped)
+            machine = Machine(image, load_base, mapped, gen)
         except MachineError as exc:
             findings.append(MACHINE_ERROR.finding(str(exc)))
     verdicts = []

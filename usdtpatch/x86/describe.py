@@ -10,14 +10,14 @@ Deferred import: x86/decode.py, for a site that is not one of those NOPs.
 
 from __future__ import annotations
 
+from usdtpatch.x86.nops import NOP1, NOP5, NOP10
+
 # What capstone prints for the NOP encodings nearly every probe site is made of (mode64 ->
 # encoding -> text; tests/test_x86_decode.py checks each against capstone). `describe` looks
 # them up so that listing such sites does not load capstone at all.
 _KNOWN_TEXT: dict[bool, dict[bytes, str]] = {
-    True: {b"\x90": "nop", b"\x0f\x1f\x44\x00\x00": "nopl (%rax, %rax)",
-           b"\x66\x2e\x0f\x1f\x84\x00\x00\x00\x00\x00": "nopw %cs:(%rax, %rax)"},
-    False: {b"\x90": "nop", b"\x0f\x1f\x44\x00\x00": "nopl (%eax, %eax)",
-            b"\x66\x2e\x0f\x1f\x84\x00\x00\x00\x00\x00": "nopw %cs:(%eax, %eax)"},
+    True: {NOP1: "nop", NOP5: "nopl (%rax, %rax)", NOP10: "nopw %cs:(%rax, %rax)"},
+    False: {NOP1: "nop", NOP5: "nopl (%eax, %eax)", NOP10: "nopw %cs:(%eax, %eax)"},
 }
 
 

@@ -3,13 +3,13 @@
 References:
 - Intel SDM vol. 2, NOP (0x90, and 0F 1F /0 with a ModRM memory operand), and the ModRM/SIB
   displacement rules used to size a 0F 1F instruction.
-- The 6.18 kernel's rule for optimizing a uprobe (arch/x86/kernel/uprobes.c, and measured in
-  docs/kernel.md): one instruction of length 5 that its decoder calls a NOP,
-  i.e. opcode 90 or 0F 1F with ModRM.reg == 0, in a 64-bit process. `0F 1F /1..7` ("hint"
-  NOPs) are not NOPs to it. Instructions with a CS (2E) or DS (3E) segment prefix cannot be
-  probed at all (perf_event_open fails with errno 524).
-- The nop10 site of the queued upstream series (unreleased, see docs/kernel.md): the 10-byte
-  NOP `66 2e 0f 1f 84 <SIB> <disp32>`; usdt.h emits it behind a 1-byte nop (`combo10`).
+- The kernel generations' rules (usdtpatch.kernelfacts, the table; docs/kernel.md): the nop5
+  generation optimizes one instruction of length 5 that its decoder calls a NOP, i.e. opcode
+  90 or 0F 1F with ModRM.reg == 0, in a 64-bit process (`0F 1F /1..7` "hint" NOPs are not NOPs
+  to it); the nop10 generation only the 10-byte NOP `66 2e 0f 1f 84 <SIB> <disp32>`, which
+  usdt.h emits behind a 1-byte nop (`combo10`). Instructions with a CS (2E) or DS (3E) segment
+  prefix cannot be probed at all (perf_event_open fails with errno 524) but that nop10 on the
+  generation that optimizes it.
 """
 
 from __future__ import annotations
@@ -17,21 +17,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from usdtpatch.kernelfacts import PAGE, Kernel
+from usdtpatch.kernelfacts import (
+    LEA_RSP_DOWN,
+    OPTIMIZING,
+    PAGE,
+    SEGMENT_PREFIXES_UNPROBEABLE,
+    generation_of_nop,
+)
 
 NOP1 = bytes([0x90])  # nop
 NOP5 = bytes([0x0F, 0x1F, 0x44, 0x00, 0x00])  # nopl 0x0(%rax,%rax,1)
-NOP10 = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84, 0, 0, 0, 0, 0])  # cs nopw 0x0(%rax,%rax,1)
+# the 10-byte NOP the nop10 generation optimizes (any SIB/disp32 after its head), with a
+# zero SIB/disp32 tail as usdt.h writes it: cs nopw 0x0(%rax,%rax,1)
+_NOP10_GEN = generation_of_nop(10)
+assert _NOP10_GEN is not None, "the generation table has no 10-byte NOP"
+NOP10_PREFIX = _NOP10_GEN.nop_head
+NOP10 = NOP10_PREFIX + bytes(10 - len(NOP10_PREFIX))
 COMBO5 = NOP1 + NOP5  # nop; nopl 0x0(%rax,%rax,1)   (what libbpf 1.7 looks for)
 COMBO10 = NOP1 + NOP10  # nop; cs nopw 0x0(%rax,%rax,1)   (usdt.h since May 2026)
-NOP10_PREFIX = bytes([0x66, 0x2E, 0x0F, 0x1F, 0x84])  # the kernel series accepts any SIB/disp32
 
 # The red-zone guard around a nop5 site (docs/usdt-format.md, "The red-zone-safe nop5"): the note
 # pc is on the nop5, so tracers attach to the NOP the kernel optimizes, and the call's return
 # address and the trampoline's pushes land below the 128-byte red zone. `lea` leaves the flags.
-GUARD_ENTER = bytes([0x48, 0x8D, 0x64, 0x24, 0x80])  # lea -0x80(%rsp),%rsp
+GUARD_ENTER = LEA_RSP_DOWN  # lea -0x80(%rsp),%rsp
 GUARD_LEAVE = bytes([0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00])  # lea 0x80(%rsp),%rsp
-RED_ZONE = 128
 
 
 def is_guarded_nop5(before: bytes, code: bytes) -> bool:
@@ -48,13 +57,12 @@ def crosses_page(address: int, length: int) -> bool:
 
 
 _LEGACY_PREFIXES = frozenset({0x66, 0x67, 0xF0, 0xF2, 0xF3, 0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65})
-SEGMENT_PREFIXES_UNPROBEABLE = frozenset({0x2E, 0x3E})  # CS, DS: uprobes refuse them
 
 
 class SiteForm(Enum):
     NOP1 = "nop1"  # a lone 1-byte nop: the classic systemtap site
     NOP5 = "nop5"  # the canonical 5-byte NOP 0f 1f 44 00 00
-    NOP5_ALT = "nop5-alt"  # another 5-byte NOP the 6.18 kernel optimizes
+    NOP5_ALT = "nop5-alt"  # another 5-byte NOP the nop5 generation optimizes
     COMBO5 = "combo5"  # 90 + nop5, pc on the 90 (libbpf 1.7 attaches at pc + 1)
     COMBO10 = "combo10"  # 90 + 10-byte NOP, pc on the 90 (usdt.h's current default)
     NOP10 = "nop10"  # the 10-byte NOP 66 2e 0f 1f 84 ...
@@ -74,17 +82,28 @@ class FormFacts:
     insns: int  # the instructions those bytes are (what a listing disassembles)
     nop_at: int  # where the NOP a kernel optimizes starts, from pc (1: combo forms)
     nop_length: int  # that NOP's length (5, 10); 0 when no kernel optimizes the form
-    kept_by: frozenset[Kernel]  # a rewrite for these kernels leaves the site as it is
+    kept_by: frozenset[str]  # a rewrite for these generations leaves the site as it is
+
+    def nop_at_for(self, nop_length: int) -> int:
+        """Where the NOP of `nop_length` bytes a generation optimizes starts from pc (0 for a
+        form without one: the kernel's rule then looks at pc and says why it does not
+        optimize it)."""
+        return self.nop_at if self.nop_length == nop_length else 0
 
     @property
     def nop5_at(self) -> int:
-        """Where a 6.18 kernel's nop5 starts from pc (0 for a form without one: the kernel's
-        rule then looks at pc and says why it does not optimize it)."""
-        return self.nop_at if self.nop_length == 5 else 0
+        return self.nop_at_for(5)
 
 
-_BOTH = frozenset({Kernel.K618, Kernel.NOP10_SERIES})
-_NOP10_ONLY = frozenset({Kernel.NOP10_SERIES})
+def _kept(nop_length: int) -> frozenset[str]:
+    """The generations a rewrite leaves a site with a NOP of `nop_length` for: those that
+    optimize that NOP, and those with a longer one (a rewrite does not move code to lengthen
+    a multi-byte NOP site)."""
+    return frozenset(g.name for g in OPTIMIZING if g.nop_length >= nop_length)
+
+
+_BOTH = _kept(5)
+_NOP10_ONLY = _kept(10)
 FORMS: dict[SiteForm, FormFacts] = {
     SiteForm.NOP1: FormFacts(length=1, insns=1, nop_at=0, nop_length=0, kept_by=frozenset()),
     SiteForm.NOP5: FormFacts(length=5, insns=1, nop_at=0, nop_length=5, kept_by=_BOTH),
@@ -106,7 +125,7 @@ def form_facts(form: SiteForm) -> FormFacts:
 
 
 def nop5_offset(form: SiteForm) -> int:
-    """How far past the note pc the 5-byte NOP a 6.18 kernel optimizes starts: 1 for combo5
+    """How far past the note pc the 5-byte NOP the nop5 generation optimizes starts: 1 for combo5
     (`90` + nop5, where libbpf 1.7 attaches at pc + 1), 0 for every other form."""
     return FORMS[form].nop5_at
 
@@ -159,7 +178,7 @@ def decode_nop(code: bytes) -> NopInsn | None:
 
 
 def kernel_optimizable_nop5(code: bytes) -> bool:
-    """True when code[0:5] is one 5-byte instruction the 6.18 kernel would optimize."""
+    """True when code[0:5] is one 5-byte instruction the nop5 generation would optimize."""
     insn = decode_nop(code[:15])
     return (
         insn is not None

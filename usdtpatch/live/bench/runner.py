@@ -37,6 +37,12 @@ from pathlib import Path
 from typing import Protocol
 
 from usdtpatch.errors import InputError, UnsupportedError
+from usdtpatch.kernelfacts import (
+    DEFAULT,
+    Generation,
+    generation_of_errno,
+    uprobe_syscall_errno,
+)
 from usdtpatch.live.perf import Uprobe, open_uprobe
 
 SYSTEM_JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
@@ -97,6 +103,12 @@ class BenchReport:
     jvm: list[Row]
     seconds: float
     notes: list[str]
+    generation: str = ""  # the running kernel's (kernelfacts.GENERATIONS)
+    # the rewritten site against a native build of its own form, traced: the median over
+    # rounds of the rewritten variant's ns per hit over the native's in the same round, and
+    # the lowest and highest round (empty when the run had no trigger program)
+    same_form: str = ""  # the native variant compared with ("hdr-nop5", ...)
+    same_form_ratio: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 # ------------------------------------------------------------------------- machine facts
@@ -162,11 +174,12 @@ def _run_cc(cc: str, args: list[str]) -> None:
         raise UnsupportedError(f"bench: {cc} {' '.join(args[-3:])}: {last}")
 
 
-def _sites(path: Path, names: Iterable[str] | None = None) -> tuple[tuple[str, int], ...]:
+def _sites(path: Path, gen: Generation, names: Iterable[str] | None = None
+           ) -> tuple[tuple[str, int], ...]:
     from usdtpatch.live.kcheck import load_probes, site_specs
 
     wanted = set(names) if names is not None else None
-    specs = site_specs(load_probes(str(path)), str(path))
+    specs = site_specs(load_probes(str(path)), str(path), gen=gen)
     out = tuple((s.probe, s.file_offset) for s in specs
                 if not s.unprobeable and (wanted is None or s.probe.split(":")[-1] in wanted))
     if not out:
@@ -174,18 +187,27 @@ def _sites(path: Path, names: Iterable[str] | None = None) -> tuple[tuple[str, i
     return out
 
 
-def _site_bytes(path: Path, offset: int) -> str:
+def _site_bytes(path: Path, offset: int, gen: Generation) -> str:
     from usdtpatch.live.kcheck import NO_RED_ZONE, load_probes
     from usdtpatch.sequences.plan import plan_for
 
-    for s in plan_for(load_probes(str(path)), str(path), red_zone=NO_RED_ZONE).sites:
+    for s in plan_for(load_probes(str(path)), str(path), gen.name, red_zone=NO_RED_ZONE).sites:
         if s.file_offset == offset and s.sequences is not None:
             return s.sequences.original.hex(" ")
     return "?"
 
 
-def build_trigger(work: Path, tools: Tools, cc: str = "cc") -> list[Variant]:
-    """The trigger program's builds (see the module docstring)."""
+def rewrite_form(gen: Generation) -> str:
+    """The form bench rewrites the trigger program to on a kernel of `gen`: the one that
+    generation optimizes, or the default generation's where it optimizes nothing (measured
+    there as the int3 path it is)."""
+    return gen.auto_form or DEFAULT.auto_form or "nop5"
+
+
+def build_trigger(work: Path, tools: Tools, cc: str = "cc",
+                  gen: Generation = DEFAULT) -> list[Variant]:
+    """The trigger program's builds (see the module docstring), attached where the consumers
+    of `gen` attach, the rewritten one in `gen`'s form (rewrite_form)."""
     from usdtpatch.live.kcheck import load_probes
 
     src = work / "trigger.c"
@@ -193,9 +215,9 @@ def build_trigger(work: Path, tools: Tools, cc: str = "cc") -> list[Variant]:
     out: list[Variant] = []
 
     def add(name: str, what: str, binary: Path) -> None:
-        sites = _sites(binary)
+        sites = _sites(binary, gen)
         out.append(Variant(name=name, what=what, program=binary, probed=binary, sites=sites,
-                           site_bytes=_site_bytes(binary, sites[0][1])))
+                           site_bytes=_site_bytes(binary, sites[0][1], gen)))
 
     stap = work / REFERENCE
     _run_cc(cc, ["-O2", str(src), "-o", str(stap)])
@@ -211,15 +233,16 @@ def build_trigger(work: Path, tools: Tools, cc: str = "cc") -> list[Variant]:
                      str(binary)])
         add(f"hdr-{form}", f"usdtpatch sys/sdt.h, {form}", binary)
     rw = work / "rewritten"
-    outcome = tools.rewrite(stap, rw)
+    form = rewrite_form(gen)
+    outcome = tools.rewrite(stap, rw, form=form)
     if outcome.failed or not outcome.changed:
         raise UnsupportedError("bench: usdtpatch rewrite did not rewrite the trigger program")
-    add("rewritten", "stap-nop1 rewritten by usdtpatch", rw)
+    add("rewritten", f"stap-nop1 rewritten by usdtpatch (--form {form})", rw)
     return out
 
 
 def build_jvm(work: Path, tools: Tools, jdk: Path = SYSTEM_JDK,
-              progress: Progress | None = None) -> list[Variant]:
+              progress: Progress | None = None, gen: Generation = DEFAULT) -> list[Variant]:
     """Two copies of `jdk` (the second hard-links the first's files), the second's libjvm
     rewritten; Bench.java compiled into work/classes."""
 
@@ -243,7 +266,7 @@ def build_jvm(work: Path, tools: Tools, jdk: Path = SYSTEM_JDK,
         tmp.unlink()
         if progress:
             progress("rewriting the copy's libjvm.so (verified; this takes a while)")
-        outcome = tools.rewrite(lib, None, in_place=True)
+        outcome = tools.rewrite(lib, None, in_place=True, form=rewrite_form(gen))
         if outcome.failed:
             raise UnsupportedError("bench: usdtpatch rewrite failed on libjvm.so")
     classes = work / "classes"
@@ -262,9 +285,9 @@ def build_jvm(work: Path, tools: Tools, jdk: Path = SYSTEM_JDK,
     for name, home, what in [(JVM_REFERENCE, orig, "OpenJDK 17 copy, libjvm as shipped"),
                              ("jvm-rewritten", rw, "the copy with libjvm rewritten")]:
         lib = home / "lib" / "server" / "libjvm.so"
-        sites = _sites(lib, JVM_PROBES)
+        sites = _sites(lib, gen, JVM_PROBES)
         out.append(Variant(name=name, what=what, program=home / "bin" / "java", probed=lib,
-                           sites=sites, site_bytes=_site_bytes(lib, sites[0][1])))
+                           sites=sites, site_bytes=_site_bytes(lib, sites[0][1], gen)))
     return out
 
 
@@ -364,16 +387,19 @@ def bench(tools: Tools, *, iterations: int = 2_000_000, repeats: int = 5,
     ratios."""
     import platform
 
-    from usdtpatch.live.perf import has_uprobe_syscall, uprobe_pmu_type
+    from usdtpatch.live.perf import uprobe_pmu_type
 
     if os.geteuid() != 0:
         raise UnsupportedError("bench needs root (perf_event_open uprobes)")
     uprobe_pmu_type()
     if iterations < 1 or repeats < 1 or jvm_calls < 1:
         raise InputError("bench: counts must be positive")
-    notes = []
-    if not has_uprobe_syscall():
-        notes.append("the kernel has no uprobe syscall: every site takes the int3 path")
+    found, how = generation_of_errno(uprobe_syscall_errno())
+    gen = found if found is not None else DEFAULT
+    notes = [f"this kernel: {how}" + ("" if found is not None else
+                                      f"; measured as the {gen.name} generation's sites")]
+    if not gen.optimizes:
+        notes.append("this kernel optimizes no uprobe: every site takes the int3 path")
     t0 = time.monotonic()
     tmp = None
     if workdir is None:
@@ -383,8 +409,8 @@ def bench(tools: Tools, *, iterations: int = 2_000_000, repeats: int = 5,
         work = workdir
         work.mkdir(parents=True, exist_ok=True)
     try:
-        tv = build_trigger(work, tools, cc) if trigger else []
-        jv = build_jvm(work, tools, jdk, progress) if jvm else []
+        tv = build_trigger(work, tools, cc, gen) if trigger else []
+        jv = build_jvm(work, tools, jdk, progress, gen) if jvm else []
         data = {v.name: Measure() for v in [*tv, *jv]}
         for r in range(repeats):
             if progress:
@@ -404,10 +430,29 @@ def bench(tools: Tools, *, iterations: int = 2_000_000, repeats: int = 5,
                 data[v.name].untraced_ns.append(run_jvm(v, jvm_calls, work / "classes",
                                                         False)[0])
         rows_t = median_rows(tv, data, iterations, REFERENCE, False) if tv else []
+        native = f"hdr-{rewrite_form(gen)}"
+        same = _same_form(data, "rewritten", native) if tv else (0.0, 0.0, 0.0)
         rows_j = median_rows(jv, data, 1, JVM_REFERENCE, True) if jv else []
     finally:
         if tmp is not None:
             tmp.cleanup()
     return BenchReport(kernel=platform.release(), cpu=cpu_model(), iterations=iterations,
                        jvm_calls=jvm_calls, repeats=repeats, trigger=rows_t, jvm=rows_j,
-                       seconds=time.monotonic() - t0, notes=notes)
+                       seconds=time.monotonic() - t0, notes=notes, generation=gen.name,
+                       same_form=native if trigger else "", same_form_ratio=same)
+
+
+def _same_form(data: dict[str, Measure], rewritten: str, native: str
+               ) -> tuple[float, float, float]:
+    """(median, lowest, highest) over rounds of `rewritten`'s traced ns per hit over
+    `native`'s in the same round: the rewritten site's traced cost against a native build of
+    its own form (0s when either did not run)."""
+    a, b = data.get(rewritten), data.get(native)
+    if a is None or b is None:
+        return (0.0, 0.0, 0.0)
+    per = [(ta / ha) / (tb / hb) for ta, ha, tb, hb in
+           zip(a.traced_ns, a.traced_hits, b.traced_ns, b.traced_hits, strict=True)
+           if ha and hb and tb]
+    if not per:
+        return (0.0, 0.0, 0.0)
+    return (statistics.median(per), min(per), max(per))

@@ -1,12 +1,12 @@
 """The protocol lab: kernel write protocols as data files (TOML), turned into the sequences
 `usdtpatch verify` runs through the emulator's torn states (`verify --protocol FILE`).
 
-A protocol file (docs/kcheck.md, "Protocol files"; the shipped ones are nop5.toml, the
-Linux 6.18 protocol, and nop10.toml, the EXPERIMENTAL queued series; wrong/*.toml are wrong on
-purpose, one way each):
+A protocol file (docs/kcheck.md, "Protocol files"; the shipped ones are nop5.toml, the nop5
+generation's protocol (6.18), and nop10.toml, the nop10 generation's (7.3); wrong/*.toml are
+wrong on purpose, one way each):
 
     name = "nop5"
-    model = "nop5"        # the kernel model: nop5 (6.18) or nop10 (queued series)
+    model = "nop5"        # the generation modelled: nop5 or nop10 (kernelfacts.GENERATIONS)
     [states]              # the site's states as AT&T assembly, assembled at the site
     original = "{site}"   #   {site} / {site[a:b]}: the site's own bytes (as .byte)
     int3 = "int3; {site[1:5]}"
@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from usdtpatch.errors import InputError
+from usdtpatch.kernelfacts import OPTIMIZING
 from usdtpatch.sequences.plan import Plan
 from usdtpatch.sequences.sequences import (
-    PROTOCOL_NOP5,
-    PROTOCOL_NOP10,
     SiteSequences,
     build_sequence,
+    protocol_generation,
 )
 from usdtpatch.x86.decode import disassemble
 from usdtpatch.x86.nops import decode_nop
@@ -81,14 +81,16 @@ class SequenceSpec:
 class Protocol:
     path: str
     name: str
-    model: str  # nop5 | nop10
+    model: str  # the name of the generation modelled (nop5 | nop10)
     description: str
     states: dict[str, str]  # name -> assembly text
     sequences: dict[str, SequenceSpec]
 
     @property
     def length(self) -> int:
-        return 10 if self.model == PROTOCOL_NOP10 else 5
+        gen = protocol_generation(self.model)
+        assert gen is not None, f"a protocol of model {self.model!r}"
+        return gen.nop_length
 
 
 def shipped(name: str) -> Path:
@@ -125,8 +127,9 @@ def load_protocol(path: str | Path) -> Protocol:
     model = doc.get("model")
     if not isinstance(name, str) or not name:
         raise ProtocolError(f"{src}: missing name = \"...\"")
-    if model not in (PROTOCOL_NOP5, PROTOCOL_NOP10):
-        raise ProtocolError(f"{src}: model must be \"nop5\" or \"nop10\", found {model!r}")
+    if not isinstance(model, str) or protocol_generation(model) is None:
+        names = " or ".join(f'"{g.name}"' for g in OPTIMIZING)
+        raise ProtocolError(f"{src}: model must be {names}, found {model!r}")
     states = doc.get("states")
     if not isinstance(states, dict) or not states or \
             not all(isinstance(v, str) for v in states.values()):

@@ -172,11 +172,27 @@ class GuestRun:
     cpu_seconds: float  # user + system time of vng and qemu
     timed_out: bool
     log: str  # vng's and qemu's own output (the tail)
+    pid: int  # vng's, the leader of the process group that was stopped
 
 
 def _stop_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def group_alive(pid: int) -> bool:
+    """Whether a process of group `pid` is left that is not a zombie (init reaps those)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pid and fields[0] != "Z":  # fields: state ppid pgrp ...
+            return True
+    return False
 
 
 def boot(key: str, command: Sequence[str], rwdir: Path, timeout: float) -> GuestRun:
@@ -217,6 +233,10 @@ def boot(key: str, command: Sequence[str], rwdir: Path, timeout: float) -> Guest
             _pid, st, ru = os.wait4(proc.pid, 0)
             usage = ru
         proc.returncode = -1  # reaped here, not by Popen
+        deadline = time.monotonic() + 10  # qemu, reparented, dies after vng: wait for it
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            _stop_group(proc.pid)
+            time.sleep(0.1)
     seconds = time.monotonic() - start
     cpu = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
     code: int | None = None
@@ -229,7 +249,7 @@ def boot(key: str, command: Sequence[str], rwdir: Path, timeout: float) -> Guest
     return GuestRun(exit_code=code, output=text,
                     vng_exit=None if status is None else os.waitstatus_to_exitcode(status),
                     seconds=seconds, cpu_seconds=cpu, timed_out=status is None,
-                    log=log.read_text(errors="replace")[-3000:])
+                    log=log.read_text(errors="replace")[-3000:], pid=proc.pid)
 
 
 # --- a session ----------------------------------------------------------------------------

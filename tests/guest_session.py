@@ -154,7 +154,9 @@ def check_site(spec: Result) -> Result:
             prog.say("go\n")
             assert prog.line(180) == "done"
             out["run_seconds"] = round(time.monotonic() - t0, 3)
-            out["hits"] = sum(p.count() for p in opened)
+            per_cpu = [p.count() for p in opened]
+            out["hits"] = sum(per_cpu)
+            out["hits_per_cpu"] = per_cpu  # to tell a count off by a few where it came from
             out["after_hits"] = read_mem(prog.pid, address, length).hex()
             out["trampolines"] = trampolines(prog.pid)
         finally:

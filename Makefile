@@ -159,7 +159,7 @@ typecheck: $(BIN)/.test
 # Both CPUs (pytest-xdist): each test module is one unit of work, and the tests that use the
 # kernel's uprobes run one at a time, under one lock (tests/conftest.py says why); the guest
 # kernels' tests (tests/test_live_guest_*.py) boot one guest at a time, under a lock of their
-# own (tests/guests.py says why), each session 1-1.5 minutes of both cores.
+# own (tests/guests.py says why), each session 1-3 minutes of one core.
 PYTEST_PARALLEL ?= -n auto --dist loadscope
 # The tests start the CLI as a process a few thousand times: its modules compiled once here
 # (compileall writes bytecode even where PYTHONDONTWRITEBYTECODE is set, as on this project's

@@ -5,7 +5,8 @@ programs compiled on the host into the shared directory).
 SPEC (written by tests/guests.py): {"checks": [...]}, each check a dict with "kind":
 - "kernel": uname, the uprobe syscall's errno, tracefs and the uprobe PMU, where bpftrace is;
 - "site": {"name", "program", "form", "offset" (the file offset to attach at), "length" (bytes
-  to read at the site, from `site_offset`), "site_offset", "iterations"}: start PROGRAM FORM N,
+  to read at the site, from `site_offset`), "site_offset", "iterations", optionally "args"
+  (default FORM N)}: start PROGRAM FORM N (it prints "ready PID" and waits for a line),
   read the site's bytes before attaching, attach a counting uprobe (perf_event_open, every
   online CPU, pid -1: usdtpatch.live.perf), read them again (attached, no hit), let the program
   run its N passes, read the hit count and the bytes (after hits) and the process's
@@ -130,7 +131,7 @@ def check_site(spec: Result) -> Result:
     length, site_offset, offset = int(spec["length"]), int(spec["site_offset"]), \
         int(spec["offset"])
     out: Result = {"attach_offset": offset, "site_offset": site_offset, "iterations": n}
-    prog = Program([path, form, str(n)])
+    prog = Program([path, *spec.get("args", [form, str(n)])])
     try:
         ready = prog.line(60)
         assert ready == f"ready {prog.pid}", ready
@@ -153,7 +154,9 @@ def check_site(spec: Result) -> Result:
             prog.say("go\n")
             assert prog.line(180) == "done"
             out["run_seconds"] = round(time.monotonic() - t0, 3)
-            out["hits"] = sum(p.count() for p in opened)
+            per_cpu = [p.count() for p in opened]
+            out["hits"] = sum(per_cpu)
+            out["hits_per_cpu"] = per_cpu  # to tell a count off by a few where it came from
             out["after_hits"] = read_mem(prog.pid, address, length).hex()
             out["trampolines"] = trampolines(prog.pid)
         finally:

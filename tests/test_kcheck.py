@@ -661,11 +661,16 @@ def _kcheck_process(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.live
 @pytest.mark.needs_cc
-def test_json_on_stdout_holds_the_document_only(prints: Path) -> None:
-    """The traced command writes to kcheck's stderr under --json: stdout parses as JSON."""
+def test_json_on_stdout_holds_the_document_only(prints: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The traced command writes to kcheck's stderr under --json: stdout parses as JSON, on
+    a narrow page too (the document is never laid out on the page: it was wrapped at
+    $COLUMNS, a newline inside a string)."""
+    monkeypatch.setenv("COLUMNS", "20")
     done = _kcheck_process([str(prints), "--json", "--", str(prints)])
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
+    assert done.stdout == json.dumps(doc, indent=2) + "\n"  # as made, not reflowed
     assert doc["schema"] == "usdtpatch/kcheck" and doc["ok"]
     assert "the command's own output" in done.stderr
     (proc,) = doc["processes"]

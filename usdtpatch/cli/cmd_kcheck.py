@@ -128,7 +128,9 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     text = json.dumps(kcheck_json(rep), indent=2) + "\n" if args.json else kcheck_text(rep)
-    if args.output is None:
+    if args.output is None and args.json:
+        out.write(text)  # a document: never laid out on the page
+    elif args.output is None:
         print_text(out, text)
     else:
         try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import re
@@ -36,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -191,15 +190,12 @@ def vng() -> str:
     return found
 
 
-@contextlib.contextmanager
-def guest_lock(path: str = GUEST_LOCK) -> Iterator[None]:
-    """One guest at a time on this machine (the module's docstring says why)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def guest_lock(path: str = GUEST_LOCK) -> contextlib.AbstractContextManager[None]:
+    """One guest at a time on this machine (the module's docstring says why): conftest's
+    machine-wide file lock, on a file of the guests' own."""
+    from tests.conftest import uprobe_lock
+
+    return uprobe_lock(path)
 
 
 @dataclasses.dataclass

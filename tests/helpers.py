@@ -166,6 +166,20 @@ def build_programs(folder: Path, source: str, builds: Mapping[str, tuple[str, Se
     return out
 
 
+def build_variant(source: Path, exe: Path, cc: str, flags: Sequence[str]) -> Path:
+    """The C program `source` built once into `exe` with `cc` and `flags` (no debug
+    information, fixtures/src on the include path); the test skips when `cc` is not
+    installed, and a compile error fails it with the compiler's message."""
+    if shutil.which(cc) is None:
+        pytest.skip(f"needs {cc}")
+    if not exe.exists():
+        done = subprocess.run([cc, *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
+                               str(source), "-o", str(exe)], capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return exe
+
+
 def bpftrace_lines(path: Path, timeout: float = 90) -> list[str]:
     """What bpftrace prints while it runs `path` (-c) with every probe of the file attached:
     a line "@ provider:name ARGS" per hit, with up to 6 arguments (bpftrace's x86-64 limit);

@@ -14,13 +14,12 @@ check predicts rewrite, and the rewritten program's sleds are intact.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, build_variant, run_cli
 from tests.test_analysis_waysin import _site
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
@@ -36,14 +35,7 @@ pytestmark = [pytest.mark.needs_cc]
 
 def _program(folder: Path, variant: str) -> Path:
     cc, flags = BUILDS[variant]
-    if shutil.which(cc) is None:
-        pytest.skip(f"needs {cc}")
-    exe = folder / variant
-    done = subprocess.run([cc, *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                           str(SOURCE), "-o", str(exe)], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return exe
+    return build_variant(SOURCE, folder / variant, cc, flags)
 
 
 def _run(path: Path) -> str:

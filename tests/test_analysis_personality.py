@@ -15,13 +15,11 @@ windows (their routine is __gxx_personality_v0, or none).
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, fixture
+from tests.helpers import ROOT, build_variant, fixture
 from tests.test_analysis_waysin import _site, rewritten_runs_alike
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
@@ -40,14 +38,7 @@ BUILDS = {"gcc-O2-pie": ("gcc", ["-O2", "-fPIE", "-pie"]),
 
 def _program(folder: Path, variant: str) -> Path:
     cc, flags = BUILDS[variant]
-    if shutil.which(cc) is None:
-        pytest.skip(f"needs {cc}")
-    exe = folder / variant
-    done = subprocess.run([cc, *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                           str(SOURCE), "-o", str(exe)], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return exe
+    return build_variant(SOURCE, folder / variant, cc, flags)
 
 
 @pytest.mark.needs_cc

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, build_variant
 from tests.test_analysis_waysin import _site, rewritten_runs_alike
 from tests.test_check_equals_rewrite import _mismatches
 from usdtpatch.analysis.check import check
@@ -51,15 +51,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _program(folder: Path, variant: str) -> Path:
     cc, flags = BUILDS[variant]
-    if shutil.which(cc) is None:
-        pytest.skip(f"needs {cc}")
-    exe = folder / variant
-    if not exe.exists():
-        done = subprocess.run([cc, *flags, "-g0", "-I", str(ROOT / "fixtures" / "src"),
-                               str(SOURCE), "-o", str(exe)], capture_output=True, text=True,
-                              check=False)
-        assert done.returncode == 0, done.stderr[-3000:]
-    return exe
+    return build_variant(SOURCE, folder / variant, cc, flags)
 
 
 def _words(path: Path, section: str) -> dict[int, int]:
